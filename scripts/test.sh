@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The test command: installs what the full suite needs on a fresh machine, then runs it.
+# Usage: ./scripts/test.sh        (set CARGO_TARGET_DIR to keep build outputs elsewhere)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== python reference tools (pyarrow, pandas, tokenizers)"
+PY_OK=1
+if ! python3 -c "import pyarrow, pandas" 2>/dev/null || ! (cd /tmp && python3 -c "import tokenizers.models") 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check pyarrow pandas tokenizers || PY_OK=0
+fi
+
+echo "== cargo test"
+cargo test --locked
+
+echo "== tokenizer fixture is reproducible with Hugging Face tokenizers"
+if [ "$PY_OK" = 1 ]; then
+  cp tests/fixtures/tokenizer_hf.json /tmp/genslm_fixture_before.json
+  python3 scripts/make_tokenizer_fixture.py
+  if ! cmp -s tests/fixtures/tokenizer_hf.json /tmp/genslm_fixture_before.json; then
+    echo "tokenizer fixture differs from what HF tokenizers produces now" >&2; exit 1
+  fi
+fi
+
+echo "== tokenize the bundled genomes; check the parquet with pyarrow/pandas"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+cargo run --locked --quiet -- tokenize --fasta data/ --out "$TMP/data.parquet"
+if [ "$PY_OK" = 1 ]; then
+  python3 scripts/check_dataset.py "$TMP/data.parquet" data
+else
+  echo "pip unavailable: skipped the pyarrow check" >&2
+fi
+
+echo "== all tests passed"

@@ -1,0 +1,84 @@
+//! `genslm bench ingest`: end-to-end FASTA → parquet throughput on synthetic genomes.
+//!
+//! Writes random DNA as 60-column FASTA (plain and gzip) into a scratch directory, runs the
+//! same pipeline as `genslm tokenize`, and reports MB/s. Single-threaded like the pipeline.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::data::ingest::{tokenize_to_parquet, IngestOptions, IngestSummary};
+use crate::error::{Error, Result};
+use crate::rng::SplitMix64;
+
+/// Writes about `mb` megabytes of FASTA (records of 1 Mb, 60 bases per line) to `w`.
+pub fn write_synthetic_fasta(w: &mut dyn Write, mb: usize, seed: u64) -> std::io::Result<()> {
+    let mut rng = SplitMix64::new(seed);
+    let target = mb * 1_000_000;
+    let mut written = 0usize;
+    let mut rec = 0;
+    let mut line = [0u8; 61];
+    line[60] = b'\n';
+    while written < target {
+        let header = format!(">synthetic_{rec} random genome\n");
+        w.write_all(header.as_bytes())?;
+        written += header.len();
+        for _ in 0..(1_000_000 / 60) {
+            let mut bits = 0u64;
+            for (i, b) in line[..60].iter_mut().enumerate() {
+                if i % 32 == 0 {
+                    bits = rng.next_u64();
+                }
+                *b = b"ACGT"[(bits & 3) as usize];
+                bits >>= 2;
+            }
+            w.write_all(&line)?;
+            written += 61;
+        }
+        rec += 1;
+    }
+    Ok(())
+}
+
+/// Result of one benchmark case.
+pub struct BenchCase {
+    pub name: &'static str,
+    pub summary: IngestSummary,
+    /// Uncompressed FASTA bytes.
+    pub fasta_bytes: u64,
+}
+
+fn io(p: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::io(p, e)
+}
+
+/// Runs the plain and gzip cases with `mb` megabytes of FASTA in `dir`.
+pub fn ingest(dir: &Path, mb: usize) -> Result<Vec<BenchCase>> {
+    let plain = dir.join("bench.fa");
+    let gz = dir.join("bench.fa.gz");
+    {
+        let f = std::fs::File::create(&plain).map_err(io(&plain))?;
+        let mut w = std::io::BufWriter::new(f);
+        write_synthetic_fasta(&mut w, mb, 42).map_err(io(&plain))?;
+        w.flush().map_err(io(&plain))?;
+    }
+    {
+        let data = std::fs::read(&plain).map_err(io(&plain))?;
+        let f = std::fs::File::create(&gz).map_err(io(&gz))?;
+        let mut enc = flate2::write::GzEncoder::new(f, flate2::Compression::new(6));
+        enc.write_all(&data).map_err(io(&gz))?;
+        enc.finish().map_err(io(&gz))?;
+    }
+    let fasta_bytes = std::fs::metadata(&plain).map_err(io(&plain))?.len();
+    let opts = IngestOptions::default();
+    let mut cases = Vec::new();
+    for (name, input) in [("plain", &plain), ("gzip", &gz)] {
+        let out = dir.join(format!("bench-{name}.parquet"));
+        let summary = tokenize_to_parquet(std::slice::from_ref(input), &out, &opts)?;
+        cases.push(BenchCase {
+            name,
+            summary,
+            fasta_bytes,
+        });
+    }
+    Ok(cases)
+}

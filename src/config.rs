@@ -1,0 +1,240 @@
+//! Model configuration: TOML presets in `configs/`, parsed with serde and validated.
+//!
+//! Shapes follow Hugging Face `GPTNeoXConfig` (DESIGN.md §3). Unknown fields are rejected so a
+//! typo in a config file is reported instead of silently ignored.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::tokenizer::VocabKind;
+
+/// How token positions enter the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Position {
+    /// GPT-NeoX rotary embedding on the first `rotary_pct` of each head (GenSLM default).
+    #[default]
+    Rotary,
+    /// Absolute learned table of `max_position_embeddings` rows.
+    Learned,
+    /// Attention bias `-slope_h · (i − j)`; no parameters, extrapolates past the training length.
+    Alibi,
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Position::Rotary => "rotary",
+            Position::Learned => "learned",
+            Position::Alibi => "alibi",
+        })
+    }
+}
+
+fn default_rotary_pct() -> f64 {
+    0.25
+}
+fn default_rotary_base() -> f64 {
+    10000.0
+}
+fn default_eps() -> f64 {
+    1e-5
+}
+
+/// The shape of a GPT-NeoX model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: String,
+    pub num_layers: usize,
+    pub hidden_size: usize,
+    pub num_heads: usize,
+    pub intermediate_size: usize,
+    /// Tokenizer vocabulary; `vocab_size` must hold all of its ids.
+    #[serde(default)]
+    pub vocab: VocabKind,
+    pub vocab_size: usize,
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub position: Position,
+    #[serde(default = "default_rotary_pct")]
+    pub rotary_pct: f64,
+    #[serde(default = "default_rotary_base")]
+    pub rotary_base: f64,
+    #[serde(default = "default_eps")]
+    pub layer_norm_eps: f64,
+}
+
+/// A config file: `[model]` now; training settings join it as they are built.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub model: ModelConfig,
+}
+
+impl Config {
+    /// Reads and validates a TOML config; errors name the file and the field.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let cfg: Config = toml::from_str(&text).map_err(|e| Error::Config {
+            file: path.to_path_buf(),
+            msg: e.to_string().trim_end().to_string(),
+        })?;
+        cfg.model.validate().map_err(|msg| Error::Config {
+            file: path.to_path_buf(),
+            msg,
+        })?;
+        Ok(cfg)
+    }
+}
+
+impl ModelConfig {
+    /// Checks the shape; the message names the offending field.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let positive = [
+            ("num_layers", self.num_layers),
+            ("hidden_size", self.hidden_size),
+            ("num_heads", self.num_heads),
+            ("intermediate_size", self.intermediate_size),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(format!("field `{field}` must be positive"));
+            }
+        }
+        if !self.hidden_size.is_multiple_of(self.num_heads) {
+            return Err(format!(
+                "field `hidden_size` ({}) must be divisible by `num_heads` ({})",
+                self.hidden_size, self.num_heads
+            ));
+        }
+        let needed = match self.vocab {
+            VocabKind::Genslm69 => 69,
+            VocabKind::Genslm71 => 71,
+        };
+        if self.vocab_size < needed {
+            return Err(format!(
+                "field `vocab_size` ({}) is smaller than the {} vocabulary ({needed} tokens)",
+                self.vocab_size, self.vocab
+            ));
+        }
+        if !(self.rotary_pct > 0.0 && self.rotary_pct <= 1.0) {
+            return Err(format!(
+                "field `rotary_pct` ({}) must be in (0, 1]",
+                self.rotary_pct
+            ));
+        }
+        if self.position == Position::Rotary && !self.rotary_dims().is_multiple_of(2) {
+            return Err(format!(
+                "field `rotary_pct` ({}) gives {} rotary dims per head (head dim {}); rotary needs an even number",
+                self.rotary_pct,
+                self.rotary_dims(),
+                self.head_dim()
+            ));
+        }
+        if self.rotary_base.is_nan() || self.rotary_base <= 0.0 {
+            return Err("field `rotary_base` must be positive".into());
+        }
+        if self.layer_norm_eps.is_nan() || self.layer_norm_eps <= 0.0 {
+            return Err("field `layer_norm_eps` must be positive".into());
+        }
+        Ok(())
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_heads
+    }
+
+    /// Rotary dims per head as Hugging Face computes them: `int(head_dim * rotary_pct)`.
+    pub fn rotary_dims(&self) -> usize {
+        (self.head_dim() as f64 * self.rotary_pct) as usize
+    }
+
+    /// Parameter count, term by term as Hugging Face `GPTNeoXForCausalLM` builds the model
+    /// (plus the learned position table when `position = "learned"`, which HF lacks).
+    pub fn param_count(&self) -> u64 {
+        let (v, h, i, l) = (
+            self.vocab_size as u64,
+            self.hidden_size as u64,
+            self.intermediate_size as u64,
+            self.num_layers as u64,
+        );
+        let layer_norms = 2 * (2 * h); // input + post-attention LayerNorm, weight and bias
+        let qkv = h * 3 * h + 3 * h;
+        let dense = h * h + h;
+        let mlp = (h * i + i) + (i * h + h);
+        let per_layer = layer_norms + qkv + dense + mlp;
+        let embed_in = v * h;
+        let final_ln = 2 * h;
+        let embed_out = h * v; // untied, no bias
+        let positions = match self.position {
+            Position::Learned => self.max_position_embeddings as u64 * h,
+            _ => 0,
+        };
+        embed_in + l * per_layer + final_ln + embed_out + positions
+    }
+}
+
+/// Bytes of weights, gradients and Adam moments (two per parameter) at a given element size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrainingMemory {
+    pub weights: u64,
+    pub gradients: u64,
+    pub adam_states: u64,
+}
+
+impl TrainingMemory {
+    pub fn new(params: u64, bytes_per_element: u64) -> Self {
+        Self {
+            weights: params * bytes_per_element,
+            gradients: params * bytes_per_element,
+            adam_states: 2 * params * bytes_per_element,
+        }
+    }
+    pub fn total(&self) -> u64 {
+        self.weights + self.gradients + self.adam_states
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(l: usize, h: usize, heads: usize, i: usize) -> ModelConfig {
+        ModelConfig {
+            name: "t".into(),
+            num_layers: l,
+            hidden_size: h,
+            num_heads: heads,
+            intermediate_size: i,
+            vocab: VocabKind::Genslm69,
+            vocab_size: 69,
+            max_position_embeddings: 2048,
+            position: Position::Rotary,
+            rotary_pct: 0.25,
+            rotary_base: 10000.0,
+            layer_norm_eps: 1e-5,
+        }
+    }
+
+    #[test]
+    fn hf_param_counts() {
+        // Counts printed by `sum(p.numel() for p in GPTNeoXForCausalLM(cfg).parameters())`.
+        assert_eq!(shape(8, 512, 8, 2048).param_count(), 25_290_752);
+        assert_eq!(shape(28, 3840, 32, 4096).param_count(), 2_533_931_008);
+    }
+
+    #[test]
+    fn rejects_indivisible_heads() {
+        let err = shape(2, 100, 3, 64).validate().unwrap_err();
+        assert!(
+            err.contains("hidden_size") && err.contains("num_heads"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,374 @@
+//! FASTA discovery, streaming and validation.
+//!
+//! Files are read with needletail, which detects gzip/bzip2/xz/zstd compression from the first
+//! bytes, so a file's name never decides how it is decoded. Each record's sequence is checked
+//! against the IUPAC nucleotide alphabet in one pass that also upper-cases it and drops line
+//! breaks; only what passes reaches the caller.
+
+use std::path::{Path, PathBuf};
+
+use needletail::errors::ParseErrorKind;
+
+use crate::error::{Error, Result};
+
+/// Extensions of nucleotide FASTA files picked up when walking a directory.
+pub const FASTA_EXTENSIONS: [&str; 5] = ["fa", "fasta", "fna", "ffn", "fas"];
+/// Compression suffixes accepted after a FASTA extension (decoding is by content).
+pub const COMPRESSION_EXTENSIONS: [&str; 4] = ["gz", "bz2", "xz", "zst"];
+
+/// What to do with an unusable record or file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnInvalid {
+    /// Stop with an error naming the file, record and position.
+    #[default]
+    Error,
+    /// Skip it with a warning and go on.
+    Skip,
+}
+
+impl std::str::FromStr for OnInvalid {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "error" => Ok(OnInvalid::Error),
+            "skip" => Ok(OnInvalid::Skip),
+            o => Err(Error::Invalid(format!(
+                "unknown --on-invalid value '{o}': expected error or skip"
+            ))),
+        }
+    }
+}
+
+/// True when `path`'s name ends in a FASTA extension, optionally followed by a compression one.
+pub fn has_fasta_extension(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    let name = name.to_ascii_lowercase();
+    let mut parts = name.rsplit('.');
+    let mut last = parts.next().unwrap_or("");
+    if COMPRESSION_EXTENSIONS.contains(&last) {
+        last = parts.next().unwrap_or("");
+    }
+    name.contains('.') && FASTA_EXTENSIONS.contains(&last)
+}
+
+/// Expands the user's paths: files are taken as given, directories are walked recursively for
+/// FASTA files (sorted, so runs are reproducible).
+pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        let meta = std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
+        if meta.is_dir() {
+            let mut found = Vec::new();
+            for entry in walkdir::WalkDir::new(p).follow_links(true) {
+                let entry = entry.map_err(|e| {
+                    let path = e.path().unwrap_or(p).to_path_buf();
+                    Error::io(path, e.into())
+                })?;
+                if entry.file_type().is_file() && has_fasta_extension(entry.path()) {
+                    found.push(entry.into_path());
+                }
+            }
+            if found.is_empty() {
+                return Err(Error::Invalid(format!(
+                    "{}: no FASTA files found (extensions .{} optionally followed by .{})",
+                    p.display(),
+                    FASTA_EXTENSIONS.join(" ."),
+                    COMPRESSION_EXTENSIONS.join(" .")
+                )));
+            }
+            found.sort();
+            out.extend(found);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// One validated record, borrowed from the reader's buffers.
+#[derive(Debug)]
+pub struct Record<'a> {
+    /// First word of the header.
+    pub id: &'a str,
+    /// Rest of the header after the id (may be empty).
+    pub description: &'a str,
+    /// Upper-cased bases without line breaks.
+    pub seq: &'a [u8],
+    /// Count of G and C bases.
+    pub gc: u64,
+}
+
+/// Byte classes for the validation pass.
+const SKIP: u8 = 0; // line breaks and blanks: formatting, not sequence
+const BAD: u8 = 1; // outside the IUPAC nucleotide alphabet
+const NUL: u8 = 2;
+/// Maps each byte to its upper-case IUPAC letter, or to SKIP / BAD / NUL.
+const fn class_table() -> [u8; 256] {
+    let mut t = [BAD; 256];
+    t[0] = NUL;
+    t[b'\n' as usize] = SKIP;
+    t[b'\r' as usize] = SKIP;
+    t[b' ' as usize] = SKIP;
+    t[b'\t' as usize] = SKIP;
+    let iupac = b"ACGTURYSWKMBDHVN-";
+    let mut i = 0;
+    while i < iupac.len() {
+        let u = iupac[i];
+        t[u as usize] = u;
+        t[u.to_ascii_lowercase() as usize] = u;
+        i += 1;
+    }
+    t
+}
+static CLASS: [u8; 256] = class_table();
+
+/// Why a record's sequence was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqProblem {
+    pub msg: String,
+}
+
+/// Upper-cases `raw` into `out` (cleared first), dropping line breaks and blanks, and returns
+/// the G+C count. `first_line` is the file line of the first sequence line, for messages.
+pub fn clean_sequence(
+    raw: &[u8],
+    first_line: u64,
+    out: &mut Vec<u8>,
+) -> std::result::Result<u64, SeqProblem> {
+    out.clear();
+    out.reserve(raw.len());
+    let mut flags = 0u8;
+    // Fast pass, line by line: translate every byte; remember whether anything was not a
+    // plain IUPAC letter (blanks inside a line, bad bytes), which sends us to the slow pass.
+    let mut rest = raw;
+    loop {
+        let (line, next) = match memchr::memchr(b'\n', rest) {
+            Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+            None => (rest, None),
+        };
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        out.extend(line.iter().map(|&b| {
+            let c = CLASS[b as usize];
+            flags |= u8::from(c < b'-');
+            c
+        }));
+        match next {
+            Some(n) => rest = n,
+            None => break,
+        }
+    }
+    if flags != 0 {
+        // Slow pass, only for records with blanks inside lines or bad bytes.
+        out.clear();
+        let mut line = first_line;
+        for (i, &b) in raw.iter().enumerate() {
+            match CLASS[b as usize] {
+                SKIP => line += u64::from(b == b'\n'),
+                NUL => {
+                    return Err(SeqProblem {
+                        msg: format!(
+                            "NUL byte at base {} (line {line}): the file looks binary or corrupt",
+                            out.len() + 1
+                        ),
+                    })
+                }
+                BAD => {
+                    let shown = if b.is_ascii_graphic() {
+                        format!("'{}'", b as char)
+                    } else {
+                        format!("byte 0x{b:02x}")
+                    };
+                    return Err(SeqProblem {
+                        msg: format!(
+                            "invalid character {shown} at base {} (line {line}, byte {} of the sequence): \
+                             not an IUPAC nucleotide code (ACGTURYSWKMBDHVN-)",
+                            out.len() + 1,
+                            i + 1
+                        ),
+                    });
+                }
+                c => out.push(c),
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(SeqProblem {
+            msg: "record has a header but no sequence".into(),
+        });
+    }
+    let gc = out.iter().filter(|&&b| b == b'G' || b == b'C').count() as u64;
+    Ok(gc)
+}
+
+/// Per-file outcome.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileStats {
+    pub records: u64,
+    pub skipped: u64,
+    pub bases: u64,
+}
+
+/// Streams the valid records of one FASTA file into `f`.
+///
+/// With [`OnInvalid::Error`] the first problem is returned as an error naming the file, the
+/// record and the position; with [`OnInvalid::Skip`] bad records are reported through `warn`
+/// and skipped, and a file that cannot be read at all is skipped as a whole.
+pub fn read_file(
+    path: &Path,
+    on_invalid: OnInvalid,
+    warn: &mut dyn FnMut(String),
+    f: &mut dyn FnMut(&Record<'_>, u64) -> Result<()>,
+) -> Result<FileStats> {
+    let mut stats = FileStats::default();
+    let file_err = |msg: String| Error::Fasta {
+        file: path.to_path_buf(),
+        record: None,
+        msg,
+    };
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut reader =
+        match needletail::parse_fastx_reader(std::io::BufReader::with_capacity(1 << 20, file)) {
+            Ok(r) => r,
+            Err(e) => {
+                let err = file_err(describe_parse_error(&e));
+                return skip_or_fail(on_invalid, err, warn, stats);
+            }
+        };
+    let mut buf = Vec::new();
+    let mut last_id = String::new();
+    while let Some(rec) = reader.next() {
+        let rec = match rec {
+            Ok(r) => r,
+            Err(e) => {
+                let mut msg = describe_parse_error(&e);
+                let record = e
+                    .position
+                    .id
+                    .as_ref()
+                    .map(|h| h.split_whitespace().next().unwrap_or_default().to_string());
+                if record.is_none() && !last_id.is_empty() {
+                    msg.push_str(&format!(" (after record '{last_id}')"));
+                }
+                let err = Error::Fasta {
+                    file: path.to_path_buf(),
+                    record,
+                    msg,
+                };
+                return skip_or_fail(on_invalid, err, warn, stats);
+            }
+        };
+        if rec.format() != needletail::parser::Format::Fasta {
+            let err = file_err("this is FASTQ, not FASTA: convert it first".into());
+            return skip_or_fail(on_invalid, err, warn, stats);
+        }
+        let header = String::from_utf8_lossy(rec.id());
+        let header = header.trim();
+        let (id, description) = match header.split_once(char::is_whitespace) {
+            Some((id, rest)) => (id, rest.trim()),
+            None => (header, ""),
+        };
+        last_id.clear();
+        last_id.push_str(id);
+        let raw = rec.raw_seq();
+        match clean_sequence(raw, rec.start_line_number() + 1, &mut buf) {
+            Ok(gc) => {
+                let record = Record {
+                    id,
+                    description,
+                    seq: &buf,
+                    gc,
+                };
+                stats.records += 1;
+                stats.bases += buf.len() as u64;
+                f(&record, rec.position().byte())?;
+            }
+            Err(p) => {
+                let err = Error::Fasta {
+                    file: path.to_path_buf(),
+                    record: Some(id.to_string()),
+                    msg: p.msg,
+                };
+                match on_invalid {
+                    OnInvalid::Error => return Err(err),
+                    OnInvalid::Skip => {
+                        warn(format!("skipping record: {err}"));
+                        stats.skipped += 1;
+                    }
+                }
+            }
+        }
+    }
+    if stats.records == 0 && stats.skipped == 0 {
+        let err = file_err("no records".into());
+        return skip_or_fail(on_invalid, err, warn, stats);
+    }
+    Ok(stats)
+}
+
+fn skip_or_fail(
+    on_invalid: OnInvalid,
+    err: Error,
+    warn: &mut dyn FnMut(String),
+    mut stats: FileStats,
+) -> Result<FileStats> {
+    match on_invalid {
+        OnInvalid::Error => Err(err),
+        OnInvalid::Skip => {
+            warn(format!("skipping the rest of the file: {err}"));
+            stats.skipped += 1;
+            Ok(stats)
+        }
+    }
+}
+
+fn describe_parse_error(e: &needletail::errors::ParseError) -> String {
+    match e.kind {
+        ParseErrorKind::EmptyFile => "file is empty".into(),
+        ParseErrorKind::UnknownFormat => {
+            "not a FASTA file: it does not start with '>' (nor with a gzip/bzip2/xz/zstd header)"
+                .into()
+        }
+        ParseErrorKind::Io => format!(
+            "read failed, the file may be truncated or its compression corrupt: {}",
+            e.msg
+        ),
+        ParseErrorKind::UnexpectedEnd => {
+            format!("file ends inside a record: a header with no sequence, or a truncated file (line {})", e.position.line)
+        }
+        _ => format!("not valid FASTA: {}", e.msg),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extensions() {
+        for ok in [
+            "a.fa",
+            "b.FASTA",
+            "c.fna.gz",
+            "d.ffn.zst",
+            "e.fas.xz",
+            "f.fa.bz2",
+        ] {
+            assert!(has_fasta_extension(Path::new(ok)), "{ok}");
+        }
+        for no in ["a.txt", "fa", "b.gz", "c.fastq", "d.fa.zip"] {
+            assert!(!has_fasta_extension(Path::new(no)), "{no}");
+        }
+    }
+
+    #[test]
+    fn cleans_and_counts() {
+        let mut out = Vec::new();
+        let gc = clean_sequence(b"acgT\r\nNNgc\n", 2, &mut out).unwrap();
+        assert_eq!(out, b"ACGTNNGC");
+        assert_eq!(gc, 4);
+        let err = clean_sequence(b"ACGT\nAC*T", 2, &mut out).unwrap_err();
+        assert!(err.msg.contains("'*' at base 7 (line 3"), "{}", err.msg);
+    }
+}

@@ -1,0 +1,218 @@
+//! FASTA files → tokenized parquet dataset (`genslm tokenize`).
+
+use std::collections::HashSet;
+use std::hash::BuildHasher;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use md5::{Digest, Md5};
+
+use crate::data::dataset::{DatasetWriter, Row};
+use crate::data::fasta::{self, OnInvalid};
+use crate::error::{Error, Result};
+use crate::tokenizer::{CodonTokenizer, Trailing, VocabKind};
+
+/// Settings of one ingest run.
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    pub vocab: VocabKind,
+    pub on_invalid: OnInvalid,
+    pub trailing: Trailing,
+    /// Show a progress bar (it still hides itself when stderr is not a terminal).
+    pub progress: bool,
+}
+
+impl Default for IngestOptions {
+    fn default() -> Self {
+        Self {
+            vocab: VocabKind::Genslm69,
+            on_invalid: OnInvalid::Error,
+            trailing: Trailing::Unk,
+            progress: false,
+        }
+    }
+}
+
+/// What an ingest run did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IngestSummary {
+    pub files: u64,
+    pub records: u64,
+    pub skipped: u64,
+    pub duplicate_ids: u64,
+    pub bases: u64,
+    /// Codon tokens (BOS/EOS not counted).
+    pub codons: u64,
+    pub unk: u64,
+    /// Bytes of the input files as stored on disk.
+    pub input_bytes: u64,
+    pub elapsed: Duration,
+    pub warnings: Vec<String>,
+}
+
+impl IngestSummary {
+    pub fn unk_share(&self) -> f64 {
+        if self.codons == 0 {
+            0.0
+        } else {
+            self.unk as f64 / self.codons as f64
+        }
+    }
+    /// Input megabytes (on disk, 10^6 bytes) per second.
+    pub fn mb_per_s(&self) -> f64 {
+        self.input_bytes as f64 / 1e6 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+    /// Sequence megabases per second.
+    pub fn mbases_per_s(&self) -> f64 {
+        self.bases as f64 / 1e6 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+impl std::fmt::Display for IngestSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "files      {}", self.files)?;
+        write!(f, "records    {}", self.records)?;
+        if self.skipped > 0 {
+            write!(f, " ({} skipped)", self.skipped)?;
+        }
+        if self.duplicate_ids > 0 {
+            write!(f, " ({} duplicate ids)", self.duplicate_ids)?;
+        }
+        writeln!(f)?;
+        writeln!(f, "bases      {}", self.bases)?;
+        writeln!(f, "codons     {}", self.codons)?;
+        writeln!(f, "[UNK]      {:.4}%", 100.0 * self.unk_share())?;
+        writeln!(f, "time       {:.3} s", self.elapsed.as_secs_f64())?;
+        write!(
+            f,
+            "throughput {:.1} MB/s of input, {:.1} Mbases/s",
+            self.mb_per_s(),
+            self.mbases_per_s()
+        )
+    }
+}
+
+/// At most this many warnings are kept in the summary (the count is always exact).
+const MAX_WARNINGS: usize = 20;
+
+/// Tokenizes every record of `inputs` (files or directories) into the parquet file `out`.
+pub fn tokenize_to_parquet(
+    inputs: &[PathBuf],
+    out: &Path,
+    opts: &IngestOptions,
+) -> Result<IngestSummary> {
+    let start = Instant::now();
+    let files = fasta::discover(inputs)?;
+    let tokenizer = CodonTokenizer::new(opts.vocab)?.with_trailing(opts.trailing);
+    let specials = [tokenizer.bos_id(), tokenizer.eos_id()]
+        .iter()
+        .flatten()
+        .count() as u64;
+    let mut summary = IngestSummary {
+        files: files.len() as u64,
+        ..Default::default()
+    };
+    for f in &files {
+        summary.input_bytes += std::fs::metadata(f).map_err(|e| Error::io(f, e))?.len();
+    }
+    let bar = progress_bar(opts.progress, summary.input_bytes);
+    let mut writer = DatasetWriter::create(out, opts.vocab)?;
+    // Ids are remembered by 64-bit hash: 8 bytes per record, enough to warn on duplicates.
+    let hasher = std::collections::hash_map::RandomState::new();
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut tokens = Vec::new();
+    let mut warnings = Vec::new();
+    let mut n_warnings = 0u64;
+    let mut done_bytes = 0u64;
+    for file in &files {
+        let source = file.display().to_string();
+        let file_bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+        let mut warn = |w: String| {
+            n_warnings += 1;
+            if warnings.len() < MAX_WARNINGS {
+                bar.suspend(|| eprintln!("warning: {w}"));
+                warnings.push(w);
+            }
+        };
+        let mut dup_warnings = Vec::new();
+        let stats = fasta::read_file(file, opts.on_invalid, &mut warn, &mut |rec, pos| {
+            if !seen.insert(hasher.hash_one(rec.id)) {
+                summary.duplicate_ids += 1;
+                dup_warnings.push(format!(
+                    "{}: duplicate record id '{}' (kept)",
+                    file.display(),
+                    rec.id
+                ));
+            }
+            let md5 = Md5::digest(rec.seq);
+            let md5 = hex(&md5);
+            tokens.clear();
+            tokenizer.encode_into(rec.seq, &mut tokens);
+            summary.codons += tokens.len() as u64 - specials;
+            summary.unk += tokens.iter().filter(|&&t| t == tokenizer.unk_id()).count() as u64;
+            writer.push(&Row {
+                id: rec.id,
+                description: rec.description,
+                source: &source,
+                length: rec.seq.len() as u64,
+                gc_content: rec.gc as f64 / rec.seq.len() as f64,
+                md5: &md5,
+                tokens: &tokens,
+            })?;
+            bar.set_position(done_bytes + pos.min(file_bytes));
+            Ok(())
+        })?;
+        for w in dup_warnings {
+            warn(w);
+        }
+        summary.records += stats.records;
+        summary.skipped += stats.skipped;
+        summary.bases += stats.bases;
+        done_bytes += file_bytes;
+        bar.set_position(done_bytes);
+    }
+    if summary.records == 0 {
+        return Err(Error::Invalid(format!(
+            "no usable FASTA records in {} file(s); nothing written to {}",
+            files.len(),
+            out.display()
+        )));
+    }
+    writer.finish()?;
+    bar.finish_and_clear();
+    summary.elapsed = start.elapsed();
+    if n_warnings as usize > warnings.len() {
+        warnings.push(format!(
+            "... {} more warnings not shown",
+            n_warnings as usize - warnings.len()
+        ));
+    }
+    summary.warnings = warnings;
+    Ok(summary)
+}
+
+fn progress_bar(enabled: bool, total: u64) -> indicatif::ProgressBar {
+    // Small inputs finish before a bar would be readable.
+    if !enabled || total < (32 << 20) {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "tokenize {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// Lower-case hex of a digest.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}

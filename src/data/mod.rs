@@ -1,0 +1,6 @@
+//! Data: FASTA reading and validation, tokenized parquet datasets, the ingest pipeline.
+
+pub mod dataset;
+pub mod fasta;
+pub mod ingest;
+pub mod loader;

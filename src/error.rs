@@ -1,0 +1,40 @@
+//! The library's error type. Every message names the file, record, field or rank involved.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A FASTA file or one of its records is unusable.
+    #[error("{}{}: {msg}", file.display(), record.as_ref().map(|r| format!(", record '{r}'")).unwrap_or_default())]
+    Fasta {
+        file: PathBuf,
+        record: Option<String>,
+        msg: String,
+    },
+    /// A config file or field is wrong.
+    #[error("{}: {msg}", file.display())]
+    Config { file: PathBuf, msg: String },
+    /// A dataset (parquet) file could not be read or written.
+    #[error("{}: {msg}", path.display())]
+    Dataset { path: PathBuf, msg: String },
+    /// Anything else the user asked for that cannot be done, with the reason.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! `genslm info`: a model config's shape, parameter count and training memory.
+
+use std::fmt::Write;
+
+use crate::config::{ModelConfig, Position, TrainingMemory};
+
+/// Bytes as GiB with two decimals.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Thousands separators for counts.
+pub fn group_digits(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The report `genslm info` prints.
+pub fn report(m: &ModelConfig) -> String {
+    let mut s = String::new();
+    let p = m.param_count();
+    let _ = writeln!(s, "model               {}", m.name);
+    let _ = writeln!(s, "layers              {}", m.num_layers);
+    let _ = writeln!(s, "hidden              {}", m.hidden_size);
+    let _ = writeln!(
+        s,
+        "heads               {} (head dim {})",
+        m.num_heads,
+        m.head_dim()
+    );
+    let _ = writeln!(s, "intermediate        {}", m.intermediate_size);
+    let _ = writeln!(s, "vocabulary          {} ({} ids)", m.vocab, m.vocab_size);
+    let pos = match m.position {
+        Position::Rotary => format!(
+            "rotary (first {} of {} dims per head, base {})",
+            m.rotary_dims(),
+            m.head_dim(),
+            m.rotary_base
+        ),
+        other => other.to_string(),
+    };
+    let _ = writeln!(s, "positions           {pos}");
+    let _ = writeln!(s, "max positions       {}", m.max_position_embeddings);
+    let _ = writeln!(s, "parameters          {} ({p})", group_digits(p));
+    let _ = writeln!(s, "memory              fp32          bf16");
+    let f = TrainingMemory::new(p, 4);
+    let b = TrainingMemory::new(p, 2);
+    let row = |name: &str, a: u64, c: u64| format!("  {name:<18}{:<14}{}\n", gib(a), gib(c));
+    s.push_str(&row("weights", f.weights, b.weights));
+    s.push_str(&row("gradients", f.gradients, b.gradients));
+    s.push_str(&row("adam states (m,v)", f.adam_states, b.adam_states));
+    s.push_str(&row("total", f.total(), b.total()));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn digits() {
+        assert_eq!(super::group_digits(25_290_752), "25,290,752");
+        assert_eq!(super::group_digits(999), "999");
+        assert_eq!(super::group_digits(1000), "1,000");
+    }
+}

@@ -1,0 +1,15 @@
+//! genslm: genome-scale language models (GenSLM-style GPT-NeoX) over long DNA sequences.
+//!
+//! Data flow (DESIGN.md §2): FASTA → [`data::fasta`] → [`tokenizer`] → [`data::dataset`]
+//! (parquet) → training. The CLI in `main.rs` only parses arguments and calls this library.
+
+pub mod atomic;
+pub mod bench;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod info;
+pub mod rng;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

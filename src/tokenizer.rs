@@ -1,0 +1,283 @@
+//! GenSLM-compatible codon tokenizer.
+//!
+//! The vocabularies are Hugging Face `tokenizers` JSON files in `tokenizers/` whose ids equal
+//! GenSLM's `codon_wordlevel_69vocab.json` / `codon_wordlevel_71vocab.json`. They are embedded
+//! in the binary and parsed at start-up, so the ids come from one place only.
+//!
+//! Splitting follows GenSLM: upper-case, non-overlapping 3-mers from position 0; a codon with
+//! any base outside ACGT becomes `[UNK]`; a trailing 1–2 bases become one `[UNK]` (or are
+//! dropped with [`Trailing::Drop`]). The 71-token vocabulary wraps each sequence in
+//! `[BOS]` … `[EOS]`, as GenSLM's post-processor does.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// Which GenSLM vocabulary to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum VocabKind {
+    /// 69 tokens: 5 specials then 64 codons (GenSLM's default).
+    #[default]
+    #[serde(rename = "genslm69")]
+    Genslm69,
+    /// 71 tokens: 7 specials including `[BOS]`/`[EOS]`, then 64 codons.
+    #[serde(rename = "genslm71")]
+    Genslm71,
+}
+
+impl VocabKind {
+    fn json(self) -> &'static str {
+        match self {
+            VocabKind::Genslm69 => include_str!("../tokenizers/genslm69.json"),
+            VocabKind::Genslm71 => include_str!("../tokenizers/genslm71.json"),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            VocabKind::Genslm69 => "genslm69",
+            VocabKind::Genslm71 => "genslm71",
+        }
+    }
+}
+
+impl fmt::Display for VocabKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for VocabKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "genslm69" => Ok(VocabKind::Genslm69),
+            "genslm71" => Ok(VocabKind::Genslm71),
+            other => Err(Error::Invalid(format!(
+                "unknown vocabulary '{other}': expected genslm69 or genslm71"
+            ))),
+        }
+    }
+}
+
+/// What to do with a trailing partial codon (1 or 2 bases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Trailing {
+    /// Emit one `[UNK]` (GenSLM's behaviour).
+    #[default]
+    Unk,
+    /// Drop the partial codon.
+    Drop,
+}
+
+/// 2-bit code of an upper- or lower-case base, or `NOT_ACGT`.
+const NOT_ACGT: u8 = 0xFF;
+const fn base_codes() -> [u8; 256] {
+    let mut t = [NOT_ACGT; 256];
+    t[b'A' as usize] = 0;
+    t[b'C' as usize] = 1;
+    t[b'G' as usize] = 2;
+    t[b'T' as usize] = 3;
+    t[b'a' as usize] = 0;
+    t[b'c' as usize] = 1;
+    t[b'g' as usize] = 2;
+    t[b't' as usize] = 3;
+    t
+}
+static BASE_CODE: [u8; 256] = base_codes();
+const BASES: [u8; 4] = *b"ACGT";
+
+/// A codon tokenizer over one GenSLM vocabulary.
+#[derive(Debug, Clone)]
+pub struct CodonTokenizer {
+    kind: VocabKind,
+    /// Token id of codon `16·b0 + 4·b1 + b2` (bases coded A=0, C=1, G=2, T=3).
+    codon_id: [u32; 64],
+    /// Text of every token id.
+    tokens: Vec<String>,
+    unk: u32,
+    pad: u32,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    trailing: Trailing,
+}
+
+#[derive(serde::Deserialize)]
+struct HfTokenizerFile {
+    model: HfWordLevel,
+}
+#[derive(serde::Deserialize)]
+struct HfWordLevel {
+    vocab: HashMap<String, u32>,
+}
+
+impl CodonTokenizer {
+    pub fn new(kind: VocabKind) -> Result<Self> {
+        Self::from_json(kind, kind.json())
+    }
+
+    /// Builds a tokenizer from a Hugging Face WordLevel tokenizer file's text.
+    pub fn from_json(kind: VocabKind, text: &str) -> Result<Self> {
+        let file: HfTokenizerFile = serde_json::from_str(text)
+            .map_err(|e| Error::Invalid(format!("vocabulary {kind}: not a tokenizer file: {e}")))?;
+        let vocab = file.model.vocab;
+        let n = vocab.len();
+        let mut tokens = vec![String::new(); n];
+        for (tok, &id) in &vocab {
+            let slot = tokens.get_mut(id as usize).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "vocabulary {kind}: id {id} of '{tok}' out of range"
+                ))
+            })?;
+            *slot = tok.clone();
+        }
+        let get = |t: &str| {
+            vocab
+                .get(t)
+                .copied()
+                .ok_or_else(|| Error::Invalid(format!("vocabulary {kind}: missing token {t}")))
+        };
+        let mut codon_id = [0u32; 64];
+        for (code, slot) in codon_id.iter_mut().enumerate() {
+            let codon = [BASES[code >> 4], BASES[(code >> 2) & 3], BASES[code & 3]];
+            *slot = get(std::str::from_utf8(&codon).expect("ACGT is ASCII"))?;
+        }
+        let (bos, eos) = match kind {
+            VocabKind::Genslm69 => (None, None),
+            VocabKind::Genslm71 => (Some(get("[BOS]")?), Some(get("[EOS]")?)),
+        };
+        Ok(Self {
+            kind,
+            codon_id,
+            tokens,
+            unk: get("[UNK]")?,
+            pad: get("[PAD]")?,
+            bos,
+            eos,
+            trailing: Trailing::Unk,
+        })
+    }
+
+    pub fn with_trailing(mut self, trailing: Trailing) -> Self {
+        self.trailing = trailing;
+        self
+    }
+
+    pub fn kind(&self) -> VocabKind {
+        self.kind
+    }
+    pub fn vocab_size(&self) -> usize {
+        self.tokens.len()
+    }
+    pub fn unk_id(&self) -> u32 {
+        self.unk
+    }
+    pub fn pad_id(&self) -> u32 {
+        self.pad
+    }
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+    /// The text of a token id (`None` when out of range).
+    pub fn token(&self, id: u32) -> Option<&str> {
+        self.tokens.get(id as usize).map(String::as_str)
+    }
+    /// The id of a codon given as three bases (any case); `[UNK]` when not ACGT.
+    pub fn codon_to_id(&self, codon: &[u8; 3]) -> u32 {
+        let (a, b, c) = (
+            BASE_CODE[codon[0] as usize],
+            BASE_CODE[codon[1] as usize],
+            BASE_CODE[codon[2] as usize],
+        );
+        if a > 3 || b > 3 || c > 3 {
+            self.unk
+        } else {
+            self.codon_id[((a as usize) << 4) | ((b as usize) << 2) | c as usize]
+        }
+    }
+
+    /// Number of tokens `encode` produces for `n_bases` bases.
+    pub fn n_tokens(&self, n_bases: usize) -> usize {
+        let partial = usize::from(!n_bases.is_multiple_of(3) && self.trailing == Trailing::Unk);
+        let specials = usize::from(self.bos.is_some()) + usize::from(self.eos.is_some());
+        n_bases / 3 + partial + specials
+    }
+
+    /// Appends the token ids of `seq` (bases in any case) to `out`.
+    pub fn encode_into(&self, seq: &[u8], out: &mut Vec<u32>) {
+        out.reserve(self.n_tokens(seq.len()));
+        if let Some(b) = self.bos {
+            out.push(b);
+        }
+        let mut chunks = seq.chunks_exact(3);
+        for c in &mut chunks {
+            let code = (BASE_CODE[c[0] as usize] as u32) << 16
+                | (BASE_CODE[c[1] as usize] as u32) << 8
+                | BASE_CODE[c[2] as usize] as u32;
+            // Any NOT_ACGT byte sets a high bit of its lane.
+            if code & 0x00FC_FCFC != 0 {
+                out.push(self.unk);
+            } else {
+                let idx = ((code >> 12) & 0x30) | ((code >> 6) & 0x0C) | (code & 0x03);
+                out.push(self.codon_id[idx as usize]);
+            }
+        }
+        if !chunks.remainder().is_empty() && self.trailing == Trailing::Unk {
+            out.push(self.unk);
+        }
+        if let Some(e) = self.eos {
+            out.push(e);
+        }
+    }
+
+    pub fn encode(&self, seq: &[u8]) -> Vec<u32> {
+        let mut out = Vec::new();
+        self.encode_into(seq, &mut out);
+        out
+    }
+
+    /// Token ids back to DNA. Codons decode to their bases, `[UNK]` to `NNN`, and the other
+    /// special tokens (BOS/EOS/PAD/CLS/SEP/MASK) are skipped. Unknown ids are an error.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        let mut out = String::with_capacity(ids.len() * 3);
+        for &id in ids {
+            let tok = self
+                .token(id)
+                .ok_or_else(|| Error::Invalid(format!("token id {id} is not in {}", self.kind)))?;
+            if id == self.unk {
+                out.push_str("NNN");
+            } else if !tok.starts_with('[') {
+                out.push_str(tok);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_of_known_codons() {
+        // Values read off GenSLM's codon_wordlevel_69vocab.json.
+        let t = CodonTokenizer::new(VocabKind::Genslm69).unwrap();
+        assert_eq!(t.encode(b"GGCATGTAG"), vec![5, 10, 68]);
+        assert_eq!(t.encode(b"atgNNNat"), vec![10, 0, 0]);
+        let t = CodonTokenizer::new(VocabKind::Genslm71).unwrap();
+        assert_eq!(t.encode(b"GGCTAG"), vec![2, 7, 70, 3]);
+    }
+
+    #[test]
+    fn drop_trailing() {
+        let t = CodonTokenizer::new(VocabKind::Genslm69)
+            .unwrap()
+            .with_trailing(Trailing::Drop);
+        assert_eq!(t.encode(b"ATGAT"), vec![10]);
+        assert_eq!(t.n_tokens(5), 1);
+    }
+}

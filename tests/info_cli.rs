@@ -1,0 +1,94 @@
+//! `genslm info` on every preset, and config validation errors.
+
+mod common;
+
+use common::{repo, run, write};
+
+fn info(name: &str) -> String {
+    let cfg = repo().join("configs").join(format!("{name}.toml"));
+    let (ok, out, err) = run(&["info", "--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{name}: {err}");
+    out
+}
+
+#[test]
+fn presets_print_hugging_face_parameter_counts() {
+    // Reference counts: printed by scripts/hf_param_counts.py, which builds Hugging Face
+    // GPTNeoXForCausalLM for each shape and counts its parameters with PyTorch.
+    let expected = [
+        ("genslm-25m", "25,290,752"),
+        ("genslm-2.5b", "2,533,931,008"),
+        ("genslm-250m", "253,429,376"),
+        ("genslm-25b", "25,574,854,656"),
+        ("genslm-33b", "36,246,036,480"),
+        ("tiny", "108,928"),
+    ];
+    for (name, count) in expected {
+        let out = info(name);
+        assert!(
+            out.contains(&format!("parameters          {count}")),
+            "{name}:\n{out}"
+        );
+    }
+    for name in ["tiny", "genslm-25b", "genslm-33b"] {
+        let out = info(name);
+        for field in [
+            "layers",
+            "hidden",
+            "heads",
+            "vocabulary",
+            "positions",
+            "parameters",
+            "weights",
+            "gradients",
+            "adam states",
+        ] {
+            assert!(out.contains(field), "{name} lacks {field}:\n{out}");
+        }
+    }
+    // Memory in GiB for 25M: weights fp32 = 4 bytes × 25,290,752 = 0.09 GiB.
+    let out = info("genslm-25m");
+    assert!(out.contains("weights           0.09 GiB"), "{out}");
+}
+
+#[test]
+fn bad_configs_name_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string(repo().join("configs/tiny.toml")).unwrap();
+    let cases = [
+        (
+            "heads.toml",
+            base.replace("num_heads = 4", "num_heads = 5"),
+            "num_heads",
+        ),
+        (
+            "typo.toml",
+            base.replace("num_layers", "num_layer"),
+            "num_layer",
+        ),
+        (
+            "type.toml",
+            base.replace("hidden_size = 64", "hidden_size = \"big\""),
+            "hidden_size",
+        ),
+        (
+            "vocab.toml",
+            base.replace("vocab_size = 69", "vocab_size = 10"),
+            "vocab_size",
+        ),
+        (
+            "pos.toml",
+            base.replace("position = \"rotary\"", "position = \"sinusoid\""),
+            "position",
+        ),
+    ];
+    for (name, text, field) in cases {
+        let p = write(dir.path(), name, text.as_bytes());
+        let (ok, _, err) = run(&["info", "--config", p.to_str().unwrap()]);
+        assert!(!ok, "{name} should fail");
+        assert!(err.contains(name) && err.contains(field), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let (ok, _, err) = run(&["info", "--config", "/no/such.toml"]);
+    assert!(!ok && err.contains("/no/such.toml"), "{err}");
+}

@@ -1,0 +1,368 @@
+//! `genslm tokenize` end to end: the bundled genomes, independent checks of GC and md5, and one
+//! test per class of bad input.
+
+mod common;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{gzip, listing, repo, run, write};
+use genslm::data::dataset::read_dataset;
+use genslm::tokenizer::{CodonTokenizer, VocabKind};
+
+/// A deliberately naive FASTA reader for the reference side: (header, sequence) pairs.
+fn naive_fasta(path: &Path) -> Vec<(String, String)> {
+    let mut bytes = Vec::new();
+    let f = std::fs::File::open(path).unwrap();
+    if path.extension().is_some_and(|e| e == "gz") {
+        flate2::read::MultiGzDecoder::new(f)
+            .read_to_end(&mut bytes)
+            .unwrap();
+    } else {
+        std::io::BufReader::new(f).read_to_end(&mut bytes).unwrap();
+    }
+    let text = String::from_utf8(bytes).unwrap();
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim_end_matches('\r');
+        if let Some(h) = line.strip_prefix('>') {
+            out.push((h.to_string(), String::new()));
+        } else {
+            out.last_mut().unwrap().1.push_str(&line.to_uppercase());
+        }
+    }
+    out
+}
+
+/// md5 from coreutils' `md5sum`, an implementation independent of ours.
+fn md5sum(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = Command::new("md5sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("md5sum (coreutils) is installed");
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap()[..32].to_string()
+}
+
+#[test]
+fn bundled_genomes_tokenize_with_correct_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("data.parquet");
+    let data = repo().join("data");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("records") && err.contains("MB/s"),
+        "summary: {err}"
+    );
+    let (vocab, rows) = read_dataset(&out).unwrap();
+    assert_eq!(vocab, VocabKind::Genslm69);
+
+    let mut expected = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e != "md"))
+        .collect();
+    files.sort();
+    for f in &files {
+        for (h, s) in naive_fasta(f) {
+            expected.push((f.clone(), h, s));
+        }
+    }
+    assert_eq!(rows.len(), expected.len());
+    assert!(rows.len() >= 25);
+    let tok = CodonTokenizer::new(VocabKind::Genslm69).unwrap();
+    for (row, (file, header, seq)) in rows.iter().zip(&expected) {
+        let id = header.split_whitespace().next().unwrap();
+        assert_eq!(row.id, id);
+        assert_eq!(row.description, header[id.len()..].trim());
+        assert_eq!(Path::new(&row.source), file.as_path());
+        assert_eq!(row.length as usize, seq.len());
+        let gc = seq.chars().filter(|&c| c == 'G' || c == 'C').count() as f64 / seq.len() as f64;
+        assert!((row.gc_content - gc).abs() < 1e-12, "{id}");
+        assert_eq!(row.md5, md5sum(seq.as_bytes()), "{id}");
+        assert_eq!(row.tokens.len(), seq.len().div_ceil(3));
+        // Whole codons decode to themselves, or NNN when any base is not ACGT; a partial
+        // trailing codon is [UNK], which also decodes to NNN.
+        let expect_dna: String = seq
+            .as_bytes()
+            .chunks(3)
+            .map(|c| {
+                if c.len() == 3 && c.iter().all(|b| b"ACGT".contains(b)) {
+                    String::from_utf8(c.to_vec()).unwrap()
+                } else {
+                    "NNN".to_string()
+                }
+            })
+            .collect();
+        assert_eq!(tok.decode(&row.tokens).unwrap(), expect_dna, "{id}");
+    }
+    // Lambda's GC content is a published figure: 49.86%.
+    let lambda = rows.iter().find(|r| r.id.contains("NC_001416")).unwrap();
+    assert!(
+        (lambda.gc_content - 0.4986).abs() < 5e-4,
+        "{}",
+        lambda.gc_content
+    );
+}
+
+#[test]
+fn crlf_and_lowercase_read_like_lf() {
+    let dir = tempfile::tempdir().unwrap();
+    let lf = write(
+        dir.path(),
+        "lf.fa",
+        b">r1 first\nACGTAC\nGGT\n>r2\nTTTAAA\n",
+    );
+    let crlf = write(
+        dir.path(),
+        "crlf.fa",
+        b">r1 first\r\nacgtac\r\nggt\r\n>r2\r\ntttaaa\r\n",
+    );
+    let mut rows = Vec::new();
+    for p in [&lf, &crlf] {
+        let out = dir.path().join("o.parquet");
+        let (ok, _, err) = run(&[
+            "tokenize",
+            "--fasta",
+            p.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+        rows.push(read_dataset(&out).unwrap().1);
+    }
+    for (a, b) in rows[0].iter().zip(&rows[1]) {
+        assert_eq!(
+            (&a.id, &a.description, &a.tokens, &a.md5),
+            (&b.id, &b.description, &b.tokens, &b.md5)
+        );
+    }
+    assert_eq!(rows[0][0].description, "first");
+    assert_eq!(rows[0][0].length, 9);
+}
+
+#[test]
+fn compression_detected_by_content_not_name() {
+    let dir = tempfile::tempdir().unwrap();
+    // A gzip file without .gz in its name.
+    let p = write(dir.path(), "x.fa", &gzip(b">r\nATGAAA\n"));
+    let out = dir.path().join("o.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        p.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(read_dataset(&out).unwrap().1[0].tokens, vec![10, 16]);
+}
+
+#[test]
+fn duplicate_ids_are_kept_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "d.fa", b">same\nATG\n>same\nAAA\n");
+    let out = dir.path().join("o.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        p.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("duplicate record id 'same'"), "{err}");
+    assert_eq!(read_dataset(&out).unwrap().1.len(), 2);
+}
+
+/// Runs tokenize on one bad file; checks the failure, the message and that no output is left.
+fn expect_failure(name: &str, bytes: &[u8], must_contain: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), name, bytes);
+    let out = dir.path().join("out.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        p.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!ok, "{name} should fail");
+    assert!(err.contains(name), "message names the file: {err}");
+    for m in must_contain {
+        assert!(err.contains(m), "message for {name} lacks '{m}': {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        listing(dir.path()),
+        vec![name.to_string()],
+        "nothing half-written left"
+    );
+}
+
+#[test]
+fn bad_character_names_record_and_position() {
+    expect_failure(
+        "bad.fa",
+        b">ok\nACGT\n>broken some text\nACGTACGT\nACG*T\n",
+        &["record 'broken'", "'*' at base 12", "line 5"],
+    );
+}
+
+#[test]
+fn nul_byte() {
+    expect_failure(
+        "nul.fa",
+        b">r1\nACG\0TT\n",
+        &["record 'r1'", "NUL byte at base 4"],
+    );
+}
+
+#[test]
+fn empty_file() {
+    expect_failure("empty.fa", b"", &["empty"]);
+}
+
+#[test]
+fn header_only_file() {
+    expect_failure(
+        "header.fa",
+        b">lonely header\n",
+        &["header with no sequence", "line 1"],
+    );
+}
+
+#[test]
+fn truncated_gzip() {
+    let mut seq = b">r\n".to_vec();
+    for i in 0..20000 {
+        seq.extend_from_slice(if i % 7 == 0 {
+            b"ACGTTGCA\n"
+        } else {
+            b"GGCATTAC\n"
+        });
+    }
+    let gz = gzip(&seq);
+    expect_failure("cut.fa.gz", &gz[..gz.len() / 2], &["truncated"]);
+}
+
+#[test]
+fn not_fasta() {
+    expect_failure(
+        "picture.fa",
+        b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR",
+        &["not a FASTA file"],
+    );
+    expect_failure("table.fa", b"id,sequence\nr1,ACGT\n", &["not a FASTA file"]);
+    expect_failure("reads.fa", b"@read1\nACGT\n+\nIIII\n", &["FASTQ"]);
+}
+
+#[test]
+fn skip_mode_skips_bad_records_with_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "a.fa",
+        b">good1\nATGAAA\n>bad\nAT#G\n>empty\n>good2\nTTT\n",
+    );
+    write(dir.path(), "b.fasta", b"not fasta at all\n");
+    write(dir.path(), "notes.txt", b"ignored: not a FASTA extension\n");
+    let out = dir.path().join("out.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        dir.path().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--on-invalid",
+        "skip",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: skipping record") && err.contains("'bad'"),
+        "{err}"
+    );
+    assert!(err.contains("'empty'") && err.contains("b.fasta"), "{err}");
+    let ids: Vec<String> = read_dataset(&out)
+        .unwrap()
+        .1
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids, vec!["good1", "good2"]);
+}
+
+#[test]
+fn nothing_usable_is_an_error_even_when_skipping() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "all_bad.fa", b">x\n12345\n");
+    let out = dir.path().join("out.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        p.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--on-invalid",
+        "skip",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("no usable FASTA records"), "{err}");
+    assert_eq!(listing(dir.path()), vec!["all_bad.fa"]);
+}
+
+#[test]
+fn missing_input_and_empty_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        "/no/such/file.fa",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("/no/such/file.fa"), "{err}");
+    let empty = dir.path().join("empty_dir");
+    std::fs::create_dir(&empty).unwrap();
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        empty.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("no FASTA files found"), "{err}");
+}
+
+#[test]
+fn vocab71_wraps_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "v.fa", b">r\nGGCTAG\n");
+    let out = dir.path().join("o.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        p.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--vocab",
+        "genslm71",
+    ]);
+    assert!(ok, "{err}");
+    let (vocab, rows) = read_dataset(&out).unwrap();
+    assert_eq!(vocab, VocabKind::Genslm71);
+    assert_eq!(rows[0].tokens, vec![2, 7, 70, 3]);
+}
