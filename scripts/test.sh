@@ -4,10 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== python reference tools (pyarrow, pandas, tokenizers)"
+echo "== python reference tools (pyarrow, pandas, tokenizers, torch, transformers)"
 PY_OK=1
 if ! python3 -c "import pyarrow, pandas" 2>/dev/null || ! (cd /tmp && python3 -c "import tokenizers.models") 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check pyarrow pandas tokenizers || PY_OK=0
+fi
+HF_OK=1
+if ! (cd /tmp && python3 -c "import torch, transformers, safetensors") 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check torch transformers safetensors || HF_OK=0
 fi
 
 echo "== cargo test"
@@ -30,6 +34,19 @@ if [ "$PY_OK" = 1 ]; then
   python3 scripts/check_dataset.py "$TMP/data.parquet" data
 else
   echo "pip unavailable: skipped the pyarrow check" >&2
+fi
+
+echo "== train on the bundled genomes; the checkpoint loads in transformers with the same loss"
+cargo run --locked --quiet -- train --fasta data/ --config configs/tiny.toml --out "$TMP/run" \
+  --steps 20 --seq-len 64 --batch-size 4 --lr 3e-3 --quiet
+cargo run --locked --quiet -- score --model "$TMP/run" --fasta data/lambda_virus.fa data/dwv.fasta.gz \
+  --seq-len 64 > "$TMP/scores.tsv"
+if [ "$HF_OK" = 1 ]; then
+  for f in data/lambda_virus.fa data/dwv.fasta.gz; do
+    python3 scripts/check_hf_roundtrip.py "$TMP/run/checkpoints/step-20" "$f" 64 "$TMP/scores.tsv"
+  done
+else
+  echo "pip unavailable: skipped the transformers round trip" >&2
 fi
 
 echo "== all tests passed"

@@ -68,11 +68,118 @@ pub struct ModelConfig {
     pub layer_norm_eps: f64,
 }
 
-/// A config file: `[model]` now; training settings join it as they are built.
+/// Training settings (`[train]` in a config file; each has a CLI flag of the same name).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Optimizer steps in the whole run.
+    pub steps: u64,
+    /// Codons per sample; longer records are cut into windows, shorter ones padded.
+    pub seq_len: usize,
+    /// Samples per micro-batch.
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// The cosine decay ends at `min_lr_ratio · lr`.
+    pub min_lr_ratio: f64,
+    /// Linear warm-up steps.
+    pub warmup: u64,
+    pub seed: u64,
+    /// Share of windows held out for validation.
+    pub val_fraction: f64,
+    /// Validate every N steps (and at the end); 0 = only at the end.
+    pub val_every: u64,
+    /// Checkpoint every N steps (and at the end); 0 = only at the end.
+    pub checkpoint_every: u64,
+    /// Global gradient-norm clip; 0 disables clipping.
+    pub max_grad_norm: f64,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Skip a step whose loss or gradient is NaN/Inf instead of stopping.
+    pub skip_nonfinite: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            steps: 100,
+            seq_len: 256,
+            batch_size: 4,
+            grad_accum: 1,
+            lr: 1e-3,
+            min_lr_ratio: 0.1,
+            warmup: 10,
+            seed: 0,
+            val_fraction: 0.1,
+            val_every: 50,
+            checkpoint_every: 0,
+            max_grad_norm: 1.0,
+            weight_decay: 0.01,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            skip_nonfinite: false,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks the settings; the message names the field.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let positive = [
+            ("steps", self.steps as usize),
+            ("batch_size", self.batch_size),
+            ("grad_accum", self.grad_accum),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(format!("field `{field}` must be positive"));
+            }
+        }
+        if self.seq_len < 2 {
+            return Err(format!(
+                "field `seq_len` ({}) must be at least 2",
+                self.seq_len
+            ));
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return Err(format!("field `lr` ({}) must be positive", self.lr));
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return Err("field `min_lr_ratio` must be in [0, 1]".into());
+        }
+        if !(0.0..1.0).contains(&self.val_fraction) {
+            return Err("field `val_fraction` must be in [0, 1)".into());
+        }
+        for (field, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(format!("field `{field}` must be in [0, 1)"));
+            }
+        }
+        if self.eps.is_nan() || self.eps <= 0.0 {
+            return Err("field `eps` must be positive".into());
+        }
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
+            return Err("field `weight_decay` must be ≥ 0".into());
+        }
+        if self.max_grad_norm.is_nan() || self.max_grad_norm < 0.0 {
+            return Err("field `max_grad_norm` must be ≥ 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// A config file: `[model]` and optional `[train]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub model: ModelConfig,
+    #[serde(default)]
+    pub train: TrainConfig,
 }
 
 impl Config {
@@ -83,10 +190,13 @@ impl Config {
             file: path.to_path_buf(),
             msg: e.to_string().trim_end().to_string(),
         })?;
-        cfg.model.validate().map_err(|msg| Error::Config {
-            file: path.to_path_buf(),
-            msg,
-        })?;
+        cfg.model
+            .validate()
+            .and_then(|_| cfg.train.validate())
+            .map_err(|msg| Error::Config {
+                file: path.to_path_buf(),
+                msg,
+            })?;
         Ok(cfg)
     }
 }

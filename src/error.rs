@@ -6,12 +6,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The io error is part of the message, not a chained source, so it prints once.
+    #[error("{}: {err}", path.display())]
+    Io { path: PathBuf, err: std::io::Error },
     /// A FASTA file or one of its records is unusable.
     #[error("{}{}: {msg}", file.display(), record.as_ref().map(|r| format!(", record '{r}'")).unwrap_or_default())]
     Fasta {
@@ -34,7 +31,7 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            err: source,
         }
     }
 }

@@ -8,8 +8,11 @@ pub mod bench;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod infer;
 pub mod info;
+pub mod model;
 pub mod rng;
 pub mod tokenizer;
+pub mod train;
 
 pub use error::{Error, Result};

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use genslm::data::fasta::OnInvalid;
 use genslm::data::ingest::{tokenize_to_parquet, IngestOptions};
 use genslm::tokenizer::{Trailing, VocabKind};
+use genslm::train::trainer::{train, DataSource, RunOptions};
 
 #[derive(Parser)]
 #[command(
@@ -56,6 +57,23 @@ enum Command {
         #[arg(long)]
         drop_partial_codon: bool,
     },
+    /// Train a GenSLM model from FASTA (or a tokenized parquet dataset) into a run directory.
+    Train(Box<TrainArgs>),
+    /// Score records: per record, predicted tokens, mean NLL (nats/token) and perplexity (TSV).
+    Score {
+        /// Model directory (config.json + model.safetensors), or a run directory (its latest checkpoint).
+        #[arg(long)]
+        model: PathBuf,
+        /// FASTA files or directories.
+        #[arg(long, num_args = 1.., required = true)]
+        fasta: Vec<PathBuf>,
+        /// Window length in codons (default: the model's max_position_embeddings).
+        #[arg(long)]
+        seq_len: Option<usize>,
+        /// Windows per forward pass.
+        #[arg(long, default_value_t = 4)]
+        batch_size: usize,
+    },
     /// Print a model config's shape, parameter count and training memory.
     Info {
         /// Model config (TOML), e.g. configs/genslm-25m.toml.
@@ -67,6 +85,123 @@ enum Command {
         #[command(subcommand)]
         which: BenchCmd,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Backend {
+    Cpu,
+    Cuda,
+}
+
+/// `genslm train`: every setting flag overrides the `[train]` field of the same name.
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// FASTA files or directories (tokenized into RUN/data.parquet).
+    #[arg(long, num_args = 1.., conflicts_with = "data", required_unless_present = "data")]
+    fasta: Vec<PathBuf>,
+    /// A dataset written by `genslm tokenize`.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Model and training config (TOML), e.g. configs/tiny.toml.
+    #[arg(long)]
+    config: PathBuf,
+    /// Run directory: config.toml, metrics.jsonl, checkpoints/.
+    #[arg(long)]
+    out: PathBuf,
+    /// Continue from OUT/checkpoints/latest.
+    #[arg(long)]
+    resume: bool,
+    /// Stop after this many steps in this invocation (with a checkpoint); --resume continues.
+    #[arg(long)]
+    stop_after: Option<u64>,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Codons per sample.
+    #[arg(long)]
+    seq_len: Option<usize>,
+    #[arg(long)]
+    batch_size: Option<usize>,
+    #[arg(long)]
+    grad_accum: Option<usize>,
+    #[arg(long)]
+    lr: Option<f64>,
+    #[arg(long)]
+    warmup: Option<u64>,
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long)]
+    val_fraction: Option<f64>,
+    #[arg(long)]
+    val_every: Option<u64>,
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+    #[arg(long)]
+    max_grad_norm: Option<f64>,
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    /// Skip steps whose loss or gradient is NaN/Inf instead of stopping.
+    #[arg(long)]
+    skip_nonfinite: bool,
+}
+
+fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
+    if a.backend == Backend::Cuda {
+        anyhow::bail!(
+            "--backend cuda: this build has no CUDA backend yet (it needs the `cuda` feature, \
+             which is not available); use --backend cpu"
+        );
+    }
+    let mut cfg = genslm::config::Config::load(&a.config)?;
+    let t = &mut cfg.train;
+    macro_rules! set {
+        ($($f:ident),*) => {$( if let Some(v) = a.$f { t.$f = v; } )*};
+    }
+    set!(
+        steps,
+        seq_len,
+        batch_size,
+        grad_accum,
+        lr,
+        warmup,
+        seed,
+        val_fraction,
+        val_every,
+        checkpoint_every,
+        max_grad_norm,
+        weight_decay
+    );
+    t.skip_nonfinite |= a.skip_nonfinite;
+    t.validate().map_err(|m| {
+        anyhow::anyhow!("{}: {m} (after command-line overrides)", a.config.display())
+    })?;
+    let data = match a.data {
+        Some(p) => DataSource::Parquet(p),
+        None => DataSource::Fasta(a.fasta),
+    };
+    let opts = RunOptions {
+        resume: a.resume,
+        stop_after: a.stop_after,
+        progress: !quiet,
+    };
+    let s = train(&cfg, &data, &a.out, &opts)?;
+    if !quiet {
+        eprintln!(
+            "trained {} steps: loss {:.4}{}, peak memory {:.0} MiB",
+            s.steps_done,
+            s.final_loss,
+            s.final_val_loss
+                .map(|v| format!(", val loss {v:.4}"))
+                .unwrap_or_default(),
+            s.peak_rss_mib
+        );
+        if let Some(c) = s.last_checkpoint {
+            eprintln!("checkpoint {}", c.display());
+        }
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -112,6 +247,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 eprintln!("{summary}");
                 eprintln!("wrote {}", out.display());
             }
+        }
+        Command::Train(args) => run_train(*args, cli.quiet)?,
+        Command::Score {
+            model,
+            fasta,
+            seq_len,
+            batch_size,
+        } => {
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            genslm::infer::score::score_fasta(&model, &fasta, seq_len, batch_size, &mut out)?;
         }
         Command::Info { config } => {
             let cfg = genslm::config::Config::load(&config)?;

@@ -1,0 +1,3 @@
+//! Inference: scoring (perplexity) now; embeddings and generation join later.
+
+pub mod score;

@@ -1,0 +1,167 @@
+//! Hugging Face GPT-NeoX compatibility: `config.json` both ways.
+//!
+//! transformers ≥ 5 writes rotary settings as `rope_parameters.{partial_rotary_factor,
+//! rope_theta}`; older files (GenSLM's) use `rotary_pct` / `rotary_emb_base`. Both are read;
+//! both are written so either generation of transformers loads our checkpoints. Position
+//! encodings other than rotary are a genslm extension recorded as `genslm_position`
+//! (transformers ignores the key; such checkpoints only run in genslm).
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::config::{ModelConfig, Position};
+use crate::tokenizer::VocabKind;
+
+#[derive(Debug, Clone, Deserialize)]
+struct RopeParameters {
+    partial_rotary_factor: Option<f64>,
+    rope_theta: Option<f64>,
+}
+
+/// The fields of `GPTNeoXConfig` genslm reads.
+#[derive(Debug, Clone, Deserialize)]
+struct HfConfigIn {
+    model_type: Option<String>,
+    hidden_size: usize,
+    num_attention_heads: usize,
+    num_hidden_layers: usize,
+    intermediate_size: usize,
+    vocab_size: usize,
+    max_position_embeddings: usize,
+    rotary_pct: Option<f64>,
+    rotary_emb_base: Option<f64>,
+    rope_parameters: Option<RopeParameters>,
+    layer_norm_eps: Option<f64>,
+    hidden_act: Option<String>,
+    use_parallel_residual: Option<bool>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    genslm_position: Option<Position>,
+    genslm_vocab: Option<VocabKind>,
+    genslm_name: Option<String>,
+}
+
+/// Parses a GPT-NeoX `config.json`; the error says which field is missing or unsupported.
+pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
+    let c: HfConfigIn = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if let Some(t) = &c.model_type {
+        if t != "gpt_neox" {
+            return Err(format!(
+                "model_type is '{t}'; genslm reads GPT-NeoX (gpt_neox) models"
+            ));
+        }
+    }
+    if let Some(act) = &c.hidden_act {
+        if act != "gelu_fast" && act != "gelu_new" && act != "gelu_pytorch_tanh" {
+            return Err(format!(
+                "hidden_act '{act}' is not supported (genslm implements the tanh GELU, 'gelu_fast')"
+            ));
+        }
+    }
+    if c.use_parallel_residual == Some(false) {
+        return Err("use_parallel_residual = false is not supported".into());
+    }
+    if c.tie_word_embeddings == Some(true) {
+        return Err("tie_word_embeddings = true is not supported (GenSLM unties them)".into());
+    }
+    if c.attention_bias == Some(false) {
+        return Err("attention_bias = false is not supported".into());
+    }
+    let rope = c.rope_parameters.as_ref();
+    let rotary_pct = c
+        .rotary_pct
+        .or_else(|| rope.and_then(|r| r.partial_rotary_factor))
+        .unwrap_or(0.25);
+    let rotary_base = c
+        .rotary_emb_base
+        .or_else(|| rope.and_then(|r| r.rope_theta))
+        .unwrap_or(10000.0);
+    let vocab = c.genslm_vocab.unwrap_or(if c.vocab_size >= 71 {
+        VocabKind::Genslm71
+    } else {
+        VocabKind::Genslm69
+    });
+    let cfg = ModelConfig {
+        name: c.genslm_name.unwrap_or_else(|| "hf-gpt-neox".into()),
+        num_layers: c.num_hidden_layers,
+        hidden_size: c.hidden_size,
+        num_heads: c.num_attention_heads,
+        intermediate_size: c.intermediate_size,
+        vocab,
+        vocab_size: c.vocab_size,
+        max_position_embeddings: c.max_position_embeddings,
+        position: c.genslm_position.unwrap_or(Position::Rotary),
+        rotary_pct,
+        rotary_base,
+        layer_norm_eps: c.layer_norm_eps.unwrap_or(1e-5),
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// A `config.json` that `GPTNeoXConfig.from_pretrained` accepts, old and new transformers.
+pub fn config_to_hf(m: &ModelConfig) -> Value {
+    json!({
+        "architectures": ["GPTNeoXForCausalLM"],
+        "model_type": "gpt_neox",
+        "hidden_size": m.hidden_size,
+        "num_attention_heads": m.num_heads,
+        "num_hidden_layers": m.num_layers,
+        "intermediate_size": m.intermediate_size,
+        "vocab_size": m.vocab_size,
+        "max_position_embeddings": m.max_position_embeddings,
+        "rotary_pct": m.rotary_pct,
+        "rotary_emb_base": m.rotary_base,
+        "rope_parameters": {
+            "rope_type": "default",
+            "partial_rotary_factor": m.rotary_pct,
+            "rope_theta": m.rotary_base,
+        },
+        "layer_norm_eps": m.layer_norm_eps,
+        "hidden_act": "gelu_fast",
+        "use_parallel_residual": true,
+        "tie_word_embeddings": false,
+        "attention_bias": true,
+        "attention_dropout": 0.0,
+        "hidden_dropout": 0.0,
+        "initializer_range": 0.02,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "torch_dtype": "float32",
+        "use_cache": true,
+        "genslm_position": m.position,
+        "genslm_vocab": m.vocab,
+        "genslm_name": m.name,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_genslm_and_new_transformers_styles() {
+        let old = r#"{"architectures":["GPTNeoXForCausalLM"],"hidden_size":512,"num_attention_heads":8,
+          "num_hidden_layers":8,"intermediate_size":2048,"hidden_act":"gelu_fast","layer_norm_eps":1e-05,
+          "max_position_embeddings":2048,"model_type":"gpt_neox","rotary_emb_base":10000,"rotary_pct":0.25,
+          "tie_word_embeddings":false,"vocab_size":69}"#;
+        let c = config_from_hf(old).unwrap();
+        assert_eq!((c.num_layers, c.hidden_size, c.rotary_dims()), (8, 512, 16));
+        let new = include_str!("../../tests/fixtures/hf_neox_tiny/config.json");
+        let c = config_from_hf(new).unwrap();
+        assert_eq!(
+            (c.num_heads, c.rotary_pct, c.rotary_base),
+            (4, 0.25, 10000.0)
+        );
+        let back = config_from_hf(&config_to_hf(&c).to_string()).unwrap();
+        assert_eq!(back.hidden_size, c.hidden_size);
+    }
+
+    #[test]
+    fn rejects_other_architectures() {
+        let e = config_from_hf(r#"{"model_type":"llama","hidden_size":8,"num_attention_heads":2,
+            "num_hidden_layers":1,"intermediate_size":8,"vocab_size":69,"max_position_embeddings":8}"#)
+        .unwrap_err();
+        assert!(e.contains("llama"), "{e}");
+    }
+}

@@ -1,0 +1,143 @@
+//! Model directories in Hugging Face layout: `config.json` + `model.safetensors`.
+//!
+//! The same loader reads checkpoints written by genslm and GPT-NeoX models written by
+//! transformers (`save_pretrained`), e.g. GenSLM's published weights converted to safetensors.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::Device;
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::model::hf::{config_from_hf, config_to_hf};
+use crate::model::params::{transpose, Layout};
+use crate::model::tensors::{read_safetensors, write_safetensors, HostTensor};
+use crate::model::GenSlm;
+
+pub const CONFIG_FILE: &str = "config.json";
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+
+/// Our-layout host values → HF-named, HF-shaped tensors.
+pub fn to_hf_tensors(layout: &Layout, values: &[Vec<f32>]) -> Vec<HostTensor> {
+    layout
+        .specs
+        .iter()
+        .zip(values)
+        .map(|(spec, v)| HostTensor {
+            name: spec.name.clone(),
+            shape: spec.hf_shape(),
+            data: if spec.hf_transposed {
+                transpose(v, spec.shape[0], spec.shape[1])
+            } else {
+                v.clone()
+            },
+        })
+        .collect()
+}
+
+/// HF-named tensors → our-layout host values; every parameter must be present with its shape.
+pub fn from_hf_tensors(
+    layout: &Layout,
+    tensors: &mut HashMap<String, HostTensor>,
+    file: &Path,
+) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(layout.specs.len());
+    for spec in &layout.specs {
+        let t = tensors.remove(&spec.name).ok_or_else(|| {
+            Error::Invalid(format!(
+                "{}: tensor {} is missing (does config.json match the weights?)",
+                file.display(),
+                spec.name
+            ))
+        })?;
+        if t.shape != spec.hf_shape() {
+            return Err(Error::Invalid(format!(
+                "{}: tensor {} has shape {:?}, the config needs {:?}",
+                file.display(),
+                spec.name,
+                t.shape,
+                spec.hf_shape()
+            )));
+        }
+        out.push(if spec.hf_transposed {
+            // HF [out, in] → ours [in, out].
+            transpose(&t.data, spec.shape[1], spec.shape[0])
+        } else {
+            t.data
+        });
+    }
+    Ok(out)
+}
+
+/// Writes `config.json` and `model.safetensors` into `dir` (which must exist).
+pub fn save_model_dir(model: &GenSlm, dir: &Path) -> Result<()> {
+    let cfg = serde_json::to_string_pretty(&config_to_hf(&model.cfg))
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    crate::atomic::write_bytes(&dir.join(CONFIG_FILE), cfg.as_bytes())?;
+    let tensors = to_hf_tensors(&model.layout, &model.to_host());
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    write_safetensors(&dir.join(WEIGHTS_FILE), &tensors, meta)
+}
+
+/// Reads a model config from `dir/config.json`.
+pub fn load_config(dir: &Path) -> Result<ModelConfig> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    config_from_hf(&text).map_err(|msg| Error::Config { file: path, msg })
+}
+
+/// Resolves what a user passes as `--model`: a model directory (with config.json), a run
+/// directory (its `checkpoints/latest`), or a run's `checkpoints/` directory.
+pub fn resolve_model_dir(path: &Path) -> Result<PathBuf> {
+    if path.join(CONFIG_FILE).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    for ckpts in [path.join("checkpoints"), path.to_path_buf()] {
+        let latest = ckpts.join("latest");
+        if latest.is_file() {
+            let name = std::fs::read_to_string(&latest).map_err(|e| Error::io(&latest, e))?;
+            let dir = ckpts.join(name.trim());
+            if dir.join(CONFIG_FILE).is_file() {
+                return Ok(dir);
+            }
+            return Err(Error::Invalid(format!(
+                "{}: points to {}, which holds no {CONFIG_FILE}",
+                latest.display(),
+                dir.display()
+            )));
+        }
+    }
+    if !path.exists() {
+        return Err(Error::Invalid(format!(
+            "{}: no such model directory",
+            path.display()
+        )));
+    }
+    Err(Error::Invalid(format!(
+        "{}: not a model directory: no {CONFIG_FILE} here and no checkpoints/latest",
+        path.display()
+    )))
+}
+
+/// Loads a model directory onto `device`.
+pub fn load_model_dir(path: &Path, device: &Device) -> Result<GenSlm> {
+    let dir = resolve_model_dir(path)?;
+    let cfg = load_config(&dir)?;
+    let weights = dir.join(WEIGHTS_FILE);
+    if !weights.is_file() {
+        let hint = if dir.join("pytorch_model.bin").is_file() {
+            " (found pytorch_model.bin: re-save it with save_pretrained(dir, safe_serialization=True))"
+        } else {
+            ""
+        };
+        return Err(Error::Invalid(format!(
+            "{}: missing{hint}",
+            weights.display()
+        )));
+    }
+    let (mut tensors, _) = read_safetensors(&weights)?;
+    let layout = Layout::new(&cfg);
+    let values = from_hf_tensors(&layout, &mut tensors, &weights)?;
+    GenSlm::from_host(cfg, values, device)
+}

@@ -1,0 +1,12 @@
+//! The GenSLM model: GPT-NeoX in burn, its parameters, attention, positions, and Hugging Face
+//! compatible checkpoints.
+
+pub mod attention;
+pub mod hf;
+pub mod io;
+pub mod neox;
+pub mod params;
+pub mod position;
+pub mod tensors;
+
+pub use neox::GenSlm;

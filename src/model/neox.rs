@@ -1,0 +1,226 @@
+//! GPT-NeoX exactly as Hugging Face's `GPTNeoXForCausalLM` computes it (DESIGN.md §3):
+//! `x + attn(ln1(x)) + mlp(ln2(x))` per layer (parallel residual), rotary on the first
+//! `rotary_dims` of each head (rotate-half), `gelu_fast`, final LayerNorm, untied `embed_out`.
+//! Learned and ALiBi positions are genslm's options beside rotary.
+//!
+//! Parameters are a flat list of 1-D tensors (see `params.rs`), reshaped where used.
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::module::{embedding, layer_norm, linear};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use crate::config::{ModelConfig, Position};
+use crate::error::{Error, Result};
+use crate::model::attention::{attention, AttnOptions};
+use crate::model::params::{Layout, ParamSpec};
+use crate::model::position::{alibi_slopes, apply_rotary, rotary_tables};
+
+/// A GPT-NeoX model on one device.
+#[derive(Debug, Clone)]
+pub struct GenSlm {
+    pub cfg: ModelConfig,
+    pub layout: Layout,
+    /// One flat tensor per `layout.specs` entry.
+    pub params: Vec<Tensor<1>>,
+    pub device: Device,
+}
+
+/// What a forward pass returns besides the final hidden states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ForwardOptions {
+    /// Position of the first token (a window further into a sequence, or a sequence shard).
+    pub offset: usize,
+    /// Keep the hidden states entering each layer (index 0 = embeddings).
+    pub collect_hidden: bool,
+}
+
+/// `gelu_fast`: 0.5·x·(1 + tanh(0.7978845608·x·(1 + 0.044715·x²))), as transformers defines it.
+pub fn gelu_fast(x: Tensor<3>) -> Tensor<3> {
+    let inner = (x.clone() * x.clone() * 0.044715 + 1.0) * x.clone() * 0.797_884_560_8;
+    x * 0.5 * (inner.tanh() + 1.0)
+}
+
+impl GenSlm {
+    /// Builds a model from host values in our layout (one `Vec<f32>` per parameter).
+    pub fn from_host(cfg: ModelConfig, values: Vec<Vec<f32>>, device: &Device) -> Result<Self> {
+        cfg.validate().map_err(Error::Invalid)?;
+        let layout = Layout::new(&cfg);
+        if values.len() != layout.specs.len() {
+            return Err(Error::Invalid(format!(
+                "model has {} parameters, got {} tensors",
+                layout.specs.len(),
+                values.len()
+            )));
+        }
+        let mut params = Vec::with_capacity(values.len());
+        for (spec, v) in layout.specs.iter().zip(values) {
+            if v.len() != spec.numel() {
+                return Err(Error::Invalid(format!(
+                    "parameter {}: expected {} values ({:?}), got {}",
+                    spec.name,
+                    spec.numel(),
+                    spec.shape,
+                    v.len()
+                )));
+            }
+            params.push(host_to_param(v, device));
+        }
+        Ok(Self {
+            cfg,
+            layout,
+            params,
+            device: device.clone(),
+        })
+    }
+
+    /// A freshly initialised model (Hugging Face's init: N(0, 0.02) weights, LayerNorm 1/0,
+    /// zero biases), drawn deterministically from `seed`.
+    pub fn init(cfg: ModelConfig, seed: u64, device: &Device) -> Result<Self> {
+        let values = Layout::new(&cfg).init_host(seed);
+        Self::from_host(cfg, values, device)
+    }
+
+    /// Parameter values on the host, in our layout.
+    pub fn to_host(&self) -> Vec<Vec<f32>> {
+        self.params.iter().map(tensor_to_vec).collect()
+    }
+
+    fn vec(&self, i: usize) -> Tensor<1> {
+        self.params[i].clone()
+    }
+
+    fn mat(&self, i: usize) -> Tensor<2> {
+        let s = &self.layout.specs[i].shape;
+        self.params[i].clone().reshape([s[0], s[1]])
+    }
+
+    pub fn spec(&self, i: usize) -> &ParamSpec {
+        &self.layout.specs[i]
+    }
+
+    /// Final hidden states `[b, s, h]` (after the final LayerNorm) for `tokens: [b, s]`, and
+    /// the states entering each layer when asked.
+    pub fn hidden_states(
+        &self,
+        tokens: Tensor<2, Int>,
+        opts: ForwardOptions,
+    ) -> Result<(Tensor<3>, Vec<Tensor<3>>)> {
+        let c = &self.cfg;
+        let [b, s] = tokens.dims();
+        let (heads, d, h) = (c.num_heads, c.head_dim(), c.hidden_size);
+        let eps = c.layer_norm_eps;
+        let mut x = embedding(self.mat(self.layout.embed_in), tokens);
+        if let Some(pos) = self.layout.embed_pos {
+            if opts.offset + s > c.max_position_embeddings {
+                return Err(Error::Invalid(format!(
+                    "sequence of {} tokens at offset {} exceeds the learned position table ({} \
+                     positions); learned-position models cannot score beyond their training \
+                     length: use --seq-len {} or less",
+                    s, opts.offset, c.max_position_embeddings, c.max_position_embeddings
+                )));
+            }
+            let table = self.mat(pos).narrow(0, opts.offset, s);
+            x = x + table.unsqueeze::<3>().expand([b, s, h]);
+        }
+        let rot = c.rotary_dims();
+        let rope = (c.position == Position::Rotary)
+            .then(|| rotary_tables(rot, c.rotary_base, opts.offset, s, &self.device));
+        let attn_opts = AttnOptions {
+            causal: true,
+            alibi: (c.position == Position::Alibi).then(|| alibi_slopes(heads)),
+            q_offset: opts.offset,
+            k_offset: opts.offset,
+        };
+        let mut collected = Vec::new();
+        for l in &self.layout.layers {
+            if opts.collect_hidden {
+                collected.push(x.clone());
+            }
+            let a_in = layer_norm(x.clone(), self.vec(l.ln1_w), Some(self.vec(l.ln1_b)), eps);
+            let qkv = linear(a_in, self.mat(l.qkv_w), Some(self.vec(l.qkv_b)));
+            // HF's fused layout: per head [q | k | v], each head_dim wide.
+            let qkv = qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2);
+            let mut q = qkv.clone().narrow(3, 0, d);
+            let mut k = qkv.clone().narrow(3, d, d);
+            let v = qkv.narrow(3, 2 * d, d);
+            if let Some((cos, sin)) = &rope {
+                q = apply_rotary(q, cos, sin, rot);
+                k = apply_rotary(k, cos, sin, rot);
+            }
+            let o = attention(q, k, v, &attn_opts);
+            let o = o.swap_dims(1, 2).reshape([b, s, h]);
+            let attn_out = linear(o, self.mat(l.dense_w), Some(self.vec(l.dense_b)));
+            let m_in = layer_norm(x.clone(), self.vec(l.ln2_w), Some(self.vec(l.ln2_b)), eps);
+            let m = gelu_fast(linear(m_in, self.mat(l.fc1_w), Some(self.vec(l.fc1_b))));
+            let mlp_out = linear(m, self.mat(l.fc2_w), Some(self.vec(l.fc2_b)));
+            x = x + attn_out + mlp_out;
+        }
+        let out = layer_norm(
+            x,
+            self.vec(self.layout.final_ln_w),
+            Some(self.vec(self.layout.final_ln_b)),
+            eps,
+        );
+        Ok((out, collected))
+    }
+
+    /// Logits `[b, s, vocab]` from final hidden states.
+    pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
+        linear(hidden, self.mat(self.layout.embed_out), None)
+    }
+
+    pub fn forward(&self, tokens: Tensor<2, Int>, offset: usize) -> Result<Tensor<3>> {
+        let opts = ForwardOptions {
+            offset,
+            collect_hidden: false,
+        };
+        let (h, _) = self.hidden_states(tokens, opts)?;
+        Ok(self.logits(h))
+    }
+}
+
+/// Host tokens `[b, s]` to an Int tensor.
+pub fn tokens_tensor(tokens: &[u32], b: usize, s: usize, device: &Device) -> Tensor<2, Int> {
+    let v: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+    Tensor::from_data(TensorData::new(v, [b, s]), device)
+}
+
+/// Sum over positions of −log p(next token), counting only targets whose `mask` is 1, and the
+/// number of such targets. Position t predicts token t+1 of the same row.
+pub fn next_token_nll(
+    logits: Tensor<3>,
+    tokens: &[u32],
+    mask: &[u8],
+    b: usize,
+    s: usize,
+) -> (Tensor<1>, usize) {
+    let device = logits.device();
+    let mut targets = Vec::with_capacity(b * (s - 1));
+    let mut weights = Vec::with_capacity(b * (s - 1));
+    for r in 0..b {
+        for t in 0..s - 1 {
+            targets.push(tokens[r * s + t + 1] as i64);
+            weights.push(f32::from(mask[r * s + t + 1]));
+        }
+    }
+    let n = weights.iter().filter(|&&w| w > 0.0).count();
+    let targets: Tensor<3, Int> =
+        Tensor::from_data(TensorData::new(targets, [b, s - 1, 1]), &device);
+    let weights: Tensor<2> = Tensor::from_data(TensorData::new(weights, [b, s - 1]), &device);
+    let lp = log_softmax(logits.narrow(1, 0, s - 1), 2);
+    let picked: Tensor<2> = lp.gather(2, targets).squeeze_dim::<2>(2);
+    ((picked * weights).sum().neg(), n)
+}
+
+/// A host vector as a parameter tensor on `device`.
+pub fn host_to_param(v: Vec<f32>, device: &Device) -> Tensor<1> {
+    let n = v.len();
+    Tensor::from_data(TensorData::new(v, [n]), device)
+}
+
+/// A tensor's values on the host (f32).
+pub fn tensor_to_vec<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
+    t.clone()
+        .try_into_vec_as::<f32>()
+        .expect("float tensors convert to f32")
+}

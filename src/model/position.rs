@@ -1,0 +1,98 @@
+//! Position encodings: GPT-NeoX rotary (rotate-half on the first `rotary_dims` of each head) and
+//! ALiBi slopes. The learned table is a plain parameter (see `params.rs`).
+//!
+//! Positions are global: a caller that holds a slice of a sequence (sequence parallelism,
+//! generation with a cache) passes the offset of its first token.
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+/// cos and sin tables of shape `[1, 1, len, rot]` for positions `offset..offset + len`,
+/// laid out as Hugging Face does: `emb = cat(freqs, freqs)`.
+pub fn rotary_tables(
+    rot: usize,
+    base: f64,
+    offset: usize,
+    len: usize,
+    device: &Device,
+) -> (Tensor<4>, Tensor<4>) {
+    let half = rot / 2;
+    // inv_freq[i] = base^(-2i / rot), computed in f32 as transformers does.
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / (base as f32).powf((2 * i) as f32 / rot as f32))
+        .collect();
+    let mut cos = Vec::with_capacity(len * rot);
+    let mut sin = Vec::with_capacity(len * rot);
+    for p in offset..offset + len {
+        for k in 0..rot {
+            let angle = p as f32 * inv_freq[k % half];
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    let shape = [1, 1, len, rot];
+    (
+        Tensor::from_data(TensorData::new(cos, shape), device),
+        Tensor::from_data(TensorData::new(sin, shape), device),
+    )
+}
+
+/// Applies NeoX rotary to `x: [b, heads, s, d]` on its first `rot` dims.
+pub fn apply_rotary(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>, rot: usize) -> Tensor<4> {
+    let d = x.dims()[3];
+    if rot == 0 {
+        return x;
+    }
+    let x_rot = x.clone().narrow(3, 0, rot);
+    let half = rot / 2;
+    let x1 = x_rot.clone().narrow(3, 0, half);
+    let x2 = x_rot.clone().narrow(3, half, half);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    let out = x_rot * cos.clone() + rotated * sin.clone();
+    if rot == d {
+        out
+    } else {
+        Tensor::cat(vec![out, x.narrow(3, rot, d - rot)], 3)
+    }
+}
+
+/// ALiBi slopes (Press et al., 2022) for `n` heads. A power of two n gets the geometric
+/// sequence `2^(-8/n · (i+1))`; otherwise the closest lower power of two p gets its slopes, and
+/// the remaining `n − p` heads take every other slope of `2p` (the odd-numbered ones).
+pub fn alibi_slopes(n: usize) -> Vec<f64> {
+    fn pow2(n: usize) -> Vec<f64> {
+        let start = 2f64.powf(-8.0 / n as f64);
+        (0..n).map(|i| start.powi(i as i32 + 1)).collect()
+    }
+    if n == 0 {
+        return Vec::new();
+    }
+    if n.is_power_of_two() {
+        return pow2(n);
+    }
+    let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    let mut slopes = pow2(p);
+    slopes.extend(pow2(2 * p).into_iter().step_by(2).take(n - p));
+    slopes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::alibi_slopes;
+
+    #[test]
+    fn alibi_slopes_match_the_paper() {
+        // n = 8: 1/2, 1/4, ..., 1/256.
+        let s = alibi_slopes(8);
+        for (i, v) in s.iter().enumerate() {
+            assert!((v - 0.5f64.powi(i as i32 + 1)).abs() < 1e-15);
+        }
+        // n = 12: the 8 slopes of n = 8, then slopes 1, 3, 5, 7 (0-based 0, 2, 4, 6) of n = 16,
+        // which are 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5.
+        let s = alibi_slopes(12);
+        assert_eq!(s.len(), 12);
+        for (k, e) in [0.5f64, 1.5, 2.5, 3.5].iter().enumerate() {
+            assert!((s[8 + k] - 2f64.powf(-e)).abs() < 1e-15, "{k}");
+        }
+        assert_eq!(alibi_slopes(1), vec![2f64.powf(-8.0)]);
+    }
+}

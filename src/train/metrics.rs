@@ -1,0 +1,172 @@
+//! Training metrics: `RUN/metrics.jsonl` (one JSON object per step), FLOP counting and peak
+//! memory.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+
+/// One line of metrics.jsonl.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    pub step: u64,
+    /// NaN/Inf (a skipped step) is written as null and read back as NaN.
+    #[serde(with = "nan_as_null")]
+    pub loss: f64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub val_loss: Option<f64>,
+    pub lr: f64,
+    #[serde(with = "nan_as_null")]
+    pub grad_norm: f64,
+    /// Target tokens (next-token predictions) in the step.
+    pub tokens: u64,
+    pub tokens_per_s: f64,
+    pub tflops: f64,
+    pub peak_rss_mib: f64,
+    pub elapsed_s: f64,
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub skipped_nonfinite: bool,
+}
+
+/// JSON has no NaN: non-finite values are written as null and read back as NaN.
+mod nan_as_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() {
+            s.serialize_f64(*v)
+        } else {
+            s.serialize_none()
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
+}
+
+/// Training FLOPs of one sequence of `s` tokens, forward + backward (backward = 2 × forward):
+///
+///   per layer, per token, forward: 2·(3h·h + h·h + 2·h·i)   (QKV, output projection, MLP)
+///                                + 2·2·s·h                  (q·kᵀ and p·v over s keys)
+///   output layer, per token:       2·h·V
+///   total = 3 · s · [L·(2·(4h² + 2hi) + 4sh) + 2hV]
+///
+/// Attention is counted over all s keys (the naive kernel computes them all, as in Megatron's
+/// formula), not halved for causality.
+pub fn train_flops_per_sequence(m: &ModelConfig, s: usize) -> f64 {
+    let (h, i, v, l, s) = (
+        m.hidden_size as f64,
+        m.intermediate_size as f64,
+        m.vocab_size as f64,
+        m.num_layers as f64,
+        s as f64,
+    );
+    let per_token_fwd = l * (2.0 * (4.0 * h * h + 2.0 * h * i) + 4.0 * s * h) + 2.0 * h * v;
+    3.0 * s * per_token_fwd
+}
+
+/// Peak resident memory of this process in MiB (`VmHWM`), or 0 where unavailable.
+pub fn peak_rss_mib() -> f64 {
+    proc_status_kib("VmHWM:").map_or(0.0, |k| k as f64 / 1024.0)
+}
+
+/// Current resident memory in MiB (`VmRSS`).
+pub fn rss_mib() -> f64 {
+    proc_status_kib("VmRSS:").map_or(0.0, |k| k as f64 / 1024.0)
+}
+
+fn proc_status_kib(key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Appends metrics lines to `RUN/metrics.jsonl`.
+pub struct MetricsLog {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl MetricsLog {
+    /// Opens the log; when resuming at `keep_through`, drops lines of later steps first (they
+    /// belong to the interrupted run and will be produced again).
+    pub fn open(path: &Path, keep_through: Option<u64>) -> Result<Self> {
+        if let Some(last) = keep_through {
+            if path.exists() {
+                let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+                let kept: String = text
+                    .lines()
+                    .filter(|l| {
+                        serde_json::from_str::<StepMetrics>(l).is_ok_and(|m| m.step <= last)
+                    })
+                    .map(|l| format!("{l}\n"))
+                    .collect();
+                crate::atomic::write_bytes(path, kept.as_bytes())?;
+            }
+        } else if path.exists() {
+            std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    pub fn write(&mut self, m: &StepMetrics) -> Result<()> {
+        let line = serde_json::to_string(m).map_err(|e| Error::Invalid(e.to_string()))?;
+        writeln!(self.file, "{line}").map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+/// Reads a metrics file back (tests, tools).
+pub fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| Error::Invalid(format!("{}:{}: {e}", path.display(), i + 1)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flops_match_six_n_plus_attention() {
+        // 25M shape at s = 2048: non-embedding matmul params N = L·(4h² + 2hi) + hV,
+        // FLOPs = 6·N·s + 12·L·h·s² (forward + backward over all keys).
+        let m = crate::config::Config::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/genslm-25m.toml"),
+        )
+        .unwrap()
+        .model;
+        let (l, h, i, v, s) = (8.0, 512.0, 2048.0, 69.0, 2048.0);
+        let n = l * (4.0 * h * h + 2.0 * h * i) + h * v;
+        let expect = 6.0 * n * s + 12.0 * l * h * s * s;
+        let got = train_flops_per_sequence(&m, 2048);
+        assert!((got - expect).abs() / expect < 1e-12, "{got} vs {expect}");
+    }
+
+    #[test]
+    fn peak_memory_is_read() {
+        assert!(peak_rss_mib() > 1.0);
+        assert!(peak_rss_mib() >= rss_mib() * 0.99);
+    }
+}

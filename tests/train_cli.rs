@@ -1,0 +1,346 @@
+//! `genslm train` and `genslm score` end to end on the bundled genomes with the tiny config.
+
+mod common;
+
+use std::path::Path;
+
+use common::{repo, run};
+use genslm::train::metrics::read_metrics;
+
+fn tiny() -> String {
+    repo().join("configs/tiny.toml").display().to_string()
+}
+
+fn data() -> String {
+    repo().join("data").display().to_string()
+}
+
+/// Trains into `out` with `extra` flags; panics with stderr on failure.
+fn train(out: &Path, extra: &[&str]) -> String {
+    let mut args: Vec<String> = vec![
+        "train".into(),
+        "--fasta".into(),
+        data(),
+        "--config".into(),
+        tiny(),
+    ];
+    args.extend(["--out".into(), out.display().to_string()]);
+    for a in ["--quiet", "--seq-len", "64", "--batch-size", "4"]
+        .iter()
+        .chain(extra)
+    {
+        args.push(a.to_string());
+    }
+    let (ok, _, err) = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "train failed: {err}");
+    err
+}
+
+fn losses(out: &Path) -> Vec<f64> {
+    read_metrics(&out.join("metrics.jsonl"))
+        .unwrap()
+        .iter()
+        .map(|m| m.loss)
+        .collect()
+}
+
+#[test]
+fn loss_decreases_on_bundled_genomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    train(
+        &out,
+        &[
+            "--steps",
+            "80",
+            "--lr",
+            "5e-3",
+            "--warmup",
+            "4",
+            "--val-every",
+            "20",
+        ],
+    );
+    let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+    assert_eq!(m.len(), 80);
+    // An untrained model predicts nearly uniformly over 69 tokens: loss ≈ ln 69 = 4.234.
+    assert!(
+        (m[0].loss - 69f64.ln()).abs() < 0.1,
+        "first loss {}",
+        m[0].loss
+    );
+    let first: f64 = m[..5].iter().map(|x| x.loss).sum::<f64>() / 5.0;
+    let last: f64 = m[75..].iter().map(|x| x.loss).sum::<f64>() / 5.0;
+    assert!(
+        last < first - 0.08,
+        "loss did not decrease: {first} -> {last}"
+    );
+    let val: Vec<f64> = m.iter().filter_map(|x| x.val_loss).collect();
+    assert_eq!(val.len(), 4, "validation at steps 20, 40, 60 and 80");
+    assert!(val[3] < val[0] && val[3] < 69f64.ln() - 0.1, "{val:?}");
+    for x in &m {
+        assert!(x.tokens > 0 && x.tokens_per_s > 0.0 && x.tflops > 0.0 && x.peak_rss_mib > 1.0);
+        assert!(x.grad_norm.is_finite() && x.lr > 0.0);
+    }
+    // The run directory holds the resolved config, the dataset and a HF checkpoint.
+    for f in [
+        "config.toml",
+        "data.parquet",
+        "checkpoints/latest",
+        "checkpoints/step-80/config.json",
+        "checkpoints/step-80/model.safetensors",
+        "checkpoints/step-80/optimizer.safetensors",
+        "checkpoints/step-80/trainer_state.json",
+    ] {
+        assert!(out.join(f).exists(), "{f}");
+    }
+}
+
+#[test]
+fn same_seed_same_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    train(&a, &["--steps", "6", "--seed", "7"]);
+    train(&b, &["--steps", "6", "--seed", "7"]);
+    assert_eq!(losses(&a), losses(&b));
+    let c = dir.path().join("c");
+    train(&c, &["--steps", "6", "--seed", "8"]);
+    assert_ne!(losses(&a), losses(&c), "a different seed changes the run");
+}
+
+#[test]
+fn kill_and_resume_continues_the_same_curve() {
+    let dir = tempfile::tempdir().unwrap();
+    let (full, parts) = (dir.path().join("full"), dir.path().join("parts"));
+    let common = [
+        "--steps",
+        "8",
+        "--warmup",
+        "2",
+        "--val-every",
+        "0",
+        "--grad-accum",
+        "2",
+    ];
+    train(&full, &common);
+    // Interrupted after 3 steps (checkpoint written on stop), then resumed twice.
+    let mut first: Vec<&str> = common.to_vec();
+    first.extend(["--stop-after", "3"]);
+    train(&parts, &first);
+    assert_eq!(losses(&parts).len(), 3);
+    let mut again: Vec<&str> = common.to_vec();
+    again.extend(["--resume", "--stop-after", "2"]);
+    train(&parts, &again);
+    let mut last: Vec<&str> = common.to_vec();
+    last.push("--resume");
+    train(&parts, &last);
+    assert_eq!(losses(&parts), losses(&full));
+}
+
+#[test]
+fn resume_refuses_changed_settings_and_missing_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r");
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &data(),
+        "--config",
+        &tiny(),
+        "--out",
+        out.to_str().unwrap(),
+        "--resume",
+        "--quiet",
+    ]);
+    assert!(!ok && err.contains("cannot resume"), "{err}");
+    train(&out, &["--steps", "4", "--stop-after", "2"]);
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &data(),
+        "--config",
+        &tiny(),
+        "--out",
+        out.to_str().unwrap(),
+        "--resume",
+        "--quiet",
+        "--steps",
+        "4",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+    ]);
+    assert!(!ok && err.contains("seq_len"), "{err}");
+}
+
+#[test]
+fn corrupt_checkpoint_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    train(&out, &["--steps", "2"]);
+    let weights = out.join("checkpoints/step-2/model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    let (ok, _, err) = run(&[
+        "score",
+        "--model",
+        out.to_str().unwrap(),
+        "--fasta",
+        &data(),
+    ]);
+    assert!(!ok, "score on a corrupt checkpoint must fail");
+    assert!(
+        err.contains("corrupt checkpoint") && err.contains("model.safetensors"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &data(),
+        "--config",
+        &tiny(),
+        "--out",
+        out.to_str().unwrap(),
+        "--resume",
+        "--quiet",
+        "--steps",
+        "2",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "4",
+    ]);
+    assert!(!ok && err.contains("corrupt checkpoint"), "{err}");
+    let (ok, _, err) = run(&[
+        "score",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--fasta",
+        &data(),
+    ]);
+    assert!(!ok && err.contains("not a model directory"), "{err}");
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_cfg = dir.path().join("bad.toml");
+    let text = std::fs::read_to_string(tiny())
+        .unwrap()
+        .replace("num_heads = 4", "num_heads = 3");
+    std::fs::write(&bad_cfg, text).unwrap();
+    let out = dir.path().join("o");
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &data(),
+        "--config",
+        bad_cfg.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("bad.toml") && err.contains("num_heads"),
+        "{err}"
+    );
+    let empty = dir.path().join("n.fa");
+    // Every record is shorter than two codons: nothing to predict.
+    std::fs::write(&empty, ">x\nACG\n>y\nAC\n").unwrap();
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        empty.to_str().unwrap(),
+        "--config",
+        &tiny(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(!ok && err.contains("no training samples"), "{err}");
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &data(),
+        "--config",
+        &tiny(),
+        "--out",
+        out.to_str().unwrap(),
+        "--backend",
+        "cuda",
+    ]);
+    assert!(!ok && err.contains("cuda"), "{err}");
+}
+
+#[test]
+fn nonfinite_loss_stops_naming_the_step_or_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("nan");
+    let args = |o: &Path, skip: bool| {
+        let mut v: Vec<String> = ["train", "--fasta", &data(), "--config", &tiny(), "--out"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.push(o.display().to_string());
+        for s in [
+            "--quiet",
+            "--seq-len",
+            "64",
+            "--steps",
+            "4",
+            "--warmup",
+            "0",
+            "--lr",
+            "1e30",
+        ] {
+            v.push(s.into());
+        }
+        if skip {
+            v.push("--skip-nonfinite".into());
+        }
+        v
+    };
+    let a = args(&out, false);
+    let (ok, _, err) = run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        !ok && err.contains("not finite") && err.contains("step 2"),
+        "{err}"
+    );
+    let out2 = dir.path().join("nan2");
+    let a = args(&out2, true);
+    let (ok, _, err) = run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "{err}");
+    let m = read_metrics(&out2.join("metrics.jsonl")).unwrap();
+    assert!(m.iter().skip(1).all(|x| x.skipped_nonfinite), "{m:?}");
+}
+
+#[test]
+fn score_prints_tsv_per_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    train(&out, &["--steps", "30", "--lr", "3e-3"]);
+    let lambda = repo().join("data/lambda_virus.fa");
+    let (ok, stdout, err) = run(&[
+        "score",
+        "--model",
+        out.to_str().unwrap(),
+        "--fasta",
+        lambda.to_str().unwrap(),
+        "--seq-len",
+        "64",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "id\tn_tokens\tmean_nll\tperplexity");
+    assert_eq!(lines.len(), 2);
+    let f: Vec<&str> = lines[1].split('\t').collect();
+    assert!(f[0].contains("NC_001416"));
+    // 48,502 bases → 16,168 tokens in windows of 64: 253 windows (the last has 40 tokens).
+    let n: usize = f[1].parse().unwrap();
+    assert_eq!(n, 16_168 - 253);
+    let nll: f64 = f[2].parse().unwrap();
+    let ppl: f64 = f[3].parse().unwrap();
+    assert!((ppl - nll.exp()).abs() / ppl < 1e-3);
+    assert!(nll < 69f64.ln(), "a trained model beats uniform: {nll}");
+}
