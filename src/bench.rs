@@ -82,3 +82,37 @@ pub fn ingest(dir: &Path, mb: usize) -> Result<Vec<BenchCase>> {
     }
     Ok(cases)
 }
+
+/// One training step (forward + backward, batch 1) of `model` at `seq_len` on random tokens:
+/// seconds taken and this process's peak resident memory afterwards (MiB).
+///
+/// Peak memory is per process, so `genslm bench attention` runs each case in a child process.
+pub fn train_step(
+    cfg: &crate::config::ModelConfig,
+    seq_len: usize,
+    seed: u64,
+) -> Result<(f64, f64)> {
+    use crate::model::neox::{next_token_nll, tokens_tensor};
+    let device = burn::tensor::Device::flex().autodiff();
+    let model = crate::model::GenSlm::init(cfg.clone(), seed, &device)?;
+    let params: Vec<_> = model
+        .params
+        .iter()
+        .map(|p| p.clone().require_grad())
+        .collect();
+    let model = crate::model::GenSlm { params, ..model };
+    let mut rng = SplitMix64::new(seed);
+    let tokens: Vec<u32> = (0..seq_len).map(|_| 5 + rng.below(64) as u32).collect();
+    let mask = vec![1u8; seq_len];
+    let start = std::time::Instant::now();
+    let logits = model.forward(tokens_tensor(&tokens, 1, seq_len, &device), 0)?;
+    let (sum, n) = next_token_nll(logits, &tokens, &mask, 1, seq_len);
+    let grads = (sum / n as f64).backward();
+    // Touch one gradient so all work is done before the clock stops.
+    let g = model.params[0].grad(&grads);
+    let _ = g.map(|g| crate::model::neox::tensor_to_vec(&g));
+    Ok((
+        start.elapsed().as_secs_f64(),
+        crate::train::metrics::peak_rss_mib(),
+    ))
+}

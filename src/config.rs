@@ -34,6 +34,17 @@ impl fmt::Display for Position {
     }
 }
 
+/// Which attention implementation the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionKind {
+    /// genslm's FlashAttention-2 op: O(s) memory, hand-written backward.
+    #[default]
+    Flash,
+    /// Materialised scores: the reference, O(s²) memory.
+    Naive,
+}
+
 fn default_rotary_pct() -> f64 {
     0.25
 }
@@ -66,6 +77,8 @@ pub struct ModelConfig {
     pub rotary_base: f64,
     #[serde(default = "default_eps")]
     pub layer_norm_eps: f64,
+    #[serde(default)]
+    pub attention: AttentionKind,
 }
 
 /// Training settings (`[train]` in a config file; each has a CLI flag of the same name).
@@ -329,6 +342,7 @@ mod tests {
             rotary_pct: 0.25,
             rotary_base: 10000.0,
             layer_norm_eps: 1e-5,
+            attention: AttentionKind::Flash,
         }
     }
 

@@ -145,6 +145,9 @@ struct TrainArgs {
     /// Skip steps whose loss or gradient is NaN/Inf instead of stopping.
     #[arg(long)]
     skip_nonfinite: bool,
+    /// Attention implementation (overrides `[model] attention`).
+    #[arg(long, value_enum)]
+    attention: Option<AttentionArg>,
 }
 
 fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
@@ -155,6 +158,9 @@ fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         );
     }
     let mut cfg = genslm::config::Config::load(&a.config)?;
+    if let Some(k) = a.attention {
+        cfg.model.attention = k.into();
+    }
     let t = &mut cfg.train;
     macro_rules! set {
         ($($f:ident),*) => {$( if let Some(v) = a.$f { t.$f = v; } )*};
@@ -204,8 +210,49 @@ fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum AttentionArg {
+    Flash,
+    Naive,
+}
+
+impl From<AttentionArg> for genslm::config::AttentionKind {
+    fn from(a: AttentionArg) -> Self {
+        match a {
+            AttentionArg::Flash => Self::Flash,
+            AttentionArg::Naive => Self::Naive,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum BenchCmd {
+    /// Peak memory and time of one training step per sequence length, flash vs naive
+    /// attention (each case in its own process, since peak memory is per process).
+    Attention {
+        #[arg(long, default_value = "configs/tiny.toml")]
+        config: PathBuf,
+        /// Sequence lengths (codons).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "1024,2048,4096,8192,16384"
+        )]
+        seq_lens: Vec<usize>,
+        /// Skip naive attention above this length (its s² scores may not fit).
+        #[arg(long, default_value_t = 16384)]
+        naive_max: usize,
+    },
+    /// One training step in this process (used by `bench attention`).
+    #[command(hide = true)]
+    Step {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        seq_len: usize,
+        #[arg(long, value_enum)]
+        attention: AttentionArg,
+    },
     /// FASTA → parquet throughput (MB/s) on synthetic plain and gzip FASTA.
     Ingest {
         /// Megabytes of FASTA to generate.
@@ -264,6 +311,56 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", genslm::info::report(&cfg.model));
         }
         Command::Bench { which } => match which {
+            BenchCmd::Step {
+                config,
+                seq_len,
+                attention,
+            } => {
+                let mut cfg = genslm::config::Config::load(&config)?.model;
+                cfg.attention = attention.into();
+                let (secs, peak) = genslm::bench::train_step(&cfg, seq_len, 1)?;
+                println!("{secs} {peak}");
+            }
+            BenchCmd::Attention {
+                config,
+                seq_lens,
+                naive_max,
+            } => {
+                let exe = std::env::current_exe().context("locating the genslm binary")?;
+                println!("seq_len  attention  step_s  tokens/s  peak_MiB");
+                for &s in &seq_lens {
+                    for kind in ["flash", "naive"] {
+                        if kind == "naive" && s > naive_max {
+                            println!("{s:>7}  {kind:<9}  skipped (--naive-max {naive_max})");
+                            continue;
+                        }
+                        let out = std::process::Command::new(&exe)
+                            .args(["bench", "step", "--config"])
+                            .arg(&config)
+                            .args(["--seq-len", &s.to_string(), "--attention", kind])
+                            .output()
+                            .context("running a benchmark step")?;
+                        let text = String::from_utf8_lossy(&out.stdout);
+                        let v: Vec<f64> = text
+                            .split_whitespace()
+                            .filter_map(|x| x.parse().ok())
+                            .collect();
+                        if !out.status.success() || v.len() != 2 {
+                            println!(
+                                "{s:>7}  {kind:<9}  failed: {}",
+                                String::from_utf8_lossy(&out.stderr).trim()
+                            );
+                            continue;
+                        }
+                        println!(
+                            "{s:>7}  {kind:<9}  {:>6.2}  {:>8.0}  {:>8.0}",
+                            v[0],
+                            s as f64 / v[0],
+                            v[1]
+                        );
+                    }
+                }
+            }
             BenchCmd::Ingest { mb, dir } => {
                 let tmp;
                 let dir = match dir {

@@ -344,3 +344,45 @@ fn score_prints_tsv_per_record() {
     assert!((ppl - nll.exp()).abs() / ppl < 1e-3);
     assert!(nll < 69f64.ln(), "a trained model beats uniform: {nll}");
 }
+
+#[test]
+fn sigkill_mid_run_then_resume_matches_uninterrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (full, killed) = (dir.path().join("full"), dir.path().join("killed"));
+    let settings = [
+        "--steps",
+        "60",
+        "--checkpoint-every",
+        "3",
+        "--val-every",
+        "0",
+        "--warmup",
+        "5",
+    ];
+    train(&full, &settings);
+    // Start the same run and SIGKILL it as soon as a checkpoint exists (wherever it is then,
+    // possibly in the middle of writing the next one).
+    let mut args: Vec<String> = ["train", "--fasta", &data(), "--config", &tiny(), "--out"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(killed.display().to_string());
+    for a in ["--quiet", "--seq-len", "64", "--batch-size", "4"]
+        .iter()
+        .chain(&settings)
+    {
+        args.push(a.to_string());
+    }
+    let mut child = common::bin().args(&args).spawn().unwrap();
+    let latest = killed.join("checkpoints/latest");
+    let t0 = std::time::Instant::now();
+    while !latest.exists() && t0.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut resume: Vec<&str> = settings.to_vec();
+    resume.push("--resume");
+    train(&killed, &resume);
+    assert_eq!(losses(&killed), losses(&full));
+}

@@ -24,6 +24,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::atomic::AtomicFile;
 use crate::error::{Error, Result};
@@ -92,6 +93,7 @@ pub struct DatasetWriter {
     gc: Float64Builder,
     md5: StringBuilder,
     tokens: ListBuilder<Int32Builder>,
+    scratch: Vec<i32>,
     rows: usize,
     batch_tokens: usize,
     total_rows: u64,
@@ -106,6 +108,12 @@ impl DatasetWriter {
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+            // Token ids are dictionary-encoded (≤ 71 values: 7-bit packed indices), which
+            // already makes them compact; snappy on top cost ~20% of ingest time for little gain.
+            .set_column_compression(
+                ColumnPath::from(vec!["tokens".into(), "list".into(), "item".into()]),
+                Compression::UNCOMPRESSED,
+            )
             .set_key_value_metadata(Some(vec![KeyValue::new(
                 VOCAB_KEY.to_string(),
                 vocab.name().to_string(),
@@ -129,6 +137,7 @@ impl DatasetWriter {
             gc: Float64Builder::new(),
             md5: StringBuilder::new(),
             tokens: ListBuilder::new(Int32Builder::new()).with_field(item),
+            scratch: Vec::new(),
             rows: 0,
             batch_tokens: 0,
             total_rows: 0,
@@ -142,10 +151,10 @@ impl DatasetWriter {
         self.length.append_value(row.length as i64);
         self.gc.append_value(row.gc_content);
         self.md5.append_value(row.md5);
-        let values = self.tokens.values();
-        for &t in row.tokens {
-            values.append_value(t as i32);
-        }
+        // Bulk copy (ids are tiny, so `as i32` is exact); per-value appends were measurably slow.
+        self.scratch.clear();
+        self.scratch.extend(row.tokens.iter().map(|&t| t as i32));
+        self.tokens.values().append_slice(&self.scratch);
         self.tokens.append(true);
         self.rows += 1;
         self.total_rows += 1;

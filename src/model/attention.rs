@@ -11,6 +11,9 @@
 use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, Tensor, TensorData};
 
+use crate::config::AttentionKind;
+use crate::model::flash::{flash_attention, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q};
+
 /// What shapes the attention pattern besides q, k, v.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AttnOptions {
@@ -21,9 +24,19 @@ pub struct AttnOptions {
     pub k_offset: usize,
 }
 
-/// Attention over `q: [b, h, sq, d]`, `k, v: [b, h, sk, d]` → `[b, h, sq, d]`.
-pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, opts: &AttnOptions) -> Tensor<4> {
-    naive_attention(q, k, v, opts)
+/// Attention over `q: [b, h, sq, d]`, `k, v: [b, h, sk, d]` → `[b, h, sq, d]`, with the
+/// implementation the config chose.
+pub fn attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    opts: &AttnOptions,
+    kind: AttentionKind,
+) -> Tensor<4> {
+    match kind {
+        AttentionKind::Flash => flash_attention(q, k, v, opts, DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K),
+        AttentionKind::Naive => naive_attention(q, k, v, opts),
+    }
 }
 
 /// The reference: softmax(q kᵀ / √d + bias, masked) v with every score materialised.

@@ -94,6 +94,7 @@ pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
         rotary_pct,
         rotary_base,
         layer_norm_eps: c.layer_norm_eps.unwrap_or(1e-5),
+        attention: Default::default(),
     };
     cfg.validate()?;
     Ok(cfg)

@@ -2,6 +2,8 @@
 //! compatible checkpoints.
 
 pub mod attention;
+pub mod flash;
+pub mod flash_backward;
 pub mod hf;
 pub mod io;
 pub mod neox;

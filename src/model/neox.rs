@@ -147,7 +147,7 @@ impl GenSlm {
                 q = apply_rotary(q, cos, sin, rot);
                 k = apply_rotary(k, cos, sin, rot);
             }
-            let o = attention(q, k, v, &attn_opts);
+            let o = attention(q, k, v, &attn_opts, c.attention);
             let o = o.swap_dims(1, 2).reshape([b, s, h]);
             let attn_out = linear(o, self.mat(l.dense_w), Some(self.vec(l.dense_b)));
             let m_in = layer_norm(x.clone(), self.vec(l.ln2_w), Some(self.vec(l.ln2_b)), eps);
