@@ -11,6 +11,7 @@ pub mod error;
 pub mod infer;
 pub mod info;
 pub mod model;
+pub mod parallel;
 pub mod rng;
 pub mod tokenizer;
 pub mod train;

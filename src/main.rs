@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use genslm::data::fasta::OnInvalid;
 use genslm::data::ingest::{tokenize_to_parquet, IngestOptions};
 use genslm::tokenizer::{Trailing, VocabKind};
-use genslm::train::trainer::{train, DataSource, RunOptions};
+use genslm::train::trainer::{train_threads, DataSource, RunOptions};
 
 #[derive(Parser)]
 #[command(
@@ -117,6 +117,13 @@ struct TrainArgs {
     /// Compute backend.
     #[arg(long, value_enum, default_value = "cpu")]
     backend: Backend,
+    /// Sequence-parallel degree P (Ulysses): each sequence is split over P ranks.
+    #[arg(long, default_value_t = 1)]
+    sp: usize,
+    /// Data-parallel degree D: the global batch is split over D replicas. P × D ranks run as
+    /// threads of this process.
+    #[arg(long, default_value_t = 1)]
+    dp: usize,
     #[arg(long)]
     steps: Option<u64>,
     /// Codons per sample.
@@ -148,6 +155,14 @@ struct TrainArgs {
     /// Attention implementation (overrides `[model] attention`).
     #[arg(long, value_enum)]
     attention: Option<AttentionArg>,
+}
+
+/// World size announced by mpirun/srun, when started by one with more than one process.
+fn launcher_world_size() -> Option<usize> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+        .find(|&n| n > 1)
 }
 
 fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
@@ -192,7 +207,13 @@ fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         stop_after: a.stop_after,
         progress: !quiet,
     };
-    let s = train(&cfg, &data, &a.out, &opts)?;
+    if let Some(n) = launcher_world_size() {
+        anyhow::bail!(
+            "started by an MPI launcher with {n} processes, but this build has no MPI support; \
+             run one process with --sp/--dp (ranks as threads) instead"
+        );
+    }
+    let s = train_threads(&cfg, &data, &a.out, &opts, a.dp, a.sp)?;
     if !quiet {
         eprintln!(
             "trained {} steps: loss {:.4}{}, peak memory {:.0} MiB",

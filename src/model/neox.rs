@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::model::attention::{attention, AttnOptions};
 use crate::model::params::{Layout, ParamSpec};
 use crate::model::position::{alibi_slopes, apply_rotary, rotary_tables};
+use crate::parallel::ulysses::{ulysses_attention, SpGroup};
 
 /// A GPT-NeoX model on one device.
 #[derive(Debug, Clone)]
@@ -23,6 +24,9 @@ pub struct GenSlm {
     /// One flat tensor per `layout.specs` entry.
     pub params: Vec<Tensor<1>>,
     pub device: Device,
+    /// The sequence-parallel group when this rank holds one shard of each sequence (Ulysses);
+    /// with learned positions the table parameter is then this rank's rows only.
+    pub sp: Option<SpGroup>,
 }
 
 /// What a forward pass returns besides the final hidden states.
@@ -70,6 +74,7 @@ impl GenSlm {
             layout,
             params,
             device: device.clone(),
+            sp: None,
         })
     }
 
@@ -119,7 +124,19 @@ impl GenSlm {
                     s, opts.offset, c.max_position_embeddings, c.max_position_embeddings
                 )));
             }
-            let table = self.mat(pos).narrow(0, opts.offset, s);
+            // Under SP the parameter holds rows [r·M/P, (r+1)·M/P) of the table.
+            let rows = self.layout.specs[pos].shape[0];
+            let first = self.sp.as_ref().map_or(0, |g| g.rank() * rows);
+            if opts.offset < first || opts.offset + s > first + rows {
+                return Err(Error::Invalid(format!(
+                    "positions {}..{} are not in this rank's learned-position shard {}..{}",
+                    opts.offset,
+                    opts.offset + s,
+                    first,
+                    first + rows
+                )));
+            }
+            let table = self.mat(pos).narrow(0, opts.offset - first, s);
             x = x + table.unsqueeze::<3>().expand([b, s, h]);
         }
         let rot = c.rotary_dims();
@@ -147,7 +164,12 @@ impl GenSlm {
                 q = apply_rotary(q, cos, sin, rot);
                 k = apply_rotary(k, cos, sin, rot);
             }
-            let o = attention(q, k, v, &attn_opts, c.attention);
+            let o = match &self.sp {
+                Some(group) => ulysses_attention(q, k, v, &attn_opts, group, |q, k, v, o| {
+                    attention(q, k, v, o, c.attention)
+                }),
+                None => attention(q, k, v, &attn_opts, c.attention),
+            };
             let o = o.swap_dims(1, 2).reshape([b, s, h]);
             let attn_out = linear(o, self.mat(l.dense_w), Some(self.vec(l.dense_b)));
             let m_in = layer_norm(x.clone(), self.vec(l.ln2_w), Some(self.vec(l.ln2_b)), eps);

@@ -29,6 +29,10 @@ pub struct StepMetrics {
     pub elapsed_s: f64,
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub skipped_nonfinite: bool,
+    /// Elements this rank sent in Ulysses all-to-alls per layer and micro-batch, forward only
+    /// (q, k, v and the output: 4·b·s·h/P with b the rank's rows).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub sp_sent_per_layer: Option<u64>,
 }
 
 /// JSON has no NaN: non-finite values are written as null and read back as NaN.

@@ -4,4 +4,5 @@ pub mod checkpoint;
 pub mod metrics;
 pub mod optim;
 pub mod schedule;
+pub mod shard;
 pub mod trainer;

@@ -6,7 +6,9 @@
 //! reproduces the uninterrupted run's losses step for step on CPU.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use burn::tensor::{Device, Tensor};
 
@@ -15,13 +17,18 @@ use crate::data::dataset::read_dataset;
 use crate::data::ingest::{tokenize_to_parquet, IngestOptions};
 use crate::data::loader::{Batch, Corpus, Loader};
 use crate::error::{Error, Result};
-use crate::model::neox::{next_token_nll, tensor_to_vec, tokens_tensor};
+use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
+use crate::parallel::ranks::{abort_all, thread_ranks, Ranks};
+use crate::parallel::Topology;
 use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
 use crate::train::metrics::{peak_rss_mib, train_flops_per_sequence, MetricsLog, StepMetrics};
-use crate::train::optim::{clip_factor, global_norm, AdamW, AdamWConfig};
+use crate::train::optim::{clip_factor, AdamW, AdamWConfig};
 use crate::train::schedule::lr_at;
+use crate::train::shard::{
+    gather_shard, global_grad_norm, local_batch, local_nll, reduce_gradients, shard_model,
+};
 
 /// Where training data comes from.
 #[derive(Debug, Clone)]
@@ -53,21 +60,111 @@ pub struct TrainSummary {
     pub last_checkpoint: Option<PathBuf>,
 }
 
-/// Trains `cfg.model` with `cfg.train` on `data`, writing everything under `run`.
+/// Trains `cfg.model` with `cfg.train` on `data`, writing everything under `run` (one rank).
 pub fn train(
     cfg: &Config,
     data: &DataSource,
     run: &Path,
     opts: &RunOptions,
 ) -> Result<TrainSummary> {
-    let t = &cfg.train;
+    let corpus = prepare_run(cfg, data, run)?;
+    train_rank(cfg, &corpus, run, opts, &Ranks::single())
+}
+
+/// The same run with `dp × sp` ranks as threads of this process (DESIGN.md §6). Only rank 0
+/// writes metrics and checkpoints; a failing rank stops the others with its message.
+pub fn train_threads(
+    cfg: &Config,
+    data: &DataSource,
+    run: &Path,
+    opts: &RunOptions,
+    dp: usize,
+    sp: usize,
+) -> Result<TrainSummary> {
+    let topo = Topology::new(0, dp, sp)?;
+    topo.validate(cfg.model.num_heads, cfg.train.seq_len, cfg.train.batch_size)?;
+    if dp * sp == 1 {
+        return train(cfg, data, run, opts);
+    }
+    let corpus = Arc::new(prepare_run(cfg, data, run)?);
+    let handles: Vec<_> = thread_ranks(dp, sp, RANK_TIMEOUT)
+        .into_iter()
+        .map(|ranks| {
+            let (cfg, corpus, run) = (cfg.clone(), corpus.clone(), run.to_path_buf());
+            let opts = RunOptions {
+                progress: opts.progress && ranks.is_root(),
+                ..opts.clone()
+            };
+            std::thread::spawn(move || {
+                run_rank_guarded(&ranks, || train_rank(&cfg, &corpus, &run, &opts, &ranks))
+            })
+        })
+        .collect();
+    let results: Vec<Result<TrainSummary>> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::Invalid("a rank thread died".into())))
+        })
+        .collect();
+    first_error_or_root(results)
+}
+
+/// How long a rank waits for the others before declaring them dead.
+pub const RANK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs one rank's work; an error or panic aborts every group so the other ranks stop waiting.
+pub fn run_rank_guarded<T>(ranks: &Ranks, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let rank = ranks.topo.rank;
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panicked".into());
+        Err(Error::Invalid(format!("rank {rank}: {msg}")))
+    });
+    if let Err(e) = &out {
+        abort_all(ranks, &e.to_string());
+    }
+    out
+}
+
+/// The root cause among the ranks' results: the first error that is not another rank's
+/// "stopping" echo, else rank 0's result.
+fn first_error_or_root(mut results: Vec<Result<TrainSummary>>) -> Result<TrainSummary> {
+    let cause = results
+        .iter()
+        .position(|r| matches!(r, Err(e) if !e.to_string().contains("stopping:")));
+    let any = results.iter().position(|r| r.is_err());
+    match cause.or(any) {
+        Some(i) => results.swap_remove(i),
+        None => results.swap_remove(0),
+    }
+}
+
+/// Creates the run directory, writes the resolved config, and loads the corpus.
+fn prepare_run(cfg: &Config, data: &DataSource, run: &Path) -> Result<Corpus> {
     cfg.model.validate().map_err(Error::Invalid)?;
-    t.validate().map_err(Error::Invalid)?;
+    cfg.train.validate().map_err(Error::Invalid)?;
     std::fs::create_dir_all(run).map_err(|e| Error::io(run, e))?;
     let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
     crate::atomic::write_bytes(&run.join("config.toml"), toml.as_bytes())?;
+    load_corpus(cfg, data, run)
+}
 
-    let corpus = load_corpus(cfg, data, run)?;
+/// One rank's training loop (the single-process run is rank 0 of a 1 × 1 layout).
+pub fn train_rank(
+    cfg: &Config,
+    corpus: &Corpus,
+    run: &Path,
+    opts: &RunOptions,
+    ranks: &Ranks,
+) -> Result<TrainSummary> {
+    let t = &cfg.train;
+    ranks
+        .topo
+        .validate(cfg.model.num_heads, t.seq_len, t.batch_size)?;
     let ad = Device::flex().autodiff();
     let plain = Device::flex();
     let adamw = AdamWConfig {
@@ -88,9 +185,11 @@ pub fn train(
                 l.dir.display()
             )));
         }
-        (l.model, l.opt, l.state)
+        let mut opt = l.opt;
+        let model = shard_model(l.model, Some((&mut opt.m, &mut opt.v)), ranks)?;
+        (model, opt, l.state)
     } else {
-        let model = GenSlm::init(cfg.model.clone(), t.seed, &ad)?;
+        let model = shard_model(GenSlm::init(cfg.model.clone(), t.seed, &ad)?, None, ranks)?;
         let opt = AdamW::new(adamw, &model.params);
         let state = TrainerState {
             step: 0,
@@ -103,10 +202,14 @@ pub fn train(
     };
     model.params = model.params.into_iter().map(|p| p.require_grad()).collect();
     let mut loader = Loader::new(t.seed, state.loader_cursor);
-    let mut log = MetricsLog::open(
-        &run.join("metrics.jsonl"),
-        opts.resume.then_some(state.step),
-    )?;
+    let mut log = if ranks.is_root() {
+        Some(MetricsLog::open(
+            &run.join("metrics.jsonl"),
+            opts.resume.then_some(state.step),
+        )?)
+    } else {
+        None
+    };
 
     let bar = progress_bar(opts.progress, t.steps, state.step);
     let flops_per_seq = train_flops_per_sequence(&cfg.model, t.seq_len);
@@ -129,11 +232,19 @@ pub fn train(
             t.min_lr_ratio,
         );
         let batches: Vec<Batch> = (0..t.grad_accum)
-            .map(|_| loader.next_batch(&corpus, t.batch_size))
+            .map(|_| loader.next_batch(corpus, t.batch_size))
             .collect();
         let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
-        let (loss, grads) = loss_and_grads(&model, &batches, total_targets)?;
-        let norm = global_norm(&grads);
+        let sent_before = model
+            .sp
+            .as_ref()
+            .map_or(0, |g| g.sent_forward.load(Ordering::Relaxed));
+        let (loss, grads) = step_loss_and_grads(&model, &batches, ranks)?;
+        let sent_per_layer = model.sp.as_ref().map(|g| {
+            let sent = g.sent_forward.load(Ordering::Relaxed) - sent_before;
+            sent / (cfg.model.num_layers * batches.len()) as u64
+        });
+        let norm = global_grad_norm(&grads, &model, ranks)?;
         state.step += 1;
         state.loader_cursor = loader.cursor;
         let finite = loss.is_finite() && norm.is_finite();
@@ -161,7 +272,7 @@ pub fn train(
         }
         let last = state.step == t.steps;
         let val_loss = if (t.val_every > 0 && state.step % t.val_every == 0) || last {
-            validation_loss(&model, &corpus, t.batch_size, &plain)?
+            validation_loss(&model, corpus, t.batch_size, &plain, ranks)?
         } else {
             None
         };
@@ -179,8 +290,11 @@ pub fn train(
             peak_rss_mib: peak_rss_mib(),
             elapsed_s: start.elapsed().as_secs_f64(),
             skipped_nonfinite: !finite,
+            sp_sent_per_layer: sent_per_layer,
         };
-        log.write(&m)?;
+        if let Some(log) = log.as_mut() {
+            log.write(&m)?;
+        }
         bar.set_position(state.step);
         bar.set_message(format!("loss {loss:.4} {:.0} tok/s", m.tokens_per_s));
         if !finite {
@@ -200,8 +314,7 @@ pub fn train(
             .is_some_and(|n| state.step - first_step >= n);
         let every = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
         if every || last || stopping {
-            let dir = save_checkpoint(run, cfg, &model, &opt, &state)?;
-            summary.last_checkpoint = Some(dir);
+            summary.last_checkpoint = checkpoint(run, cfg, &model, &opt, &state, ranks)?;
         }
         if stopping {
             break;
@@ -213,21 +326,41 @@ pub fn train(
     Ok(summary)
 }
 
-/// Summed-then-normalised loss over the micro-batches of one step, and the gradient of the mean
-/// loss (each micro-batch contributes its token share).
+/// The step's loss and gradients as every rank sees them after the reductions: the loss of the
+/// whole global batch, the full gradient of replicated parameters and this rank's rows of the
+/// position table's gradient. Equal to the single-rank values (tests/parallel.rs).
+pub fn step_loss_and_grads(
+    model: &GenSlm,
+    batches: &[Batch],
+    ranks: &Ranks,
+) -> Result<(f64, Vec<Tensor<1>>)> {
+    let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
+    let (loss, mut grads) = loss_and_grads(model, batches, total_targets, ranks)?;
+    reduce_gradients(&mut grads, model, ranks)?;
+    if ranks.topo.world == 1 {
+        return Ok((loss, grads));
+    }
+    let mut buf = [loss as f32];
+    ranks.world.all_reduce_sum(&mut buf)?;
+    Ok((buf[0] as f64, grads))
+}
+
+/// This rank's share of the step's loss (its positions' terms over the global target count)
+/// and the gradient of it; summing both over the ranks gives the single-rank values.
 fn loss_and_grads(
     model: &GenSlm,
     batches: &[Batch],
     total_targets: usize,
+    ranks: &Ranks,
 ) -> Result<(f64, Vec<Tensor<1>>)> {
     let denom = total_targets.max(1) as f64;
     let mut loss = 0.0;
     let mut acc: Vec<Option<Tensor<1>>> = vec![None; model.params.len()];
     for b in batches {
-        let tokens = tokens_tensor(&b.tokens, b.batch, b.seq_len, &model.device);
-        let logits = model.forward(tokens, 0)?;
-        let (sum, _) = next_token_nll(logits, &b.tokens, &b.mask, b.batch, b.seq_len);
-        let scaled = sum / denom;
+        let lb = local_batch(b, ranks);
+        let tokens = tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device);
+        let logits = model.forward(tokens, lb.offset)?;
+        let scaled = local_nll(logits, &lb) / denom;
         loss += tensor_to_vec(&scaled)[0] as f64;
         let grads = scaled.backward();
         for (i, p) in model.params.iter().enumerate() {
@@ -248,12 +381,42 @@ fn loss_and_grads(
     ))
 }
 
-/// Mean next-token NLL over the validation windows, on a copy without autodiff.
+/// Writes a checkpoint from rank 0 after gathering the learned-position shards (every rank
+/// takes part in the gather); returns its directory on rank 0.
+fn checkpoint(
+    run: &Path,
+    cfg: &Config,
+    model: &GenSlm,
+    opt: &AdamW,
+    state: &TrainerState,
+    ranks: &Ranks,
+) -> Result<Option<PathBuf>> {
+    let (mut full, mut full_opt) = (model.clone(), opt.clone());
+    if let (Some(pos), Some(_)) = (model.layout.embed_pos, &model.sp) {
+        full.params[pos] = gather_shard(&model.params[pos], ranks)?;
+        full_opt.m[pos] = gather_shard(&opt.m[pos], ranks)?;
+        full_opt.v[pos] = gather_shard(&opt.v[pos], ranks)?;
+        let s = &mut full.layout.specs[pos].shape;
+        s[0] *= ranks.topo.sp;
+        full.sp = None;
+    }
+    let dir = if ranks.is_root() {
+        Some(save_checkpoint(run, cfg, &full, &full_opt, state)?)
+    } else {
+        None
+    };
+    ranks.world.barrier()?;
+    Ok(dir)
+}
+
+/// Mean next-token NLL over the validation windows, on a copy without autodiff. Every DP
+/// replica evaluates all windows; SP ranks each their columns, summed over the SP group.
 fn validation_loss(
     model: &GenSlm,
     corpus: &Corpus,
     batch: usize,
     plain: &Device,
+    ranks: &Ranks,
 ) -> Result<Option<f64>> {
     if corpus.val.is_empty() {
         return Ok(None);
@@ -267,13 +430,31 @@ fn validation_loss(
         device: plain.clone(),
         ..model.clone()
     };
-    let (mut sum, mut n) = (0.0, 0usize);
+    // Rows are not split for validation: view the layout as DP = 1.
+    let view = Ranks {
+        topo: Topology {
+            dp: 1,
+            world: ranks.topo.sp,
+            rank: ranks.topo.sp_rank(),
+            sp: ranks.topo.sp,
+        },
+        ..ranks.clone()
+    };
+    let (mut sum, mut n) = (0.0f64, 0usize);
     for ws in corpus.val.chunks(batch) {
         let b = corpus.batch_of(ws);
-        let logits = eval.forward(tokens_tensor(&b.tokens, b.batch, b.seq_len, plain), 0)?;
-        let (s, k) = next_token_nll(logits, &b.tokens, &b.mask, b.batch, b.seq_len);
-        sum += tensor_to_vec(&s)[0] as f64;
-        n += k;
+        n += b.n_targets();
+        let lb = local_batch(&b, &view);
+        let logits = eval.forward(
+            tokens_tensor(&lb.tokens, lb.rows, lb.cols, plain),
+            lb.offset,
+        )?;
+        sum += tensor_to_vec(&local_nll(logits, &lb))[0] as f64;
+    }
+    let mut buf = [sum as f32];
+    if ranks.topo.sp > 1 {
+        ranks.sp.all_reduce_sum(&mut buf)?;
+        sum = buf[0] as f64;
     }
     Ok(Some(sum / n.max(1) as f64))
 }

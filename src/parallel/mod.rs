@@ -1,0 +1,11 @@
+//! Parallelism (DESIGN.md §5–§6): the rank layout, the communicator trait and its
+//! implementations, Ulysses sequence parallelism, and sharded optimizer state.
+
+pub mod comm;
+pub mod ranks;
+pub mod threads;
+pub mod topology;
+pub mod ulysses;
+
+pub use comm::{Communicator, Solo};
+pub use topology::Topology;

@@ -1,0 +1,215 @@
+//! Ulysses sequence parallelism (DESIGN.md §5): before attention an all-to-all turns Q, K, V
+//! from sequence-sharded `[b, H, s/P, d]` into head-sharded `[b, H/P, s, d]` (rank r gets heads
+//! `[r·H/P, (r+1)·H/P)` over the whole sequence, chunks in source-rank order); after attention the
+//! inverse all-to-all restores `[b, H, s/P, d]`. Each exchange is a differentiable op whose
+//! backward is the exchange in the other direction.
+//!
+//! The exchange moves host buffers through the [`Communicator`]; a communication failure inside
+//! the op panics with the communicator's message (an op cannot return an error), and the rank
+//! runner turns that panic into this rank's error and aborts the others.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use burn::backend::autodiff::{
+    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    grads::Gradients,
+    ops::{Backward, Ops, OpsKind},
+    Autodiff,
+};
+use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
+use burn::tensor::{Tensor, TensorData};
+
+use crate::model::attention::AttnOptions;
+use crate::parallel::comm::Communicator;
+
+/// The SP group of one rank, shared by every layer's exchanges.
+#[derive(Debug, Clone)]
+pub struct SpGroup {
+    pub comm: Arc<dyn Communicator>,
+    /// Elements this rank passed to forward all-to-alls (q, k, v and the output), all layers.
+    pub sent_forward: Arc<AtomicU64>,
+}
+
+impl SpGroup {
+    pub fn new(comm: Arc<dyn Communicator>) -> Self {
+        Self {
+            comm,
+            sent_forward: Arc::new(AtomicU64::new(0)),
+        }
+    }
+    pub fn degree(&self) -> usize {
+        self.comm.size()
+    }
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+}
+
+/// Which way an exchange goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// `[b, H, s/P, d]` → `[b, H/P, s, d]`.
+    SeqToHeads,
+    /// `[b, H/P, s, d]` → `[b, H, s/P, d]`.
+    HeadsToSeq,
+}
+
+impl Direction {
+    fn reverse(self) -> Self {
+        match self {
+            Direction::SeqToHeads => Direction::HeadsToSeq,
+            Direction::HeadsToSeq => Direction::SeqToHeads,
+        }
+    }
+}
+
+/// The op's non-tensor argument.
+#[derive(Debug, Clone)]
+pub struct ExchangeParams {
+    pub group: SpGroup,
+    pub direction: Direction,
+    /// Count the elements sent (forward exchanges only).
+    pub count: bool,
+}
+
+#[backend_extension(Flex, Autodiff)]
+pub trait UlyssesOps: Backend {
+    /// The all-to-all of one 4-D tensor in `params.direction`.
+    fn ulysses_exchange(x: FloatTensor<Self>, params: ExchangeParams) -> FloatTensor<Self>;
+}
+
+impl UlyssesOps for Flex {
+    fn ulysses_exchange(x: FloatTensor<Self>, params: ExchangeParams) -> FloatTensor<Self> {
+        let x = Tensor::<4>::from_primitive::<Flex>(x);
+        exchange(x, &params)
+            .try_into_primitive::<Flex>()
+            .expect("ulysses: result left the Flex backend")
+    }
+}
+
+impl<B: Backend + UlyssesOps, C: CheckpointStrategy> UlyssesOps for Autodiff<B, C> {
+    fn ulysses_exchange(x: FloatTensor<Self>, params: ExchangeParams) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct ExchangeBackward;
+
+        impl<B: Backend + UlyssesOps> Backward<B, 1> for ExchangeBackward {
+            type State = ExchangeParams;
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let [node] = ops.parents;
+                let grad = grads.consume::<B>(&ops.node);
+                let back = ExchangeParams {
+                    direction: ops.state.direction.reverse(),
+                    count: false,
+                    ..ops.state
+                };
+                let g = B::ulysses_exchange(grad, back);
+                if let Some(node) = node {
+                    grads.register::<B>(node.id, g);
+                }
+            }
+        }
+
+        match ExchangeBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let out = B::ulysses_exchange(x.primitive().clone(), params.clone());
+                prep.finish(params, out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::ulysses_exchange(x.into_primitive(), params))
+            }
+        }
+    }
+}
+
+/// The exchange on plain tensors: split along one dim, all-to-all, concatenate along the other.
+fn exchange(x: Tensor<4>, params: &ExchangeParams) -> Tensor<4> {
+    let p = params.group.degree();
+    let [b, h, s, d] = x.dims();
+    let device = x.device();
+    let (split_dim, cat_dim) = match params.direction {
+        Direction::SeqToHeads => (1, 2),
+        Direction::HeadsToSeq => (2, 1),
+    };
+    let part = x.dims()[split_dim] / p;
+    let mut send = Vec::with_capacity(p);
+    for j in 0..p {
+        let chunk = x.clone().narrow(split_dim, j * part, part);
+        send.push(chunk.try_into_vec_as::<f32>().expect("f32 activations"));
+    }
+    if params.count {
+        let n: usize = send.iter().map(Vec::len).sum();
+        params
+            .group
+            .sent_forward
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
+    let recv = params
+        .group
+        .comm
+        .all_to_all(send)
+        .unwrap_or_else(|e| panic!("sequence-parallel exchange failed: {e}"));
+    let shape = match params.direction {
+        Direction::SeqToHeads => [b, h / p, s, d],
+        Direction::HeadsToSeq => [b, h, s / p, d],
+    };
+    let parts: Vec<Tensor<4>> = recv
+        .into_iter()
+        .map(|v| Tensor::from_data(TensorData::new(v, shape), &device))
+        .collect();
+    Tensor::cat(parts, cat_dim)
+}
+
+fn exchange_op(x: Tensor<4>, group: &SpGroup, direction: Direction) -> Tensor<4> {
+    let params = ExchangeParams {
+        group: group.clone(),
+        direction,
+        count: true,
+    };
+    Tensor::from_dispatch(<Dispatch as UlyssesOps>::ulysses_exchange(
+        x.into_dispatch(),
+        params,
+    ))
+}
+
+/// Attention over this rank's sequence shard: q, k, v `[b, H, s/P, d]` (rotary already applied
+/// at global positions) → `[b, H, s/P, d]`. `opts.alibi` holds the slopes of all H heads; this
+/// rank uses those of its head group.
+pub fn ulysses_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    opts: &AttnOptions,
+    group: &SpGroup,
+    attend: impl Fn(Tensor<4>, Tensor<4>, Tensor<4>, &AttnOptions) -> Tensor<4>,
+) -> Tensor<4> {
+    let p = group.degree();
+    let heads = q.dims()[1];
+    let hp = heads / p;
+    let r = group.rank();
+    let q = exchange_op(q, group, Direction::SeqToHeads);
+    let k = exchange_op(k, group, Direction::SeqToHeads);
+    let v = exchange_op(v, group, Direction::SeqToHeads);
+    let local = AttnOptions {
+        causal: opts.causal,
+        alibi: opts
+            .alibi
+            .as_ref()
+            .map(|s| s[r * hp..(r + 1) * hp].to_vec()),
+        // The whole sequence is present now: global positions start at the shard group's base.
+        q_offset: opts.q_offset - r * q.dims()[2] / p,
+        k_offset: opts.k_offset - r * k.dims()[2] / p,
+    };
+    let o = attend(q, k, v, &local);
+    exchange_op(o, group, Direction::HeadsToSeq)
+}

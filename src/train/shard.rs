@@ -1,0 +1,176 @@
+//! What one rank computes of a global batch, and how gradients are combined across ranks.
+//!
+//! `--batch-size` is the global batch: DP rank d takes rows `[d·B/D, (d+1)·B/D)`, SP rank r the
+//! token columns `[r·s/P, (r+1)·s/P)` of each row. A position's target is the next token of the
+//! whole row (for the last token of a shard, the first token of the next shard), so the sum of
+//! every rank's loss terms is exactly the single-rank loss. Gradients of replicated parameters
+//! are summed over all ranks; the learned-position shard's over the DP group only.
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData};
+
+use crate::data::loader::Batch;
+use crate::error::Result;
+use crate::model::neox::{host_to_param, tensor_to_vec};
+use crate::model::GenSlm;
+use crate::parallel::comm::Communicator;
+use crate::parallel::ranks::Ranks;
+
+/// This rank's slice of a batch: tokens `[rows, cols]`, next-token targets and weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalBatch {
+    pub rows: usize,
+    pub cols: usize,
+    /// Global position of the first column.
+    pub offset: usize,
+    pub tokens: Vec<u32>,
+    pub targets: Vec<i64>,
+    pub weights: Vec<f32>,
+}
+
+/// Cuts this rank's slice out of a global batch.
+pub fn local_batch(b: &Batch, ranks: &Ranks) -> LocalBatch {
+    let t = &ranks.topo;
+    let rows = b.batch / t.dp;
+    let cols = b.seq_len / t.sp;
+    let (r0, c0) = (t.dp_rank() * rows, t.sp_rank() * cols);
+    let mut out = LocalBatch {
+        rows,
+        cols,
+        offset: c0,
+        tokens: Vec::with_capacity(rows * cols),
+        targets: Vec::with_capacity(rows * cols),
+        weights: Vec::with_capacity(rows * cols),
+    };
+    for r in r0..r0 + rows {
+        for c in c0..c0 + cols {
+            let i = r * b.seq_len + c;
+            out.tokens.push(b.tokens[i]);
+            let has_next = c + 1 < b.seq_len && b.mask[i + 1] == 1;
+            out.targets
+                .push(if has_next { b.tokens[i + 1] as i64 } else { 0 });
+            out.weights.push(if has_next { 1.0 } else { 0.0 });
+        }
+    }
+    out
+}
+
+/// Σ −log p(target) · weight over this rank's positions.
+pub fn local_nll(logits: Tensor<3>, lb: &LocalBatch) -> Tensor<1> {
+    let device = logits.device();
+    let targets: Tensor<3, Int> = Tensor::from_data(
+        TensorData::new(lb.targets.clone(), [lb.rows, lb.cols, 1]),
+        &device,
+    );
+    let weights: Tensor<2> = Tensor::from_data(
+        TensorData::new(lb.weights.clone(), [lb.rows, lb.cols]),
+        &device,
+    );
+    let lp = log_softmax(logits, 2);
+    let picked: Tensor<2> = lp.gather(2, targets).squeeze_dim::<2>(2);
+    (picked * weights).sum().neg()
+}
+
+/// Sums `grads[i]` for `idx` over `comm` (one flat host buffer per call).
+fn all_reduce_params(
+    grads: &mut [Tensor<1>],
+    idx: &[usize],
+    comm: &dyn Communicator,
+) -> Result<()> {
+    if comm.size() == 1 || idx.is_empty() {
+        return Ok(());
+    }
+    let device = grads[idx[0]].device();
+    let mut flat = Vec::new();
+    let mut lens = Vec::new();
+    for &i in idx {
+        let v = tensor_to_vec(&grads[i]);
+        lens.push(v.len());
+        flat.extend(v);
+    }
+    comm.all_reduce_sum(&mut flat)?;
+    let mut at = 0;
+    for (&i, &n) in idx.iter().zip(&lens) {
+        grads[i] = host_to_param(flat[at..at + n].to_vec(), &device);
+        at += n;
+    }
+    Ok(())
+}
+
+/// Indices of replicated parameters and of the SP-sharded one (the learned position table when
+/// sequence parallelism shards it).
+pub fn param_groups(model: &GenSlm) -> (Vec<usize>, Vec<usize>) {
+    let sharded = if model.sp.is_some() {
+        model.layout.embed_pos
+    } else {
+        None
+    };
+    let all = 0..model.params.len();
+    (
+        all.clone().filter(|&i| Some(i) != sharded).collect(),
+        sharded.into_iter().collect(),
+    )
+}
+
+/// Combines every rank's gradients: replicated parameters over all ranks, the position shard
+/// over the DP group.
+pub fn reduce_gradients(grads: &mut [Tensor<1>], model: &GenSlm, ranks: &Ranks) -> Result<()> {
+    let (replicated, sharded) = param_groups(model);
+    all_reduce_params(grads, &replicated, ranks.world.as_ref())?;
+    all_reduce_params(grads, &sharded, ranks.dp.as_ref())
+}
+
+/// Global gradient norm with every element counted once: replicated gradients are identical
+/// on all ranks after the reduction; position shards are disjoint across the SP group.
+pub fn global_grad_norm(grads: &[Tensor<1>], model: &GenSlm, ranks: &Ranks) -> Result<f64> {
+    let sq = |i: &usize| tensor_to_vec(&(grads[*i].clone() * grads[*i].clone()).sum())[0] as f64;
+    let (replicated, sharded) = param_groups(model);
+    let rep: f64 = replicated.iter().map(sq).sum();
+    let mut shard = [sharded.iter().map(sq).sum::<f64>() as f32];
+    if !sharded.is_empty() {
+        ranks.sp.all_reduce_sum(&mut shard)?;
+    }
+    Ok((rep + shard[0] as f64).sqrt())
+}
+
+/// Turns a full (replicated) model into this rank's: joins the SP group and, with learned
+/// positions, keeps only rows `[r·M/P, (r+1)·M/P)` of the table (and of its Adam moments).
+pub fn shard_model(
+    mut model: GenSlm,
+    moments: Option<(&mut Vec<Tensor<1>>, &mut Vec<Tensor<1>>)>,
+    ranks: &Ranks,
+) -> Result<GenSlm> {
+    let p = ranks.topo.sp;
+    if p == 1 {
+        return Ok(model);
+    }
+    model.sp = Some(crate::parallel::ulysses::SpGroup::new(ranks.sp.clone()));
+    if let Some(pos) = model.layout.embed_pos {
+        let [rows, h] = [
+            model.layout.specs[pos].shape[0],
+            model.layout.specs[pos].shape[1],
+        ];
+        if !rows.is_multiple_of(p) {
+            return Err(crate::error::Error::Invalid(format!(
+                "--sp {p}: learned positions shard the table of max_position_embeddings = {rows} \
+                 rows, which does not divide by {p}"
+            )));
+        }
+        let part = rows / p;
+        let r = ranks.topo.sp_rank();
+        let cut = |t: &Tensor<1>| t.clone().narrow(0, r * part * h, part * h);
+        model.params[pos] = cut(&model.params[pos]);
+        if let Some((m, v)) = moments {
+            m[pos] = cut(&m[pos]);
+            v[pos] = cut(&v[pos]);
+        }
+        model.layout.specs[pos].shape = vec![part, h];
+    }
+    Ok(model)
+}
+
+/// The full learned-position table (or a moment of it) from the SP group's shards.
+pub fn gather_shard(t: &Tensor<1>, ranks: &Ranks) -> Result<Tensor<1>> {
+    let parts = ranks.sp.all_gather(&tensor_to_vec(t))?;
+    Ok(host_to_param(parts.concat(), &t.device()))
+}

@@ -1,0 +1,171 @@
+//! Sequence and data parallelism on threads give the single-rank loss and gradients
+//! (rotary, sharded learned, ALiBi positions), and keep matching over optimizer steps.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use burn::tensor::Device;
+use genslm::config::{Config, Position};
+use genslm::data::loader::{Batch, Corpus, Loader};
+use genslm::model::neox::tensor_to_vec;
+use genslm::model::GenSlm;
+use genslm::parallel::ranks::{thread_ranks, Ranks};
+use genslm::rng::SplitMix64;
+use genslm::train::metrics::read_metrics;
+use genslm::train::shard::{gather_shard, shard_model};
+use genslm::train::trainer::{step_loss_and_grads, train, train_threads, DataSource, RunOptions};
+
+const SEQ: usize = 32;
+
+fn config(pos: Position) -> Config {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+    let mut cfg = Config::load(&path).unwrap();
+    cfg.model.position = pos;
+    // Learned positions are sharded by table rows: the table is as long as the sequence.
+    cfg.model.max_position_embeddings = SEQ;
+    cfg.train.seq_len = SEQ;
+    cfg.train.batch_size = 4;
+    cfg
+}
+
+/// Two micro-batches of 4 rows with a padded row, from random codons.
+fn batches() -> Vec<Batch> {
+    let mut g = SplitMix64::new(11);
+    let recs: Vec<Vec<u32>> = (0..9)
+        .map(|i| {
+            (0..if i == 3 { 20 } else { SEQ })
+                .map(|_| 5 + g.below(64) as u32)
+                .collect()
+        })
+        .collect();
+    let corpus = Corpus::new(recs, SEQ, 3, 0.0, 1).unwrap();
+    let mut loader = Loader::new(2, 0);
+    vec![loader.next_batch(&corpus, 4), loader.next_batch(&corpus, 4)]
+}
+
+/// Loss and full gradients (position table gathered) of one step under `dp × sp`.
+fn step(pos: Position, dp: usize, sp: usize) -> (f64, Vec<Vec<f32>>) {
+    let cfg = config(pos);
+    let run = move |ranks: Ranks| {
+        let ad = Device::flex().autodiff();
+        let model = GenSlm::init(cfg.model.clone(), 5, &ad).unwrap();
+        let mut model = shard_model(model, None, &ranks).unwrap();
+        model.params = model.params.into_iter().map(|p| p.require_grad()).collect();
+        let (loss, grads) = step_loss_and_grads(&model, &batches(), &ranks).unwrap();
+        let full: Vec<Vec<f32>> = grads
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                if model.sp.is_some() && Some(i) == model.layout.embed_pos {
+                    tensor_to_vec(&gather_shard(g, &ranks).unwrap())
+                } else {
+                    tensor_to_vec(g)
+                }
+            })
+            .collect();
+        (loss, full)
+    };
+    if dp * sp == 1 {
+        return run(Ranks::single());
+    }
+    let run = Arc::new(run);
+    let hs: Vec<_> = thread_ranks(dp, sp, Duration::from_secs(60))
+        .into_iter()
+        .map(|r| {
+            let run = run.clone();
+            std::thread::spawn(move || run(r))
+        })
+        .collect();
+    let mut out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    // Every rank must agree on the loss and the replicated gradients.
+    for o in &out[1..] {
+        assert!((o.0 - out[0].0).abs() <= 1e-6 * out[0].0.abs());
+    }
+    out.swap_remove(0)
+}
+
+fn rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[test]
+fn sp_and_dp_match_one_rank() {
+    for pos in [Position::Rotary, Position::Learned, Position::Alibi] {
+        let (loss1, g1) = step(pos, 1, 1);
+        for (dp, sp) in [(1, 2), (1, 4), (2, 1), (2, 2)] {
+            let (loss, g) = step(pos, dp, sp);
+            assert!(
+                (loss - loss1).abs() / loss1 <= 1e-5,
+                "{pos} dp={dp} sp={sp}: loss {loss} vs {loss1}"
+            );
+            for (i, (a, b)) in g.iter().zip(&g1).enumerate() {
+                assert_eq!(a.len(), b.len());
+                let e = rel(a, b);
+                assert!(
+                    e <= 1e-4,
+                    "{pos} dp={dp} sp={sp}: gradient {i} differs by {e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn layouts_rejected_before_any_work() {
+    let mut cfg = config(Position::Rotary);
+    cfg.train.steps = 1;
+    let data = DataSource::Fasta(vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("data")]);
+    let dir = tempfile::tempdir().unwrap();
+    let e = train_threads(&cfg, &data, dir.path(), &RunOptions::default(), 1, 3).unwrap_err();
+    assert!(e.to_string().contains("4 attention heads"), "{e}");
+    cfg.train.seq_len = 30;
+    let e = train_threads(&cfg, &data, dir.path(), &RunOptions::default(), 1, 4).unwrap_err();
+    assert!(e.to_string().contains("--seq-len 30"), "{e}");
+    assert!(!dir.path().join("metrics.jsonl").exists());
+}
+
+#[test]
+fn several_steps_keep_matching() {
+    let data = DataSource::Fasta(vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("data")]);
+    for pos in [Position::Rotary, Position::Learned, Position::Alibi] {
+        let mut cfg = config(pos);
+        cfg.train.steps = 4;
+        cfg.train.val_every = 2;
+        cfg.train.lr = 3e-3;
+        let dir = tempfile::tempdir().unwrap();
+        let one = dir.path().join("one");
+        train(&cfg, &data, &one, &RunOptions::default()).unwrap();
+        let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
+        for (dp, sp) in [(1, 2), (2, 2)] {
+            let out = dir.path().join(format!("dp{dp}sp{sp}"));
+            train_threads(&cfg, &data, &out, &RunOptions::default(), dp, sp).unwrap();
+            let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+            assert_eq!(m.len(), reference.len());
+            for (a, b) in m.iter().zip(&reference) {
+                assert!(
+                    (a.loss - b.loss).abs() / b.loss <= 1e-5,
+                    "{pos} {dp}x{sp} step {}: {} vs {}",
+                    a.step,
+                    a.loss,
+                    b.loss
+                );
+                let (va, vb) = (a.val_loss.unwrap_or(0.0), b.val_loss.unwrap_or(0.0));
+                assert!((va - vb).abs() <= 1e-5 * vb.abs().max(1.0));
+            }
+            // Ulysses traffic: 4 exchanges of [b/D, H, s/P, d] per layer = 4·(b/D)·s·h/P.
+            if sp > 1 {
+                let expect = 4 * (4 / dp) * SEQ * 64 / sp;
+                assert_eq!(m[0].sp_sent_per_layer, Some(expect as u64));
+            }
+            // The checkpoint is the same HF directory whatever the layout.
+            let w = |d: &Path| {
+                std::fs::read(d.join("checkpoints/step-4/model.safetensors"))
+                    .unwrap()
+                    .len()
+            };
+            assert_eq!(w(&out), w(&one));
+        }
+    }
+}
