@@ -114,6 +114,9 @@ pub struct TrainConfig {
     pub eps: f64,
     /// Skip a step whose loss or gradient is NaN/Inf instead of stopping.
     pub skip_nonfinite: bool,
+    /// ZeRO stage with data parallelism: 1 shards the Adam moments over the DP group, 0 keeps
+    /// them replicated.
+    pub zero: u8,
 }
 
 impl Default for TrainConfig {
@@ -136,6 +139,7 @@ impl Default for TrainConfig {
             beta2: 0.95,
             eps: 1e-8,
             skip_nonfinite: false,
+            zero: 1,
         }
     }
 }
@@ -178,6 +182,12 @@ impl TrainConfig {
         }
         if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
             return Err("field `weight_decay` must be ≥ 0".into());
+        }
+        if self.zero > 1 {
+            return Err(format!(
+                "field `zero` ({}): stage 0 or 1 is available for training here",
+                self.zero
+            ));
         }
         if self.max_grad_norm.is_nan() || self.max_grad_norm < 0.0 {
             return Err("field `max_grad_norm` must be ≥ 0".into());

@@ -138,8 +138,11 @@ fn several_steps_keep_matching() {
         let one = dir.path().join("one");
         train(&cfg, &data, &one, &RunOptions::default()).unwrap();
         let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
-        for (dp, sp) in [(1, 2), (2, 2)] {
-            let out = dir.path().join(format!("dp{dp}sp{sp}"));
+        // DP layouts run ZeRO-1 (the default); (2, 1, 0) keeps the optimizer replicated.
+        for (dp, sp, zero) in [(1, 2, 1), (2, 1, 1), (2, 2, 1), (2, 1, 0)] {
+            let mut cfg = cfg.clone();
+            cfg.train.zero = zero;
+            let out = dir.path().join(format!("dp{dp}sp{sp}z{zero}"));
             train_threads(&cfg, &data, &out, &RunOptions::default(), dp, sp).unwrap();
             let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
             assert_eq!(m.len(), reference.len());
@@ -166,6 +169,46 @@ fn several_steps_keep_matching() {
                     .len()
             };
             assert_eq!(w(&out), w(&one));
+        }
+    }
+}
+
+#[test]
+fn resume_under_a_different_layout() {
+    let data = DataSource::Fasta(vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("data")]);
+    for pos in [Position::Learned, Position::Rotary] {
+        let mut cfg = config(pos);
+        cfg.train.steps = 4;
+        cfg.train.val_every = 0;
+        cfg.train.lr = 3e-3;
+        let dir = tempfile::tempdir().unwrap();
+        let one = dir.path().join("one");
+        train(&cfg, &data, &one, &RunOptions::default()).unwrap();
+        // Two steps with SP = 2, then two more with DP = 2 (ZeRO-1), then compare.
+        let mixed = dir.path().join("mixed");
+        let first = RunOptions {
+            stop_after: Some(2),
+            ..Default::default()
+        };
+        train_threads(&cfg, &data, &mixed, &first, 1, 2).unwrap();
+        let resume = RunOptions {
+            resume: true,
+            ..Default::default()
+        };
+        train_threads(&cfg, &data, &mixed, &resume, 2, 1).unwrap();
+        let (a, b) = (
+            read_metrics(&mixed.join("metrics.jsonl")).unwrap(),
+            read_metrics(&one.join("metrics.jsonl")).unwrap(),
+        );
+        assert_eq!(a.len(), 4);
+        for (x, y) in a.iter().zip(&b) {
+            assert!(
+                (x.loss - y.loss).abs() / y.loss <= 1e-5,
+                "{pos} step {}: {} vs {}",
+                x.step,
+                x.loss,
+                y.loss
+            );
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod ranks;
 pub mod threads;
 pub mod topology;
 pub mod ulysses;
+pub mod zero;
 
 pub use comm::{Communicator, Solo};
 pub use topology::Topology;

@@ -1,6 +1,7 @@
 //! Training: the loop, AdamW, the lr schedule, checkpoints and metrics (one file each).
 
 pub mod checkpoint;
+pub mod dist_optim;
 pub mod metrics;
 pub mod optim;
 pub mod schedule;

@@ -72,7 +72,7 @@ pub fn local_nll(logits: Tensor<3>, lb: &LocalBatch) -> Tensor<1> {
 }
 
 /// Sums `grads[i]` for `idx` over `comm` (one flat host buffer per call).
-fn all_reduce_params(
+pub fn reduce_params(
     grads: &mut [Tensor<1>],
     idx: &[usize],
     comm: &dyn Communicator,
@@ -116,8 +116,8 @@ pub fn param_groups(model: &GenSlm) -> (Vec<usize>, Vec<usize>) {
 /// over the DP group.
 pub fn reduce_gradients(grads: &mut [Tensor<1>], model: &GenSlm, ranks: &Ranks) -> Result<()> {
     let (replicated, sharded) = param_groups(model);
-    all_reduce_params(grads, &replicated, ranks.world.as_ref())?;
-    all_reduce_params(grads, &sharded, ranks.dp.as_ref())
+    reduce_params(grads, &replicated, ranks.world.as_ref())?;
+    reduce_params(grads, &sharded, ranks.dp.as_ref())
 }
 
 /// Global gradient norm with every element counted once: replicated gradients are identical

@@ -23,12 +23,11 @@ use crate::parallel::ranks::{abort_all, thread_ranks, Ranks};
 use crate::parallel::Topology;
 use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
+use crate::train::dist_optim::DistOptim;
 use crate::train::metrics::{peak_rss_mib, train_flops_per_sequence, MetricsLog, StepMetrics};
-use crate::train::optim::{clip_factor, AdamW, AdamWConfig};
+use crate::train::optim::AdamWConfig;
 use crate::train::schedule::lr_at;
-use crate::train::shard::{
-    gather_shard, global_grad_norm, local_batch, local_nll, reduce_gradients, shard_model,
-};
+use crate::train::shard::{gather_shard, local_batch, local_nll, reduce_gradients, shard_model};
 
 /// Where training data comes from.
 #[derive(Debug, Clone)]
@@ -187,10 +186,11 @@ pub fn train_rank(
         }
         let mut opt = l.opt;
         let model = shard_model(l.model, Some((&mut opt.m, &mut opt.v)), ranks)?;
+        let opt = DistOptim::new(opt, &model, ranks, t.zero == 1);
         (model, opt, l.state)
     } else {
         let model = shard_model(GenSlm::init(cfg.model.clone(), t.seed, &ad)?, None, ranks)?;
-        let opt = AdamW::new(adamw, &model.params);
+        let opt = DistOptim::fresh(adamw, &model, ranks, t.zero == 1);
         let state = TrainerState {
             step: 0,
             optimizer_step: 0,
@@ -239,30 +239,25 @@ pub fn train_rank(
             .sp
             .as_ref()
             .map_or(0, |g| g.sent_forward.load(Ordering::Relaxed));
-        let (loss, grads) = step_loss_and_grads(&model, &batches, ranks)?;
+        let (local_loss, grads) = loss_and_grads(&model, &batches, total_targets, ranks)?;
         let sent_per_layer = model.sp.as_ref().map(|g| {
             let sent = g.sent_forward.load(Ordering::Relaxed) - sent_before;
             sent / (cfg.model.num_layers * batches.len()) as u64
         });
-        let norm = global_grad_norm(&grads, &model, ranks)?;
+        let loss = all_reduce_scalar(local_loss, ranks)?;
+        let out = opt.step(
+            &mut model,
+            grads,
+            lr,
+            t.max_grad_norm,
+            loss.is_finite(),
+            ranks,
+        )?;
+        let (norm, finite) = (out.grad_norm, out.applied);
         state.step += 1;
         state.loader_cursor = loader.cursor;
-        let finite = loss.is_finite() && norm.is_finite();
-        if finite {
-            let k = clip_factor(norm, t.max_grad_norm);
-            let grads: Vec<Tensor<1>> = grads.into_iter().map(|g| g * k).collect();
-            let params: Vec<Tensor<1>> = model
-                .params
-                .iter()
-                .map(|p| p.clone().without_autodiff())
-                .collect();
-            let new = opt.update(params, grads, &model.layout.specs, lr);
-            model.params = new
-                .into_iter()
-                .map(|p| p.autodiff().require_grad())
-                .collect();
-            state.optimizer_step = opt.step;
-        } else if !t.skip_nonfinite {
+        state.optimizer_step = opt.step_count();
+        if !finite && !t.skip_nonfinite {
             return Err(Error::Invalid(format!(
                 "step {}: loss {loss} / gradient norm {norm} is not finite; lower --lr, check the \
                  data, or pass --skip-nonfinite to skip such steps (resume from the last \
@@ -337,12 +332,17 @@ pub fn step_loss_and_grads(
     let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
     let (loss, mut grads) = loss_and_grads(model, batches, total_targets, ranks)?;
     reduce_gradients(&mut grads, model, ranks)?;
+    Ok((all_reduce_scalar(loss, ranks)?, grads))
+}
+
+/// Sum of a scalar over all ranks (the value itself on one rank, kept in f64).
+fn all_reduce_scalar(x: f64, ranks: &Ranks) -> Result<f64> {
     if ranks.topo.world == 1 {
-        return Ok((loss, grads));
+        return Ok(x);
     }
-    let mut buf = [loss as f32];
+    let mut buf = [x as f32];
     ranks.world.all_reduce_sum(&mut buf)?;
-    Ok((buf[0] as f64, grads))
+    Ok(buf[0] as f64)
 }
 
 /// This rank's share of the step's loss (its positions' terms over the global target count)
@@ -381,23 +381,21 @@ fn loss_and_grads(
     ))
 }
 
-/// Writes a checkpoint from rank 0 after gathering the learned-position shards (every rank
-/// takes part in the gather); returns its directory on rank 0.
+/// Writes a checkpoint from rank 0 after gathering the learned-position shards and (ZeRO)
+/// the optimizer moments (every rank takes part); returns its directory on rank 0.
 fn checkpoint(
     run: &Path,
     cfg: &Config,
     model: &GenSlm,
-    opt: &AdamW,
+    opt: &DistOptim,
     state: &TrainerState,
     ranks: &Ranks,
 ) -> Result<Option<PathBuf>> {
-    let (mut full, mut full_opt) = (model.clone(), opt.clone());
+    let full_opt = opt.full_state(model, ranks)?;
+    let mut full = model.clone();
     if let (Some(pos), Some(_)) = (model.layout.embed_pos, &model.sp) {
         full.params[pos] = gather_shard(&model.params[pos], ranks)?;
-        full_opt.m[pos] = gather_shard(&opt.m[pos], ranks)?;
-        full_opt.v[pos] = gather_shard(&opt.v[pos], ranks)?;
-        let s = &mut full.layout.specs[pos].shape;
-        s[0] *= ranks.topo.sp;
+        full.layout.specs[pos].shape[0] *= ranks.topo.sp;
         full.sp = None;
     }
     let dir = if ranks.is_root() {
