@@ -4,6 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "== system packages for the MPI build (OpenMPI, libclang for bindgen)"
+if ! command -v mpirun >/dev/null || ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q \
+    openmpi-bin libopenmpi-dev libclang-dev clang
+fi
+
 echo "== python reference tools (pyarrow, pandas, tokenizers, torch, transformers)"
 PY_OK=1
 if ! python3 -c "import pyarrow, pandas" 2>/dev/null || ! (cd /tmp && python3 -c "import tokenizers.models") 2>/dev/null; then
@@ -48,5 +55,23 @@ if [ "$HF_OK" = 1 ]; then
 else
   echo "pip unavailable: skipped the transformers round trip" >&2
 fi
+
+echo "== embed the bundled genomes: parquet checked with pyarrow, PCA plot, UMAP notebook (headless)"
+cargo run --locked --quiet -- embed --model "$TMP/run" --fasta data/ --out "$TMP/emb.parquet" \
+  --plot "$TMP/latent.png" --quiet
+test -s "$TMP/latent.png"
+if [ "$PY_OK" = 1 ]; then
+  python3 scripts/check_embeddings.py "$TMP/emb.parquet" 29 64
+else
+  echo "pip unavailable: skipped the pyarrow check of the embeddings" >&2
+fi
+./scripts/run_notebook.sh "$TMP/emb.parquet" "$TMP/notebook"
+
+echo "== NCCL communicator compiles (cudarc; no GPU here, so it is not run)"
+cargo check --locked --features nccl
+
+echo "== sequence/data parallelism under mpirun -np 2 and -np 4 match one process; fault test"
+cargo build --locked --features mpi
+./scripts/check_mpi.sh "${CARGO_TARGET_DIR:-target}/debug/genslm"
 
 echo "== all tests passed"

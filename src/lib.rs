@@ -12,6 +12,8 @@ pub mod infer;
 pub mod info;
 pub mod model;
 pub mod parallel;
+pub mod pca;
+pub mod plot;
 pub mod rng;
 pub mod tokenizer;
 pub mod train;

@@ -80,11 +80,170 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Embed records: one vector per record (mean of a layer's hidden states) into parquet.
+    Embed(Box<EmbedArgs>),
+    /// Plot an embeddings file: 2-D PCA scatter (PNG) coloured by a column.
+    Plot {
+        /// Embeddings parquet written by `genslm embed`.
+        #[arg(long)]
+        embeddings: PathBuf,
+        /// Output PNG (written atomically).
+        #[arg(long)]
+        out: PathBuf,
+        /// Column that colours the points (numeric: colour bar; text: legend).
+        #[arg(long, default_value = "gc_content")]
+        color: String,
+        /// Plot title (default: file, records and layer).
+        #[arg(long)]
+        title: Option<String>,
+    },
+    /// Generate DNA with a model (FASTA, one record per sample, settings in the header).
+    Generate(Box<GenerateArgs>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
         which: BenchCmd,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum PoolArg {
+    Mean,
+    Last,
+}
+
+/// `genslm embed`.
+#[derive(clap::Args)]
+struct EmbedArgs {
+    /// Model directory (config.json + model.safetensors), or a run directory (its latest checkpoint).
+    #[arg(long)]
+    model: PathBuf,
+    /// FASTA files or directories.
+    #[arg(long, num_args = 1.., conflicts_with = "data", required_unless_present = "data")]
+    fasta: Vec<PathBuf>,
+    /// A dataset written by `genslm tokenize`.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Output parquet (written atomically).
+    #[arg(long)]
+    out: PathBuf,
+    /// Hidden state: 0 = embeddings, i = output of layer i, -1 = after the final LayerNorm.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    layer: i64,
+    /// Pooling over a record's tokens.
+    #[arg(long, value_enum, default_value = "mean")]
+    pool: PoolArg,
+    /// Window in codons (default: the training window, else max_position_embeddings; whole records for ALiBi).
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Windows per forward pass.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Also draw the PCA plot (coloured by GC content) to this PNG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// `genslm generate`.
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// Model directory (config.json + model.safetensors), or a run directory (its latest checkpoint).
+    #[arg(long)]
+    model: PathBuf,
+    /// DNA to start from (A/C/G/T, a multiple of 3 bases).
+    #[arg(long, default_value = "ATG")]
+    prompt: String,
+    /// Samples to draw.
+    #[arg(long, default_value_t = 1)]
+    num: usize,
+    /// Codons per sample, prompt included.
+    #[arg(long, default_value_t = 1024)]
+    max_codons: usize,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 50)]
+    top_k: usize,
+    /// Keep the most likely tokens up to this probability mass (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f64,
+    /// Logit temperature (0 = greedy).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Random seed (sample i uses stream i of it).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// End a sample at its first stop codon (TAA, TAG, TGA; kept).
+    #[arg(long)]
+    stop_at_stop_codon: bool,
+    /// Samples decoded together.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Output FASTA (written atomically; default: stdout).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
+    use genslm::infer::embed::{embed_to_parquet, EmbedInput, EmbedOptions, Pool};
+    let input = match a.data {
+        Some(p) => EmbedInput::Parquet(p),
+        None => EmbedInput::Fasta(a.fasta),
+    };
+    let opts = EmbedOptions {
+        layer: a.layer,
+        pool: match a.pool {
+            PoolArg::Mean => Pool::Mean,
+            PoolArg::Last => Pool::Last,
+        },
+        seq_len: a.seq_len,
+        batch_size: a.batch_size,
+        progress: !quiet,
+    };
+    let s = embed_to_parquet(&a.model, &input, &a.out, &opts)?;
+    if !quiet {
+        eprintln!(
+            "embedded {} records ({} tokens, layer {}, dim {}, window {}) in {:.1} s: {}",
+            s.records,
+            s.tokens,
+            s.layer,
+            s.dim,
+            s.window.map_or("whole records".into(), |w| w.to_string()),
+            s.elapsed.as_secs_f64(),
+            a.out.display()
+        );
+    }
+    if let Some(png) = a.plot {
+        let p = genslm::plot::plot_embeddings(&a.out, &png, &Default::default())?;
+        if !quiet {
+            eprintln!("plotted {} points: {}", p.points, png.display());
+        }
+    }
+    Ok(())
+}
+
+fn run_generate(a: GenerateArgs, quiet: bool) -> anyhow::Result<()> {
+    use genslm::infer::generate::{generate_fasta, GenerateOptions};
+    let opts = GenerateOptions {
+        prompt: a.prompt,
+        num: a.num,
+        max_codons: a.max_codons,
+        sampling: genslm::infer::sample::SamplingParams {
+            top_k: a.top_k,
+            top_p: a.top_p,
+            temperature: a.temperature,
+        },
+        seed: a.seed,
+        stop_at_stop_codon: a.stop_at_stop_codon,
+        batch_size: a.batch_size,
+        use_cache: true,
+        progress: !quiet,
+    };
+    let n = generate_fasta(&a.model, &opts, a.out.as_deref(), quiet)?;
+    if !quiet {
+        if let Some(out) = &a.out {
+            eprintln!("wrote {n} sequences to {}", out.display());
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -157,12 +316,54 @@ struct TrainArgs {
     attention: Option<AttentionArg>,
 }
 
+/// One rank per process under mpirun/srun: SP from --sp, DP = processes / SP.
+#[cfg(feature = "mpi")]
+fn train_launched(
+    cfg: &genslm::config::Config,
+    data: &DataSource,
+    out: &std::path::Path,
+    opts: &RunOptions,
+    n: usize,
+    sp: usize,
+    dp: usize,
+) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
+    if dp != 1 && dp * sp != n {
+        anyhow::bail!("--dp {dp} × --sp {sp} ≠ the {n} processes mpirun started");
+    }
+    let universe = genslm::parallel::mpi::init()?;
+    let ranks = genslm::parallel::mpi::mpi_ranks(&universe, sp)?;
+    Ok(genslm::train::trainer::train_with_ranks(
+        cfg, data, out, opts, &ranks,
+    )?)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn train_launched(
+    _cfg: &genslm::config::Config,
+    _data: &DataSource,
+    _out: &std::path::Path,
+    _opts: &RunOptions,
+    n: usize,
+    _sp: usize,
+    _dp: usize,
+) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
+    anyhow::bail!(
+        "started by an MPI launcher with {n} processes, but this build has no MPI support \
+         (rebuild with --features mpi), or run one process with --sp/--dp (ranks as threads)"
+    )
+}
+
 /// World size announced by mpirun/srun, when started by one with more than one process.
 fn launcher_world_size() -> Option<usize> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"]
-        .iter()
-        .filter_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
-        .find(|&n| n > 1)
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_SIZE",
+        "SLURM_NTASKS",
+    ]
+    .iter()
+    .filter_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+    .find(|&n| n > 1)
 }
 
 fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
@@ -207,13 +408,10 @@ fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         stop_after: a.stop_after,
         progress: !quiet,
     };
-    if let Some(n) = launcher_world_size() {
-        anyhow::bail!(
-            "started by an MPI launcher with {n} processes, but this build has no MPI support; \
-             run one process with --sp/--dp (ranks as threads) instead"
-        );
-    }
-    let s = train_threads(&cfg, &data, &a.out, &opts, a.dp, a.sp)?;
+    let s = match launcher_world_size() {
+        Some(n) => train_launched(&cfg, &data, &a.out, &opts, n, a.sp, a.dp)?,
+        None => train_threads(&cfg, &data, &a.out, &opts, a.dp, a.sp)?,
+    };
     if !quiet {
         eprintln!(
             "trained {} steps: loss {:.4}{}, peak memory {:.0} MiB",
@@ -274,6 +472,33 @@ enum BenchCmd {
         #[arg(long, value_enum)]
         attention: AttentionArg,
     },
+    /// Embedding throughput (sequences/s) on random sequences with a fresh model.
+    Embed {
+        #[arg(long, default_value = "configs/genslm-25m.toml")]
+        config: PathBuf,
+        /// Codons per sequence.
+        #[arg(long, default_value_t = 2048)]
+        seq_len: usize,
+        /// Sequences to embed.
+        #[arg(long, default_value_t = 8)]
+        sequences: usize,
+        #[arg(long, default_value_t = 1)]
+        batch_size: usize,
+    },
+    /// Generation throughput (codons/s) with and without the KV cache.
+    Generate {
+        #[arg(long, default_value = "configs/genslm-25m.toml")]
+        config: PathBuf,
+        /// Codons to draw per sample.
+        #[arg(long, default_value_t = 256)]
+        codons: usize,
+        /// Samples decoded together.
+        #[arg(long, default_value_t = 1)]
+        samples: usize,
+        /// Skip the run without the cache (it is O(s²) per codon).
+        #[arg(long)]
+        cache_only: bool,
+    },
     /// FASTA → parquet throughput (MB/s) on synthetic plain and gzip FASTA.
     Ingest {
         /// Megabytes of FASTA to generate.
@@ -331,6 +556,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let cfg = genslm::config::Config::load(&config)?;
             print!("{}", genslm::info::report(&cfg.model));
         }
+        Command::Embed(args) => run_embed(*args, cli.quiet)?,
+        Command::Plot {
+            embeddings,
+            out,
+            color,
+            title,
+        } => {
+            let opts = genslm::plot::PlotOptions {
+                color,
+                title,
+                ..Default::default()
+            };
+            let p = genslm::plot::plot_embeddings(&embeddings, &out, &opts)?;
+            if !cli.quiet {
+                eprintln!(
+                    "plotted {} points (PC1 {:.1}%, PC2 {:.1}% of variance): {}",
+                    p.points,
+                    100.0 * p.ratios[0],
+                    100.0 * p.ratios[1],
+                    out.display()
+                );
+            }
+        }
+        Command::Generate(args) => run_generate(*args, cli.quiet)?,
         Command::Bench { which } => match which {
             BenchCmd::Step {
                 config,
@@ -380,6 +629,50 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                             v[1]
                         );
                     }
+                }
+            }
+            BenchCmd::Embed {
+                config,
+                seq_len,
+                sequences,
+                batch_size,
+            } => {
+                let cfg = genslm::config::Config::load(&config)?.model;
+                let b = genslm::infer::bench::embed(&cfg, seq_len, sequences, batch_size)?;
+                println!("model  seq_len  sequences  batch  seconds  sequences/s  tokens/s");
+                println!(
+                    "{}  {}  {}  {}  {:.2}  {:.3}  {:.0}",
+                    cfg.name,
+                    b.seq_len,
+                    b.sequences,
+                    b.batch_size,
+                    b.seconds,
+                    b.sequences_per_s(),
+                    b.tokens_per_s()
+                );
+            }
+            BenchCmd::Generate {
+                config,
+                codons,
+                samples,
+                cache_only,
+            } => {
+                let cfg = genslm::config::Config::load(&config)?.model;
+                println!("model  kv_cache  samples  codons  seconds  codons/s");
+                for use_cache in [true, false] {
+                    if !use_cache && cache_only {
+                        continue;
+                    }
+                    let b = genslm::infer::bench::generation(&cfg, codons, samples, use_cache)?;
+                    println!(
+                        "{}  {}  {}  {}  {:.2}  {:.1}",
+                        cfg.name,
+                        if use_cache { "yes" } else { "no" },
+                        b.samples,
+                        b.codons,
+                        b.seconds,
+                        b.codons_per_s()
+                    );
                 }
             }
             BenchCmd::Ingest { mb, dir } => {

@@ -386,3 +386,41 @@ fn sigkill_mid_run_then_resume_matches_uninterrupted() {
     train(&killed, &resume);
     assert_eq!(losses(&killed), losses(&full));
 }
+
+#[test]
+fn a_failing_rank_stops_the_others_quickly() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("fault");
+    let start = std::time::Instant::now();
+    let o = common::bin()
+        .args([
+            "train",
+            "--fasta",
+            &data(),
+            "--config",
+            &tiny(),
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "4",
+            "--steps",
+            "5",
+            "--sp",
+            "2",
+            "--dp",
+            "2",
+        ])
+        .env("GENSLM_FAULT_RANK", "3:2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("rank 3") && err.contains("injected fault"),
+        "{err}"
+    );
+    assert!(start.elapsed().as_secs() < 60);
+}

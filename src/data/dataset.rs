@@ -206,26 +206,62 @@ impl DatasetWriter {
 
 /// Reads every row of a dataset (used by training and tests).
 pub fn read_dataset(path: &Path) -> Result<(VocabKind, Vec<TokenizedRecord>)> {
-    let derr = |msg: String| Error::Dataset {
-        path: path.to_path_buf(),
-        msg,
-    };
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| derr(format!("not a readable parquet file: {e}")))?;
-    let vocab = builder
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|kv| kv.iter().find(|k| k.key == VOCAB_KEY))
-        .and_then(|k| k.value.clone())
-        .map(|v| v.parse::<VocabKind>())
-        .transpose()?
-        .unwrap_or_default();
-    let reader = builder.build().map_err(|e| derr(e.to_string()))?;
-    let mut out = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|e| derr(e.to_string()))?;
+    let reader = DatasetReader::open(path, 1024)?;
+    let vocab = reader.vocab;
+    let rows = reader.collect::<Result<Vec<_>>>()?;
+    Ok((vocab, rows))
+}
+
+/// Streams the rows of a dataset, `batch_rows` at a time, so memory stays flat however large
+/// the file is.
+pub struct DatasetReader {
+    pub vocab: VocabKind,
+    /// Rows in the file (from its footer).
+    pub num_rows: u64,
+    path: PathBuf,
+    reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
+    pending: std::collections::VecDeque<TokenizedRecord>,
+    done_rows: usize,
+}
+
+impl DatasetReader {
+    pub fn open(path: &Path, batch_rows: usize) -> Result<Self> {
+        let derr = |msg: String| Error::Dataset {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+            .map_err(|e| derr(format!("not a readable parquet file: {e}")))?;
+        let vocab = builder
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .and_then(|kv| kv.iter().find(|k| k.key == VOCAB_KEY))
+            .and_then(|k| k.value.clone())
+            .map(|v| v.parse::<VocabKind>())
+            .transpose()?
+            .unwrap_or_default();
+        let num_rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
+        let reader = builder
+            .with_batch_size(batch_rows.max(1))
+            .build()
+            .map_err(|e| derr(e.to_string()))?;
+        Ok(Self {
+            vocab,
+            num_rows,
+            path: path.to_path_buf(),
+            reader,
+            pending: Default::default(),
+            done_rows: 0,
+        })
+    }
+
+    fn fill(&mut self, batch: &RecordBatch) -> Result<()> {
+        let derr = |msg: String| Error::Dataset {
+            path: self.path.clone(),
+            msg,
+        };
         let col = |name: &str| {
             batch
                 .column_by_name(name)
@@ -276,11 +312,12 @@ pub fn read_dataset(path: &Path) -> Result<(VocabKind, Vec<TokenizedRecord>)> {
                 .ok_or_else(|| bad("tokens"))?;
             let mut ids = Vec::with_capacity(t.len());
             for &v in t.values().iter() {
-                let v = u32::try_from(v)
-                    .map_err(|_| derr(format!("row {}: negative token id {v}", out.len())))?;
+                let v = u32::try_from(v).map_err(|_| {
+                    derr(format!("row {}: negative token id {v}", self.done_rows + i))
+                })?;
                 ids.push(v);
             }
-            out.push(TokenizedRecord {
+            self.pending.push_back(TokenizedRecord {
                 id: id.value(i).to_string(),
                 description: description.value(i).to_string(),
                 source: source.value(i).to_string(),
@@ -290,6 +327,30 @@ pub fn read_dataset(path: &Path) -> Result<(VocabKind, Vec<TokenizedRecord>)> {
                 tokens: ids,
             });
         }
+        self.done_rows += batch.num_rows();
+        Ok(())
     }
-    Ok((vocab, out))
+}
+
+impl Iterator for DatasetReader {
+    type Item = Result<TokenizedRecord>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.pending.is_empty() {
+            match self.reader.next()? {
+                Ok(batch) => {
+                    if let Err(e) = self.fill(&batch) {
+                        return Some(Err(e));
+                    }
+                }
+                Err(e) => {
+                    return Some(Err(Error::Dataset {
+                        path: self.path.clone(),
+                        msg: e.to_string(),
+                    }))
+                }
+            }
+        }
+        self.pending.pop_front().map(Ok)
+    }
 }

@@ -1,3 +1,8 @@
-//! Inference: scoring (perplexity) now; embeddings and generation join later.
+//! Inference: scoring (perplexity), embeddings (parquet), generation (FASTA).
 
+pub mod bench;
+pub mod embed;
+pub mod embed_io;
+pub mod generate;
+pub mod sample;
 pub mod score;

@@ -2,6 +2,7 @@
 //! compatible checkpoints.
 
 pub mod attention;
+pub mod cache;
 pub mod flash;
 pub mod flash_backward;
 pub mod hf;

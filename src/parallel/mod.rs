@@ -2,6 +2,10 @@
 //! implementations, Ulysses sequence parallelism, and sharded optimizer state.
 
 pub mod comm;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod ranks;
 pub mod threads;
 pub mod topology;

@@ -23,6 +23,9 @@ pub struct Segment {
     pub len: usize,
 }
 
+/// One parameter's full Adam moments: `(index, m, v)`.
+pub type GatheredMoments = (usize, Vec<f32>, Vec<f32>);
+
 /// This DP rank's chunk of the replicated parameters and its AdamW state.
 #[derive(Debug, Clone)]
 pub struct ZeroShard {
@@ -147,8 +150,9 @@ impl ZeroShard {
         Ok(())
     }
 
-    /// Full moments of the replicated parameters (every DP rank takes part; for checkpoints).
-    pub fn gather_moments(&self, ranks: &Ranks) -> Result<Vec<(usize, Vec<f32>, Vec<f32>)>> {
+    /// Full moments `(param, m, v)` of the replicated parameters (every DP rank takes part;
+    /// for checkpoints).
+    pub fn gather_moments(&self, ranks: &Ranks) -> Result<Vec<GatheredMoments>> {
         let m: Vec<f32> = self.opt.m.iter().flat_map(tensor_to_vec).collect();
         let v: Vec<f32> = self.opt.v.iter().flat_map(tensor_to_vec).collect();
         let (m, v) = (
@@ -183,8 +187,8 @@ mod tests {
                     .take_while(|(p, _)| **p != s.param)
                     .map(|(_, n)| n)
                     .sum();
-                for k in base + s.start..base + s.start + s.len {
-                    covered[k] += 1;
+                for c in &mut covered[base + s.start..base + s.start + s.len] {
+                    *c += 1;
                 }
             }
             from += c;

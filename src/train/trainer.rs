@@ -109,6 +109,55 @@ pub fn train_threads(
     first_error_or_root(results)
 }
 
+/// The run with ranks given by a launcher (one rank per process, e.g. MPI): rank 0 prepares
+/// the run directory and the dataset, the others read them after a barrier.
+pub fn train_with_ranks(
+    cfg: &Config,
+    data: &DataSource,
+    run: &Path,
+    opts: &RunOptions,
+    ranks: &Ranks,
+) -> Result<TrainSummary> {
+    run_rank_guarded(ranks, || {
+        ranks
+            .topo
+            .validate(cfg.model.num_heads, cfg.train.seq_len, cfg.train.batch_size)?;
+        let corpus = if ranks.is_root() {
+            let c = prepare_run(cfg, data, run);
+            ranks.world.barrier()?;
+            c?
+        } else {
+            ranks.world.barrier()?;
+            let data = match data {
+                DataSource::Fasta(_) => DataSource::Parquet(run.join("data.parquet")),
+                other => other.clone(),
+            };
+            load_corpus(cfg, &data, run)?
+        };
+        let opts = RunOptions {
+            progress: opts.progress && ranks.is_root(),
+            ..opts.clone()
+        };
+        train_rank(cfg, &corpus, run, &opts, ranks)
+    })
+}
+
+/// Test hook: `GENSLM_FAULT_RANK=R:S` makes rank R fail when it starts step S (fault tests).
+fn injected_fault(rank: usize, step: u64) -> Result<()> {
+    let Ok(spec) = std::env::var("GENSLM_FAULT_RANK") else {
+        return Ok(());
+    };
+    let mut it = spec.split(':').map(|x| x.parse::<u64>().ok());
+    if let (Some(Some(r)), Some(Some(s))) = (it.next(), it.next()) {
+        if r == rank as u64 && s == step {
+            return Err(Error::Invalid(format!(
+                "rank {rank}: injected fault at step {step} (GENSLM_FAULT_RANK)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// How long a rank waits for the others before declaring them dead.
 pub const RANK_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -223,6 +272,7 @@ pub fn train_rank(
         last_checkpoint: None,
     };
     while state.step < t.steps {
+        injected_fault(ranks.topo.rank, state.step + 1)?;
         let step_start = Instant::now();
         let lr = lr_at(
             state.step as usize,

@@ -44,3 +44,43 @@ pub fn listing(dir: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// A path as a command-line argument.
+pub fn arg(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// A tiny model trained briefly (30 steps) on the bundled genomes, once per test process, in
+/// the target's scratch directory.
+pub fn trained_tiny() -> &'static Path {
+    static RUN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("trained_tiny_{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("run");
+        let (ok, _, err) = run(&[
+            "train",
+            "--fasta",
+            &arg(&repo().join("data")),
+            "--config",
+            &arg(&repo().join("configs/tiny.toml")),
+            "--out",
+            &arg(&out),
+            "--quiet",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "4",
+            "--steps",
+            "30",
+            "--lr",
+            "5e-3",
+            "--warmup",
+            "3",
+        ]);
+        assert!(ok, "train failed: {err}");
+        out
+    })
+}

@@ -1,0 +1,115 @@
+//! `genslm bench embed` and `genslm bench generate`: inference throughput on a freshly
+//! initialised model of a given config (speed does not depend on the weights' values).
+
+use std::time::Instant;
+
+use burn::tensor::Device;
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::infer::embed::{embed_tokens, Pool};
+use crate::infer::generate::{generate, GenerateOptions};
+use crate::infer::sample::SamplingParams;
+use crate::model::GenSlm;
+use crate::rng::SplitMix64;
+
+/// Embedding throughput.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedBench {
+    pub sequences: usize,
+    pub seq_len: usize,
+    pub batch_size: usize,
+    pub seconds: f64,
+}
+
+impl EmbedBench {
+    pub fn sequences_per_s(&self) -> f64 {
+        self.sequences as f64 / self.seconds
+    }
+    pub fn tokens_per_s(&self) -> f64 {
+        (self.sequences * self.seq_len) as f64 / self.seconds
+    }
+}
+
+/// Embeds `sequences` random sequences of `seq_len` codons (mean pooling after the final
+/// LayerNorm, `batch_size` per forward pass), after one warm-up batch.
+pub fn embed(
+    cfg: &ModelConfig,
+    seq_len: usize,
+    sequences: usize,
+    batch_size: usize,
+) -> Result<EmbedBench> {
+    let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
+    let mut rng = SplitMix64::new(1);
+    let recs: Vec<Vec<u32>> = (0..sequences)
+        .map(|_| (0..seq_len).map(|_| 5 + rng.below(64) as u32).collect())
+        .collect();
+    let refs: Vec<&[u32]> = recs.iter().map(Vec::as_slice).collect();
+    let layer = cfg.num_layers;
+    embed_tokens(
+        &model,
+        &refs[..batch_size.min(sequences)],
+        layer,
+        Pool::Mean,
+        Some(seq_len),
+        batch_size,
+    )?;
+    let start = Instant::now();
+    embed_tokens(&model, &refs, layer, Pool::Mean, Some(seq_len), batch_size)?;
+    Ok(EmbedBench {
+        sequences,
+        seq_len,
+        batch_size,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Generation throughput with or without the KV cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateBench {
+    pub use_cache: bool,
+    pub samples: usize,
+    /// Codons drawn (prompt excluded).
+    pub codons: usize,
+    pub seconds: f64,
+}
+
+impl GenerateBench {
+    pub fn codons_per_s(&self) -> f64 {
+        self.codons as f64 / self.seconds
+    }
+}
+
+/// Draws `samples` sequences of `new_codons` codons after a one-codon prompt (ATG), in one
+/// batch, with GenSLM's sampling settings.
+pub fn generation(
+    cfg: &ModelConfig,
+    new_codons: usize,
+    samples: usize,
+    use_cache: bool,
+) -> Result<GenerateBench> {
+    let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
+    let opts = GenerateOptions {
+        prompt: "ATG".into(),
+        num: samples,
+        max_codons: 1 + new_codons,
+        sampling: SamplingParams::default(),
+        seed: 0,
+        stop_at_stop_codon: false,
+        batch_size: samples,
+        use_cache,
+        progress: false,
+    };
+    let start = Instant::now();
+    let mut codons = 0;
+    generate(&model, &opts, &mut |g| {
+        codons += g.dna.len() / 3 - 1;
+        Ok(())
+    })?;
+    Ok(GenerateBench {
+        use_cache,
+        samples,
+        codons,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}

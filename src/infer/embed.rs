@@ -1,0 +1,425 @@
+//! `genslm embed`: one vector per record from a layer's hidden states.
+//!
+//! - **Layer**: Hugging Face's `hidden_states` numbering: 0 = the token embeddings, `i` = the
+//!   output of layer `i`, `num_layers` (or −1, the default, as GenSLM does) = after the final
+//!   LayerNorm. Negative values count from the end (−2 = the output of the last layer but one).
+//! - **Pooling**: `mean` averages the hidden states of the record's real tokens (padding is
+//!   excluded); `last` takes the state of its last token.
+//! - **Long records**: a record longer than the window (`--seq-len`; default the window the
+//!   model was trained with when its directory is a genslm checkpoint with `genslm.toml`, else
+//!   its `max_position_embeddings`) is cut into consecutive windows, each run on its own from
+//!   position 0 like in training; the record's mean is the token-count-weighted average of the
+//!   windows' means, i.e. the mean over all of its tokens. `last` uses the last window. ALiBi
+//!   models take whole records in one window unless `--seq-len` is given.
+//!
+//! Records stream through in small groups (their windows sorted by length into padded batches),
+//! and rows stream into the parquet file, so memory does not grow with the number of records.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use burn::tensor::{Tensor, TensorData};
+use md5::{Digest, Md5};
+
+use crate::config::Position;
+use crate::data::dataset::DatasetReader;
+use crate::data::fasta::{self, OnInvalid};
+use crate::data::ingest::hex;
+use crate::error::{Error, Result};
+use crate::infer::embed_io::{EmbeddingRow, EmbeddingWriter};
+use crate::model::io::load_model_dir;
+use crate::model::neox::{tensor_to_vec, tokens_tensor, ForwardOptions};
+use crate::model::GenSlm;
+use crate::tokenizer::CodonTokenizer;
+
+/// How a record's token states become one vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pool {
+    /// Mean over the record's tokens.
+    #[default]
+    Mean,
+    /// The last token's state.
+    Last,
+}
+
+impl Pool {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pool::Mean => "mean",
+            Pool::Last => "last",
+        }
+    }
+}
+
+/// Settings of one `embed` run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedOptions {
+    /// Hidden-state index; negative counts from the end (−1 = after the final LayerNorm).
+    pub layer: i64,
+    pub pool: Pool,
+    /// Window in tokens (None: the training window or `max_position_embeddings`; whole records
+    /// for ALiBi).
+    pub seq_len: Option<usize>,
+    /// Windows per forward pass.
+    pub batch_size: usize,
+    pub progress: bool,
+}
+
+impl Default for EmbedOptions {
+    fn default() -> Self {
+        Self {
+            layer: -1,
+            pool: Pool::Mean,
+            seq_len: None,
+            batch_size: 8,
+            progress: false,
+        }
+    }
+}
+
+/// Where the records come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EmbedInput {
+    Fasta(Vec<PathBuf>),
+    /// A dataset written by `genslm tokenize`.
+    Parquet(PathBuf),
+}
+
+/// What an embed run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedSummary {
+    pub records: u64,
+    pub tokens: u64,
+    pub dim: usize,
+    pub layer: usize,
+    pub window: Option<usize>,
+    pub elapsed: Duration,
+}
+
+/// Resolves `--layer` to a hidden-state index in `0..=num_layers`.
+pub fn resolve_layer(layer: i64, num_layers: usize) -> Result<usize> {
+    let n = num_layers as i64;
+    let idx = if layer < 0 { n + 1 + layer } else { layer };
+    if !(0..=n).contains(&idx) {
+        return Err(Error::Invalid(format!(
+            "--layer {layer}: this model has {num_layers} layers, so the layer is 0 (embeddings) \
+             to {num_layers} (after the final LayerNorm), or -1 to -{}",
+            n + 1
+        )));
+    }
+    Ok(idx as usize)
+}
+
+/// The window length for `model` (None = whole records). `trained` is the window the model
+/// was trained with, when known: the default for rotary and learned positions.
+pub fn resolve_window(
+    model: &GenSlm,
+    seq_len: Option<usize>,
+    trained: Option<usize>,
+) -> Result<Option<usize>> {
+    let max = model.cfg.max_position_embeddings;
+    match seq_len {
+        Some(0) => Err(Error::Invalid("--seq-len 0: must be at least 1".into())),
+        Some(s) if s > max && model.cfg.position == Position::Learned => {
+            Err(Error::Invalid(format!(
+                "--seq-len {s}: this model uses learned positions and knows only {max} of them \
+                 (ALiBi models can take longer windows)"
+            )))
+        }
+        Some(s) => Ok(Some(s)),
+        None if model.cfg.position == Position::Alibi => Ok(None),
+        None => Ok(Some(trained.filter(|&t| t > 0).unwrap_or(max).min(max))),
+    }
+}
+
+/// The training window recorded beside a genslm checkpoint (`genslm.toml`), if any.
+pub fn trained_window(model_dir: &Path) -> Option<usize> {
+    let dir = crate::model::io::resolve_model_dir(model_dir).ok()?;
+    let file = dir.join(crate::train::checkpoint::GENSLM_CONFIG_FILE);
+    crate::config::Config::load(&file)
+        .ok()
+        .map(|c| c.train.seq_len)
+}
+
+/// Embeds token sequences: one vector of the hidden size per record (see the module docs).
+/// Every record needs at least one token.
+pub fn embed_tokens(
+    model: &GenSlm,
+    records: &[&[u32]],
+    layer: usize,
+    pool: Pool,
+    window: Option<usize>,
+    batch_size: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let h = model.cfg.hidden_size;
+    let pad = CodonTokenizer::new(model.cfg.vocab)?.pad_id();
+    // (record, start, len, is the record's last window)
+    let mut windows = Vec::new();
+    for (r, toks) in records.iter().enumerate() {
+        let w = window.unwrap_or(toks.len()).max(1);
+        let mut start = 0;
+        while start < toks.len() {
+            let len = (toks.len() - start).min(w);
+            windows.push((r, start, len, start + len == toks.len()));
+            start += len;
+        }
+    }
+    // Similar lengths share a batch: less padding.
+    windows.sort_by_key(|&(r, start, len, _)| (std::cmp::Reverse(len), r, start));
+    let mut sums = vec![vec![0f64; h]; records.len()];
+    let mut counts = vec![0usize; records.len()];
+    for batch in windows.chunks(batch_size.max(1)) {
+        let b = batch.len();
+        let s = batch.iter().map(|w| w.2).max().unwrap_or(1);
+        let mut tokens = vec![pad; b * s];
+        let mut weights = vec![0f32; b * s];
+        for (i, &(r, start, len, last)) in batch.iter().enumerate() {
+            tokens[i * s..i * s + len].copy_from_slice(&records[r][start..start + len]);
+            match pool {
+                Pool::Mean => weights[i * s..i * s + len].fill(1.0),
+                Pool::Last if last => weights[i * s + len - 1] = 1.0,
+                Pool::Last => {}
+            }
+        }
+        let opts = ForwardOptions {
+            offset: 0,
+            collect_hidden: layer < model.cfg.num_layers,
+        };
+        let (fin, mut hidden) =
+            model.hidden_states(tokens_tensor(&tokens, b, s, &model.device), opts)?;
+        let states = if layer < model.cfg.num_layers {
+            hidden.swap_remove(layer)
+        } else {
+            fin
+        };
+        let w = Tensor::<3>::from_data(TensorData::new(weights, [b, s, 1]), &model.device);
+        let pooled = tensor_to_vec(&(states * w).sum_dim(1));
+        for (i, &(r, _, len, last)) in batch.iter().enumerate() {
+            if pool == Pool::Last && !last {
+                continue;
+            }
+            for (acc, v) in sums[r].iter_mut().zip(&pooled[i * h..(i + 1) * h]) {
+                *acc += *v as f64;
+            }
+            counts[r] += if pool == Pool::Mean { len } else { 1 };
+        }
+    }
+    Ok(sums
+        .into_iter()
+        .zip(counts)
+        .map(|(s, n)| {
+            s.into_iter()
+                .map(|v| (v / n.max(1) as f64) as f32)
+                .collect()
+        })
+        .collect())
+}
+
+/// A record waiting for its embedding.
+struct Pending {
+    id: String,
+    description: String,
+    source: String,
+    md5: String,
+    length: u64,
+    gc_content: f64,
+    tokens: Vec<u32>,
+}
+
+/// Records are embedded in groups of about this many windows per batch slot.
+const GROUP_BATCHES: usize = 4;
+/// ... or when this many tokens are waiting.
+const GROUP_TOKENS: usize = 1 << 20;
+
+struct Pipeline<'a> {
+    model: &'a GenSlm,
+    writer: EmbeddingWriter,
+    opts: &'a EmbedOptions,
+    layer: usize,
+    window: Option<usize>,
+    pending: Vec<Pending>,
+    pending_windows: usize,
+    pending_tokens: usize,
+    tokens: u64,
+    bar: indicatif::ProgressBar,
+}
+
+impl Pipeline<'_> {
+    fn push(&mut self, p: Pending) -> Result<()> {
+        if p.tokens.is_empty() {
+            return Err(Error::Invalid(format!(
+                "record '{}' ({}): no tokens to embed",
+                p.id, p.source
+            )));
+        }
+        let w = self.window.unwrap_or(p.tokens.len());
+        self.pending_windows += p.tokens.len().div_ceil(w);
+        self.pending_tokens += p.tokens.len();
+        self.pending.push(p);
+        if self.pending_windows >= GROUP_BATCHES * self.opts.batch_size.max(1)
+            || self.pending_tokens >= GROUP_TOKENS
+        {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let toks: Vec<&[u32]> = self.pending.iter().map(|p| p.tokens.as_slice()).collect();
+        let embs = embed_tokens(
+            self.model,
+            &toks,
+            self.layer,
+            self.opts.pool,
+            self.window,
+            self.opts.batch_size,
+        )?;
+        for (p, e) in self.pending.iter().zip(&embs) {
+            self.writer.push(&EmbeddingRow {
+                id: &p.id,
+                description: &p.description,
+                source: &p.source,
+                md5: &p.md5,
+                length: p.length,
+                gc_content: p.gc_content,
+                n_tokens: p.tokens.len() as u64,
+                layer: self.layer as i32,
+                embedding: e,
+            })?;
+            self.tokens += p.tokens.len() as u64;
+        }
+        self.bar.inc(self.pending.len() as u64);
+        self.pending.clear();
+        self.pending_windows = 0;
+        self.pending_tokens = 0;
+        Ok(())
+    }
+}
+
+fn progress_bar(enabled: bool, total: Option<u64>) -> indicatif::ProgressBar {
+    if !enabled {
+        return indicatif::ProgressBar::hidden();
+    }
+    let (bar, template) = match total {
+        Some(n) => (
+            indicatif::ProgressBar::new(n),
+            "embed {bar:40} {pos}/{len} records {per_sec} eta {eta}",
+        ),
+        None => (
+            indicatif::ProgressBar::new_spinner(),
+            "embed {spinner} {pos} records {per_sec} {elapsed}",
+        ),
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(template)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// `genslm embed`: embeds every record of `input` with the model in `model_dir` and writes
+/// the rows to `out` (parquet, atomically).
+pub fn embed_to_parquet(
+    model_dir: &Path,
+    input: &EmbedInput,
+    out: &Path,
+    opts: &EmbedOptions,
+) -> Result<EmbedSummary> {
+    let start = Instant::now();
+    if opts.batch_size == 0 {
+        return Err(Error::Invalid("--batch-size 0: must be at least 1".into()));
+    }
+    let model = load_model_dir(model_dir, &burn::tensor::Device::flex())?;
+    let layer = resolve_layer(opts.layer, model.cfg.num_layers)?;
+    let window = resolve_window(&model, opts.seq_len, trained_window(model_dir))?;
+    let tok = CodonTokenizer::new(model.cfg.vocab)?;
+    let dataset = match input {
+        EmbedInput::Parquet(p) => {
+            let reader = DatasetReader::open(p, 64)?;
+            if reader.vocab != model.cfg.vocab {
+                return Err(Error::Invalid(format!(
+                    "{}: tokenized with {}, but the model uses {}",
+                    p.display(),
+                    reader.vocab,
+                    model.cfg.vocab
+                )));
+            }
+            Some(reader)
+        }
+        EmbedInput::Fasta(_) => None,
+    };
+    let metadata = vec![
+        ("genslm.model".into(), model_dir.display().to_string()),
+        ("genslm.layer".into(), layer.to_string()),
+        ("genslm.pool".into(), opts.pool.name().into()),
+        (
+            "genslm.window".into(),
+            window.map_or("whole records".into(), |w| w.to_string()),
+        ),
+    ];
+    let writer = EmbeddingWriter::create(out, model.cfg.hidden_size, metadata)?;
+    let mut pipe = Pipeline {
+        model: &model,
+        writer,
+        opts,
+        layer,
+        window,
+        pending: Vec::new(),
+        pending_windows: 0,
+        pending_tokens: 0,
+        tokens: 0,
+        bar: progress_bar(opts.progress, dataset.as_ref().map(|d| d.num_rows)),
+    };
+    if let Some(reader) = dataset {
+        for rec in reader {
+            let r = rec?;
+            pipe.push(Pending {
+                id: r.id,
+                description: r.description,
+                source: r.source,
+                md5: r.md5,
+                length: r.length,
+                gc_content: r.gc_content,
+                tokens: r.tokens,
+            })?;
+        }
+    } else if let EmbedInput::Fasta(paths) = input {
+        for f in fasta::discover(paths)? {
+            let source = f.display().to_string();
+            let mut warn = |w: String| eprintln!("warning: {w}");
+            fasta::read_file(&f, OnInvalid::Error, &mut warn, &mut |rec, _| {
+                pipe.push(Pending {
+                    id: rec.id.to_string(),
+                    description: rec.description.to_string(),
+                    source: source.clone(),
+                    md5: hex(&Md5::digest(rec.seq)),
+                    length: rec.seq.len() as u64,
+                    gc_content: rec.gc as f64 / rec.seq.len() as f64,
+                    tokens: tok.encode(rec.seq),
+                })
+            })?;
+        }
+    }
+    pipe.flush()?;
+    let records = pipe.writer.rows();
+    if records == 0 {
+        return Err(Error::Invalid(format!(
+            "no records to embed; nothing written to {}",
+            out.display()
+        )));
+    }
+    let tokens = pipe.tokens;
+    pipe.bar.finish_and_clear();
+    pipe.writer.finish()?;
+    Ok(EmbedSummary {
+        records,
+        tokens,
+        dim: model.cfg.hidden_size,
+        layer,
+        window,
+        elapsed: start.elapsed(),
+    })
+}

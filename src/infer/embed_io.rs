@@ -1,0 +1,362 @@
+//! Embedding files: parquet with one row per record.
+//!
+//! Columns: `id`, `description`, `source`, `md5` (strings), `length` (bases, int64),
+//! `gc_content` (float64), `n_tokens` (the record's tokens, int64), `layer` (the hidden-state index
+//! used, int32: 0 = embeddings, `num_layers` = after the final LayerNorm) and `embedding`
+//! (fixed-size list of float32, the model's hidden size). Key-value metadata records the model,
+//! pooling and window (`genslm.*`).
+//!
+//! Rows are written in batches and the file appears under its name only when complete.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    FixedSizeListBuilder, Float32Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder,
+};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type,
+    UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+
+use crate::atomic::AtomicFile;
+use crate::error::{Error, Result};
+
+/// Rows per batch handed to the parquet writer.
+const BATCH_ROWS: usize = 256;
+/// Row-group size in bytes after encoding.
+const ROW_GROUP_BYTES: usize = 32 << 20;
+
+/// One output row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddingRow<'a> {
+    pub id: &'a str,
+    pub description: &'a str,
+    pub source: &'a str,
+    pub md5: &'a str,
+    pub length: u64,
+    pub gc_content: f64,
+    pub n_tokens: u64,
+    pub layer: i32,
+    pub embedding: &'a [f32],
+}
+
+pub fn schema(dim: usize) -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("description", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("md5", DataType::Utf8, false),
+        Field::new("length", DataType::Int64, false),
+        Field::new("gc_content", DataType::Float64, false),
+        Field::new("n_tokens", DataType::Int64, false),
+        Field::new("layer", DataType::Int32, false),
+        Field::new(
+            "embedding",
+            DataType::FixedSizeList(
+                Arc::new(Field::new("item", DataType::Float32, false)),
+                dim as i32,
+            ),
+            false,
+        ),
+    ]))
+}
+
+/// Streams embedding rows into a parquet file that appears only after [`finish`].
+///
+/// [`finish`]: EmbeddingWriter::finish
+pub struct EmbeddingWriter {
+    path: PathBuf,
+    dim: usize,
+    guard: AtomicFile,
+    file: File,
+    writer: ArrowWriter<File>,
+    strings: [StringBuilder; 4],
+    length: Int64Builder,
+    gc: Float64Builder,
+    n_tokens: Int64Builder,
+    layer: Int32Builder,
+    embedding: FixedSizeListBuilder<Float32Builder>,
+    rows: usize,
+    total: u64,
+}
+
+impl EmbeddingWriter {
+    /// `metadata`: extra key-value pairs stored in the file footer.
+    pub fn create(path: &Path, dim: usize, metadata: Vec<(String, String)>) -> Result<Self> {
+        let (guard, file) = AtomicFile::create(path)?;
+        let handle = file
+            .try_clone()
+            .map_err(|e| Error::io(guard.tmp_path(), e))?;
+        let kv = metadata
+            .into_iter()
+            .map(|(k, v)| KeyValue::new(k, v))
+            .collect();
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            // Bounds the writer's memory: a row group is flushed at this encoded size.
+            .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+            .set_key_value_metadata(Some(kv))
+            .build();
+        let writer =
+            ArrowWriter::try_new(handle, schema(dim), Some(props)).map_err(|e| Error::Dataset {
+                path: path.to_path_buf(),
+                msg: e.to_string(),
+            })?;
+        let item = Arc::new(Field::new("item", DataType::Float32, false));
+        Ok(Self {
+            path: path.to_path_buf(),
+            dim,
+            guard,
+            file,
+            writer,
+            strings: Default::default(),
+            length: Int64Builder::new(),
+            gc: Float64Builder::new(),
+            n_tokens: Int64Builder::new(),
+            layer: Int32Builder::new(),
+            embedding: FixedSizeListBuilder::new(Float32Builder::new(), dim as i32)
+                .with_field(item),
+            rows: 0,
+            total: 0,
+        })
+    }
+
+    pub fn push(&mut self, row: &EmbeddingRow<'_>) -> Result<()> {
+        if row.embedding.len() != self.dim {
+            return Err(self.err(format!(
+                "record '{}': embedding has {} values, the file holds {}",
+                row.id,
+                row.embedding.len(),
+                self.dim
+            )));
+        }
+        for (b, v) in self
+            .strings
+            .iter_mut()
+            .zip([row.id, row.description, row.source, row.md5])
+        {
+            b.append_value(v);
+        }
+        self.length.append_value(row.length as i64);
+        self.gc.append_value(row.gc_content);
+        self.n_tokens.append_value(row.n_tokens as i64);
+        self.layer.append_value(row.layer);
+        self.embedding.values().append_slice(row.embedding);
+        self.embedding.append(true);
+        self.rows += 1;
+        self.total += 1;
+        if self.rows >= BATCH_ROWS {
+            self.write_batch()?;
+        }
+        Ok(())
+    }
+
+    fn write_batch(&mut self) -> Result<()> {
+        if self.rows == 0 {
+            return Ok(());
+        }
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(9);
+        for b in &mut self.strings {
+            columns.push(Arc::new(b.finish()));
+        }
+        columns.push(Arc::new(self.length.finish()));
+        columns.push(Arc::new(self.gc.finish()));
+        columns.push(Arc::new(self.n_tokens.finish()));
+        columns.push(Arc::new(self.layer.finish()));
+        columns.push(Arc::new(self.embedding.finish()));
+        // Schema order: id, description, source, md5, length, gc_content, n_tokens, layer, embedding.
+        let batch =
+            RecordBatch::try_new(schema(self.dim), columns).map_err(|e| self.err(e.to_string()))?;
+        self.writer
+            .write(&batch)
+            .map_err(|e| self.err(e.to_string()))?;
+        self.rows = 0;
+        Ok(())
+    }
+
+    fn err(&self, msg: String) -> Error {
+        Error::Dataset {
+            path: self.path.clone(),
+            msg,
+        }
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.total
+    }
+
+    /// Writes the footer, syncs and renames the file into place.
+    pub fn finish(mut self) -> Result<()> {
+        self.write_batch()?;
+        self.writer.finish().map_err(|e| self.err(e.to_string()))?;
+        self.guard.commit(self.file)
+    }
+}
+
+/// A column's values for colouring a plot.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ColumnValues {
+    Numeric(Vec<f64>),
+    Categorical(Vec<String>),
+}
+
+/// Embeddings read back for plotting: `n × dim` row-major values and one column.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddingTable {
+    pub n: usize,
+    pub dim: usize,
+    pub values: Vec<f32>,
+    pub color: ColumnValues,
+    /// The `layer` column of the first row, when present.
+    pub layer: Option<i32>,
+}
+
+fn numeric(a: &dyn Array) -> Option<Vec<f64>> {
+    macro_rules! prim {
+        ($($t:ty),*) => {
+            match a.data_type() {
+                $(d if d == &<$t as arrow_array::types::ArrowPrimitiveType>::DATA_TYPE => Some(
+                    a.as_primitive::<$t>().iter().map(|v| v.map_or(f64::NAN, |x| x as f64)).collect(),
+                ),)*
+                _ => None,
+            }
+        };
+    }
+    prim!(
+        Float64Type,
+        Float32Type,
+        Int64Type,
+        Int32Type,
+        Int16Type,
+        Int8Type,
+        UInt64Type,
+        UInt32Type,
+        UInt16Type,
+        UInt8Type
+    )
+}
+
+fn strings(a: &dyn Array) -> Option<Vec<String>> {
+    match a.data_type() {
+        DataType::Utf8 => Some(
+            a.as_string::<i32>()
+                .iter()
+                .map(|v| v.unwrap_or("").to_string())
+                .collect(),
+        ),
+        DataType::LargeUtf8 => Some(
+            a.as_string::<i64>()
+                .iter()
+                .map(|v| v.unwrap_or("").to_string())
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// Reads the `embedding` column and the column `color` of an embeddings file.
+pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
+    let derr = |msg: String| Error::Dataset {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| derr(format!("not a readable parquet file: {e}")))?;
+    let names: Vec<String> = builder
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    for want in ["embedding", color] {
+        if !names.iter().any(|n| n == want) {
+            return Err(derr(format!(
+                "no column `{want}` (columns: {}){}",
+                names.join(", "),
+                if want == "embedding" {
+                    "; is this a file written by `genslm embed`?"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
+    let dim = match builder
+        .schema()
+        .field_with_name("embedding")
+        .map(|f| f.data_type().clone())
+    {
+        Ok(DataType::FixedSizeList(item, d)) if item.data_type() == &DataType::Float32 => {
+            d as usize
+        }
+        Ok(other) => {
+            return Err(derr(format!(
+                "column `embedding` is {other}, expected a fixed-size list of float32"
+            )))
+        }
+        Err(e) => return Err(derr(e.to_string())),
+    };
+    let reader = builder.build().map_err(|e| derr(e.to_string()))?;
+    let mut values = Vec::new();
+    let mut num: Vec<f64> = Vec::new();
+    let mut cat: Vec<String> = Vec::new();
+    let mut is_numeric = None;
+    let mut layer = None;
+    for batch in reader {
+        let batch = batch.map_err(|e| derr(e.to_string()))?;
+        let emb = batch
+            .column_by_name("embedding")
+            .ok_or_else(|| derr("no `embedding`".into()))?;
+        let emb = emb.as_fixed_size_list();
+        if emb.null_count() > 0 {
+            return Err(derr("column `embedding` has null rows".into()));
+        }
+        let flat = emb.values().as_primitive::<Float32Type>();
+        let start = emb.offset() * dim;
+        values.extend_from_slice(&flat.values()[start..start + emb.len() * dim]);
+        let col = batch
+            .column_by_name(color)
+            .ok_or_else(|| derr(format!("no `{color}`")))?;
+        if is_numeric.is_none() {
+            is_numeric = Some(numeric(col.as_ref()).is_some());
+        }
+        if is_numeric == Some(true) {
+            num.extend(numeric(col.as_ref()).unwrap_or_default());
+        } else {
+            cat.extend(strings(col.as_ref()).ok_or_else(|| {
+                derr(format!(
+                    "column `{color}` is {}: colour by a numeric or string column",
+                    col.data_type()
+                ))
+            })?);
+        }
+        if layer.is_none() && batch.num_rows() > 0 {
+            layer = batch
+                .column_by_name("layer")
+                .and_then(|c| c.as_primitive_opt::<Int32Type>().map(|a| a.value(0)));
+        }
+    }
+    let n = values.len() / dim.max(1);
+    Ok(EmbeddingTable {
+        n,
+        dim,
+        values,
+        color: if is_numeric == Some(false) {
+            ColumnValues::Categorical(cat)
+        } else {
+            ColumnValues::Numeric(num)
+        },
+        layer,
+    })
+}

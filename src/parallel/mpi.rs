@@ -1,0 +1,151 @@
+//! MPI communicator (feature `mpi`): one rank per process, launched by `mpirun`/`srun`.
+//!
+//! The world is split into the SP groups (contiguous ranks) and DP groups with
+//! `MPI_Comm_split`. A rank that fails calls `MPI_Abort`, which ends every process of the job
+//! with a non-zero status, so no rank waits forever.
+
+use std::sync::{Arc, Mutex};
+
+use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
+use mpi::traits::*;
+
+use crate::error::{Error, Result};
+use crate::parallel::comm::Communicator;
+use crate::parallel::ranks::Ranks;
+use crate::parallel::topology::Topology;
+
+/// An MPI communicator. MPI is initialised with `Threading::Funneled` and only the rank's
+/// main thread communicates, so the handle may be moved between (and shared by) Rust threads
+/// as long as calls are serialised, which the mutex does.
+pub struct MpiComm {
+    comm: Mutex<SimpleCommunicator>,
+    rank: usize,
+    size: usize,
+}
+
+// SAFETY: see the type's comment: calls are serialised by the mutex, on MPI's funneled thread.
+unsafe impl Send for MpiComm {}
+unsafe impl Sync for MpiComm {}
+
+impl std::fmt::Debug for MpiComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MpiComm(rank {} of {})", self.rank, self.size)
+    }
+}
+
+impl MpiComm {
+    fn new(comm: SimpleCommunicator) -> Self {
+        let (rank, size) = (comm.rank() as usize, comm.size() as usize);
+        Self {
+            comm: Mutex::new(comm),
+            rank,
+            size,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SimpleCommunicator> {
+        self.comm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Initialises MPI; keep the returned universe alive until the end of `main`.
+pub fn init() -> Result<mpi::environment::Universe> {
+    mpi::initialize_with_threading(mpi::Threading::Funneled)
+        .map(|(u, _)| u)
+        .ok_or_else(|| Error::Invalid("MPI was already initialised".into()))
+}
+
+/// This process's `Ranks` for a world split into DP × SP (`sp` given; DP = world / sp).
+pub fn mpi_ranks(universe: &mpi::environment::Universe, sp: usize) -> Result<Ranks> {
+    let world = universe.world();
+    let size = world.size() as usize;
+    if sp == 0 || !size.is_multiple_of(sp) {
+        return Err(Error::Invalid(format!(
+            "mpirun started {size} processes, which --sp {sp} does not divide"
+        )));
+    }
+    let topo = Topology::new(world.rank() as usize, size / sp, sp)?;
+    let sp_comm = world
+        .split_by_color(Color::with_value(topo.dp_rank() as i32))
+        .ok_or_else(|| Error::Invalid("MPI_Comm_split (SP group) failed".into()))?;
+    let dp_comm = world
+        .split_by_color(Color::with_value(topo.sp_rank() as i32))
+        .ok_or_else(|| Error::Invalid("MPI_Comm_split (DP group) failed".into()))?;
+    Ok(Ranks {
+        topo,
+        world: Arc::new(MpiComm::new(world)),
+        sp: Arc::new(MpiComm::new(sp_comm)),
+        dp: Arc::new(MpiComm::new(dp_comm)),
+    })
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        let send = buf.to_vec();
+        self.lock()
+            .all_reduce_into(&send[..], buf, mpi::collective::SystemOperation::sum());
+        Ok(())
+    }
+
+    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
+        let mut recv = vec![0f32; send.len() * self.size];
+        self.lock().all_gather_into(send, &mut recv[..]);
+        Ok(recv
+            .chunks(send.len().max(1))
+            .map(|c| c.to_vec())
+            .take(self.size)
+            .collect())
+    }
+
+    fn reduce_scatter_sum(&self, buf: &[f32], chunk_lens: &[usize]) -> Result<Vec<f32>> {
+        // Chunks may differ by one element; an all-reduce then a slice keeps it simple.
+        let mut all = buf.to_vec();
+        self.all_reduce_sum(&mut all)?;
+        let start: usize = chunk_lens[..self.rank].iter().sum();
+        Ok(all[start..start + chunk_lens[self.rank]].to_vec())
+    }
+
+    fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
+        let n = send.first().map_or(0, Vec::len);
+        if send.iter().any(|s| s.len() != n) {
+            return Err(Error::Invalid("all_to_all: unequal chunks".into()));
+        }
+        let flat = send.concat();
+        let mut recv = vec![0f32; flat.len()];
+        self.lock().all_to_all_into(&flat[..], &mut recv[..]);
+        Ok(recv
+            .chunks(n.max(1))
+            .map(|c| c.to_vec())
+            .take(self.size)
+            .collect())
+    }
+
+    fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
+        let comm = self.lock();
+        let mut len = [buf.len() as u64];
+        comm.process_at_rank(root as i32)
+            .broadcast_into(&mut len[..]);
+        buf.resize(len[0] as usize, 0.0);
+        comm.process_at_rank(root as i32)
+            .broadcast_into(&mut buf[..]);
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.lock().barrier();
+        Ok(())
+    }
+
+    fn abort(&self, why: &str) {
+        eprintln!("error: rank {}: {why}; aborting all ranks", self.rank);
+        self.lock().abort(1);
+    }
+}

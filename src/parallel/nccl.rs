@@ -1,0 +1,191 @@
+//! NCCL communicator (feature `nccl`, through cudarc). Compiles without CUDA; untested here
+//! (no GPU). Buffers are host vectors copied to and from the device around each collective,
+//! until the CUDA backend hands device tensors over directly.
+//!
+//! The unique id is created on rank 0 and broadcast through a bootstrap communicator (MPI);
+//! NCCL has no all-to-all, so it is built from grouped send/recv. cudarc panics when libnccl is
+//! missing, so [`NcclComm::init`] checks for it first (cudarc looks for `libnccl.so`; NCCL
+//! installs `libnccl.so.2`, which may need a `libnccl.so` link).
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::nccl::{Comm, Id, ReduceOp};
+
+use crate::error::{Error, Result};
+use crate::parallel::comm::Communicator;
+
+pub struct NcclComm {
+    comm: Mutex<Comm>,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    size: usize,
+}
+
+// SAFETY: every call on the NCCL communicator goes through the mutex, one at a time.
+unsafe impl Send for NcclComm {}
+unsafe impl Sync for NcclComm {}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NcclComm(rank {} of {})", self.rank, self.size)
+    }
+}
+
+fn nerr(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Invalid(format!("NCCL {what} failed: {e:?}"))
+}
+
+/// Whether the CUDA driver and NCCL libraries can be loaded on this machine.
+pub fn libraries_present() -> bool {
+    // SAFETY: these only try to dlopen the libraries.
+    unsafe { cudarc::driver::sys::is_culib_present() && cudarc::nccl::sys::is_culib_present() }
+}
+
+impl NcclComm {
+    /// Joins the NCCL group of `bootstrap`'s ranks on GPU `device`.
+    pub fn init(bootstrap: &dyn Communicator, device: usize) -> Result<Self> {
+        if !libraries_present() {
+            return Err(Error::Invalid(
+                "NCCL: libcuda or libnccl.so not found (install NCCL; if only libnccl.so.2 \
+                 exists, add a libnccl.so link to it on the library path)"
+                    .into(),
+            ));
+        }
+        // The 128-byte id travels as f32s (each byte exactly representable).
+        let mut bytes: Vec<f32> = if bootstrap.rank() == 0 {
+            let id = Id::new().map_err(|e| nerr("get unique id", e))?;
+            id.internal().iter().map(|&b| b as u8 as f32).collect()
+        } else {
+            Vec::new()
+        };
+        bootstrap.broadcast(&mut bytes, 0)?;
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (d, s) in internal.iter_mut().zip(&bytes) {
+            *d = *s as u8 as std::ffi::c_char;
+        }
+        let ctx = CudaContext::new(device).map_err(|e| nerr("open device", e))?;
+        let stream = ctx.default_stream();
+        let comm = Comm::from_rank(
+            stream.clone(),
+            bootstrap.rank(),
+            bootstrap.size(),
+            Id::uninit(internal),
+        )
+        .map_err(|e| nerr("init rank", e))?;
+        Ok(Self {
+            comm: Mutex::new(comm),
+            stream,
+            rank: bootstrap.rank(),
+            size: bootstrap.size(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Comm> {
+        self.comm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Communicator for NcclComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        let mut d = self.stream.clone_htod(buf).map_err(|e| nerr("copy", e))?;
+        self.lock()
+            .all_reduce_in_place(&mut d, &ReduceOp::Sum)
+            .map_err(|e| nerr("all_reduce", e))?;
+        let host = self.stream.clone_dtoh(&d).map_err(|e| nerr("copy", e))?;
+        buf.copy_from_slice(&host);
+        Ok(())
+    }
+
+    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
+        let s = self.stream.clone_htod(send).map_err(|e| nerr("copy", e))?;
+        let mut r = self
+            .stream
+            .alloc_zeros::<f32>(send.len() * self.size)
+            .map_err(|e| nerr("alloc", e))?;
+        self.lock()
+            .all_gather(&s, &mut r)
+            .map_err(|e| nerr("all_gather", e))?;
+        let host = self.stream.clone_dtoh(&r).map_err(|e| nerr("copy", e))?;
+        Ok(host
+            .chunks(send.len().max(1))
+            .map(|c| c.to_vec())
+            .take(self.size)
+            .collect())
+    }
+
+    fn reduce_scatter_sum(&self, buf: &[f32], chunk_lens: &[usize]) -> Result<Vec<f32>> {
+        let mut all = buf.to_vec();
+        self.all_reduce_sum(&mut all)?;
+        let start: usize = chunk_lens[..self.rank].iter().sum();
+        Ok(all[start..start + chunk_lens[self.rank]].to_vec())
+    }
+
+    fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
+        let n = send.first().map_or(0, Vec::len);
+        let s = self
+            .stream
+            .clone_htod(&send.concat())
+            .map_err(|e| nerr("copy", e))?;
+        // One receive buffer per source rank, so each gets its own mutable view.
+        let mut recv = Vec::with_capacity(self.size);
+        for _ in 0..self.size {
+            recv.push(
+                self.stream
+                    .alloc_zeros::<f32>(n)
+                    .map_err(|e| nerr("alloc", e))?,
+            );
+        }
+        {
+            let comm = self.lock();
+            let sends: Vec<_> = (0..self.size)
+                .map(|j| s.slice(j * n..(j + 1) * n))
+                .collect();
+            let recvs: Vec<_> = recv.iter_mut().map(|r| r.slice_mut(..)).collect();
+            let mut group = comm.group();
+            for (j, (sv, rv)) in sends.into_iter().zip(recvs).enumerate() {
+                group.send(sv, j as i32).map_err(|e| nerr("send", e))?;
+                group.recv(rv, j as i32).map_err(|e| nerr("recv", e))?;
+            }
+        }
+        recv.iter()
+            .map(|r| self.stream.clone_dtoh(r).map_err(|e| nerr("copy", e)))
+            .collect()
+    }
+
+    fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
+        let mut len = vec![buf.len() as f32];
+        // Lengths ride on a one-element all-reduce from the root (others contribute 0).
+        if self.rank != root {
+            len[0] = 0.0;
+        }
+        self.all_reduce_sum(&mut len)?;
+        buf.resize(len[0] as usize, 0.0);
+        let mut d = self
+            .stream
+            .clone_htod(&buf[..])
+            .map_err(|e| nerr("copy", e))?;
+        self.lock()
+            .broadcast_in_place(&mut d, root as i32)
+            .map_err(|e| nerr("broadcast", e))?;
+        *buf = self.stream.clone_dtoh(&d).map_err(|e| nerr("copy", e))?;
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.all_reduce_sum(&mut [0.0])
+    }
+
+    fn abort(&self, why: &str) {
+        // NCCL ranks are launched by MPI; the MPI bootstrap's abort ends the job.
+        eprintln!("error: NCCL rank {}: {why}", self.rank);
+    }
+}

@@ -1,0 +1,314 @@
+//! `genslm embed` and `genslm plot`: embeddings against hidden states computed independently
+//! (padding excluded), the parquet's shape (arrow and pyarrow), FASTA and parquet input, the
+//! PNG, and the error messages for bad input.
+
+mod common;
+
+use std::path::Path;
+
+use burn::tensor::Device;
+use common::{repo, run};
+use genslm::infer::embed::{embed_tokens, Pool};
+use genslm::model::io::load_model_dir;
+use genslm::model::neox::{tensor_to_vec, tokens_tensor, ForwardOptions};
+use genslm::model::GenSlm;
+use genslm::tokenizer::CodonTokenizer;
+
+fn s(p: &Path) -> String {
+    common::arg(p)
+}
+
+fn trained() -> &'static Path {
+    common::trained_tiny()
+}
+
+/// Mean over tokens (or the last token) of hidden state `layer`, each window of `w` tokens
+/// run on its own, unpadded: the reference for `embed_tokens`.
+fn reference_embedding(
+    model: &GenSlm,
+    toks: &[u32],
+    layer: usize,
+    w: usize,
+    pool: Pool,
+) -> Vec<f64> {
+    let h = model.cfg.hidden_size;
+    let mut sum = vec![0f64; h];
+    let mut n = 0usize;
+    for win in toks.chunks(w) {
+        let t = tokens_tensor(win, 1, win.len(), &model.device);
+        let opts = ForwardOptions {
+            offset: 0,
+            collect_hidden: true,
+        };
+        let (fin, hidden) = model.hidden_states(t, opts).unwrap();
+        let states = if layer == model.cfg.num_layers {
+            fin
+        } else {
+            hidden[layer].clone()
+        };
+        let v = tensor_to_vec(&states); // [1, len, h]
+        match pool {
+            Pool::Mean => {
+                for row in v.chunks(h) {
+                    for (a, x) in sum.iter_mut().zip(row) {
+                        *a += *x as f64;
+                    }
+                    n += 1;
+                }
+            }
+            Pool::Last => {
+                sum = v[v.len() - h..].iter().map(|&x| x as f64).collect();
+                n = 1;
+            }
+        }
+    }
+    sum.iter().map(|x| x / n as f64).collect()
+}
+
+fn max_diff(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - y).abs())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn embedding_is_the_mean_of_hidden_states_over_real_tokens() {
+    let model = load_model_dir(trained(), &Device::flex()).unwrap();
+    let tok = CodonTokenizer::new(model.cfg.vocab).unwrap();
+    let fasta = std::fs::read_to_string(repo().join("data/lambda_virus.fa")).unwrap();
+    let dna: String = fasta.lines().skip(1).collect();
+    let all = tok.encode(dna.as_bytes());
+    // Lengths 150 (windows 64 + 64 + 22), 37, 5, 64, 1: batches mix lengths, so padding is used.
+    let recs: Vec<&[u32]> = vec![
+        &all[..150],
+        &all[200..237],
+        &all[300..305],
+        &all[400..464],
+        &all[500..501],
+    ];
+    for (layer, pool) in [
+        (2, Pool::Mean),
+        (1, Pool::Mean),
+        (0, Pool::Mean),
+        (2, Pool::Last),
+    ] {
+        let got = embed_tokens(&model, &recs, layer, pool, Some(64), 3).unwrap();
+        for (r, toks) in recs.iter().enumerate() {
+            let want = reference_embedding(&model, toks, layer, 64, pool);
+            let d = max_diff(&got[r], &want);
+            assert!(d < 1e-4, "layer {layer} {pool:?} record {r}: max diff {d}");
+        }
+    }
+    // Layer 0 is the embedding table itself: the mean of its rows for the record's tokens.
+    let emb = &model.params[model.layout.embed_in];
+    let table = tensor_to_vec(emb);
+    let h = model.cfg.hidden_size;
+    let got = embed_tokens(&model, &recs[1..2], 0, Pool::Mean, Some(64), 2).unwrap();
+    let mut want = vec![0f64; h];
+    for &t in recs[1] {
+        for (a, x) in want
+            .iter_mut()
+            .zip(&table[t as usize * h..(t as usize + 1) * h])
+        {
+            *a += *x as f64 / recs[1].len() as f64;
+        }
+    }
+    assert!(max_diff(&got[0], &want) < 1e-5);
+}
+
+#[test]
+fn embed_and_plot_on_the_bundled_genomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let emb = dir.path().join("emb.parquet");
+    let png = dir.path().join("latent.png");
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &s(trained()),
+        "--fasta",
+        &s(&repo().join("data")),
+        "--out",
+        &s(&emb),
+        "--seq-len",
+        "64",
+        "--plot",
+        &s(&png),
+        "--quiet",
+    ]);
+    assert!(ok, "embed failed: {err}");
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    // Read back with arrow: 29 records (5 viral genomes, 24 Leptospira contigs), hidden size 64.
+    let t = genslm::infer::embed_io::read_embeddings(&emb, "length").unwrap();
+    assert_eq!((t.n, t.dim), (29, 64));
+    assert_eq!(t.layer, Some(2));
+    assert!(t.values.iter().all(|v| v.is_finite()));
+    // The same rows from a tokenized dataset (--data) give the same embeddings.
+    let data = dir.path().join("data.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        &s(&repo().join("data")),
+        "--out",
+        &s(&data),
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    let emb2 = dir.path().join("emb2.parquet");
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &s(trained()),
+        "--data",
+        &s(&data),
+        "--out",
+        &s(&emb2),
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "3",
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    let t2 = genslm::infer::embed_io::read_embeddings(&emb2, "length").unwrap();
+    assert_eq!(t.color, t2.color);
+    let d = t
+        .values
+        .iter()
+        .zip(&t2.values)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(d < 1e-4, "fasta vs parquet input: {d}");
+    // Without --seq-len the window is the one the model was trained with (64, genslm.toml).
+    let emb3 = dir.path().join("emb3.parquet");
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &s(trained()),
+        "--fasta",
+        &s(&repo().join("data")),
+        "--out",
+        &s(&emb3),
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    let t3 = genslm::infer::embed_io::read_embeddings(&emb3, "length").unwrap();
+    let d = t
+        .values
+        .iter()
+        .zip(&t3.values)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(d < 1e-4, "default window: {d}");
+    // pyarrow sees the right shape (skipped without pyarrow).
+    let script = repo().join("scripts/check_embeddings.py");
+    match std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&emb)
+        .args(["29", "64"])
+        .output()
+    {
+        Ok(o) if o.status.success() => {}
+        Ok(o) if String::from_utf8_lossy(&o.stderr).contains("No module named") => {
+            eprintln!("pyarrow unavailable: skipped the pyarrow check")
+        }
+        Ok(o) => panic!(
+            "pyarrow check failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(_) => eprintln!("python3 unavailable: skipped the pyarrow check"),
+    }
+    // genslm plot: numeric and text colour columns; a missing column is a clear error.
+    for color in ["length", "source"] {
+        let out = dir.path().join(format!("{color}.png"));
+        let (ok, _, err) = run(&[
+            "plot",
+            "--embeddings",
+            &s(&emb),
+            "--out",
+            &s(&out),
+            "--color",
+            color,
+        ]);
+        assert!(ok, "plot --color {color}: {err}");
+        assert!(err.contains("plotted 29 points"), "{err}");
+    }
+    let out = dir.path().join("bad.png");
+    let (ok, _, err) = run(&[
+        "plot",
+        "--embeddings",
+        &s(&emb),
+        "--out",
+        &s(&out),
+        "--color",
+        "host_species",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("no column `host_species`") && err.contains("gc_content"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn embed_bad_input_gives_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let fa = s(&repo().join("data/lambda_virus.fa"));
+    let out = s(&dir.path().join("e.parquet"));
+    for (args, want) in [
+        (
+            vec![
+                "embed",
+                "--model",
+                &s(&empty),
+                "--fasta",
+                &fa,
+                "--out",
+                &out,
+            ],
+            "not a model directory",
+        ),
+        (
+            vec![
+                "embed",
+                "--model",
+                &s(trained()),
+                "--fasta",
+                &fa,
+                "--out",
+                &out,
+                "--layer",
+                "7",
+            ],
+            "--layer 7",
+        ),
+        (
+            vec![
+                "embed",
+                "--model",
+                &s(trained()),
+                "--fasta",
+                &fa,
+                "--out",
+                &out,
+                "--layer",
+                "-4",
+            ],
+            "--layer -4",
+        ),
+    ] {
+        let (ok, _, err) = run(&args);
+        assert!(!ok, "{args:?} should fail");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    assert_eq!(
+        common::listing(dir.path()),
+        vec!["empty"],
+        "nothing half-written"
+    );
+}
