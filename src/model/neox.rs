@@ -12,6 +12,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use crate::config::{ModelConfig, Position};
 use crate::error::{Error, Result};
 use crate::model::attention::{attention, AttnOptions};
+use crate::model::cache::KvCache;
 use crate::model::params::{Layout, ParamSpec};
 use crate::model::position::{alibi_slopes, apply_rotary, rotary_tables};
 use crate::parallel::ulysses::{ulysses_attention, SpGroup};
@@ -110,6 +111,39 @@ impl GenSlm {
         tokens: Tensor<2, Int>,
         opts: ForwardOptions,
     ) -> Result<(Tensor<3>, Vec<Tensor<3>>)> {
+        self.layers_forward(tokens, opts, None)
+    }
+
+    /// Final hidden states of `tokens: [b, n]` placed after the `cache.len` cached tokens; their
+    /// keys and values are appended to `cache` (incremental decoding: O(s) per new token).
+    pub fn hidden_states_cached(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut KvCache,
+    ) -> Result<Tensor<3>> {
+        if self.sp.is_some() {
+            return Err(Error::Invalid(
+                "decoding with a KV cache runs on one rank; this model is sharded for sequence \
+                 parallelism"
+                    .into(),
+            ));
+        }
+        let opts = ForwardOptions {
+            offset: cache.len,
+            collect_hidden: false,
+        };
+        self.layers_forward(tokens, opts, Some(cache))
+            .map(|(h, _)| h)
+    }
+
+    /// The model body. With a cache, each layer's new keys/values are appended to the cached
+    /// ones and the new queries (at `opts.offset`) attend to all of them.
+    fn layers_forward(
+        &self,
+        tokens: Tensor<2, Int>,
+        opts: ForwardOptions,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<(Tensor<3>, Vec<Tensor<3>>)> {
         let c = &self.cfg;
         let [b, s] = tokens.dims();
         let (heads, d, h) = (c.num_heads, c.head_dim(), c.hidden_size);
@@ -118,9 +152,9 @@ impl GenSlm {
         if let Some(pos) = self.layout.embed_pos {
             if opts.offset + s > c.max_position_embeddings {
                 return Err(Error::Invalid(format!(
-                    "sequence of {} tokens at offset {} exceeds the learned position table ({} \
-                     positions); learned-position models cannot score beyond their training \
-                     length: use --seq-len {} or less",
+                    "{} tokens at position {} go past the {} learned positions of this model; \
+                     learned-position models cannot go beyond their training length (score and \
+                     embed: use --seq-len {} or less)",
                     s, opts.offset, c.max_position_embeddings, c.max_position_embeddings
                 )));
             }
@@ -149,7 +183,8 @@ impl GenSlm {
             k_offset: opts.offset,
         };
         let mut collected = Vec::new();
-        for l in &self.layout.layers {
+        let mut new_cache = Vec::new();
+        for (li, l) in self.layout.layers.iter().enumerate() {
             if opts.collect_hidden {
                 collected.push(x.clone());
             }
@@ -164,11 +199,27 @@ impl GenSlm {
                 q = apply_rotary(q, cos, sin, rot);
                 k = apply_rotary(k, cos, sin, rot);
             }
-            let o = match &self.sp {
-                Some(group) => ulysses_attention(q, k, v, &attn_opts, group, |q, k, v, o| {
+            let o = match (&self.sp, cache.as_deref()) {
+                (Some(group), _) => ulysses_attention(q, k, v, &attn_opts, group, |q, k, v, o| {
                     attention(q, k, v, o, c.attention)
                 }),
-                None => attention(q, k, v, &attn_opts, c.attention),
+                (None, Some(kv)) => {
+                    // Keys start at position 0 of the cache; queries at opts.offset.
+                    let (k, v) = match kv.layers.get(li) {
+                        Some((kc, vc)) => (
+                            Tensor::cat(vec![kc.clone(), k], 2),
+                            Tensor::cat(vec![vc.clone(), v], 2),
+                        ),
+                        None => (k, v),
+                    };
+                    new_cache.push((k.clone(), v.clone()));
+                    let o = AttnOptions {
+                        k_offset: 0,
+                        ..attn_opts.clone()
+                    };
+                    attention(q, k, v, &o, c.attention)
+                }
+                (None, None) => attention(q, k, v, &attn_opts, c.attention),
             };
             let o = o.swap_dims(1, 2).reshape([b, s, h]);
             let attn_out = linear(o, self.mat(l.dense_w), Some(self.vec(l.dense_b)));
@@ -176,6 +227,10 @@ impl GenSlm {
             let m = gelu_fast(linear(m_in, self.mat(l.fc1_w), Some(self.vec(l.fc1_b))));
             let mlp_out = linear(m, self.mat(l.fc2_w), Some(self.vec(l.fc2_b)));
             x = x + attn_out + mlp_out;
+        }
+        if let Some(kv) = cache.as_deref_mut() {
+            kv.layers = new_cache;
+            kv.len = opts.offset + s;
         }
         let out = layer_norm(
             x,
