@@ -228,7 +228,7 @@ impl GenSlm {
             let mlp_out = linear(m, self.mat(l.fc2_w), Some(self.vec(l.fc2_b)));
             x = x + attn_out + mlp_out;
         }
-        if let Some(kv) = cache.as_deref_mut() {
+        if let Some(kv) = cache {
             kv.layers = new_cache;
             kv.len = opts.offset + s;
         }
