@@ -142,7 +142,7 @@ impl GenSlm {
         &self,
         tokens: Tensor<2, Int>,
         opts: ForwardOptions,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
     ) -> Result<(Tensor<3>, Vec<Tensor<3>>)> {
         let c = &self.cfg;
         let [b, s] = tokens.dims();
