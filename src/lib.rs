@@ -13,6 +13,7 @@ pub mod info;
 pub mod model;
 pub mod parallel;
 pub mod pca;
+pub mod plan;
 pub mod plot;
 pub mod rng;
 pub mod tokenizer;

@@ -99,6 +99,8 @@ enum Command {
     },
     /// Generate DNA with a model (FASTA, one record per sample, settings in the header).
     Generate(Box<GenerateArgs>),
+    /// Plan training memory per GPU and the longest sequence that fits (or --compare-published).
+    Plan(Box<genslm::plan::cli::PlanArgs>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -580,6 +582,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Generate(args) => run_generate(*args, cli.quiet)?,
+        Command::Plan(args) => print!("{}", genslm::plan::cli::run(&args)?),
         Command::Bench { which } => match which {
             BenchCmd::Step {
                 config,

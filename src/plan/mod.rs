@@ -1,0 +1,416 @@
+//! `genslm plan`: the memory one training step needs on each GPU (or CPU process), term by
+//! term, and the longest sequence that fits.
+//!
+//! The model is written from first principles: every tensor a step keeps is counted as its shape
+//! times its bytes per element, divided by the ranks that share it. Nothing in it is fitted to
+//! the published maxima it is compared with ([`published`]). Its CPU-process terms ([`cpu`])
+//! are checked against the peaks genslm itself measures (`tests/plan.rs`).
+//!
+//! Notation, per rank: `s` sequence length, `b` micro-batch, `h` hidden size, `a` heads, `i`
+//! intermediate (MLP) size, `L` layers, `V` vocabulary, `e` bytes per activation element,
+//! `t` tensor-parallel degree, `p` Ulysses sequence-parallel degree, `D` data-parallel degree,
+//! `Z` the ZeRO partition group: `D·p` as in DeepSpeed-Ulysses (Ulysses SP ranks hold replicas,
+//! so ZeRO can span DP × SP), or `D` as genslm's trainer partitions today.
+//!
+//! Two regions of a layer are split differently:
+//! - the **sequence region** (LayerNorms, residual-stream inputs, dropout masks): split over
+//!   `seq_shard = p·t` with Megatron sequence parallelism, over `p` without it (plain TP
+//!   replicates these on every TP rank);
+//! - the **head region** (Q, K, V, attention output, MLP columns, scores): split over
+//!   `head_shard = p·t` (TP splits heads and MLP columns; Ulysses gives each rank `a/p` heads
+//!   over the whole sequence, the same number of elements as `s/p` tokens of all heads).
+//!
+//! The peak is the largest of the phases of a step ([`Phase`]): forward/backward, building a
+//! materialised attention mask, and (with genslm's own recipe) the optimizer step.
+
+pub mod cli;
+pub mod cpu;
+pub mod published;
+mod report;
+mod terms;
+
+use serde::Serialize;
+
+use crate::config::{AttentionKind, ModelConfig, Position};
+use crate::error::{Error, Result};
+
+pub use terms::{layer_params, model_params};
+
+/// Serialises a byte count as a whole number.
+fn whole_bytes<S: serde::Serializer>(v: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_u64(v.max(0.0).round() as u64)
+}
+
+fn whole_phase_bytes<S: serde::Serializer>(
+    v: &[(Phase, f64)],
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    for (p, b) in v {
+        seq.serialize_element(&(p, b.max(0.0).round() as u64))?;
+    }
+    seq.end()
+}
+
+/// Bytes in one GiB.
+pub const GIB: f64 = (1u64 << 30) as f64;
+/// Bytes in one MiB.
+pub const MIB: f64 = (1u64 << 20) as f64;
+
+/// Number formats of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Mixed precision: bf16 (or fp16) weights, gradients and activations; fp32 master weights
+    /// and Adam moments in the optimizer.
+    Bf16,
+    /// Everything fp32 (genslm on CPU).
+    Fp32,
+}
+
+impl Precision {
+    /// `e`: bytes per activation element.
+    pub fn activation_bytes(self) -> f64 {
+        match self {
+            Precision::Bf16 => 2.0,
+            Precision::Fp32 => 4.0,
+        }
+    }
+
+    /// Bytes per parameter of (weights, gradients, optimizer states). bf16: 2 + 2 + (4 master
+    /// + 4 m + 4 v); fp32: 4 + 4 + (4 m + 4 v) — AdamW with two moments either way.
+    pub fn state_bytes(self) -> (f64, f64, f64) {
+        match self {
+            Precision::Bf16 => (2.0, 2.0, 12.0),
+            Precision::Fp32 => (4.0, 4.0, 8.0),
+        }
+    }
+}
+
+/// Which tensors a transformer layer keeps for its backward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum Recipe {
+    /// Megatron-LM's GPT layer as Korthikanti et al. ("Reducing Activation Recomputation in
+    /// Large Transformer Models", 2022) count it: `s·b·h·(34 + 5·a·s/h)` bytes per layer in
+    /// 16-bit with dropout and a 4h MLP. Gradients live in a contiguous buffer for the whole
+    /// step.
+    Megatron { dropout: bool },
+    /// genslm's GPT-NeoX layer under burn autodiff (`src/model/neox.rs`): the tensors each op
+    /// saves, `37·h` elements per token per layer for a 4h MLP (see [`terms`]). Gradients are
+    /// allocated as the backward frees activations.
+    Genslm,
+}
+
+/// Activation checkpointing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum Checkpointing {
+    /// Every layer keeps its activations until its backward.
+    None,
+    /// Each layer keeps only its input and is recomputed in the backward. `partitioned`: the
+    /// kept inputs are split over the TP ranks even without Megatron SP (DeepSpeed's
+    /// `partition_activations`).
+    Full { partitioned: bool },
+}
+
+/// The causal attention mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mask {
+    /// No `[s, s]` mask on the device (flash attention's causal tiles, or a mask kept on the
+    /// host).
+    None,
+    /// Megatron's `get_ltor_masks_and_position_ids`: `tril(ones(s, s))` in fp32, then
+    /// `< 0.5` into a bool mask kept on every GPU for the step.
+    Materialised,
+}
+
+/// Where the step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum Target {
+    /// A GPU: CUDA context and library workspaces plus allocator slack are reserved.
+    Gpu,
+    /// A CPU process running genslm (one per rank), with the process terms of [`cpu`].
+    Cpu { run: cpu::CpuRun },
+}
+
+/// How the ranks split the work. `tp · sp · dp` ranks in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Layout {
+    /// Tensor-parallel degree `t` (Megatron column/row-parallel layers).
+    pub tp: usize,
+    /// Ulysses sequence-parallel degree `p` (all-to-all of Q, K, V, O around attention).
+    pub sp: usize,
+    /// Data-parallel degree `D`.
+    pub dp: usize,
+    /// ZeRO stage: 1 partitions optimizer states, 2 also gradients, 3 also weights, over `Z`.
+    pub zero: u8,
+    /// Megatron sequence parallelism on the TP group (the sequence region split over `t`).
+    pub megatron_sp: bool,
+    /// ZeRO partitions over DP × SP (DeepSpeed-Ulysses) rather than over DP only (genslm's
+    /// trainer today).
+    pub zero_over_sp: bool,
+}
+
+impl Layout {
+    pub fn ranks(&self) -> usize {
+        self.tp * self.sp * self.dp
+    }
+    /// The ZeRO partition group: `Z = D·p`, or `D` without `zero_over_sp`.
+    pub fn zero_group(&self) -> usize {
+        self.dp * if self.zero_over_sp { self.sp } else { 1 }
+    }
+    /// Ranks over which the sequence region is split.
+    pub fn seq_shard(&self) -> usize {
+        self.sp * if self.megatron_sp { self.tp } else { 1 }
+    }
+    /// Ranks over which the head region is split.
+    pub fn head_shard(&self) -> usize {
+        self.sp * self.tp
+    }
+}
+
+/// Everything about a training step that the memory depends on, besides the model's shape.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Strategy {
+    pub layout: Layout,
+    pub recipe: Recipe,
+    pub attention: AttentionKind,
+    pub positions: Position,
+    /// A learned position table split over the sequence shards instead of replicated.
+    pub shard_positions: bool,
+    pub mask: Mask,
+    pub checkpointing: Checkpointing,
+    pub precision: Precision,
+    /// Sequences per micro-batch `b`.
+    pub batch_size: usize,
+    /// Input and output embeddings share one matrix (Megatron's GPT; GPT-NeoX unties them).
+    pub tied_embeddings: bool,
+    /// `V` as the framework allocates it (Megatron pads the tokenizer's vocabulary).
+    pub vocab_size: usize,
+}
+
+/// Memory of one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Hardware {
+    /// Bytes of device memory (GPU) or of memory allowed per process (CPU).
+    #[serde(serialize_with = "whole_bytes")]
+    pub mem_bytes: f64,
+    pub target: Target,
+}
+
+/// A phase of a training step whose live memory can be the step's peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The end of the forward / start of the backward: all saved activations are live.
+    ForwardBackward,
+    /// Building a materialised `[s, s]` mask before the forward (fp32 ones and tril, then bool).
+    MaskCreation,
+    /// Gradient reduction and the AdamW update, after the backward.
+    OptimizerStep,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::ForwardBackward => "forward/backward",
+            Phase::MaskCreation => "mask creation",
+            Phase::OptimizerStep => "optimizer step",
+        }
+    }
+}
+
+/// Bytes per rank by component, in one phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Breakdown {
+    /// Weights (the working copy; ZeRO-3 keeps `1/Z` of them).
+    #[serde(serialize_with = "whole_bytes")]
+    pub parameters: f64,
+    /// Weight gradients.
+    #[serde(serialize_with = "whole_bytes")]
+    pub gradients: f64,
+    /// fp32 master weights (mixed precision) and the two Adam moments.
+    #[serde(serialize_with = "whole_bytes")]
+    pub optimizer_states: f64,
+    /// Activations saved for the backward (layer inputs, LayerNorm, MLP, Q/K/V/O), plus the
+    /// token ids and rotary tables.
+    #[serde(serialize_with = "whole_bytes")]
+    pub activations: f64,
+    /// Attention scores kept by naive attention, flash's row log-sum-exp, and a materialised
+    /// `[s, s]` mask.
+    #[serde(serialize_with = "whole_bytes")]
+    pub attention: f64,
+    /// A learned position table with its gradient and optimizer states.
+    #[serde(serialize_with = "whole_bytes")]
+    pub position_table: f64,
+    /// Logits over the vocabulary and the loss' softmax.
+    #[serde(serialize_with = "whole_bytes")]
+    pub logits: f64,
+    /// Buffers of collectives: Megatron-SP all-gathers, Ulysses all-to-alls, ZeRO-3 gathered
+    /// weights, gradient reductions.
+    #[serde(serialize_with = "whole_bytes")]
+    pub communication: f64,
+    /// Backward working gradients of one layer, plus the fixed reserve: CUDA context, library
+    /// workspaces and allocator slack on a GPU; the process baseline on a CPU.
+    #[serde(serialize_with = "whole_bytes")]
+    pub workspace: f64,
+}
+
+impl Breakdown {
+    pub fn total(&self) -> f64 {
+        self.rows().iter().map(|(_, v)| v).sum()
+    }
+
+    /// `(name, bytes)` in display order.
+    pub fn rows(&self) -> [(&'static str, f64); 9] {
+        [
+            ("parameters", self.parameters),
+            ("gradients", self.gradients),
+            ("optimizer states", self.optimizer_states),
+            ("activations", self.activations),
+            ("attention scores/mask", self.attention),
+            ("position table", self.position_table),
+            ("logits", self.logits),
+            ("communication buffers", self.communication),
+            ("workspace", self.workspace),
+        ]
+    }
+}
+
+/// The memory of one step at one sequence length.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Estimate {
+    pub seq_len: usize,
+    /// The phase with the largest total: the step's peak.
+    pub phase: Phase,
+    /// Its components.
+    pub memory: Breakdown,
+    /// Every phase considered, with its total bytes.
+    #[serde(serialize_with = "whole_phase_bytes")]
+    pub phases: Vec<(Phase, f64)>,
+}
+
+impl Estimate {
+    pub fn total(&self) -> f64 {
+        self.memory.total()
+    }
+}
+
+/// Checks that the layout fits the model and the options make sense.
+pub fn check(model: &ModelConfig, st: &Strategy) -> Result<()> {
+    let l = &st.layout;
+    if l.tp == 0 || l.sp == 0 || l.dp == 0 {
+        return Err(Error::Invalid(format!(
+            "parallel degrees must be at least 1 (tp {}, sp {}, dp {})",
+            l.tp, l.sp, l.dp
+        )));
+    }
+    if l.zero > 3 {
+        return Err(Error::Invalid(format!(
+            "ZeRO stage {} does not exist (0, 1, 2 or 3)",
+            l.zero
+        )));
+    }
+    let split = l.tp * l.sp;
+    if !model.num_heads.is_multiple_of(split) {
+        return Err(Error::Invalid(format!(
+            "{} heads do not divide over tp {} × sp {} = {split} ranks (each rank needs whole \
+             heads)",
+            model.num_heads, l.tp, l.sp
+        )));
+    }
+    if st.batch_size == 0 {
+        return Err(Error::Invalid("batch size must be at least 1".into()));
+    }
+    if st.vocab_size == 0 {
+        return Err(Error::Invalid("vocabulary size must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// Sequence lengths are searched in multiples of this: 1024 tokens, rounded up to a multiple of
+/// the ranks that split the sequence (each must get a whole number of tokens).
+pub fn granule(st: &Strategy) -> usize {
+    lcm(1024, st.layout.sp * st.layout.tp)
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
+}
+
+/// The per-rank memory of one step at `seq_len` tokens per sequence.
+pub fn estimate(model: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize) -> Estimate {
+    let mut phases = vec![(
+        Phase::ForwardBackward,
+        terms::forward_backward(model, st, hw, seq_len),
+    )];
+    if st.mask == Mask::Materialised {
+        phases.push((
+            Phase::MaskCreation,
+            terms::mask_creation(model, st, hw, seq_len),
+        ));
+    }
+    if matches!(hw.target, Target::Cpu { .. }) || st.recipe == Recipe::Genslm {
+        let fb = phases[0].1;
+        phases.push((
+            Phase::OptimizerStep,
+            terms::optimizer_step(model, st, hw, seq_len, &fb),
+        ));
+    }
+    let (phase, memory) = phases
+        .iter()
+        .copied()
+        .fold(None::<(Phase, Breakdown)>, |best, (p, b)| match best {
+            Some((_, m)) if m.total() >= b.total() => best,
+            _ => Some((p, b)),
+        })
+        .expect("at least one phase");
+    Estimate {
+        seq_len,
+        phase,
+        memory,
+        phases: phases.iter().map(|(p, b)| (*p, b.total())).collect(),
+    }
+}
+
+/// Upper end of the search: no plan reaches 2⁴⁰ tokens.
+const MAX_SEARCH: usize = 1 << 40;
+
+/// The longest sequence (a multiple of [`granule`]) whose step fits in `hw.mem_bytes`, by
+/// doubling then bisection on the predicted total (which never decreases with the length).
+/// 0 when even one granule does not fit.
+pub fn max_seq_len(model: &ModelConfig, st: &Strategy, hw: &Hardware) -> usize {
+    let g = granule(st);
+    let fits = |k: usize| estimate(model, st, hw, k * g).total() <= hw.mem_bytes;
+    if !fits(1) {
+        return 0;
+    }
+    let (mut lo, mut hi) = (1usize, 2usize);
+    while fits(hi) {
+        lo = hi;
+        if hi * g >= MAX_SEARCH {
+            return lo * g;
+        }
+        hi *= 2;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo * g
+}

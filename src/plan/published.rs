@@ -1,0 +1,332 @@
+//! `genslm plan --compare-published`: the longest sequences the DeepSpeed4Science article
+//! ("Megatron-DeepSpeed with long sequence support", Figures 7–8 and the GenSLM
+//! long-sequence README's data) reports for the 25B and 33B GenSLM shapes on 32/64/128
+//! A100-40GB GPUs, next to what this memory model predicts for the same shapes and layouts.
+//!
+//! The shapes and layouts of each column are inputs taken from the article and the scripts it
+//! points to (Megatron-DeepSpeed `examples_deepspeed/deepspeed4science`, GenSLM's
+//! `examples/long-sequences/ALCF`); nothing is fitted to the published values.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use super::{
+    estimate, max_seq_len, Breakdown, Checkpointing, Hardware, Layout, Mask, Phase, Precision,
+    Recipe, Strategy, Target, GIB,
+};
+use crate::config::{AttentionKind, ModelConfig, Position};
+use crate::tokenizer::VocabKind;
+
+/// The systems compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum System {
+    /// (a) NVIDIA Megatron-LM: TP + Megatron SP, replicated position table.
+    MegatronLm,
+    /// (b) the old Megatron-DeepSpeed: TP only.
+    OldMds,
+    /// (c) the new Megatron-DeepSpeed: TP + SP, sharded positions, mask off the GPU, flash.
+    NewMds,
+    /// (d) genslm: Ulysses SP + ZeRO-3 + flash + sharded positions, no checkpointing.
+    Genslm,
+    /// (d') genslm as (d) with full activation checkpointing.
+    GenslmCheckpointed,
+}
+
+impl System {
+    pub const ALL: [System; 5] = [
+        System::MegatronLm,
+        System::OldMds,
+        System::NewMds,
+        System::Genslm,
+        System::GenslmCheckpointed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            System::MegatronLm => "(a) Megatron-LM",
+            System::OldMds => "(b) old Megatron-DS",
+            System::NewMds => "(c) new Megatron-DS",
+            System::Genslm => "(d) genslm",
+            System::GenslmCheckpointed => "(d') genslm+ckpt",
+        }
+    }
+
+    /// What the column assumes.
+    pub fn assumptions(self) -> &'static str {
+        match self {
+            System::MegatronLm => {
+                "TP = min(GPUs, 64 heads) with Megatron SP, DP = rest, ZeRO 0; full activation \
+                 checkpointing (one layer recomputed); core attention without flash (scores \
+                 5·a·s²/t per recomputed layer, Korthikanti et al.); causal mask built on the GPU \
+                 (fp32 ones + tril → bool [s, s] kept); learned position table of s rows \
+                 replicated on every GPU (16 bytes per element with its gradient and Adam \
+                 states); dropout 0.1"
+            }
+            System::OldMds => {
+                "as (a) but TP without Megatron SP: LayerNorm/dropout activations replicated on \
+                 the TP ranks (s·b·h·(10 + 24/t) per layer), and DeepSpeed checkpointing keeps \
+                 each layer's full-sequence input on every GPU (partition_activations is not set \
+                 in the scripts)"
+            }
+            System::NewMds => {
+                "TP = min(GPUs, 64 heads) with Megatron SP, DP = rest, ZeRO 0; full activation \
+                 checkpointing; FlashAttention (no scores, no [s, s] mask on the GPU); learned \
+                 position table split over the TP/SP ranks; dropout 0.1"
+            }
+            System::Genslm => {
+                "Ulysses SP = min(GPUs, 64 heads), DP = rest, ZeRO-3 over DP×SP, genslm's own \
+                 flash attention, learned positions sharded over SP, bf16 mixed precision, \
+                 genslm's GPT-NeoX layer under burn autodiff (37·h saved elements per token per \
+                 layer), no activation checkpointing (genslm has none yet), codon vocabulary (69)"
+            }
+            System::GenslmCheckpointed => "as (d) with full activation checkpointing",
+        }
+    }
+}
+
+/// Device memory of an A100-40GB.
+pub const A100_40GB: f64 = 40.0 * GIB;
+
+/// GPT-2's BPE vocabulary, which the published runs used (BookCorpus with gpt2-vocab.json).
+const GPT2_VOCAB: usize = 50257;
+
+/// The published maxima in thousands (1024) of tokens for 32, 64 and 128 GPUs.
+pub const PUBLISHED: [(&str, System, [u32; 3]); 6] = [
+    ("25B", System::OldMds, [28, 32, 32]),
+    ("25B", System::MegatronLm, [14, 46, 52]),
+    ("25B", System::NewMds, [128, 384, 448]),
+    ("33B", System::OldMds, [36, 42, 42]),
+    ("33B", System::MegatronLm, [26, 48, 52]),
+    ("33B", System::NewMds, [192, 448, 512]),
+];
+
+/// GPU counts of the comparison.
+pub const GPUS: [usize; 3] = [32, 64, 128];
+
+/// The 25B and 33B shapes of the Megatron-DeepSpeed long-sequence runs: 64 or 80 layers,
+/// hidden 6144, 64 heads, 4h MLP.
+pub fn shape(name: &str) -> ModelConfig {
+    let layers = if name == "33B" { 80 } else { 64 };
+    ModelConfig {
+        name: name.into(),
+        num_layers: layers,
+        hidden_size: 6144,
+        num_heads: 64,
+        intermediate_size: 4 * 6144,
+        vocab: VocabKind::Genslm69,
+        vocab_size: 69,
+        max_position_embeddings: 2048,
+        position: Position::Learned,
+        rotary_pct: 0.25,
+        rotary_base: 10000.0,
+        layer_norm_eps: 1e-5,
+        attention: AttentionKind::Flash,
+    }
+}
+
+/// The layout and settings a system used on `gpus` GPUs for `model`.
+pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
+    let heads = model.num_heads;
+    // The largest degree ≤ heads that divides both (GPU counts and heads are powers of two).
+    let degree = (1..=gpus.min(heads))
+        .rev()
+        .find(|d| gpus.is_multiple_of(*d) && heads.is_multiple_of(*d))
+        .unwrap_or(1);
+    let megatron = |megatron_sp, attention, mask, shard_positions| Strategy {
+        layout: Layout {
+            tp: degree,
+            sp: 1,
+            dp: gpus / degree,
+            zero: 0,
+            megatron_sp,
+            zero_over_sp: false,
+        },
+        recipe: Recipe::Megatron { dropout: true },
+        attention,
+        positions: Position::Learned,
+        shard_positions,
+        mask,
+        checkpointing: Checkpointing::Full { partitioned: false },
+        precision: Precision::Bf16,
+        batch_size: 1,
+        tied_embeddings: true,
+        // Megatron pads the vocabulary to a multiple of 128 · TP.
+        vocab_size: GPT2_VOCAB.div_ceil(128 * degree) * 128 * degree,
+    };
+    let genslm = |checkpointing| Strategy {
+        layout: Layout {
+            tp: 1,
+            sp: degree,
+            dp: gpus / degree,
+            zero: 3,
+            megatron_sp: false,
+            zero_over_sp: true,
+        },
+        recipe: Recipe::Genslm,
+        attention: AttentionKind::Flash,
+        positions: Position::Learned,
+        shard_positions: true,
+        mask: Mask::None,
+        checkpointing,
+        precision: Precision::Bf16,
+        batch_size: 1,
+        tied_embeddings: false,
+        vocab_size: 69,
+    };
+    match system {
+        System::MegatronLm => megatron(true, AttentionKind::Naive, Mask::Materialised, false),
+        System::OldMds => megatron(false, AttentionKind::Naive, Mask::Materialised, false),
+        System::NewMds => megatron(true, AttentionKind::Flash, Mask::None, true),
+        System::Genslm => genslm(Checkpointing::None),
+        System::GenslmCheckpointed => genslm(Checkpointing::Full { partitioned: false }),
+    }
+}
+
+/// One cell of the comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub model: String,
+    pub gpus: usize,
+    pub system: System,
+    pub label: &'static str,
+    /// Published maximum in thousands (1024) of tokens, where the article has one.
+    pub published_k: Option<u32>,
+    pub predicted_tokens: usize,
+    pub predicted_k: f64,
+    /// predicted / published − 1.
+    pub rel_error: Option<f64>,
+    pub layout: Layout,
+    /// The binding phase and its memory at the predicted length.
+    pub phase: Phase,
+    pub memory: Breakdown,
+}
+
+/// Every cell, models × GPU counts × systems.
+pub fn cells() -> Vec<Cell> {
+    let hw = Hardware {
+        mem_bytes: A100_40GB,
+        target: Target::Gpu,
+    };
+    let mut out = Vec::new();
+    for name in ["25B", "33B"] {
+        let model = shape(name);
+        for (g, &gpus) in GPUS.iter().enumerate() {
+            for system in System::ALL {
+                let st = strategy(system, &model, gpus);
+                let n = max_seq_len(&model, &st, &hw);
+                let est = estimate(&model, &st, &hw, n);
+                let published_k = PUBLISHED
+                    .iter()
+                    .find(|(m, s, _)| *m == name && *s == system)
+                    .map(|(_, _, v)| v[g]);
+                let predicted_k = n as f64 / 1024.0;
+                out.push(Cell {
+                    model: name.into(),
+                    gpus,
+                    system,
+                    label: system.label(),
+                    published_k,
+                    predicted_tokens: n,
+                    predicted_k,
+                    rel_error: published_k.map(|p| predicted_k / p as f64 - 1.0),
+                    layout: st.layout,
+                    phase: est.phase,
+                    memory: est.memory,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Common assumptions of the published columns.
+pub const COMMON: &[&str] = &[
+    "A100-40GB: 40 GiB per GPU, of which 1 GiB (CUDA context, cuBLAS/NCCL) and 5% (allocator \
+     fragmentation) are reserved",
+    "shapes: 25B = 64 layers, 33B = 80 layers; hidden 6144, 64 heads, 4h MLP, GPT-2 vocabulary \
+     (50257, padded to a multiple of 128·TP), tied embeddings, micro-batch 1",
+    "fp16/bf16 mixed precision: 2 (weights) + 2 (gradients) + 12 (fp32 master + Adam m, v) \
+     bytes per parameter; activations 2 bytes",
+    "layout per GPU count as in the sweep scripts (MPSIZE = all GPUs): TP = 32 on 32 GPUs, 64 \
+     on 64 and 128 GPUs (64 heads cap TP; DP = 2 on 128 GPUs), no pipeline parallelism, ZeRO 0",
+    "published values are the largest length of a coarse sweep that ran (…, 128K, 192K, 256K, \
+     …, 384K, 448K, 512K): the true maxima lie between a published value and the next step",
+];
+
+/// The comparison as a text table with the assumptions of each column.
+pub fn report(cells: &[Cell]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Longest trainable sequence on A100-40GB GPUs, in K = 1024 tokens: published / predicted (error)"
+    );
+    let cols = [
+        System::MegatronLm,
+        System::OldMds,
+        System::NewMds,
+        System::Genslm,
+        System::GenslmCheckpointed,
+    ];
+    let _ = write!(s, "{:<6}{:>5}", "model", "GPUs");
+    for c in cols {
+        let w = if c.label().starts_with("(d") { 18 } else { 22 };
+        let _ = write!(s, "  {:<w$}", c.label());
+    }
+    s.push('\n');
+    let mut within = 0;
+    let mut published = 0;
+    for name in ["25B", "33B"] {
+        for gpus in GPUS {
+            let _ = write!(s, "{name:<6}{gpus:>5}");
+            for c in cols {
+                let cell = cells
+                    .iter()
+                    .find(|x| x.model == name && x.gpus == gpus && x.system == c)
+                    .expect("every cell computed");
+                let text = match (cell.published_k, cell.rel_error) {
+                    (Some(p), Some(e)) => {
+                        published += 1;
+                        if e.abs() <= 0.25 {
+                            within += 1;
+                        }
+                        format!("{p} / {:.0} ({:+.0}%)", cell.predicted_k, 100.0 * e)
+                    }
+                    _ => format!("{:.0}", cell.predicted_k),
+                };
+                let w = if c.label().starts_with("(d") { 18 } else { 22 };
+                let _ = write!(s, "  {text:<w$}");
+            }
+            s.push('\n');
+        }
+    }
+    let _ = writeln!(s, "\n{within} of {published} published cells within ±25%.");
+    let _ = writeln!(s, "\nAssumptions (all columns):");
+    for a in COMMON {
+        let _ = writeln!(s, "  - {a}");
+    }
+    for c in cols {
+        let _ = writeln!(s, "  {}: {}", c.label(), c.assumptions());
+    }
+    s
+}
+
+/// The comparison as JSON.
+pub fn json(cells: &[Cell]) -> serde_json::Value {
+    let published: Vec<&Cell> = cells.iter().filter(|c| c.rel_error.is_some()).collect();
+    let within = published
+        .iter()
+        .filter(|c| c.rel_error.is_some_and(|e| e.abs() <= 0.25))
+        .count();
+    serde_json::json!({
+        "gpu_mem_bytes": A100_40GB as u64,
+        "cells": cells,
+        "published_cells": published.len(),
+        "within_25_percent": within,
+        "assumptions": {
+            "common": COMMON,
+            "columns": System::ALL.iter().map(|s| (s.label(), s.assumptions())).collect::<Vec<_>>(),
+        },
+    })
+}

@@ -1,0 +1,195 @@
+//! Text reports of `genslm plan`: one plan, a sweep.
+
+use std::fmt::Write;
+
+use super::cli::{strategy_for, Candidate, DeviceArg, PlanArgs, SweepRow};
+use super::{granule, Checkpointing, Estimate, Layout, Precision, Strategy, GIB};
+use crate::config::{AttentionKind, ModelConfig, Position};
+
+pub(super) fn layout_text(l: &Layout) -> String {
+    let mut parts = Vec::new();
+    if l.tp > 1 {
+        parts.push(format!(
+            "tp {}{}",
+            l.tp,
+            if l.megatron_sp { " (+Megatron SP)" } else { "" }
+        ));
+    }
+    if l.sp > 1 {
+        parts.push(format!("sp {} (Ulysses)", l.sp));
+    }
+    parts.push(format!("dp {}", l.dp));
+    format!("{}, ZeRO-{}", parts.join(" × "), l.zero)
+}
+
+pub(super) fn tokens(n: usize) -> String {
+    crate::info::group_digits(n as u64)
+}
+
+pub(super) fn gib(b: f64) -> String {
+    format!("{:.2} GiB", b / GIB)
+}
+
+pub(super) fn describe(st: &Strategy) -> String {
+    format!(
+        "{} attention, {} positions{}, {}, {}, batch {}",
+        match st.attention {
+            AttentionKind::Flash => "flash",
+            AttentionKind::Naive => "naive",
+        },
+        st.positions,
+        if st.positions == Position::Learned {
+            if st.shard_positions {
+                " (table sharded)"
+            } else {
+                " (table replicated)"
+            }
+        } else {
+            ""
+        },
+        match st.precision {
+            Precision::Bf16 => "bf16 mixed precision",
+            Precision::Fp32 => "fp32",
+        },
+        match st.checkpointing {
+            Checkpointing::None => "no activation checkpointing",
+            Checkpointing::Full { .. } => "full activation checkpointing",
+        },
+        st.batch_size
+    )
+}
+
+pub(super) fn breakdown_lines(s: &mut String, e: &Estimate, mem_bytes: f64) {
+    let _ = writeln!(
+        s,
+        "per-rank memory at {} tokens (peak in the {} phase):",
+        tokens(e.seq_len),
+        e.phase.name()
+    );
+    for (name, v) in e.memory.rows() {
+        let _ = writeln!(s, "  {name:<24}{:>12}", gib(v));
+    }
+    let _ = writeln!(
+        s,
+        "  {:<24}{:>12}  of {}",
+        "total",
+        gib(e.total()),
+        gib(mem_bytes)
+    );
+    let others: Vec<String> = e
+        .phases
+        .iter()
+        .filter(|(p, _)| *p != e.phase)
+        .map(|(p, t)| format!("{} {}", p.name(), gib(*t)))
+        .collect();
+    if !others.is_empty() {
+        let _ = writeln!(s, "  (other phases: {})", others.join(", "));
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn single_report(
+    model: &ModelConfig,
+    a: &PlanArgs,
+    gpus: usize,
+    mem: f64,
+    best: &Candidate,
+    searched: bool,
+    at_max: &Estimate,
+    at_len: Option<Estimate>,
+    notes: &[String],
+) -> String {
+    let mut s = String::new();
+    let what = match a.device {
+        DeviceArg::Gpu => "GPUs",
+        DeviceArg::Cpu => "CPU processes",
+    };
+    let _ = writeln!(s, "{} on {gpus} {what} × {mem} GiB", model.name);
+    let _ = writeln!(
+        s,
+        "layout              {}{}",
+        layout_text(&best.strategy.layout),
+        if searched {
+            "  (best of the layouts the flags allow)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(s, "settings            {}", describe(&best.strategy));
+    let _ = writeln!(
+        s,
+        "longest sequence    {} tokens ({} codons ≈ {} bases; searched in steps of {})",
+        tokens(best.max_seq_len),
+        tokens(best.max_seq_len),
+        tokens(3 * best.max_seq_len),
+        tokens(granule(&best.strategy))
+    );
+    breakdown_lines(&mut s, at_max, best.hardware.mem_bytes);
+    if let Some(e) = at_len {
+        breakdown_lines(&mut s, &e, best.hardware.mem_bytes);
+    }
+    for n in notes {
+        let _ = writeln!(s, "note: {n}");
+    }
+    s
+}
+
+pub(super) fn sweep_report(
+    model: &ModelConfig,
+    a: &PlanArgs,
+    mem: f64,
+    rows: &[SweepRow],
+) -> String {
+    let mut s = String::new();
+    let what = match a.device {
+        DeviceArg::Gpu => "GPU",
+        DeviceArg::Cpu => "process",
+    };
+    let _ = writeln!(
+        s,
+        "{}: longest sequence (tokens) by {what} count, {mem} GiB per {what}; {}",
+        model.name,
+        describe(&strategy_for(
+            model,
+            a,
+            Layout {
+                tp: 1,
+                sp: 1,
+                dp: 1,
+                zero: 0,
+                megatron_sp: false,
+                zero_over_sp: false
+            }
+        ))
+    );
+    let _ = writeln!(
+        s,
+        "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  best layout",
+        what.to_string() + "s",
+        "DP only",
+        "TP+MegSP",
+        "Ulysses SP",
+        "TP+Ulysses",
+        "best"
+    );
+    for r in rows {
+        let cell = |n: usize| if n == 0 { "-".to_string() } else { tokens(n) };
+        let _ = writeln!(
+            s,
+            "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {}",
+            r.gpus,
+            cell(r.dp_only),
+            cell(r.tp),
+            cell(r.ulysses),
+            cell(r.tp_ulysses),
+            cell(r.best.max_seq_len),
+            layout_text(&r.best.strategy.layout)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "(- : no layout of that family fits or exists; TP within {} GPUs per node)",
+        a.gpus_per_node
+    );
+    s
+}

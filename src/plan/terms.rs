@@ -1,0 +1,365 @@
+//! The formula of every memory term, per rank, in bytes (notation in [`super`]).
+
+use super::{cpu, Breakdown, Checkpointing, Hardware, Mask, Recipe, Strategy, Target, GIB};
+use crate::config::{AttentionKind, ModelConfig, Position};
+
+/// Parameters of one transformer layer (GPT-NeoX and Megatron's GPT have the same ones): two
+/// LayerNorms `4h`, fused QKV `3h² + 3h`, attention output `h² + h`, MLP `h·i + i` and
+/// `i·h + h`. For `i = 4h`: `12h² + 13h`.
+pub fn layer_params(m: &ModelConfig) -> f64 {
+    let (h, i) = (m.hidden_size as f64, m.intermediate_size as f64);
+    4.0 * h + (3.0 * h * h + 3.0 * h) + (h * h + h) + (h * i + i) + (i * h + h)
+}
+
+/// Parameters outside a learned position table: `L·layer + 2h` (final LayerNorm) `+ V·h` per
+/// embedding matrix (one when tied, two for GPT-NeoX's untied `embed_in` / `embed_out`).
+/// With `vocab = vocab_size` and untied, this is `ModelConfig::param_count` without the table.
+pub fn model_params(m: &ModelConfig, vocab: usize, tied: bool) -> f64 {
+    let (h, v, l) = (m.hidden_size as f64, vocab as f64, m.num_layers as f64);
+    let embeddings = if tied { 1.0 } else { 2.0 };
+    l * layer_params(m) + 2.0 * h + embeddings * v * h
+}
+
+/// What one layer keeps, per token (bytes) unless said otherwise.
+struct LayerTerms {
+    /// Sequence region (split over `seq_shard`).
+    seq: f64,
+    /// Head region (split over `head_shard`).
+    head: f64,
+    /// Naive attention: bytes per (query, key, head), head region.
+    scores: f64,
+    /// Naive attention: a causal mask built by each layer, bytes per (query, key), not split.
+    layer_mask: f64,
+    /// Flash attention: the row log-sum-exp, bytes per (token, head).
+    lse: f64,
+    /// Backward working gradients of one layer: head region, sequence region, and per
+    /// (query, key, head) for naive attention.
+    work_head: f64,
+    work_seq: f64,
+    work_scores: f64,
+}
+
+fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
+    let e = st.precision.activation_bytes();
+    let (h, i) = (m.hidden_size as f64, m.intermediate_size as f64);
+    let naive = st.attention == AttentionKind::Naive;
+    match st.recipe {
+        Recipe::Megatron { dropout } => {
+            let drop = if dropout { 1.0 } else { 0.0 };
+            LayerTerms {
+                // Inputs of LN1, of the QKV projection, of LN2 and of the MLP (e·h each), and
+                // the two 1-byte dropout masks after attention and after the MLP:
+                // 10·h for e = 2 with dropout (Korthikanti et al., eq. 1).
+                seq: 4.0 * e * h + 2.0 * drop * h,
+                // Q, K, V and the attention output (e·h each), the MLP's fc1 output (GeLU
+                // input) and GeLU output (e·i each): 24·h for e = 2 and i = 4h.
+                head: 4.0 * e * h + 2.0 * e * i,
+                // Softmax output (e), dropout mask (1) and dropout output (e): 5 bytes per
+                // score with dropout in 16-bit, the `5·a·s/h` term.
+                scores: if naive { e + drop * (1.0 + e) } else { 0.0 },
+                layer_mask: 0.0,
+                lse: if naive { 0.0 } else { 4.0 },
+                // Gradients of the MLP's two i-wide tensors and of the layer's input/output.
+                work_head: 2.0 * e * i,
+                work_seq: 2.0 * e * h,
+                // Gradient of the probabilities and of the scores in softmax's backward.
+                work_scores: if naive { 2.0 * e } else { 0.0 },
+            }
+        }
+        Recipe::Genslm => {
+            // Q, K, V as flash attention keeps them and its output O: 4h. Without Ulysses
+            // exchanges, V is a view of the fused QKV output, which keeps all 3h of it alive;
+            // with rotary, Q and K are new tensors (rotate-half and cat), otherwise views too.
+            let qkvo = if st.layout.sp > 1 {
+                4.0 * h
+            } else if st.positions == Position::Rotary {
+                6.0 * h
+            } else {
+                4.0 * h
+            };
+            LayerTerms {
+                // LN1: centred and normalised input (burn's decomposed layer_norm keeps both),
+                // its output (the QKV matmul's input); the attention output reshaped for the
+                // dense matmul; LN2's two and its output (fc1's input): 7·h elements.
+                seq: 7.0 * e * h,
+                // fc1 output (gelu_fast's input), gelu_fast's four kept intermediates
+                // (1 + 0.044715·x², tanh(·), 0.5·x, 1 + tanh(·)) and its output (fc2's
+                // input): 6·i elements; with qkvo, 37·h for i = 4h and rotary at p = 1.
+                head: qkvo * e + 6.0 * e * i,
+                // softmax keeps exp(x − max) and the probabilities (the matmul with V).
+                scores: if naive { 2.0 * e } else { 0.0 },
+                // Each naive call builds a bool [1, 1, s, s] causal mask that mask_fill keeps.
+                layer_mask: if naive { 1.0 } else { 0.0 },
+                lse: if naive { 0.0 } else { 4.0 },
+                // gelu_fast's backward: gradients of two i-wide tensors of the last layer.
+                work_head: 2.0 * e * i,
+                work_seq: 0.0,
+                // Scores, masked scores and softmax temporaries of one layer.
+                work_scores: if naive { 3.0 * e } else { 0.0 },
+            }
+        }
+    }
+}
+
+/// Bytes per token of the final LayerNorm and LM-head input (sequence region) and bytes per
+/// (token, vocabulary entry) of the logits and loss (head region).
+fn head_terms(m: &ModelConfig, st: &Strategy) -> (f64, f64) {
+    let e = st.precision.activation_bytes();
+    let h = m.hidden_size as f64;
+    match st.recipe {
+        // Final LN input and LM-head input (e·h each); logits (e), their fp32 copy in the
+        // vocab-parallel cross entropy whose softmax is kept (4), its fp32 gradient (4).
+        Recipe::Megatron { .. } => (2.0 * e * h, e + 8.0),
+        // Final LN: centred, normalised, output (embed_out's input); log_softmax keeps
+        // exp(x − max) and the logits and the log-probabilities' gradient are live when the
+        // backward starts: 3 vocabulary-wide tensors.
+        Recipe::Genslm => (3.0 * e * h, 3.0 * e),
+    }
+}
+
+/// Token ids and targets (i64) and loss weights (f32), per token.
+const TOKEN_BYTES: f64 = 20.0;
+
+/// Fixed reserve on a GPU: CUDA context with cuBLAS/NCCL workspaces (1 GiB) and 5% of the
+/// device for the caching allocator's fragmentation.
+pub fn gpu_reserve(mem_bytes: f64) -> f64 {
+    GIB + 0.05 * mem_bytes
+}
+
+fn fixed_workspace(hw: &Hardware) -> f64 {
+    match hw.target {
+        Target::Gpu => gpu_reserve(hw.mem_bytes),
+        Target::Cpu { run } => cpu::baseline(run),
+    }
+}
+
+/// Whether gradients occupy their own memory during the forward/backward peak.
+fn grads_at_peak(st: &Strategy) -> bool {
+    matches!(st.recipe, Recipe::Megatron { .. })
+}
+
+fn has_optimizer(hw: &Hardware) -> bool {
+    match hw.target {
+        Target::Gpu => true,
+        Target::Cpu { run } => cpu::has_optimizer(run),
+    }
+}
+
+/// ZeRO divisor for a term that ZeRO partitions from `stage` on.
+fn zdiv(zero: u8, stage: u8, group: f64) -> f64 {
+    if zero >= stage {
+        group
+    } else {
+        1.0
+    }
+}
+
+/// Weights, gradients (when `grads`) and optimizer states of the model and of the position
+/// table: (parameters, gradients, optimizer states, position table).
+fn states(
+    m: &ModelConfig,
+    st: &Strategy,
+    hw: &Hardware,
+    s: f64,
+    grads: bool,
+) -> (f64, f64, f64, f64) {
+    let l = &st.layout;
+    let (pb, gb, ob) = st.precision.state_bytes();
+    let ob = if has_optimizer(hw) { ob } else { 0.0 };
+    let gb = if grads { gb } else { 0.0 };
+    let z = l.zero_group() as f64;
+    // TP splits every matrix and the vocabulary; LayerNorms and row-parallel biases are in fact
+    // replicated (≪ 0.1% of the weights, ignored).
+    let n = model_params(m, st.vocab_size, st.tied_embeddings) / l.tp as f64;
+    let params = n * pb / zdiv(l.zero, 3, z);
+    let gradients = n * gb / zdiv(l.zero, 2, z);
+    let optimizer = n * ob / zdiv(l.zero, 1, z);
+    // A learned table covers the sequence: s rows of h (max_position_embeddings = s). Sharded,
+    // each sequence shard owns s/seq_shard rows and its gradient is reduced over DP only, so
+    // ZeRO partitions it over D; replicated, it is partitioned like any weight.
+    let position = if st.positions == Position::Learned {
+        let (shard, group) = if st.shard_positions {
+            (l.seq_shard() as f64, l.dp as f64)
+        } else {
+            (1.0, z)
+        };
+        let el = s * m.hidden_size as f64 / shard;
+        el * (pb / zdiv(l.zero, 3, group)
+            + gb / zdiv(l.zero, 2, group)
+            + ob / zdiv(l.zero, 1, group))
+    } else {
+        0.0
+    };
+    (params, gradients, optimizer, position)
+}
+
+/// The forward/backward peak: every saved activation live, the backward about to start.
+pub(super) fn forward_backward(
+    m: &ModelConfig,
+    st: &Strategy,
+    hw: &Hardware,
+    seq_len: usize,
+) -> Breakdown {
+    let l = &st.layout;
+    let e = st.precision.activation_bytes();
+    let (s, b) = (seq_len as f64, st.batch_size as f64);
+    let (h, a) = (m.hidden_size as f64, m.num_heads as f64);
+    let layers = m.num_layers as f64;
+    let tokens = b * s;
+    let (seq_shard, head_shard) = (l.seq_shard() as f64, l.head_shard() as f64);
+    let (p, t) = (l.sp as f64, l.tp as f64);
+    let (parameters, gradients, optimizer_states, position_table) =
+        states(m, st, hw, s, grads_at_peak(st));
+
+    let lt = layer_terms(m, st);
+    // One layer: tokens·(seq/seq_shard + head/head_shard).
+    let one_layer = tokens * (lt.seq / seq_shard + lt.head / head_shard);
+    // Attention of one layer: naive scores b·s·s·a·scores/head_shard plus the layer's own mask
+    // s²·layer_mask; flash's log-sum-exp b·s·a·4/head_shard.
+    let one_attention = tokens * s * a * lt.scores / head_shard
+        + s * s * lt.layer_mask
+        + tokens * a * lt.lse / head_shard;
+    let (layer_acts, layer_attention) = match st.checkpointing {
+        Checkpointing::None => (layers * one_layer, layers * one_attention),
+        // Each layer keeps its input (e·h per token; split over t only with Megatron SP or
+        // partitioned checkpoints) and one layer at a time is recomputed in full.
+        Checkpointing::Full { partitioned } => {
+            let kept_shard = if l.megatron_sp || partitioned {
+                seq_shard
+            } else {
+                p
+            };
+            (
+                layers * tokens * e * h / kept_shard + one_layer,
+                one_attention,
+            )
+        }
+    };
+    let (head_seq, logit_bytes) = head_terms(m, st);
+    // genslm's rotary cos/sin tables: 2·r fp32 per local token, shared by the layers.
+    let rotary = if st.recipe == Recipe::Genslm && st.positions == Position::Rotary {
+        8.0 * m.rotary_dims() as f64
+    } else {
+        0.0
+    };
+    let activations = layer_acts + tokens * (head_seq + TOKEN_BYTES + rotary) / seq_shard;
+    // A materialised mask: one bool [s, s] on every rank.
+    let mask = if st.mask == Mask::Materialised {
+        s * s
+    } else {
+        0.0
+    };
+    let attention = layer_attention + mask;
+    // Logits: vocabulary split over t, tokens over p.
+    let logits = tokens * st.vocab_size as f64 * logit_bytes / (t * p);
+
+    let communication = match hw.target {
+        Target::Gpu => {
+            let mut c = 0.0;
+            if l.megatron_sp && l.tp > 1 {
+                // The all-gathered [s/p, b, h] input of a column-parallel matmul and the
+                // [s/p, b, h] partial output a row-parallel matmul reduce-scatters: 2·e·h per
+                // token of the Ulysses shard, not split over t.
+                c += 2.0 * e * h * tokens / p;
+            }
+            if l.sp > 1 {
+                // One Ulysses exchange in flight: send and receive buffers of Q, K and V.
+                c += 2.0 * 3.0 * e * h * tokens / p;
+            }
+            if l.zero >= 3 {
+                // ZeRO-3 gathers the weights of the running layer and prefetches the next.
+                c += 2.0 * st.precision.state_bytes().0 * layer_params(m) / t;
+            }
+            c
+        }
+        // genslm's exchanges go through host buffers during the forward; they are freed
+        // before the backward starts.
+        Target::Cpu { .. } => 0.0,
+    };
+    let workspace = tokens * (lt.work_head / head_shard + lt.work_seq / seq_shard)
+        + tokens * s * a * lt.work_scores / head_shard
+        + fixed_workspace(hw);
+    Breakdown {
+        parameters,
+        gradients,
+        optimizer_states,
+        activations,
+        attention,
+        position_table,
+        logits,
+        communication,
+        workspace,
+    }
+}
+
+/// Building a materialised mask before the forward: the model states and the mask creation's
+/// fp32 `ones(s, s)` (4·s²), its `tril` (4·s²) and the bool result (s²).
+pub(super) fn mask_creation(
+    m: &ModelConfig,
+    st: &Strategy,
+    hw: &Hardware,
+    seq_len: usize,
+) -> Breakdown {
+    let s = seq_len as f64;
+    let (parameters, gradients, optimizer_states, position_table) =
+        states(m, st, hw, s, grads_at_peak(st));
+    Breakdown {
+        parameters,
+        gradients,
+        optimizer_states,
+        position_table,
+        attention: 9.0 * s * s,
+        workspace: fixed_workspace(hw),
+        ..Default::default()
+    }
+}
+
+/// The optimizer step: all gradients exist; gradient reductions and the AdamW update's new
+/// moments and weights (of one parameter tensor at a time) are added. On a CPU process whose
+/// allocator kept the activation memory the backward freed ([`cpu::retains_activations`]), the
+/// resident memory stays at the forward/backward level and the step's buffers come on top.
+pub(super) fn optimizer_step(
+    m: &ModelConfig,
+    st: &Strategy,
+    hw: &Hardware,
+    seq_len: usize,
+    fb: &Breakdown,
+) -> Breakdown {
+    let s = seq_len as f64;
+    let (parameters, gradients, optimizer_states, position_table) = states(m, st, hw, s, true);
+    let (h, i, v) = (
+        m.hidden_size as f64,
+        m.intermediate_size as f64,
+        st.vocab_size as f64,
+    );
+    let largest = (v * h).max(h * i).max(3.0 * h * h) / st.layout.tp as f64;
+    let adam = if has_optimizer(hw) {
+        3.0 * 4.0 * largest
+    } else {
+        0.0
+    };
+    let (communication, retained) = match hw.target {
+        Target::Gpu => (0.0, false),
+        Target::Cpu { .. } => (
+            cpu::step_buffers(m, st, seq_len),
+            cpu::retains_activations(m, st, seq_len),
+        ),
+    };
+    if retained {
+        // Resident: the forward/backward peak (gradients were allocated inside it).
+        return Breakdown {
+            communication: fb.communication + communication,
+            workspace: fb.workspace + adam,
+            ..*fb
+        };
+    }
+    Breakdown {
+        parameters,
+        gradients,
+        optimizer_states,
+        position_table,
+        communication,
+        workspace: fixed_workspace(hw) + adam,
+        ..Default::default()
+    }
+}

@@ -1,0 +1,524 @@
+//! `genslm plan`: the memory terms against their closed forms, the CPU calibration against
+//! peaks genslm measured on this machine, the published comparison, and the CLI.
+
+mod common;
+
+use common::{repo, run};
+use genslm::config::{AttentionKind, Config, ModelConfig, Position};
+use genslm::plan::cpu::{extend_capacity, CpuRun};
+use genslm::plan::published::{self, System};
+use genslm::plan::{
+    estimate, granule, max_seq_len, model_params, Checkpointing, Hardware, Layout, Mask, Phase,
+    Precision, Recipe, Strategy, Target, GIB, MIB,
+};
+use genslm::tokenizer::VocabKind;
+
+fn shape(layers: usize, h: usize, heads: usize, i: usize) -> ModelConfig {
+    ModelConfig {
+        name: "t".into(),
+        num_layers: layers,
+        hidden_size: h,
+        num_heads: heads,
+        intermediate_size: i,
+        vocab: VocabKind::Genslm69,
+        vocab_size: 69,
+        max_position_embeddings: 2048,
+        position: Position::Rotary,
+        rotary_pct: 0.25,
+        rotary_base: 10000.0,
+        layer_norm_eps: 1e-5,
+        attention: AttentionKind::Flash,
+    }
+}
+
+fn layout(tp: usize, sp: usize, dp: usize, zero: u8, megatron_sp: bool) -> Layout {
+    Layout {
+        tp,
+        sp,
+        dp,
+        zero,
+        megatron_sp,
+        zero_over_sp: true,
+    }
+}
+
+/// Megatron's layer in bf16 with dropout, no position table, no mask.
+fn megatron(l: Layout, attention: AttentionKind, ckpt: Checkpointing) -> Strategy {
+    Strategy {
+        layout: l,
+        recipe: Recipe::Megatron { dropout: true },
+        attention,
+        positions: Position::Rotary,
+        shard_positions: false,
+        mask: Mask::None,
+        checkpointing: ckpt,
+        precision: Precision::Bf16,
+        batch_size: 1,
+        tied_embeddings: true,
+        vocab_size: 1024,
+    }
+}
+
+fn gpu(gib: f64) -> Hardware {
+    Hardware {
+        mem_bytes: gib * GIB,
+        target: Target::Gpu,
+    }
+}
+
+fn close(got: f64, want: f64, what: &str) {
+    let tol = 1e-9 * want.abs().max(1.0);
+    assert!((got - want).abs() <= tol, "{what}: got {got}, want {want}");
+}
+
+/// Bytes of one layer (activations + attention) at `s` tokens: the difference between the
+/// 2-layer and the 1-layer model.
+fn one_layer(st: &Strategy, h: usize, heads: usize, i: usize, s: usize) -> (f64, f64) {
+    let hw = gpu(1e6);
+    let at = |layers| estimate(&shape(layers, h, heads, i), st, &hw, s).memory;
+    let (a2, a1) = (at(2), at(1));
+    (a2.activations - a1.activations, a2.attention - a1.attention)
+}
+
+#[test]
+fn megatron_layer_is_korthikanti_34_plus_5as_over_h() {
+    let (h, a, s) = (1024usize, 16usize, 4096usize);
+    let (hf, af, sf) = (h as f64, a as f64, s as f64);
+    for t in [1usize, 2, 8] {
+        let tf = t as f64;
+        // TP + Megatron SP, naive attention: s·b·h·(34 + 5·a·s/h)/t.
+        let st = megatron(
+            layout(t, 1, 1, 0, true),
+            AttentionKind::Naive,
+            Checkpointing::None,
+        );
+        let (act, att) = one_layer(&st, h, a, 4 * h, s);
+        close(
+            act + att,
+            sf * hf * (34.0 + 5.0 * af * sf / hf) / tf,
+            "TP+SP naive",
+        );
+        // TP without SP: s·b·h·(10 + 24/t + 5·a·s/(h·t)).
+        let st = megatron(
+            layout(t, 1, 1, 0, false),
+            AttentionKind::Naive,
+            Checkpointing::None,
+        );
+        let (act, att) = one_layer(&st, h, a, 4 * h, s);
+        close(
+            act + att,
+            sf * hf * (10.0 + 24.0 / tf + 5.0 * af * sf / (hf * tf)),
+            "TP naive",
+        );
+        // Flash: the scores term vanishes; the fp32 log-sum-exp (4·a·s/t) remains.
+        let st = megatron(
+            layout(t, 1, 1, 0, true),
+            AttentionKind::Flash,
+            Checkpointing::None,
+        );
+        let (act, att) = one_layer(&st, h, a, 4 * h, s);
+        close(act, 34.0 * sf * hf / tf, "flash activations");
+        close(att, 4.0 * af * sf / tf, "flash log-sum-exp");
+        // Full checkpointing: each extra layer adds only its kept input (2·s·h/t with SP).
+        let full = Checkpointing::Full { partitioned: false };
+        let st = megatron(layout(t, 1, 1, 0, true), AttentionKind::Naive, full);
+        let (act, att) = one_layer(&st, h, a, 4 * h, s);
+        close(act, 2.0 * sf * hf / tf, "checkpointed layer");
+        close(att, 0.0, "checkpointed scores (one layer, recomputed)");
+        // Without SP the kept inputs are whole on every TP rank.
+        let st = megatron(layout(t, 1, 1, 0, false), AttentionKind::Naive, full);
+        close(
+            one_layer(&st, h, a, 4 * h, s).0,
+            2.0 * sf * hf,
+            "unpartitioned",
+        );
+    }
+}
+
+#[test]
+fn genslm_layer_keeps_37h_per_token_then_35h_under_ulysses() {
+    let (h, a, i, s) = (512usize, 8usize, 2048usize, 4096usize);
+    let mut st = megatron(
+        layout(1, 1, 1, 0, false),
+        AttentionKind::Flash,
+        Checkpointing::None,
+    );
+    st.recipe = Recipe::Genslm;
+    st.precision = Precision::Fp32;
+    // Rotary, one rank: 13·h + 6·i fp32 elements per token (= 37·h for i = 4h).
+    let (act, att) = one_layer(&st, h, a, i, s);
+    close(act, 4.0 * s as f64 * (13 * h + 6 * i) as f64, "p = 1");
+    close(act, 4.0 * s as f64 * 37.0 * h as f64, "37h");
+    close(att, 4.0 * (a * s) as f64, "log-sum-exp");
+    // Ulysses p = 2: q, k, v no longer pin the fused QKV buffer: 11·h + 6·i per local token.
+    st.layout = layout(1, 2, 1, 0, false);
+    let (act, _) = one_layer(&st, h, a, i, s);
+    close(act, 4.0 * (s / 2) as f64 * (11 * h + 6 * i) as f64, "p = 2");
+    // Naive attention (burn): 2 fp32 per score kept plus each layer's bool causal mask.
+    st.layout = layout(1, 1, 1, 0, false);
+    st.attention = AttentionKind::Naive;
+    let (_, att) = one_layer(&st, h, a, i, s);
+    close(att, (8 * a * s * s + s * s) as f64, "naive scores and mask");
+}
+
+#[test]
+fn model_states_follow_the_zero_stages() {
+    let m = shape(4, 1024, 16, 4096);
+    let (t, d) = (2usize, 4usize);
+    let n = model_params(&m, 1024, true) / t as f64;
+    let z = d as f64;
+    let hw = gpu(1e6);
+    let states = |zero| {
+        let st = megatron(
+            layout(t, 1, d, zero, true),
+            AttentionKind::Flash,
+            Checkpointing::None,
+        );
+        let b = estimate(&m, &st, &hw, 1024).memory;
+        (b.parameters, b.gradients, b.optimizer_states)
+    };
+    // bf16 mixed precision: 2 + 2 + 12 bytes per parameter; ZeRO-k partitions over D.
+    let want = [
+        (2.0 * n, 2.0 * n, 12.0 * n),
+        (2.0 * n, 2.0 * n, 12.0 * n / z),
+        (2.0 * n, 2.0 * n / z, 12.0 * n / z),
+        (2.0 * n / z, 2.0 * n / z, 12.0 * n / z),
+    ];
+    for (zero, w) in want.iter().enumerate() {
+        let (p, g, o) = states(zero as u8);
+        close(p, w.0, "weights");
+        close(g, w.1, "gradients");
+        close(o, w.2, "optimizer states");
+    }
+    // Untied GPT-NeoX parameters = Hugging Face's count.
+    let m = shape(8, 512, 8, 2048);
+    close(model_params(&m, 69, false), 25_290_752.0, "genslm-25m");
+}
+
+#[test]
+fn position_table_mask_logits_and_buffers() {
+    let m = shape(2, 1024, 16, 4096);
+    let (h, s, t) = (1024.0, 8192usize, 4usize);
+    let sf = s as f64;
+    let hw = gpu(1e6);
+    let mut st = megatron(
+        layout(t, 1, 1, 0, true),
+        AttentionKind::Flash,
+        Checkpointing::None,
+    );
+    st.positions = Position::Learned;
+    // Replicated learned table of s rows: 16 bytes per element on every GPU; sharded: / t.
+    close(
+        estimate(&m, &st, &hw, s).memory.position_table,
+        16.0 * sf * h,
+        "replicated table",
+    );
+    st.shard_positions = true;
+    close(
+        estimate(&m, &st, &hw, s).memory.position_table,
+        16.0 * sf * h / t as f64,
+        "sharded table",
+    );
+    // Logits: V/t columns of (2 bf16 + 4 fp32 softmax + 4 fp32 gradient) bytes per token.
+    let b = estimate(&m, &st, &hw, s).memory;
+    close(b.logits, sf * 1024.0 * 10.0 / t as f64, "logits");
+    // Megatron SP: the all-gathered input and the reduce-scatter input, 2·2·s·h (not / t).
+    close(b.communication, 4.0 * sf * h, "Megatron-SP buffers");
+    // A materialised mask adds s² bytes to the forward/backward; building it needs 9·s²
+    // (fp32 ones, tril, bool) on top of the model states, which binds here.
+    st.mask = Mask::Materialised;
+    let e = estimate(&m, &st, &hw, s);
+    let fb = e
+        .phases
+        .iter()
+        .find(|(p, _)| *p == Phase::ForwardBackward)
+        .unwrap()
+        .1;
+    close(fb - b.total(), sf * sf, "materialised mask");
+    assert_eq!(e.phase, Phase::MaskCreation);
+    close(e.memory.attention, 9.0 * sf * sf, "mask creation");
+    close(
+        e.total(),
+        b.parameters
+            + b.gradients
+            + b.optimizer_states
+            + b.position_table
+            + 9.0 * sf * sf
+            + GIB
+            + 0.05 * hw.mem_bytes,
+        "mask creation total",
+    );
+    // Ulysses p: send + receive of q, k, v for s/p tokens; ZeRO-3 gathers two layers.
+    let st = megatron(
+        layout(1, 4, 2, 3, false),
+        AttentionKind::Flash,
+        Checkpointing::None,
+    );
+    let layer = genslm::plan::layer_params(&m);
+    close(
+        estimate(&m, &st, &hw, s).memory.communication,
+        6.0 * 2.0 * h * sf / 4.0 + 2.0 * 2.0 * layer,
+        "Ulysses + ZeRO-3 buffers",
+    );
+    // The GPU reserve: 1 GiB + 5% of the device.
+    let b = estimate(&m, &st, &gpu(80.0), 1024).memory;
+    assert!(b.workspace >= GIB + 0.05 * 80.0 * GIB);
+}
+
+#[test]
+fn search_brackets_the_capacity() {
+    let m = shape(8, 2048, 16, 8192);
+    let st = megatron(
+        layout(2, 1, 1, 0, true),
+        AttentionKind::Flash,
+        Checkpointing::None,
+    );
+    let hw = gpu(40.0);
+    let n = max_seq_len(&m, &st, &hw);
+    let g = granule(&st);
+    assert!(n > 0 && n.is_multiple_of(g), "{n}");
+    assert!(estimate(&m, &st, &hw, n).total() <= hw.mem_bytes);
+    assert!(estimate(&m, &st, &hw, n + g).total() > hw.mem_bytes);
+    // More memory never shortens the sequence; a model that cannot fit gets 0.
+    assert!(max_seq_len(&m, &st, &gpu(80.0)) >= n);
+    assert_eq!(max_seq_len(&shape(96, 12288, 96, 49152), &st, &gpu(8.0)), 0);
+}
+
+#[test]
+fn vec_growth_is_rusts_amortised_doubling() {
+    assert_eq!(extend_capacity([3]), 4);
+    assert_eq!(extend_capacity([5, 1]), 10);
+    assert_eq!(extend_capacity([4, 4, 4]), 16);
+    let mut v: Vec<f32> = Vec::new();
+    for n in [69 * 512, 512, 512, 786_432, 1536, 1_048_576, 3] {
+        v.extend(vec![0f32; n]);
+    }
+    assert_eq!(
+        v.capacity(),
+        extend_capacity([69 * 512, 512, 512, 786_432, 1536, 1_048_576, 3])
+    );
+}
+
+/// Peaks genslm measured on the 2-core development machine (Xeon 2.5 GHz, 23 GiB, glibc,
+/// release build; `--features mpi` with Open MPI 4.1.4 for the MPI rows):
+/// - `bench`: `genslm bench attention --config configs/tiny.toml --seq-lens …` (one training
+///   step without optimizer per length, each in its own process; peak = VmHWM).
+/// - `train`: `genslm train --fasta data/lambda_virus.fa --config C --out D --steps 1
+///   --seq-len N --batch-size 1 --val-fraction 0 --warmup 0 --quiet`, `peak_rss_mib` of
+///   `D/metrics.jsonl` (fp32 weights, AdamW with two fp32 moments, flash attention).
+/// - `mpi`: the same under `mpirun --oversubscribe -np P … --sp P` (rank 0's metrics).
+const MEASURED: &[(&str, &str, usize, AttentionKind, usize, f64)] = &[
+    // (config, run, sp, attention, seq_len, peak MiB)
+    ("tiny", "bench", 1, AttentionKind::Flash, 2048, 54.0),
+    ("tiny", "bench", 1, AttentionKind::Flash, 4096, 95.0),
+    ("tiny", "bench", 1, AttentionKind::Flash, 8192, 180.0),
+    ("tiny", "bench", 1, AttentionKind::Flash, 16384, 351.0),
+    ("tiny", "bench", 1, AttentionKind::Naive, 2048, 505.0),
+    ("tiny", "bench", 1, AttentionKind::Naive, 4096, 1913.0),
+    ("tiny", "bench", 1, AttentionKind::Naive, 8192, 7465.0),
+    ("tiny", "train", 1, AttentionKind::Flash, 2048, 59.8),
+    ("tiny", "train", 1, AttentionKind::Flash, 4096, 102.0),
+    ("tiny", "train", 1, AttentionKind::Flash, 8192, 187.2),
+    ("tiny", "train", 1, AttentionKind::Flash, 16384, 357.9),
+    ("genslm-25m", "train", 1, AttentionKind::Flash, 1024, 932.2),
+    ("genslm-25m", "train", 1, AttentionKind::Flash, 2048, 1556.7),
+    ("genslm-25m", "train", 1, AttentionKind::Flash, 4096, 2799.0),
+    ("genslm-25m", "train", 1, AttentionKind::Flash, 9968, 6232.0),
+    ("genslm-25m", "mpi", 2, AttentionKind::Flash, 1024, 863.7),
+    ("genslm-25m", "mpi", 2, AttentionKind::Flash, 2048, 1146.7),
+    ("genslm-25m", "mpi", 2, AttentionKind::Flash, 4096, 1503.0),
+    ("genslm-25m", "mpi", 2, AttentionKind::Flash, 8192, 2684.7),
+    ("genslm-25m", "mpi", 4, AttentionKind::Flash, 1024, 720.1),
+    ("genslm-25m", "mpi", 4, AttentionKind::Flash, 2048, 868.0),
+    ("genslm-25m", "mpi", 4, AttentionKind::Flash, 4096, 1150.0),
+    ("genslm-25m", "mpi", 4, AttentionKind::Flash, 8192, 1506.1),
+];
+
+/// The strategy genslm's CPU trainer runs: its own layer recipe in fp32, rotary positions,
+/// Ulysses SP over `sp` processes, optimizer replicated (ZeRO-1 only partitions over DP).
+fn cpu_strategy(model: &ModelConfig, sp: usize, attention: AttentionKind) -> Strategy {
+    Strategy {
+        layout: Layout {
+            tp: 1,
+            sp,
+            dp: 1,
+            zero: 1,
+            megatron_sp: false,
+            zero_over_sp: false,
+        },
+        recipe: Recipe::Genslm,
+        attention,
+        positions: model.position,
+        shard_positions: true,
+        mask: Mask::None,
+        checkpointing: Checkpointing::None,
+        precision: Precision::Fp32,
+        batch_size: 1,
+        tied_embeddings: false,
+        vocab_size: model.vocab_size,
+    }
+}
+
+#[test]
+fn cpu_calibration_within_15_percent() {
+    let mut worst: f64 = 0.0;
+    let mut table =
+        String::from("config       run    sp  attention  seq_len  measured  predicted  error\n");
+    for &(name, run, sp, attention, s, measured) in MEASURED {
+        let cfg = Config::load(&repo().join(format!("configs/{name}.toml"))).unwrap();
+        let st = cpu_strategy(&cfg.model, sp, attention);
+        let hw = Hardware {
+            mem_bytes: 1e15,
+            target: Target::Cpu {
+                run: match run {
+                    "bench" => CpuRun::BenchStep,
+                    "train" => CpuRun::Train,
+                    _ => CpuRun::TrainMpi,
+                },
+            },
+        };
+        let predicted = estimate(&cfg.model, &st, &hw, s).total() / MIB;
+        let err = predicted / measured - 1.0;
+        worst = worst.max(err.abs());
+        table.push_str(&format!(
+            "{name:<12} {run:<5} {sp:>3}  {:<9}  {s:>7}  {measured:>8.1}  {predicted:>9.1}  {:+.1}%\n",
+            format!("{attention:?}").to_lowercase(),
+            100.0 * err
+        ));
+    }
+    println!("{table}");
+    assert!(worst <= 0.15, "worst error {:.1}%:\n{table}", 100.0 * worst);
+}
+
+#[test]
+fn published_comparison_has_every_cell() {
+    let cells = published::cells();
+    assert_eq!(cells.len(), 2 * 3 * System::ALL.len());
+    let published: Vec<_> = cells.iter().filter(|c| c.published_k.is_some()).collect();
+    assert_eq!(published.len(), 18);
+    // The values of the article's Figures 7-8, in K tokens, as the issue lists them.
+    let want = [
+        ("25B", System::OldMds, [28, 32, 32]),
+        ("25B", System::MegatronLm, [14, 46, 52]),
+        ("25B", System::NewMds, [128, 384, 448]),
+        ("33B", System::OldMds, [36, 42, 42]),
+        ("33B", System::MegatronLm, [26, 48, 52]),
+        ("33B", System::NewMds, [192, 448, 512]),
+    ];
+    for (model, system, values) in want {
+        for (g, gpus) in [32, 64, 128].into_iter().enumerate() {
+            let c = cells
+                .iter()
+                .find(|c| c.model == model && c.system == system && c.gpus == gpus)
+                .unwrap();
+            assert_eq!(c.published_k, Some(values[g]));
+            let e = c.predicted_k / values[g] as f64 - 1.0;
+            assert!((c.rel_error.unwrap() - e).abs() < 1e-12);
+            assert!(c.predicted_tokens > 0, "{model} {system:?} {gpus}");
+            assert!(c.memory.total() <= published::A100_40GB);
+        }
+    }
+    // More GPUs never shorten a system's longest sequence.
+    for c in &cells {
+        if let Some(more) = cells
+            .iter()
+            .find(|x| x.model == c.model && x.system == c.system && x.gpus == 2 * c.gpus)
+        {
+            assert!(more.predicted_tokens >= c.predicted_tokens);
+        }
+    }
+}
+
+#[test]
+fn cli_plans_sweeps_and_compares() {
+    let cfg = repo().join("configs/genslm-25m.toml");
+    let cfg = cfg.to_str().unwrap();
+    let (ok, out, err) = run(&[
+        "plan",
+        "--config",
+        cfg,
+        "--gpus",
+        "8",
+        "--gpu-mem-gib",
+        "80",
+        "--sp",
+        "8",
+        "--zero",
+        "1",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["layout"]["sp"], 8);
+    assert_eq!(v["layout"]["dp"], 1);
+    assert!(v["max_seq_len"].as_u64().unwrap() > 100_000);
+    for k in [
+        "parameters",
+        "gradients",
+        "optimizer_states",
+        "activations",
+        "attention",
+        "position_table",
+        "logits",
+        "communication",
+        "workspace",
+    ] {
+        assert!(v["at_max_seq_len"]["memory"][k].is_number(), "{k}");
+    }
+
+    let (ok, out, err) = run(&[
+        "plan",
+        "--config",
+        cfg,
+        "--gpus",
+        "64",
+        "--gpu-mem-gib",
+        "40",
+        "--sweep",
+    ]);
+    assert!(ok, "{err}");
+    for count in ["1", "2", "4", "8", "16", "32", "64"] {
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().next() == Some(count)),
+            "{out}"
+        );
+    }
+
+    let (ok, out, err) = run(&["plan", "--compare-published"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("(c) new Megatron-DS") && out.contains("128 / "),
+        "{out}"
+    );
+    let (ok, out, _) = run(&["plan", "--compare-published", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["published_cells"], 18);
+
+    // Errors name the problem and exit non-zero.
+    let (ok, _, err) = run(&[
+        "plan",
+        "--config",
+        cfg,
+        "--gpus",
+        "8",
+        "--gpu-mem-gib",
+        "80",
+        "--sp",
+        "3",
+    ]);
+    assert!(!ok && err.contains("heads"), "{err}");
+    let (ok, _, err) = run(&["plan", "--config", cfg, "--gpus", "8", "--gpu-mem-gib", "0"]);
+    assert!(!ok && err.contains("gpu-mem-gib"), "{err}");
+    let (ok, _, err) = run(&[
+        "plan",
+        "--config",
+        "/nonexistent.toml",
+        "--gpus",
+        "1",
+        "--gpu-mem-gib",
+        "8",
+    ]);
+    assert!(!ok && err.contains("nonexistent"), "{err}");
+}
