@@ -17,7 +17,15 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>>;
     /// Sum over the group of equal-length `buf`s, then this rank's `rank()`-th of `size()`
     /// contiguous chunks (lengths given by `chunk_lens`, which all ranks pass identically).
-    fn reduce_scatter_sum(&self, buf: &[f32], chunk_lens: &[usize]) -> Result<Vec<f32>>;
+    ///
+    /// The default is an all-reduce then a slice (chunks may differ by one element, which the
+    /// libraries' reduce-scatter does not allow); the thread group reads only its chunk.
+    fn reduce_scatter_sum(&self, buf: &[f32], chunk_lens: &[usize]) -> Result<Vec<f32>> {
+        let mut all = buf.to_vec();
+        self.all_reduce_sum(&mut all)?;
+        let start: usize = chunk_lens[..self.rank()].iter().sum();
+        Ok(all[start..start + chunk_lens[self.rank()]].to_vec())
+    }
     /// `send[j]` goes to rank j; returns what each rank sent to this one, in rank order.
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>>;
     /// Rank `root`'s `buf` to everyone.

@@ -105,14 +105,6 @@ impl Communicator for MpiComm {
             .collect())
     }
 
-    fn reduce_scatter_sum(&self, buf: &[f32], chunk_lens: &[usize]) -> Result<Vec<f32>> {
-        // Chunks may differ by one element; an all-reduce then a slice keeps it simple.
-        let mut all = buf.to_vec();
-        self.all_reduce_sum(&mut all)?;
-        let start: usize = chunk_lens[..self.rank].iter().sum();
-        Ok(all[start..start + chunk_lens[self.rank]].to_vec())
-    }
-
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
         let n = send.first().map_or(0, Vec::len);
         if send.iter().any(|s| s.len() != n) {

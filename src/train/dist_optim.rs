@@ -4,11 +4,10 @@
 use burn::tensor::Tensor;
 
 use crate::error::Result;
-use crate::model::neox::tensor_to_vec;
 use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::zero::ZeroShard;
-use crate::train::optim::{clip_factor, AdamW, AdamWConfig};
+use crate::train::optim::{clip_factor, sum_of_squares, AdamW, AdamWConfig};
 use crate::train::shard::{
     gather_shard, global_grad_norm, param_groups, reduce_gradients, reduce_params,
 };
@@ -101,7 +100,7 @@ impl DistOptim {
                 reduce_params(&mut grads, &replicated, ranks.sp.as_ref())?;
                 reduce_params(&mut grads, &sharded, ranks.dp.as_ref())?;
                 let chunk = shard.reduce_scatter(&grads, ranks)?;
-                let sq = |t: &Tensor<1>| tensor_to_vec(&(t.clone() * t.clone()).sum())[0];
+                let sq = |t: &Tensor<1>| sum_of_squares(t) as f32;
                 let mut rep = [chunk.iter().map(sq).sum::<f32>()];
                 ranks.dp.all_reduce_sum(&mut rep)?;
                 let mut pos_sq = [sharded.iter().map(|&i| sq(&grads[i])).sum::<f32>()];

@@ -110,13 +110,9 @@ impl AdamW {
     }
 }
 
-/// Global L2 norm of `grads` (each counted once), computed in f64 from per-tensor sums.
-pub fn global_norm(grads: &[Tensor<1>]) -> f64 {
-    grads
-        .iter()
-        .map(|g| tensor_to_vec(&(g.clone() * g.clone()).sum())[0] as f64)
-        .sum::<f64>()
-        .sqrt()
+/// Σ g² of one gradient tensor (the building block of every global-norm computation).
+pub fn sum_of_squares(g: &Tensor<1>) -> f64 {
+    tensor_to_vec(&(g.clone() * g.clone()).sum())[0] as f64
 }
 
 /// Factor that brings a gradient of norm `norm` down to `max_norm` (1 when already below).
@@ -185,7 +181,7 @@ mod tests {
 
     #[test]
     fn norm_and_clip() {
-        let n = global_norm(&[t(&[3.0]), t(&[0.0, 4.0])]);
+        let n = (sum_of_squares(&t(&[3.0])) + sum_of_squares(&t(&[0.0, 4.0]))).sqrt();
         assert!((n - 5.0).abs() < 1e-9);
         assert!((clip_factor(5.0, 1.0) - 1.0 / (5.0 + 1e-6)).abs() < 1e-12);
         assert_eq!(clip_factor(0.5, 1.0), 1.0);

@@ -15,6 +15,7 @@ use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::GenSlm;
 use crate::parallel::comm::Communicator;
 use crate::parallel::ranks::Ranks;
+use crate::train::optim::sum_of_squares;
 
 /// This rank's slice of a batch: tokens `[rows, cols]`, next-token targets and weights.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,7 +124,7 @@ pub fn reduce_gradients(grads: &mut [Tensor<1>], model: &GenSlm, ranks: &Ranks) 
 /// Global gradient norm with every element counted once: replicated gradients are identical
 /// on all ranks after the reduction; position shards are disjoint across the SP group.
 pub fn global_grad_norm(grads: &[Tensor<1>], model: &GenSlm, ranks: &Ranks) -> Result<f64> {
-    let sq = |i: &usize| tensor_to_vec(&(grads[*i].clone() * grads[*i].clone()).sum())[0] as f64;
+    let sq = |i: &usize| sum_of_squares(&grads[*i]);
     let (replicated, sharded) = param_groups(model);
     let rep: f64 = replicated.iter().map(sq).sum();
     let mut shard = [sharded.iter().map(sq).sum::<f64>() as f32];
