@@ -1,0 +1,203 @@
+//! `genslm bench`: the benchmark subcommands and their tables.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Subcommand;
+
+use super::train::AttentionArg;
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Peak memory and time of one training step per sequence length, flash vs naive
+    /// attention (each case in its own process, since peak memory is per process).
+    Attention {
+        #[arg(long, default_value = "configs/tiny.toml")]
+        config: PathBuf,
+        /// Sequence lengths (codons).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "1024,2048,4096,8192,16384"
+        )]
+        seq_lens: Vec<usize>,
+        /// Skip naive attention above this length (its s² scores may not fit).
+        #[arg(long, default_value_t = 16384)]
+        naive_max: usize,
+    },
+    /// One training step in this process (used by `bench attention`).
+    #[command(hide = true)]
+    Step {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        seq_len: usize,
+        #[arg(long, value_enum)]
+        attention: AttentionArg,
+    },
+    /// Embedding throughput (sequences/s) on random sequences with a fresh model.
+    Embed {
+        #[arg(long, default_value = "configs/genslm-25m.toml")]
+        config: PathBuf,
+        /// Codons per sequence.
+        #[arg(long, default_value_t = 2048)]
+        seq_len: usize,
+        /// Sequences to embed.
+        #[arg(long, default_value_t = 8)]
+        sequences: usize,
+        #[arg(long, default_value_t = 1)]
+        batch_size: usize,
+    },
+    /// Generation throughput (codons/s) with and without the KV cache.
+    Generate {
+        #[arg(long, default_value = "configs/genslm-25m.toml")]
+        config: PathBuf,
+        /// Codons to draw per sample.
+        #[arg(long, default_value_t = 256)]
+        codons: usize,
+        /// Samples decoded together.
+        #[arg(long, default_value_t = 1)]
+        samples: usize,
+        /// Skip the run without the cache (it is O(s²) per codon).
+        #[arg(long)]
+        cache_only: bool,
+    },
+    /// FASTA → parquet throughput (MB/s) on synthetic plain and gzip FASTA.
+    Ingest {
+        /// Megabytes of FASTA to generate.
+        #[arg(long, default_value_t = 256)]
+        mb: usize,
+        /// Scratch directory (default: a temporary directory, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+pub fn run(which: BenchCmd) -> anyhow::Result<()> {
+    match which {
+        BenchCmd::Step {
+            config,
+            seq_len,
+            attention,
+        } => {
+            let mut cfg = genslm::config::Config::load(&config)?.model;
+            cfg.attention = attention.into();
+            let (secs, peak) = genslm::bench::train_step(&cfg, seq_len, 1)?;
+            println!("{secs} {peak}");
+        }
+        BenchCmd::Attention {
+            config,
+            seq_lens,
+            naive_max,
+        } => {
+            let exe = std::env::current_exe().context("locating the genslm binary")?;
+            println!("seq_len  attention  step_s  tokens/s  peak_MiB");
+            for &s in &seq_lens {
+                for kind in ["flash", "naive"] {
+                    if kind == "naive" && s > naive_max {
+                        println!("{s:>7}  {kind:<9}  skipped (--naive-max {naive_max})");
+                        continue;
+                    }
+                    let out = std::process::Command::new(&exe)
+                        .args(["bench", "step", "--config"])
+                        .arg(&config)
+                        .args(["--seq-len", &s.to_string(), "--attention", kind])
+                        .output()
+                        .context("running a benchmark step")?;
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    let v: Vec<f64> = text
+                        .split_whitespace()
+                        .filter_map(|x| x.parse().ok())
+                        .collect();
+                    if !out.status.success() || v.len() != 2 {
+                        println!(
+                            "{s:>7}  {kind:<9}  failed: {}",
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        );
+                        continue;
+                    }
+                    println!(
+                        "{s:>7}  {kind:<9}  {:>6.2}  {:>8.0}  {:>8.0}",
+                        v[0],
+                        s as f64 / v[0],
+                        v[1]
+                    );
+                }
+            }
+        }
+        BenchCmd::Embed {
+            config,
+            seq_len,
+            sequences,
+            batch_size,
+        } => {
+            let cfg = genslm::config::Config::load(&config)?.model;
+            let b = genslm::infer::bench::embed(&cfg, seq_len, sequences, batch_size)?;
+            println!("model  seq_len  sequences  batch  seconds  sequences/s  tokens/s");
+            println!(
+                "{}  {}  {}  {}  {:.2}  {:.3}  {:.0}",
+                cfg.name,
+                b.seq_len,
+                b.sequences,
+                b.batch_size,
+                b.seconds,
+                b.sequences_per_s(),
+                b.tokens_per_s()
+            );
+        }
+        BenchCmd::Generate {
+            config,
+            codons,
+            samples,
+            cache_only,
+        } => {
+            let cfg = genslm::config::Config::load(&config)?.model;
+            println!("model  kv_cache  samples  codons  seconds  codons/s");
+            for use_cache in [true, false] {
+                if !use_cache && cache_only {
+                    continue;
+                }
+                let b = genslm::infer::bench::generation(&cfg, codons, samples, use_cache)?;
+                println!(
+                    "{}  {}  {}  {}  {:.2}  {:.1}",
+                    cfg.name,
+                    if use_cache { "yes" } else { "no" },
+                    b.samples,
+                    b.codons,
+                    b.seconds,
+                    b.codons_per_s()
+                );
+            }
+        }
+        BenchCmd::Ingest { mb, dir } => {
+            let tmp;
+            let dir = match dir {
+                Some(d) => {
+                    std::fs::create_dir_all(&d)
+                        .with_context(|| format!("creating {}", d.display()))?;
+                    d
+                }
+                None => {
+                    tmp = tempfile::tempdir().context("creating a scratch directory")?;
+                    tmp.path().to_path_buf()
+                }
+            };
+            println!("case   fasta_MB  input_MB  seconds  MB/s(fasta)  MB/s(input)  Mbases/s");
+            for c in genslm::bench::ingest(&dir, mb)? {
+                let s = &c.summary;
+                let secs = s.elapsed.as_secs_f64();
+                println!(
+                    "{:<6} {:>8.1}  {:>8.1}  {:>7.3}  {:>11.1}  {:>11.1}  {:>8.1}",
+                    c.name,
+                    c.fasta_bytes as f64 / 1e6,
+                    s.input_bytes as f64 / 1e6,
+                    secs,
+                    c.fasta_bytes as f64 / 1e6 / secs,
+                    s.mb_per_s(),
+                    s.mbases_per_s()
+                );
+            }
+        }
+    }
+    Ok(())
+}

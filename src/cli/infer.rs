@@ -1,0 +1,145 @@
+//! `genslm embed` and `genslm generate`: arguments and how they call the library.
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub enum PoolArg {
+    Mean,
+    Last,
+}
+
+/// `genslm embed`.
+#[derive(clap::Args)]
+pub struct EmbedArgs {
+    /// Model directory (config.json + model.safetensors), or a run directory (its latest checkpoint).
+    #[arg(long)]
+    model: PathBuf,
+    /// FASTA files or directories.
+    #[arg(long, num_args = 1.., conflicts_with = "data", required_unless_present = "data")]
+    fasta: Vec<PathBuf>,
+    /// A dataset written by `genslm tokenize`.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Output parquet (written atomically).
+    #[arg(long)]
+    out: PathBuf,
+    /// Hidden state: 0 = embeddings, i = output of layer i, -1 = after the final LayerNorm.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    layer: i64,
+    /// Pooling over a record's tokens.
+    #[arg(long, value_enum, default_value = "mean")]
+    pool: PoolArg,
+    /// Window in codons (default: the training window, else max_position_embeddings; whole records for ALiBi).
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Windows per forward pass.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Also draw the PCA plot (coloured by GC content) to this PNG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// `genslm generate`.
+#[derive(clap::Args)]
+pub struct GenerateArgs {
+    /// Model directory (config.json + model.safetensors), or a run directory (its latest checkpoint).
+    #[arg(long)]
+    model: PathBuf,
+    /// DNA to start from (A/C/G/T, a multiple of 3 bases).
+    #[arg(long, default_value = "ATG")]
+    prompt: String,
+    /// Samples to draw.
+    #[arg(long, default_value_t = 1)]
+    num: usize,
+    /// Codons per sample, prompt included.
+    #[arg(long, default_value_t = 1024)]
+    max_codons: usize,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 50)]
+    top_k: usize,
+    /// Keep the most likely tokens up to this probability mass (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f64,
+    /// Logit temperature (0 = greedy).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Random seed (sample i uses stream i of it).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// End a sample at its first stop codon (TAA, TAG, TGA; kept).
+    #[arg(long)]
+    stop_at_stop_codon: bool,
+    /// Samples decoded together.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Output FASTA (written atomically; default: stdout).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
+    use genslm::infer::embed::{embed_to_parquet, EmbedInput, EmbedOptions, Pool};
+    let input = match a.data {
+        Some(p) => EmbedInput::Parquet(p),
+        None => EmbedInput::Fasta(a.fasta),
+    };
+    let opts = EmbedOptions {
+        layer: a.layer,
+        pool: match a.pool {
+            PoolArg::Mean => Pool::Mean,
+            PoolArg::Last => Pool::Last,
+        },
+        seq_len: a.seq_len,
+        batch_size: a.batch_size,
+        progress: !quiet,
+    };
+    let s = embed_to_parquet(&a.model, &input, &a.out, &opts)?;
+    if !quiet {
+        eprintln!(
+            "embedded {} records ({} tokens, layer {}, dim {}, window {}) in {:.1} s: {}",
+            s.records,
+            s.tokens,
+            s.layer,
+            s.dim,
+            s.window.map_or("whole records".into(), |w| w.to_string()),
+            s.elapsed.as_secs_f64(),
+            a.out.display()
+        );
+    }
+    if let Some(png) = a.plot {
+        let p = genslm::plot::plot_embeddings(&a.out, &png, &Default::default())?;
+        if !quiet {
+            eprintln!("plotted {} points: {}", p.points, png.display());
+        }
+    }
+    Ok(())
+}
+
+pub fn run_generate(a: GenerateArgs, quiet: bool) -> anyhow::Result<()> {
+    use genslm::infer::generate::{generate_fasta, GenerateOptions};
+    let opts = GenerateOptions {
+        prompt: a.prompt,
+        num: a.num,
+        max_codons: a.max_codons,
+        sampling: genslm::infer::sample::SamplingParams {
+            top_k: a.top_k,
+            top_p: a.top_p,
+            temperature: a.temperature,
+        },
+        seed: a.seed,
+        stop_at_stop_codon: a.stop_at_stop_codon,
+        batch_size: a.batch_size,
+        use_cache: true,
+        progress: !quiet,
+    };
+    let n = generate_fasta(&a.model, &opts, a.out.as_deref(), quiet)?;
+    if !quiet {
+        if let Some(out) = &a.out {
+            eprintln!("wrote {n} sequences to {}", out.display());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! `genslm train`: arguments, launcher detection (threads or MPI ranks) and the summary.
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+
+use genslm::train::trainer::{train_threads, DataSource, RunOptions};
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+}
+
+/// `genslm train`: every setting flag overrides the `[train]` field of the same name.
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// FASTA files or directories (tokenized into RUN/data.parquet).
+    #[arg(long, num_args = 1.., conflicts_with = "data", required_unless_present = "data")]
+    fasta: Vec<PathBuf>,
+    /// A dataset written by `genslm tokenize`.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Model and training config (TOML), e.g. configs/tiny.toml.
+    #[arg(long)]
+    config: PathBuf,
+    /// Run directory: config.toml, metrics.jsonl, checkpoints/.
+    #[arg(long)]
+    out: PathBuf,
+    /// Continue from OUT/checkpoints/latest.
+    #[arg(long)]
+    resume: bool,
+    /// Stop after this many steps in this invocation (with a checkpoint); --resume continues.
+    #[arg(long)]
+    stop_after: Option<u64>,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// Sequence-parallel degree P (Ulysses): each sequence is split over P ranks.
+    #[arg(long, default_value_t = 1)]
+    sp: usize,
+    /// Data-parallel degree D: the global batch is split over D replicas. P × D ranks run as
+    /// threads of this process.
+    #[arg(long, default_value_t = 1)]
+    dp: usize,
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Codons per sample.
+    #[arg(long)]
+    seq_len: Option<usize>,
+    #[arg(long)]
+    batch_size: Option<usize>,
+    #[arg(long)]
+    grad_accum: Option<usize>,
+    #[arg(long)]
+    lr: Option<f64>,
+    #[arg(long)]
+    warmup: Option<u64>,
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long)]
+    val_fraction: Option<f64>,
+    #[arg(long)]
+    val_every: Option<u64>,
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+    #[arg(long)]
+    max_grad_norm: Option<f64>,
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    /// Skip steps whose loss or gradient is NaN/Inf instead of stopping.
+    #[arg(long)]
+    skip_nonfinite: bool,
+    /// Attention implementation (overrides `[model] attention`).
+    #[arg(long, value_enum)]
+    attention: Option<AttentionArg>,
+}
+
+/// One rank per process under mpirun/srun: SP from --sp, DP = processes / SP.
+#[cfg(feature = "mpi")]
+pub fn train_launched(
+    cfg: &genslm::config::Config,
+    data: &DataSource,
+    out: &std::path::Path,
+    opts: &RunOptions,
+    n: usize,
+    sp: usize,
+    dp: usize,
+) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
+    if dp != 1 && dp * sp != n {
+        anyhow::bail!("--dp {dp} × --sp {sp} ≠ the {n} processes mpirun started");
+    }
+    let universe = genslm::parallel::mpi::init()?;
+    let ranks = genslm::parallel::mpi::mpi_ranks(&universe, sp)?;
+    Ok(genslm::train::trainer::train_with_ranks(
+        cfg, data, out, opts, &ranks,
+    )?)
+}
+
+#[cfg(not(feature = "mpi"))]
+pub fn train_launched(
+    _cfg: &genslm::config::Config,
+    _data: &DataSource,
+    _out: &std::path::Path,
+    _opts: &RunOptions,
+    n: usize,
+    _sp: usize,
+    _dp: usize,
+) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
+    anyhow::bail!(
+        "started by an MPI launcher with {n} processes, but this build has no MPI support \
+         (rebuild with --features mpi), or run one process with --sp/--dp (ranks as threads)"
+    )
+}
+
+/// World size announced by mpirun/srun, when started by one with more than one process.
+pub fn launcher_world_size() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_SIZE",
+        "SLURM_NTASKS",
+    ]
+    .iter()
+    .filter_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+    .find(|&n| n > 1)
+}
+
+pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
+    if a.backend == Backend::Cuda {
+        anyhow::bail!(
+            "--backend cuda: this build has no CUDA backend yet (it needs the `cuda` feature, \
+             which is not available); use --backend cpu"
+        );
+    }
+    let mut cfg = genslm::config::Config::load(&a.config)?;
+    if let Some(k) = a.attention {
+        cfg.model.attention = k.into();
+    }
+    let t = &mut cfg.train;
+    macro_rules! set {
+        ($($f:ident),*) => {$( if let Some(v) = a.$f { t.$f = v; } )*};
+    }
+    set!(
+        steps,
+        seq_len,
+        batch_size,
+        grad_accum,
+        lr,
+        warmup,
+        seed,
+        val_fraction,
+        val_every,
+        checkpoint_every,
+        max_grad_norm,
+        weight_decay
+    );
+    t.skip_nonfinite |= a.skip_nonfinite;
+    t.validate().map_err(|m| {
+        anyhow::anyhow!("{}: {m} (after command-line overrides)", a.config.display())
+    })?;
+    let data = match a.data {
+        Some(p) => DataSource::Parquet(p),
+        None => DataSource::Fasta(a.fasta),
+    };
+    let opts = RunOptions {
+        resume: a.resume,
+        stop_after: a.stop_after,
+        progress: !quiet,
+    };
+    let s = match launcher_world_size() {
+        Some(n) => train_launched(&cfg, &data, &a.out, &opts, n, a.sp, a.dp)?,
+        None => train_threads(&cfg, &data, &a.out, &opts, a.dp, a.sp)?,
+    };
+    if !quiet {
+        eprintln!(
+            "trained {} steps: loss {:.4}{}, peak memory {:.0} MiB",
+            s.steps_done,
+            s.final_loss,
+            s.final_val_loss
+                .map(|v| format!(", val loss {v:.4}"))
+                .unwrap_or_default(),
+            s.peak_rss_mib
+        );
+        if let Some(c) = s.last_checkpoint {
+            eprintln!("checkpoint {}", c.display());
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub enum AttentionArg {
+    Flash,
+    Naive,
+}
+
+impl From<AttentionArg> for genslm::config::AttentionKind {
+    fn from(a: AttentionArg) -> Self {
+        match a {
+            AttentionArg::Flash => Self::Flash,
+            AttentionArg::Naive => Self::Naive,
+        }
+    }
+}
