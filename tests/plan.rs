@@ -42,11 +42,16 @@ fn layout(tp: usize, sp: usize, dp: usize, zero: u8, megatron_sp: bool) -> Layou
     }
 }
 
-/// Megatron's layer in bf16 with dropout, no position table, no mask.
+/// Megatron's layer in bf16 with dropout (16-bit softmax, no score buffer: Korthikanti et
+/// al.'s accounting), no position table, no mask.
 fn megatron(l: Layout, attention: AttentionKind, ckpt: Checkpointing) -> Strategy {
     Strategy {
         layout: l,
-        recipe: Recipe::Megatron { dropout: true },
+        recipe: Recipe::Megatron {
+            dropout: true,
+            softmax_fp32: false,
+            score_buffer: false,
+        },
         attention,
         positions: Position::Rotary,
         shard_positions: false,
@@ -132,6 +137,48 @@ fn megatron_layer_is_korthikanti_34_plus_5as_over_h() {
             2.0 * sf * hf,
             "unpartitioned",
         );
+    }
+}
+
+/// Bytes per attention score (per element of `[a/t, s, s]`) at the backward peak of one
+/// recomputed layer: the forward/backward total less flash attention's (whose only attention
+/// term is the fp32 log-sum-exp, `4·a·s/t`).
+#[test]
+fn naive_softmax_backward_peaks_at_4_probabilities_plus_the_buffer() {
+    let (h, a, s) = (1024usize, 16usize, 8192usize);
+    let m = shape(2, h, a, 4 * h);
+    let hw = gpu(1e6);
+    let full = Checkpointing::Full { partitioned: false };
+    let fb = |st: &Strategy| {
+        estimate(&m, st, &hw, s)
+            .phases
+            .iter()
+            .find(|(p, _)| *p == Phase::ForwardBackward)
+            .expect("a forward/backward phase")
+            .1
+    };
+    for t in [1usize, 4] {
+        let flash = megatron(layout(t, 1, 1, 0, true), AttentionKind::Flash, full);
+        let scores = (a / t * s * s) as f64;
+        let lse = 4.0 * (a / t * s) as f64;
+        // 16-bit softmax: kept probabilities e, then the gradient, `grad · output` and the input
+        // gradient (4·e = 8). fp32 softmax: 4·4 = 16 (PyTorch's softmax backward). Megatron-LM's
+        // global score buffer adds e = 2.
+        for (softmax_fp32, score_buffer, bytes) in
+            [(false, false, 8.0), (true, false, 16.0), (true, true, 18.0)]
+        {
+            let mut st = megatron(layout(t, 1, 1, 0, true), AttentionKind::Naive, full);
+            st.recipe = Recipe::Megatron {
+                dropout: true,
+                softmax_fp32,
+                score_buffer,
+            };
+            close(
+                fb(&st) - fb(&flash),
+                bytes * scores - lse,
+                &format!("t {t}, fp32 {softmax_fp32}, buffer {score_buffer}"),
+            );
+        }
     }
 }
 
@@ -224,8 +271,8 @@ fn position_table_mask_logits_and_buffers() {
     close(b.logits, sf * 1024.0 * 10.0 / t as f64, "logits");
     // Megatron SP: the all-gathered input and the reduce-scatter input, 2·2·s·h (not / t).
     close(b.communication, 4.0 * sf * h, "Megatron-SP buffers");
-    // A materialised mask adds s² bytes to the forward/backward; building it needs 9·s²
-    // (fp32 ones, tril, bool) on top of the model states, which binds here.
+    // A materialised mask adds s² bytes to the forward/backward; building it needs 8·s²
+    // (fp32 ones and tril) on top of the model states, which binds here.
     st.mask = Mask::Materialised;
     let e = estimate(&m, &st, &hw, s);
     let fb = e
@@ -236,14 +283,14 @@ fn position_table_mask_logits_and_buffers() {
         .1;
     close(fb - b.total(), sf * sf, "materialised mask");
     assert_eq!(e.phase, Phase::MaskCreation);
-    close(e.memory.attention, 9.0 * sf * sf, "mask creation");
+    close(e.memory.attention, 8.0 * sf * sf, "mask creation");
     close(
         e.total(),
         b.parameters
             + b.gradients
             + b.optimizer_states
             + b.position_table
-            + 9.0 * sf * sf
+            + 8.0 * sf * sf
             + GIB
             + 0.05 * hw.mem_bytes,
         "mask creation total",
@@ -521,4 +568,78 @@ fn cli_plans_sweeps_and_compares() {
         "8",
     ]);
     assert!(!ok && err.contains("nonexistent"), "{err}");
+}
+
+/// The GPU terms against memory measured elsewhere: the peaks Megatron-DeepSpeed logged for
+/// its long-sequence runs (Megatron SP + flash + full checkpointing on A100-40GB; the values
+/// are copied from the public logs, `src/plan/measured.rs`).
+#[test]
+fn megatron_deepspeed_logged_peaks_within_10_percent() {
+    use genslm::plan::measured;
+    let rows = measured::rows();
+    assert_eq!(rows.len(), measured::RUNS.len());
+    for r in &rows {
+        let x = &r.run;
+        assert!(
+            r.rel_error.abs() <= 0.10,
+            "job {} ({}L/{}h, TP {}, DP {}, ZeRO {}, b {}, s {}): logged {:.0} MiB, predicted \
+             {:.0} MiB ({:+.1}%)",
+            x.job,
+            x.layers,
+            x.hidden,
+            x.tp,
+            x.dp,
+            x.zero,
+            x.micro_batch,
+            x.seq_len,
+            x.max_allocated_mib,
+            r.predicted_mib,
+            100.0 * r.rel_error
+        );
+    }
+    // Longer sequences of one layout need more memory, as logged.
+    let tp32: Vec<_> = rows
+        .iter()
+        .filter(|r| r.run.tp == 32 && r.run.micro_batch == 1)
+        .collect();
+    for w in tp32.windows(2) {
+        if w[1].run.seq_len > w[0].run.seq_len {
+            assert!(w[1].predicted_mib > w[0].predicted_mib);
+        }
+    }
+}
+
+/// Under full checkpointing the logits peak in their own phase (end of the forward), on top of
+/// every layer's kept input, and are gone when the first layer is recomputed.
+#[test]
+fn checkpointed_logits_peak_at_the_loss() {
+    let (h, a, s, t, v) = (256usize, 4usize, 4096usize, 2usize, 65536usize);
+    let (hf, sf, tf, vf) = (h as f64, s as f64, t as f64, v as f64);
+    let m = shape(2, h, a, 4 * h);
+    let mut st = megatron(
+        layout(t, 1, 1, 0, true),
+        AttentionKind::Flash,
+        Checkpointing::Full { partitioned: false },
+    );
+    st.vocab_size = v;
+    let hw = gpu(80.0);
+    let e = estimate(&m, &st, &hw, s);
+    assert_eq!(e.phase, Phase::Loss);
+    // Kept inputs 2·s·e·h/t, the final LN and LM-head inputs 2·e·h and the token ids (20 bytes)
+    // per token over t; logits e + 8 bytes per (token, vocabulary entry) over t; the LM head's
+    // all-gathered input e·h per token.
+    close(
+        e.memory.activations,
+        2.0 * sf * 2.0 * hf / tf + sf * (2.0 * 2.0 * hf + 20.0) / tf,
+        "loss activations",
+    );
+    close(e.memory.logits, sf * vf * 10.0 / tf, "logits");
+    close(e.memory.communication, 2.0 * hf * sf, "LM-head gather");
+    let fb = e
+        .phases
+        .iter()
+        .find(|(p, _)| *p == Phase::ForwardBackward)
+        .unwrap()
+        .1;
+    assert!(fb < e.total());
 }

@@ -111,10 +111,18 @@ pub const MAX_GPUS: usize = 1 << 20;
 pub fn run(a: &PlanArgs) -> Result<String> {
     if a.compare_published {
         let cells = published::cells();
+        let logged = super::measured::rows();
         return Ok(if a.json {
-            to_json(&published::json(&cells))?
+            let mut v = published::json(&cells);
+            v["logged_runs"] = serde_json::to_value(&logged)
+                .map_err(|e| Error::Invalid(format!("serialising the logged runs: {e}")))?;
+            to_json(&v)?
         } else {
-            published::report(&cells)
+            format!(
+                "{}\n{}",
+                published::report(&cells),
+                super::measured::report(&logged)
+            )
         });
     }
     let (path, gpus, mem) = match (&a.config, a.gpus, a.gpu_mem_gib) {

@@ -25,6 +25,7 @@
 
 pub mod cli;
 pub mod cpu;
+pub mod measured;
 pub mod published;
 mod report;
 mod terms;
@@ -96,7 +97,18 @@ pub enum Recipe {
     /// Large Transformer Models", 2022) count it: `s·b·h·(34 + 5·a·s/h)` bytes per layer in
     /// 16-bit with dropout and a 4h MLP. Gradients live in a contiguous buffer for the whole
     /// step.
-    Megatron { dropout: bool },
+    ///
+    /// Without flash attention, long sequences take PyTorch's softmax (Megatron's fused kernel
+    /// needs `s ≤ 16384` (2048 in the 2022 Megatron-DeepSpeed) and `b·a/t` a multiple of 4).
+    /// `softmax_fp32`: query-key layer scaling (on by default in 2022–2023) runs it in fp32,
+    /// which keeps 4-byte probabilities instead of `e`-byte ones. `score_buffer`: Megatron-LM's
+    /// core attention writes the scores into a global `[b·a/t, s, s]` buffer of `e` bytes per
+    /// element that lives for the whole run (Megatron-DeepSpeed 2022 has none).
+    Megatron {
+        dropout: bool,
+        softmax_fp32: bool,
+        score_buffer: bool,
+    },
     /// genslm's GPT-NeoX layer under burn autodiff (`src/model/neox.rs`): the tensors each op
     /// saves, `37·h` elements per token per layer for a 4h MLP (see [`terms`]). Gradients are
     /// allocated as the backward frees activations.
@@ -206,8 +218,13 @@ pub struct Hardware {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
-    /// The end of the forward / start of the backward: all saved activations are live.
+    /// The backward's peak: without checkpointing, all saved activations and the loss'
+    /// tensors at its start; with full checkpointing, one recomputed layer's activations and
+    /// working gradients on top of every layer's kept input.
     ForwardBackward,
+    /// Full checkpointing only: the logits and the loss at the end of the forward, on top of
+    /// every layer's kept input.
+    Loss,
     /// Building a materialised `[s, s]` mask before the forward (fp32 ones and tril, then bool).
     MaskCreation,
     /// Gradient reduction and the AdamW update, after the backward.
@@ -218,6 +235,7 @@ impl Phase {
     pub fn name(self) -> &'static str {
         match self {
             Phase::ForwardBackward => "forward/backward",
+            Phase::Loss => "logits and loss",
             Phase::MaskCreation => "mask creation",
             Phase::OptimizerStep => "optimizer step",
         }
@@ -355,6 +373,9 @@ pub fn estimate(model: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usiz
         Phase::ForwardBackward,
         terms::forward_backward(model, st, hw, seq_len),
     )];
+    if matches!(st.checkpointing, Checkpointing::Full { .. }) {
+        phases.push((Phase::Loss, terms::loss(model, st, hw, seq_len)));
+    }
     if st.mask == Mask::Materialised {
         phases.push((
             Phase::MaskCreation,

@@ -44,8 +44,14 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
     let (h, i) = (m.hidden_size as f64, m.intermediate_size as f64);
     let naive = st.attention == AttentionKind::Naive;
     match st.recipe {
-        Recipe::Megatron { dropout } => {
+        Recipe::Megatron {
+            dropout,
+            softmax_fp32,
+            score_buffer,
+        } => {
             let drop = if dropout { 1.0 } else { 0.0 };
+            // Bytes per score of the probabilities softmax keeps for its backward.
+            let probs = if softmax_fp32 { 4.0 } else { e };
             LayerTerms {
                 // Inputs of LN1, of the QKV projection, of LN2 and of the MLP (e·h each), and
                 // the two 1-byte dropout masks after attention and after the MLP:
@@ -54,16 +60,28 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
                 // Q, K, V and the attention output (e·h each), the MLP's fc1 output (GeLU
                 // input) and GeLU output (e·i each): 24·h for e = 2 and i = 4h.
                 head: 4.0 * e * h + 2.0 * e * i,
-                // Softmax output (e), dropout mask (1) and dropout output (e): 5 bytes per
-                // score with dropout in 16-bit, the `5·a·s/h` term.
-                scores: if naive { e + drop * (1.0 + e) } else { 0.0 },
+                // Softmax output (e, or 4 in fp32), dropout mask (1) and dropout output (e):
+                // 5 bytes per score with dropout in 16-bit, the `5·a·s/h` term; plus the
+                // global score buffer.
+                scores: if naive {
+                    probs + drop * (1.0 + e) + if score_buffer { e } else { 0.0 }
+                } else {
+                    0.0
+                },
                 layer_mask: 0.0,
                 lse: if naive { 0.0 } else { 4.0 },
                 // Gradients of the MLP's two i-wide tensors and of the layer's input/output.
                 work_head: 2.0 * e * i,
                 work_seq: 2.0 * e * h,
-                // Gradient of the probabilities and of the scores in softmax's backward.
-                work_scores: if naive { 2.0 * e } else { 0.0 },
+                // Softmax's backward (PyTorch's `tmp = grad * output`, then the input
+                // gradient): the incoming gradient, the product and the result in the
+                // softmax's precision, beside the kept probabilities. Dropout's tensors are
+                // freed by then; its mask and output are replaced by these.
+                work_scores: if naive {
+                    3.0 * probs - drop * (1.0 + e)
+                } else {
+                    0.0
+                },
             }
         }
         Recipe::Genslm => {
@@ -193,6 +211,80 @@ fn states(
     (params, gradients, optimizer, position)
 }
 
+/// Under full checkpointing, the inputs every layer keeps: `L·b·s·e·h`, split over `t·p` with
+/// Megatron SP or partitioned checkpoints, over the Ulysses ranks `p` only otherwise (plain TP
+/// keeps the whole input on every TP rank).
+fn kept_layer_inputs(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
+    let l = &st.layout;
+    let partitioned = matches!(st.checkpointing, Checkpointing::Full { partitioned: true });
+    // Partitioned checkpoints are split over all the ranks of the TP × Ulysses group
+    // (DeepSpeed's `partition_activations` scatters each kept input over the TP ranks).
+    let kept_shard = if l.megatron_sp || partitioned {
+        l.head_shard()
+    } else {
+        l.sp
+    };
+    let tokens = (st.batch_size * seq_len) as f64;
+    m.num_layers as f64 * tokens * st.precision.activation_bytes() * m.hidden_size as f64
+        / kept_shard as f64
+}
+
+/// The tensors of the final LayerNorm, the LM head and the loss (activations, logits): the
+/// sequence-region inputs with the token ids, and the logits with their loss tensors
+/// (vocabulary split over `t`, tokens over `p`).
+fn loss_tensors(m: &ModelConfig, st: &Strategy, seq_len: usize) -> (f64, f64) {
+    let l = &st.layout;
+    let tokens = (st.batch_size * seq_len) as f64;
+    let (head_seq, logit_bytes) = head_terms(m, st);
+    // genslm's rotary cos/sin tables: 2·r fp32 per local token, shared by the layers.
+    let rotary = if st.recipe == Recipe::Genslm && st.positions == Position::Rotary {
+        8.0 * m.rotary_dims() as f64
+    } else {
+        0.0
+    };
+    let acts = tokens * (head_seq + TOKEN_BYTES + rotary) / l.seq_shard() as f64;
+    let logits = tokens * st.vocab_size as f64 * logit_bytes / (l.tp * l.sp) as f64;
+    (acts, logits)
+}
+
+/// A materialised mask: one bool `[s, s]` on every rank.
+fn materialised_mask(st: &Strategy, s: f64) -> f64 {
+    if st.mask == Mask::Materialised {
+        s * s
+    } else {
+        0.0
+    }
+}
+
+/// The loss under full checkpointing: every layer's kept input, the final LayerNorm, the
+/// logits and the loss' tensors, and the LM head's all-gathered input with Megatron SP.
+pub(super) fn loss(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize) -> Breakdown {
+    let l = &st.layout;
+    let s = seq_len as f64;
+    let tokens = st.batch_size as f64 * s;
+    let (parameters, gradients, optimizer_states, position_table) =
+        states(m, st, hw, s, grads_at_peak(st));
+    let (head_acts, logits) = loss_tensors(m, st, seq_len);
+    let communication = match hw.target {
+        // The LM head is column-parallel: its input is all-gathered over the TP ranks.
+        Target::Gpu if l.megatron_sp && l.tp > 1 => {
+            st.precision.activation_bytes() * m.hidden_size as f64 * tokens / l.sp as f64
+        }
+        _ => 0.0,
+    };
+    Breakdown {
+        parameters,
+        gradients,
+        optimizer_states,
+        activations: kept_layer_inputs(m, st, seq_len) + head_acts,
+        attention: materialised_mask(st, s),
+        position_table,
+        logits,
+        communication,
+        workspace: fixed_workspace(hw),
+    }
+}
+
 /// The forward/backward peak: every saved activation live, the backward about to start.
 pub(super) fn forward_backward(
     m: &ModelConfig,
@@ -219,39 +311,23 @@ pub(super) fn forward_backward(
     let one_attention = tokens * s * a * lt.scores / head_shard
         + s * s * lt.layer_mask
         + tokens * a * lt.lse / head_shard;
-    let (layer_acts, layer_attention) = match st.checkpointing {
-        Checkpointing::None => (layers * one_layer, layers * one_attention),
-        // Each layer keeps its input (e·h per token; split over t only with Megatron SP or
-        // partitioned checkpoints) and one layer at a time is recomputed in full.
-        Checkpointing::Full { partitioned } => {
-            let kept_shard = if l.megatron_sp || partitioned {
-                seq_shard
-            } else {
-                p
-            };
-            (
-                layers * tokens * e * h / kept_shard + one_layer,
-                one_attention,
-            )
-        }
-    };
-    let (head_seq, logit_bytes) = head_terms(m, st);
-    // genslm's rotary cos/sin tables: 2·r fp32 per local token, shared by the layers.
-    let rotary = if st.recipe == Recipe::Genslm && st.positions == Position::Rotary {
-        8.0 * m.rotary_dims() as f64
+    let checkpointed = matches!(st.checkpointing, Checkpointing::Full { .. });
+    let (layer_acts, layer_attention) = if checkpointed {
+        // Each layer keeps its input and one layer at a time is recomputed in full.
+        (kept_layer_inputs(m, st, seq_len) + one_layer, one_attention)
     } else {
-        0.0
+        (layers * one_layer, layers * one_attention)
     };
-    let activations = layer_acts + tokens * (head_seq + TOKEN_BYTES + rotary) / seq_shard;
-    // A materialised mask: one bool [s, s] on every rank.
-    let mask = if st.mask == Mask::Materialised {
-        s * s
+    // Without checkpointing the loss' tensors are still live when the last layer's backward
+    // starts. With it, the LM head's backward has freed them before the first layer is
+    // recomputed: they peak in their own phase ([`loss`]).
+    let (head_acts, logits) = if checkpointed {
+        (tokens * TOKEN_BYTES / seq_shard, 0.0)
     } else {
-        0.0
+        loss_tensors(m, st, seq_len)
     };
-    let attention = layer_attention + mask;
-    // Logits: vocabulary split over t, tokens over p.
-    let logits = tokens * st.vocab_size as f64 * logit_bytes / (t * p);
+    let activations = layer_acts + head_acts;
+    let attention = layer_attention + materialised_mask(st, s);
 
     let communication = match hw.target {
         Target::Gpu => {
@@ -293,7 +369,8 @@ pub(super) fn forward_backward(
 }
 
 /// Building a materialised mask before the forward: the model states and the mask creation's
-/// fp32 `ones(s, s)` (4·s²), its `tril` (4·s²) and the bool result (s²).
+/// fp32 `ones(s, s)` (4·s²) and its `tril` (4·s²); the bool comparison comes after `ones` is
+/// freed (4·s² + s²).
 pub(super) fn mask_creation(
     m: &ModelConfig,
     st: &Strategy,
@@ -308,7 +385,7 @@ pub(super) fn mask_creation(
         gradients,
         optimizer_states,
         position_table,
-        attention: 9.0 * s * s,
+        attention: 8.0 * s * s,
         workspace: fixed_workspace(hw),
         ..Default::default()
     }
