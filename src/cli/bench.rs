@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Subcommand;
 
-use super::train::AttentionArg;
+use super::AttentionArg;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {

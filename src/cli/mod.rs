@@ -3,3 +3,21 @@
 pub mod bench;
 pub mod infer;
 pub mod train;
+
+use clap::ValueEnum;
+
+/// `--attention` of `train` and `bench step`.
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub enum AttentionArg {
+    Flash,
+    Naive,
+}
+
+impl From<AttentionArg> for genslm::config::AttentionKind {
+    fn from(a: AttentionArg) -> Self {
+        match a {
+            AttentionArg::Flash => Self::Flash,
+            AttentionArg::Naive => Self::Naive,
+        }
+    }
+}

@@ -6,6 +6,8 @@ use clap::ValueEnum;
 
 use genslm::train::trainer::{train_threads, DataSource, RunOptions};
 
+use super::AttentionArg;
+
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 pub enum Backend {
     Cpu,
@@ -187,19 +189,4 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-#[derive(Clone, Copy, ValueEnum, PartialEq)]
-pub enum AttentionArg {
-    Flash,
-    Naive,
-}
-
-impl From<AttentionArg> for genslm::config::AttentionKind {
-    fn from(a: AttentionArg) -> Self {
-        match a {
-            AttentionArg::Flash => Self::Flash,
-            AttentionArg::Naive => Self::Naive,
-        }
-    }
 }

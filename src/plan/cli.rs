@@ -99,7 +99,8 @@ pub struct PlanArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Compare with the published Megatron-DeepSpeed maxima (25B/33B on A100-40GB).
+    /// Compare with the published Megatron-DeepSpeed maxima (25B/33B on A100-40GB), and with
+    /// the peak memory Megatron-DeepSpeed logged for its long-sequence runs.
     #[arg(long, conflicts_with_all = ["config", "gpus", "gpu_mem_gib", "sweep", "seq_len"])]
     pub compare_published: bool,
 }

@@ -227,6 +227,7 @@ pub fn strategy(r: &Run) -> Strategy {
         shard_positions: r.shard_positions,
         mask: Mask::None,
         checkpointing: Checkpointing::Full { partitioned: false },
+        // The runs used fp16; the same bytes as bf16 (`Precision::Bf16` is 16-bit mixed).
         precision: Precision::Bf16,
         batch_size: r.micro_batch,
         tied_embeddings: true,

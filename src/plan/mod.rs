@@ -383,7 +383,19 @@ pub fn estimate(model: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usiz
         ));
     }
     if matches!(hw.target, Target::Cpu { .. }) || st.recipe == Recipe::Genslm {
-        let fb = phases[0].1;
+        // The step follows the backward; a CPU allocator keeps the larger of the backward's
+        // and the loss' peaks resident.
+        let fb = phases
+            .iter()
+            .filter(|(p, _)| matches!(p, Phase::ForwardBackward | Phase::Loss))
+            .map(|(_, b)| *b)
+            .fold(Breakdown::default(), |a, b| {
+                if b.total() > a.total() {
+                    b
+                } else {
+                    a
+                }
+            });
         phases.push((
             Phase::OptimizerStep,
             terms::optimizer_step(model, st, hw, seq_len, &fb),

@@ -72,7 +72,8 @@ impl System {
                  per score at the recomputed layer's softmax backward; mask built on the GPU \
                  (8·s² while created, s² kept); full checkpointing with each layer's input \
                  partitioned over the TP ranks (DeepSpeed partition_activations: whole inputs \
-                 alone would take 80·2·6144·s = 41 GB at the published 42K for the 33B); \
+                 alone would take 80·2·6144·s = 39.4 GiB of the 40 at the published 42K for \
+                 the 33B, beside 8.5 GiB of model states); \
                  replicated position table; dropout 0.1"
             }
             System::NewMds => {
@@ -140,32 +141,32 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
         .rev()
         .find(|d| gpus.is_multiple_of(*d) && heads.is_multiple_of(*d))
         .unwrap_or(1);
-    let megatron =
-        |megatron_sp, score_buffer, attention, mask, shard_positions, partitioned| Strategy {
-            layout: Layout {
-                tp: degree,
-                sp: 1,
-                dp: gpus / degree,
-                zero: 0,
-                megatron_sp,
-                zero_over_sp: false,
-            },
-            recipe: Recipe::Megatron {
-                dropout: true,
-                softmax_fp32: true,
-                score_buffer,
-            },
-            attention,
-            positions: Position::Learned,
-            shard_positions,
-            mask,
-            checkpointing: Checkpointing::Full { partitioned },
-            precision: Precision::Bf16,
-            batch_size: 1,
-            tied_embeddings: true,
-            // Megatron pads the vocabulary to a multiple of 128 · TP.
-            vocab_size: GPT2_VOCAB.div_ceil(128 * degree) * 128 * degree,
-        };
+    // (a) Megatron-LM: TP + Megatron SP, flash, the mask built on the GPU, a replicated table.
+    let megatron_lm = Strategy {
+        layout: Layout {
+            tp: degree,
+            sp: 1,
+            dp: gpus / degree,
+            zero: 0,
+            megatron_sp: true,
+            zero_over_sp: false,
+        },
+        recipe: Recipe::Megatron {
+            dropout: true,
+            softmax_fp32: true,
+            score_buffer: true,
+        },
+        attention: AttentionKind::Flash,
+        positions: Position::Learned,
+        shard_positions: false,
+        mask: Mask::Materialised,
+        checkpointing: Checkpointing::Full { partitioned: false },
+        precision: Precision::Bf16,
+        batch_size: 1,
+        tied_embeddings: true,
+        // Megatron pads the vocabulary to a multiple of 128 · TP.
+        vocab_size: GPT2_VOCAB.div_ceil(128 * degree) * 128 * degree,
+    };
     let genslm = |checkpointing| Strategy {
         layout: Layout {
             tp: 1,
@@ -187,23 +188,29 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
         vocab_size: 69,
     };
     match system {
-        System::MegatronLm => megatron(
-            true,
-            true,
-            AttentionKind::Flash,
-            Mask::Materialised,
-            false,
-            false,
-        ),
-        System::OldMds => megatron(
-            false,
-            false,
-            AttentionKind::Naive,
-            Mask::Materialised,
-            false,
-            true,
-        ),
-        System::NewMds => megatron(true, true, AttentionKind::Flash, Mask::None, true, false),
+        System::MegatronLm => megatron_lm,
+        // (b) TP without Megatron SP, naive attention without the global score buffer,
+        // checkpoints partitioned over TP.
+        System::OldMds => Strategy {
+            layout: Layout {
+                megatron_sp: false,
+                ..megatron_lm.layout
+            },
+            recipe: Recipe::Megatron {
+                dropout: true,
+                softmax_fp32: true,
+                score_buffer: false,
+            },
+            attention: AttentionKind::Naive,
+            checkpointing: Checkpointing::Full { partitioned: true },
+            ..megatron_lm
+        },
+        // (c) as (a) with the mask kept off the GPU and the table split over the TP ranks.
+        System::NewMds => Strategy {
+            mask: Mask::None,
+            shard_positions: true,
+            ..megatron_lm
+        },
         System::Genslm => genslm(Checkpointing::None),
         System::GenslmCheckpointed => genslm(Checkpointing::Full { partitioned: false }),
     }

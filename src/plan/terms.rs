@@ -28,6 +28,9 @@ struct LayerTerms {
     head: f64,
     /// Naive attention: bytes per (query, key, head), head region.
     scores: f64,
+    /// Naive attention: one buffer for the scores shared by all layers, bytes per (query, key,
+    /// head), head region.
+    buffer: f64,
     /// Naive attention: a causal mask built by each layer, bytes per (query, key), not split.
     layer_mask: f64,
     /// Flash attention: the row log-sum-exp, bytes per (token, head).
@@ -61,13 +64,9 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
                 // input) and GeLU output (e·i each): 24·h for e = 2 and i = 4h.
                 head: 4.0 * e * h + 2.0 * e * i,
                 // Softmax output (e, or 4 in fp32), dropout mask (1) and dropout output (e):
-                // 5 bytes per score with dropout in 16-bit, the `5·a·s/h` term; plus the
-                // global score buffer.
-                scores: if naive {
-                    probs + drop * (1.0 + e) + if score_buffer { e } else { 0.0 }
-                } else {
-                    0.0
-                },
+                // 5 bytes per score with dropout in 16-bit, the `5·a·s/h` term.
+                scores: if naive { probs + drop * (1.0 + e) } else { 0.0 },
+                buffer: if naive && score_buffer { e } else { 0.0 },
                 layer_mask: 0.0,
                 lse: if naive { 0.0 } else { 4.0 },
                 // Gradients of the MLP's two i-wide tensors and of the layer's input/output.
@@ -106,6 +105,7 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
                 head: qkvo * e + 6.0 * e * i,
                 // softmax keeps exp(x − max) and the probabilities (the matmul with V).
                 scores: if naive { 2.0 * e } else { 0.0 },
+                buffer: 0.0,
                 // Each naive call builds a bool [1, 1, s, s] causal mask that mask_fill keeps.
                 layer_mask: if naive { 1.0 } else { 0.0 },
                 lse: if naive { 0.0 } else { 4.0 },
@@ -236,15 +236,28 @@ fn loss_tensors(m: &ModelConfig, st: &Strategy, seq_len: usize) -> (f64, f64) {
     let l = &st.layout;
     let tokens = (st.batch_size * seq_len) as f64;
     let (head_seq, logit_bytes) = head_terms(m, st);
-    // genslm's rotary cos/sin tables: 2·r fp32 per local token, shared by the layers.
+    let acts = tokens * (head_seq + token_tables(m, st)) / l.seq_shard() as f64;
+    let logits = tokens * st.vocab_size as f64 * logit_bytes / (l.tp * l.sp) as f64;
+    (acts, logits)
+}
+
+/// Bytes per token of what every layer reads for the whole step: the token ids, targets and
+/// loss weights, and genslm's rotary cos/sin tables (2·r fp32).
+fn token_tables(m: &ModelConfig, st: &Strategy) -> f64 {
     let rotary = if st.recipe == Recipe::Genslm && st.positions == Position::Rotary {
         8.0 * m.rotary_dims() as f64
     } else {
         0.0
     };
-    let acts = tokens * (head_seq + TOKEN_BYTES + rotary) / l.seq_shard() as f64;
-    let logits = tokens * st.vocab_size as f64 * logit_bytes / (l.tp * l.sp) as f64;
-    (acts, logits)
+    TOKEN_BYTES + rotary
+}
+
+/// Megatron-LM's global score buffer (naive attention): allocated by the first layer's
+/// forward and kept for the run, one for all layers.
+fn score_buffer(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
+    let s = seq_len as f64;
+    let tokens = st.batch_size as f64 * s;
+    tokens * s * m.num_heads as f64 * layer_terms(m, st).buffer / st.layout.head_shard() as f64
 }
 
 /// A materialised mask: one bool `[s, s]` on every rank.
@@ -266,18 +279,27 @@ pub(super) fn loss(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize
         states(m, st, hw, s, grads_at_peak(st));
     let (head_acts, logits) = loss_tensors(m, st, seq_len);
     let communication = match hw.target {
-        // The LM head is column-parallel: its input is all-gathered over the TP ranks.
-        Target::Gpu if l.megatron_sp && l.tp > 1 => {
-            st.precision.activation_bytes() * m.hidden_size as f64 * tokens / l.sp as f64
+        Target::Gpu => {
+            let mut c = 0.0;
+            if l.megatron_sp && l.tp > 1 {
+                // The LM head is column-parallel: its input is all-gathered over the TP ranks.
+                c += st.precision.activation_bytes() * m.hidden_size as f64 * tokens / l.sp as f64;
+            }
+            if l.zero >= 3 {
+                // ZeRO-3 gathers the LM head's weight (V·h/t).
+                c += st.precision.state_bytes().0 * (st.vocab_size * m.hidden_size) as f64
+                    / l.tp as f64;
+            }
+            c
         }
-        _ => 0.0,
+        Target::Cpu { .. } => 0.0,
     };
     Breakdown {
         parameters,
         gradients,
         optimizer_states,
         activations: kept_layer_inputs(m, st, seq_len) + head_acts,
-        attention: materialised_mask(st, s),
+        attention: score_buffer(m, st, seq_len) + materialised_mask(st, s),
         position_table,
         logits,
         communication,
@@ -313,8 +335,12 @@ pub(super) fn forward_backward(
         + tokens * a * lt.lse / head_shard;
     let checkpointed = matches!(st.checkpointing, Checkpointing::Full { .. });
     let (layer_acts, layer_attention) = if checkpointed {
-        // Each layer keeps its input and one layer at a time is recomputed in full.
-        (kept_layer_inputs(m, st, seq_len) + one_layer, one_attention)
+        // Each layer keeps its input and one layer at a time is recomputed in full (its
+        // input is the kept one, counted in `one_layer`).
+        (
+            kept_layer_inputs(m, st, seq_len) * (layers - 1.0) / layers + one_layer,
+            one_attention,
+        )
     } else {
         (layers * one_layer, layers * one_attention)
     };
@@ -322,12 +348,12 @@ pub(super) fn forward_backward(
     // starts. With it, the LM head's backward has freed them before the first layer is
     // recomputed: they peak in their own phase ([`loss`]).
     let (head_acts, logits) = if checkpointed {
-        (tokens * TOKEN_BYTES / seq_shard, 0.0)
+        (tokens * token_tables(m, st) / seq_shard, 0.0)
     } else {
         loss_tensors(m, st, seq_len)
     };
     let activations = layer_acts + head_acts;
-    let attention = layer_attention + materialised_mask(st, s);
+    let attention = layer_attention + score_buffer(m, st, seq_len) + materialised_mask(st, s);
 
     let communication = match hw.target {
         Target::Gpu => {
