@@ -117,6 +117,10 @@ pub struct TrainConfig {
     /// ZeRO stage with data parallelism: 1 shards the Adam moments over the DP group, 0 keeps
     /// them replicated.
     pub zero: u8,
+    /// Full activation checkpointing: keep only each layer's input through the forward and
+    /// recompute one layer at a time in the backward (same gradients, much less memory for
+    /// long sequences, about one more forward of compute).
+    pub checkpoint_activations: bool,
 }
 
 impl Default for TrainConfig {
@@ -140,6 +144,7 @@ impl Default for TrainConfig {
             eps: 1e-8,
             skip_nonfinite: false,
             zero: 1,
+            checkpoint_activations: false,
         }
     }
 }

@@ -44,15 +44,16 @@ fn batches() -> Vec<Batch> {
     vec![loader.next_batch(&corpus, 4), loader.next_batch(&corpus, 4)]
 }
 
-/// Loss and full gradients (position table gathered) of one step under `dp × sp`.
-fn step(pos: Position, dp: usize, sp: usize) -> (f64, Vec<Vec<f32>>) {
+/// Loss and full gradients (position table gathered) of one step under `dp × sp`, with full
+/// activation checkpointing when `ckpt`.
+fn step(pos: Position, dp: usize, sp: usize, ckpt: bool) -> (f64, Vec<Vec<f32>>) {
     let cfg = config(pos);
     let run = move |ranks: Ranks| {
         let ad = Device::flex().autodiff();
         let model = GenSlm::init(cfg.model.clone(), 5, &ad).unwrap();
         let mut model = shard_model(model, None, &ranks).unwrap();
         model.params = model.params.into_iter().map(|p| p.require_grad()).collect();
-        let (loss, grads) = step_loss_and_grads(&model, &batches(), &ranks).unwrap();
+        let (loss, grads) = step_loss_and_grads(&model, &batches(), &ranks, ckpt).unwrap();
         let full: Vec<Vec<f32>> = grads
             .iter()
             .enumerate()
@@ -93,9 +94,9 @@ fn rel(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn sp_and_dp_match_one_rank() {
     for pos in [Position::Rotary, Position::Learned, Position::Alibi] {
-        let (loss1, g1) = step(pos, 1, 1);
+        let (loss1, g1) = step(pos, 1, 1, false);
         for (dp, sp) in [(1, 2), (1, 4), (2, 1), (2, 2)] {
-            let (loss, g) = step(pos, dp, sp);
+            let (loss, g) = step(pos, dp, sp, false);
             assert!(
                 (loss - loss1).abs() / loss1 <= 1e-5,
                 "{pos} dp={dp} sp={sp}: loss {loss} vs {loss1}"
@@ -106,6 +107,30 @@ fn sp_and_dp_match_one_rank() {
                 assert!(
                     e <= 1e-4,
                     "{pos} dp={dp} sp={sp}: gradient {i} differs by {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Full activation checkpointing (forward without a graph, then one recomputed layer at a time)
+/// gives the whole-graph backward's loss and gradients, on one rank and under SP/DP.
+#[test]
+fn checkpointing_matches_the_whole_graph() {
+    for pos in [Position::Rotary, Position::Learned, Position::Alibi] {
+        let (loss1, g1) = step(pos, 1, 1, false);
+        for (dp, sp) in [(1, 1), (1, 2), (2, 2)] {
+            let (loss, g) = step(pos, dp, sp, true);
+            assert!(
+                (loss - loss1).abs() / loss1 <= 1e-5,
+                "{pos} dp={dp} sp={sp} checkpointed: loss {loss} vs {loss1}"
+            );
+            for (i, (a, b)) in g.iter().zip(&g1).enumerate() {
+                assert_eq!(a.len(), b.len());
+                let e = rel(a, b);
+                assert!(
+                    e <= 1e-4,
+                    "{pos} dp={dp} sp={sp} checkpointed: gradient {i} differs by {e}"
                 );
             }
         }
@@ -138,18 +163,26 @@ fn several_steps_keep_matching() {
         let one = dir.path().join("one");
         train(&cfg, &data, &one, &RunOptions::default()).unwrap();
         let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
-        // DP layouts run ZeRO-1 (the default); (2, 1, 0) keeps the optimizer replicated.
-        for (dp, sp, zero) in [(1, 2, 1), (2, 1, 1), (2, 2, 1), (2, 1, 0)] {
+        // DP layouts run ZeRO-1 (the default); (2, 1, 0) keeps the optimizer replicated. Two
+        // runs use full activation checkpointing.
+        for (dp, sp, zero, ckpt) in [
+            (1, 1, 1, true),
+            (1, 2, 1, false),
+            (2, 1, 1, false),
+            (2, 2, 1, true),
+            (2, 1, 0, false),
+        ] {
             let mut cfg = cfg.clone();
             cfg.train.zero = zero;
-            let out = dir.path().join(format!("dp{dp}sp{sp}z{zero}"));
+            cfg.train.checkpoint_activations = ckpt;
+            let out = dir.path().join(format!("dp{dp}sp{sp}z{zero}c{ckpt}"));
             train_threads(&cfg, &data, &out, &RunOptions::default(), dp, sp).unwrap();
             let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
             assert_eq!(m.len(), reference.len());
             for (a, b) in m.iter().zip(&reference) {
                 assert!(
                     (a.loss - b.loss).abs() / b.loss <= 1e-5,
-                    "{pos} {dp}x{sp} step {}: {} vs {}",
+                    "{pos} {dp}x{sp} ckpt {ckpt} step {}: {} vs {}",
                     a.step,
                     a.loss,
                     b.loss

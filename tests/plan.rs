@@ -389,6 +389,18 @@ const MEASURED: &[(&str, &str, usize, AttentionKind, usize, f64)] = &[
     ("genslm-25m", "mpi", 4, AttentionKind::Flash, 8192, 1506.1),
 ];
 
+/// The same measurements with full activation checkpointing (`--checkpoint-activations` on
+/// `bench step` and `train`; 2-core Xeon, release build).
+const MEASURED_CKPT: &[(&str, &str, usize, AttentionKind, usize, f64)] = &[
+    ("tiny", "bench", 1, AttentionKind::Flash, 2048, 37.1),
+    ("tiny", "bench", 1, AttentionKind::Flash, 4096, 62.8),
+    ("tiny", "bench", 1, AttentionKind::Flash, 8192, 121.6),
+    ("tiny", "bench", 1, AttentionKind::Flash, 16384, 218.6),
+    ("genslm-25m", "train", 1, AttentionKind::Flash, 1024, 503.7),
+    ("genslm-25m", "train", 1, AttentionKind::Flash, 4096, 803.9),
+    ("genslm-25m", "train", 1, AttentionKind::Flash, 9968, 1379.6),
+];
+
 /// The strategy genslm's CPU trainer runs: its own layer recipe in fp32, rotary positions,
 /// Ulysses SP over `sp` processes, optimizer replicated (ZeRO-1 only partitions over DP).
 fn cpu_strategy(model: &ModelConfig, sp: usize, attention: AttentionKind) -> Strategy {
@@ -417,11 +429,19 @@ fn cpu_strategy(model: &ModelConfig, sp: usize, attention: AttentionKind) -> Str
 #[test]
 fn cpu_calibration_within_15_percent() {
     let mut worst: f64 = 0.0;
-    let mut table =
-        String::from("config       run    sp  attention  seq_len  measured  predicted  error\n");
-    for &(name, run, sp, attention, s, measured) in MEASURED {
+    let mut table = String::from(
+        "config       run    sp  attention  ckpt  seq_len  measured  predicted  error\n",
+    );
+    let cases = MEASURED
+        .iter()
+        .map(|m| (m, false))
+        .chain(MEASURED_CKPT.iter().map(|m| (m, true)));
+    for (&(name, run, sp, attention, s, measured), ckpt) in cases {
         let cfg = Config::load(&repo().join(format!("configs/{name}.toml"))).unwrap();
-        let st = cpu_strategy(&cfg.model, sp, attention);
+        let mut st = cpu_strategy(&cfg.model, sp, attention);
+        if ckpt {
+            st.checkpointing = Checkpointing::Full { partitioned: false };
+        }
         let hw = Hardware {
             mem_bytes: 1e15,
             target: Target::Cpu {
@@ -436,8 +456,9 @@ fn cpu_calibration_within_15_percent() {
         let err = predicted / measured - 1.0;
         worst = worst.max(err.abs());
         table.push_str(&format!(
-            "{name:<12} {run:<5} {sp:>3}  {:<9}  {s:>7}  {measured:>8.1}  {predicted:>9.1}  {:+.1}%\n",
+            "{name:<12} {run:<5} {sp:>3}  {:<9}  {:<4}  {s:>7}  {measured:>8.1}  {predicted:>9.1}  {:+.1}%\n",
             format!("{attention:?}").to_lowercase(),
+            if ckpt { "yes" } else { "no" },
             100.0 * err
         ));
     }

@@ -24,6 +24,9 @@ pub enum BenchCmd {
         /// Skip naive attention above this length (its s² scores may not fit).
         #[arg(long, default_value_t = 16384)]
         naive_max: usize,
+        /// Also run each flash case with full activation checkpointing ("flash+ckpt").
+        #[arg(long)]
+        checkpoint_activations: bool,
     },
     /// One training step in this process (used by `bench attention`).
     #[command(hide = true)]
@@ -34,6 +37,8 @@ pub enum BenchCmd {
         seq_len: usize,
         #[arg(long, value_enum)]
         attention: AttentionArg,
+        #[arg(long)]
+        checkpoint_activations: bool,
     },
     /// Embedding throughput (sequences/s) on random sequences with a fresh model.
     Embed {
@@ -79,31 +84,44 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             config,
             seq_len,
             attention,
+            checkpoint_activations,
         } => {
             let mut cfg = genslm::config::Config::load(&config)?.model;
             cfg.attention = attention.into();
-            let (secs, peak) = genslm::bench::train_step(&cfg, seq_len, 1)?;
+            let (secs, peak) = genslm::bench::train_step(&cfg, seq_len, 1, checkpoint_activations)?;
             println!("{secs} {peak}");
         }
         BenchCmd::Attention {
             config,
             seq_lens,
             naive_max,
+            checkpoint_activations,
         } => {
             let exe = std::env::current_exe().context("locating the genslm binary")?;
-            println!("seq_len  attention  step_s  tokens/s  peak_MiB");
+            println!("seq_len  attention   step_s  tokens/s  peak_MiB");
+            let cases: &[&str] = if checkpoint_activations {
+                &["flash", "flash+ckpt", "naive"]
+            } else {
+                &["flash", "naive"]
+            };
             for &s in &seq_lens {
-                for kind in ["flash", "naive"] {
-                    if kind == "naive" && s > naive_max {
-                        println!("{s:>7}  {kind:<9}  skipped (--naive-max {naive_max})");
+                for &case in cases {
+                    if case == "naive" && s > naive_max {
+                        println!("{s:>7}  {case:<10}  skipped (--naive-max {naive_max})");
                         continue;
                     }
-                    let out = std::process::Command::new(&exe)
-                        .args(["bench", "step", "--config"])
-                        .arg(&config)
-                        .args(["--seq-len", &s.to_string(), "--attention", kind])
-                        .output()
-                        .context("running a benchmark step")?;
+                    let kind = case.trim_end_matches("+ckpt");
+                    let mut cmd = std::process::Command::new(&exe);
+                    cmd.args(["bench", "step", "--config"]).arg(&config).args([
+                        "--seq-len",
+                        &s.to_string(),
+                        "--attention",
+                        kind,
+                    ]);
+                    if case.ends_with("+ckpt") {
+                        cmd.arg("--checkpoint-activations");
+                    }
+                    let out = cmd.output().context("running a benchmark step")?;
                     let text = String::from_utf8_lossy(&out.stdout);
                     let v: Vec<f64> = text
                         .split_whitespace()
@@ -111,13 +129,13 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                         .collect();
                     if !out.status.success() || v.len() != 2 {
                         println!(
-                            "{s:>7}  {kind:<9}  failed: {}",
+                            "{s:>7}  {case:<10}  failed: {}",
                             String::from_utf8_lossy(&out.stderr).trim()
                         );
                         continue;
                     }
                     println!(
-                        "{s:>7}  {kind:<9}  {:>6.2}  {:>8.0}  {:>8.0}",
+                        "{s:>7}  {case:<10}  {:>6.2}  {:>8.0}  {:>8.0}",
                         v[0],
                         s as f64 / v[0],
                         v[1]

@@ -39,6 +39,14 @@ pub struct ForwardOptions {
     pub collect_hidden: bool,
 }
 
+/// What the layers of one forward share (see [`GenSlm::layer_context`]).
+#[derive(Debug, Clone)]
+pub struct LayerContext {
+    /// Rotary cos/sin tables for the forward's positions.
+    pub rope: Option<(Tensor<4>, Tensor<4>)>,
+    pub attn: AttnOptions,
+}
+
 /// `gelu_fast`: 0.5·x·(1 + tanh(0.7978845608·x·(1 + 0.044715·x²))), as transformers defines it.
 pub fn gelu_fast(x: Tensor<3>) -> Tensor<3> {
     let inner = (x.clone() * x.clone() * 0.044715 + 1.0) * x.clone() * 0.797_884_560_8;
@@ -144,101 +152,145 @@ impl GenSlm {
         opts: ForwardOptions,
         cache: Option<&mut KvCache>,
     ) -> Result<(Tensor<3>, Vec<Tensor<3>>)> {
-        let c = &self.cfg;
-        let [b, s] = tokens.dims();
-        let (heads, d, h) = (c.num_heads, c.head_dim(), c.hidden_size);
-        let eps = c.layer_norm_eps;
-        let mut x = embedding(self.mat(self.layout.embed_in), tokens);
-        if let Some(pos) = self.layout.embed_pos {
-            if opts.offset + s > c.max_position_embeddings {
-                return Err(Error::Invalid(format!(
-                    "{} tokens at position {} go past the {} learned positions of this model; \
-                     learned-position models cannot go beyond their training length (score and \
-                     embed: use --seq-len {} or less)",
-                    s, opts.offset, c.max_position_embeddings, c.max_position_embeddings
-                )));
-            }
-            // Under SP the parameter holds rows [r·M/P, (r+1)·M/P) of the table.
-            let rows = self.layout.specs[pos].shape[0];
-            let first = self.sp.as_ref().map_or(0, |g| g.rank() * rows);
-            if opts.offset < first || opts.offset + s > first + rows {
-                return Err(Error::Invalid(format!(
-                    "positions {}..{} are not in this rank's learned-position shard {}..{}",
-                    opts.offset,
-                    opts.offset + s,
-                    first,
-                    first + rows
-                )));
-            }
-            let table = self.mat(pos).narrow(0, opts.offset - first, s);
-            x = x + table.unsqueeze::<3>().expand([b, s, h]);
-        }
-        let rot = c.rotary_dims();
-        let rope = (c.position == Position::Rotary)
-            .then(|| rotary_tables(rot, c.rotary_base, opts.offset, s, &self.device));
-        let attn_opts = AttnOptions {
-            causal: true,
-            alibi: (c.position == Position::Alibi).then(|| alibi_slopes(heads)),
-            q_offset: opts.offset,
-            k_offset: opts.offset,
-        };
+        let s = tokens.dims()[1];
+        let mut x = self.embed(tokens, opts.offset)?;
+        let ctx = self.layer_context(opts.offset, s);
         let mut collected = Vec::new();
         let mut new_cache = Vec::new();
-        for (li, l) in self.layout.layers.iter().enumerate() {
+        for li in 0..self.layout.layers.len() {
             if opts.collect_hidden {
                 collected.push(x.clone());
             }
-            let a_in = layer_norm(x.clone(), self.vec(l.ln1_w), Some(self.vec(l.ln1_b)), eps);
-            let qkv = linear(a_in, self.mat(l.qkv_w), Some(self.vec(l.qkv_b)));
-            // HF's fused layout: per head [q | k | v], each head_dim wide.
-            let qkv = qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2);
-            let mut q = qkv.clone().narrow(3, 0, d);
-            let mut k = qkv.clone().narrow(3, d, d);
-            let v = qkv.narrow(3, 2 * d, d);
-            if let Some((cos, sin)) = &rope {
-                q = apply_rotary(q, cos, sin, rot);
-                k = apply_rotary(k, cos, sin, rot);
+            let past = cache.as_deref().map(|kv| kv.layers.get(li));
+            let (out, kv) = self.layer(li, x, &ctx, past);
+            if let Some(kv) = kv {
+                new_cache.push(kv);
             }
-            let o = match (&self.sp, cache.as_deref()) {
-                (Some(group), _) => ulysses_attention(q, k, v, &attn_opts, group, |q, k, v, o| {
-                    attention(q, k, v, o, c.attention)
-                }),
-                (None, Some(kv)) => {
-                    // Keys start at position 0 of the cache; queries at opts.offset.
-                    let (k, v) = match kv.layers.get(li) {
-                        Some((kc, vc)) => (
-                            Tensor::cat(vec![kc.clone(), k], 2),
-                            Tensor::cat(vec![vc.clone(), v], 2),
-                        ),
-                        None => (k, v),
-                    };
-                    new_cache.push((k.clone(), v.clone()));
-                    let o = AttnOptions {
-                        k_offset: 0,
-                        ..attn_opts.clone()
-                    };
-                    attention(q, k, v, &o, c.attention)
-                }
-                (None, None) => attention(q, k, v, &attn_opts, c.attention),
-            };
-            let o = o.swap_dims(1, 2).reshape([b, s, h]);
-            let attn_out = linear(o, self.mat(l.dense_w), Some(self.vec(l.dense_b)));
-            let m_in = layer_norm(x.clone(), self.vec(l.ln2_w), Some(self.vec(l.ln2_b)), eps);
-            let m = gelu_fast(linear(m_in, self.mat(l.fc1_w), Some(self.vec(l.fc1_b))));
-            let mlp_out = linear(m, self.mat(l.fc2_w), Some(self.vec(l.fc2_b)));
-            x = x + attn_out + mlp_out;
+            x = out;
         }
         if let Some(kv) = cache {
             kv.layers = new_cache;
             kv.len = opts.offset + s;
         }
-        let out = layer_norm(
+        Ok((self.final_norm(x), collected))
+    }
+
+    /// Token embeddings plus, with learned positions, the rows of positions
+    /// `offset..offset + s` (this rank's shard of the table under SP): `[b, s, h]`.
+    pub fn embed(&self, tokens: Tensor<2, Int>, offset: usize) -> Result<Tensor<3>> {
+        let c = &self.cfg;
+        let [b, s] = tokens.dims();
+        let h = c.hidden_size;
+        let mut x = embedding(self.mat(self.layout.embed_in), tokens);
+        if let Some(pos) = self.layout.embed_pos {
+            if offset + s > c.max_position_embeddings {
+                return Err(Error::Invalid(format!(
+                    "{} tokens at position {} go past the {} learned positions of this model; \
+                     learned-position models cannot go beyond their training length (score and \
+                     embed: use --seq-len {} or less)",
+                    s, offset, c.max_position_embeddings, c.max_position_embeddings
+                )));
+            }
+            // Under SP the parameter holds rows [r·M/P, (r+1)·M/P) of the table.
+            let rows = self.layout.specs[pos].shape[0];
+            let first = self.sp.as_ref().map_or(0, |g| g.rank() * rows);
+            if offset < first || offset + s > first + rows {
+                return Err(Error::Invalid(format!(
+                    "positions {}..{} are not in this rank's learned-position shard {}..{}",
+                    offset,
+                    offset + s,
+                    first,
+                    first + rows
+                )));
+            }
+            let table = self.mat(pos).narrow(0, offset - first, s);
+            x = x + table.unsqueeze::<3>().expand([b, s, h]);
+        }
+        Ok(x)
+    }
+
+    /// What every layer of one forward shares: rotary tables and attention options for `s`
+    /// tokens starting at `offset`.
+    pub fn layer_context(&self, offset: usize, s: usize) -> LayerContext {
+        let c = &self.cfg;
+        let rot = c.rotary_dims();
+        LayerContext {
+            rope: (c.position == Position::Rotary)
+                .then(|| rotary_tables(rot, c.rotary_base, offset, s, &self.device)),
+            attn: AttnOptions {
+                causal: true,
+                alibi: (c.position == Position::Alibi).then(|| alibi_slopes(c.num_heads)),
+                q_offset: offset,
+                k_offset: offset,
+            },
+        }
+    }
+
+    /// Layer `li` on `x: [b, s, h]`. With `past` (incremental decoding) the layer's cached keys
+    /// and values (none before the first call) come before the new ones, and the layer's
+    /// updated `(k, v)` is returned beside its output.
+    pub fn layer(
+        &self,
+        li: usize,
+        x: Tensor<3>,
+        ctx: &LayerContext,
+        past: Option<Option<&(Tensor<4>, Tensor<4>)>>,
+    ) -> (Tensor<3>, Option<(Tensor<4>, Tensor<4>)>) {
+        let c = &self.cfg;
+        let l = &self.layout.layers[li];
+        let [b, s, h] = x.dims();
+        let (heads, d, eps) = (c.num_heads, c.head_dim(), c.layer_norm_eps);
+        let a_in = layer_norm(x.clone(), self.vec(l.ln1_w), Some(self.vec(l.ln1_b)), eps);
+        let qkv = linear(a_in, self.mat(l.qkv_w), Some(self.vec(l.qkv_b)));
+        // HF's fused layout: per head [q | k | v], each head_dim wide.
+        let qkv = qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2);
+        let mut q = qkv.clone().narrow(3, 0, d);
+        let mut k = qkv.clone().narrow(3, d, d);
+        let v = qkv.narrow(3, 2 * d, d);
+        if let Some((cos, sin)) = &ctx.rope {
+            let rot = c.rotary_dims();
+            q = apply_rotary(q, cos, sin, rot);
+            k = apply_rotary(k, cos, sin, rot);
+        }
+        let mut kv_out = None;
+        let o = match (&self.sp, past) {
+            (Some(group), _) => ulysses_attention(q, k, v, &ctx.attn, group, |q, k, v, o| {
+                attention(q, k, v, o, c.attention)
+            }),
+            (None, Some(past)) => {
+                // Keys start at position 0 of the cache; queries at the context's offset.
+                let (k, v) = match past {
+                    Some((kc, vc)) => (
+                        Tensor::cat(vec![kc.clone(), k], 2),
+                        Tensor::cat(vec![vc.clone(), v], 2),
+                    ),
+                    None => (k, v),
+                };
+                kv_out = Some((k.clone(), v.clone()));
+                let o = AttnOptions {
+                    k_offset: 0,
+                    ..ctx.attn.clone()
+                };
+                attention(q, k, v, &o, c.attention)
+            }
+            (None, None) => attention(q, k, v, &ctx.attn, c.attention),
+        };
+        let o = o.swap_dims(1, 2).reshape([b, s, h]);
+        let attn_out = linear(o, self.mat(l.dense_w), Some(self.vec(l.dense_b)));
+        let m_in = layer_norm(x.clone(), self.vec(l.ln2_w), Some(self.vec(l.ln2_b)), eps);
+        let m = gelu_fast(linear(m_in, self.mat(l.fc1_w), Some(self.vec(l.fc1_b))));
+        let mlp_out = linear(m, self.mat(l.fc2_w), Some(self.vec(l.fc2_b)));
+        (x + attn_out + mlp_out, kv_out)
+    }
+
+    /// The final LayerNorm.
+    pub fn final_norm(&self, x: Tensor<3>) -> Tensor<3> {
+        layer_norm(
             x,
             self.vec(self.layout.final_ln_w),
             Some(self.vec(self.layout.final_ln_b)),
-            eps,
-        );
-        Ok((out, collected))
+            self.cfg.layer_norm_eps,
+        )
     }
 
     /// Logits `[b, s, vocab]` from final hidden states.

@@ -86,9 +86,12 @@ impl System {
                 "Ulysses SP = min(GPUs, 64 heads), DP = rest, ZeRO-3 over DP×SP, genslm's own \
                  flash attention, learned positions sharded over SP, bf16 mixed precision, \
                  genslm's GPT-NeoX layer under burn autodiff (37·h saved elements per token per \
-                 layer), no activation checkpointing (genslm has none yet), codon vocabulary (69)"
+                 layer), no activation checkpointing, codon vocabulary (69)"
             }
-            System::GenslmCheckpointed => "as (d) with full activation checkpointing",
+            System::GenslmCheckpointed => {
+                "as (d) with full activation checkpointing (genslm train \
+                 --checkpoint-activations)"
+            }
         }
     }
 }

@@ -151,9 +151,13 @@ fn fixed_workspace(hw: &Hardware) -> f64 {
     }
 }
 
-/// Whether gradients occupy their own memory during the forward/backward peak.
+/// Whether gradients occupy their own memory during the forward/backward peak: always in
+/// Megatron's contiguous buffer; in genslm only under checkpointing, where the gradients of the
+/// layers above are complete while the lowest layer is recomputed (without it, gradients are
+/// allocated as the backward frees the activations).
 fn grads_at_peak(st: &Strategy) -> bool {
     matches!(st.recipe, Recipe::Megatron { .. })
+        || matches!(st.checkpointing, Checkpointing::Full { .. })
 }
 
 fn has_optimizer(hw: &Hardware) -> bool {
@@ -378,8 +382,17 @@ pub(super) fn forward_backward(
         // before the backward starts.
         Target::Cpu { .. } => 0.0,
     };
+    // genslm's checkpointed backward (src/train/recompute.rs) applies the gradient `g` of a
+    // recomputed layer's output through the surrogate `Σ out ⊙ g`: `g`, the product and the
+    // input's gradient are three more h-wide tensors beside the layer's graph.
+    let surrogate = if checkpointed && st.recipe == Recipe::Genslm {
+        tokens * 3.0 * e * h / seq_shard
+    } else {
+        0.0
+    };
     let workspace = tokens * (lt.work_head / head_shard + lt.work_seq / seq_shard)
         + tokens * s * a * lt.work_scores / head_shard
+        + surrogate
         + fixed_workspace(hw);
     Breakdown {
         parameters,

@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod dist_optim;
 pub mod metrics;
 pub mod optim;
+pub mod recompute;
 pub mod schedule;
 pub mod shard;
 pub mod trainer;

@@ -26,6 +26,7 @@ use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
 use crate::train::dist_optim::DistOptim;
 use crate::train::metrics::{peak_rss_mib, train_flops_per_sequence, MetricsLog, StepMetrics};
 use crate::train::optim::AdamWConfig;
+use crate::train::recompute::checkpointed_loss_and_grads;
 use crate::train::schedule::lr_at;
 use crate::train::shard::{gather_shard, local_batch, local_nll, reduce_gradients, shard_model};
 
@@ -289,10 +290,18 @@ pub fn train_rank(
             .sp
             .as_ref()
             .map_or(0, |g| g.sent_forward.load(Ordering::Relaxed));
-        let (local_loss, grads) = loss_and_grads(&model, &batches, total_targets, ranks)?;
+        let (local_loss, grads) = loss_and_grads(
+            &model,
+            &batches,
+            total_targets,
+            ranks,
+            t.checkpoint_activations,
+        )?;
         let sent_per_layer = model.sp.as_ref().map(|g| {
             let sent = g.sent_forward.load(Ordering::Relaxed) - sent_before;
-            sent / (cfg.model.num_layers * batches.len()) as u64
+            // Checkpointing runs each layer's forward (and its exchange) twice.
+            let forwards = if t.checkpoint_activations { 2 } else { 1 };
+            sent / (forwards * cfg.model.num_layers * batches.len()) as u64
         });
         let loss = all_reduce_scalar(local_loss, ranks)?;
         let out = opt.step(
@@ -374,13 +383,16 @@ pub fn train_rank(
 /// The step's loss and gradients as every rank sees them after the reductions: the loss of the
 /// whole global batch, the full gradient of replicated parameters and this rank's rows of the
 /// position table's gradient. Equal to the single-rank values (tests/parallel.rs).
+/// `checkpoint`: full activation checkpointing ([`crate::train::recompute`]), the same values
+/// with one layer's activations alive at a time.
 pub fn step_loss_and_grads(
     model: &GenSlm,
     batches: &[Batch],
     ranks: &Ranks,
+    checkpoint: bool,
 ) -> Result<(f64, Vec<Tensor<1>>)> {
     let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
-    let (loss, mut grads) = loss_and_grads(model, batches, total_targets, ranks)?;
+    let (loss, mut grads) = loss_and_grads(model, batches, total_targets, ranks, checkpoint)?;
     reduce_gradients(&mut grads, model, ranks)?;
     Ok((all_reduce_scalar(loss, ranks)?, grads))
 }
@@ -402,12 +414,17 @@ fn loss_and_grads(
     batches: &[Batch],
     total_targets: usize,
     ranks: &Ranks,
+    checkpoint: bool,
 ) -> Result<(f64, Vec<Tensor<1>>)> {
     let denom = total_targets.max(1) as f64;
     let mut loss = 0.0;
     let mut acc: Vec<Option<Tensor<1>>> = vec![None; model.params.len()];
     for b in batches {
         let lb = local_batch(b, ranks);
+        if checkpoint {
+            loss += checkpointed_loss_and_grads(model, &lb, denom, &mut acc)?;
+            continue;
+        }
         let tokens = tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device);
         let logits = model.forward(tokens, lb.offset)?;
         let scaled = local_nll(logits, &lb) / denom;
@@ -423,12 +440,16 @@ fn loss_and_grads(
             });
         }
     }
-    Ok((
-        loss,
-        acc.into_iter()
-            .map(|g| g.expect("one batch at least"))
-            .collect(),
-    ))
+    let grads = acc
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| {
+            g.ok_or_else(|| {
+                Error::Invalid(format!("no gradient for {}", model.layout.specs[i].name))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((loss, grads))
 }
 
 /// Writes a checkpoint from rank 0 after gathering the learned-position shards and (ZeRO)
