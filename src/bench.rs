@@ -94,6 +94,11 @@ pub fn train_step(
     checkpoint: bool,
 ) -> Result<(f64, f64)> {
     use crate::model::neox::{next_token_nll, tokens_tensor};
+    if seq_len < 2 {
+        return Err(crate::error::Error::Invalid(format!(
+            "--seq-len {seq_len}: a training step needs at least 2 tokens"
+        )));
+    }
     let device = burn::tensor::Device::flex().autodiff();
     let model = crate::model::GenSlm::init(cfg.clone(), seed, &device)?;
     let params: Vec<_> = model

@@ -14,7 +14,8 @@ use genslm::parallel::ranks::{thread_ranks, Ranks};
 use genslm::rng::SplitMix64;
 use genslm::train::metrics::read_metrics;
 use genslm::train::shard::{gather_shard, shard_model};
-use genslm::train::trainer::{step_loss_and_grads, train, train_threads, DataSource, RunOptions};
+use genslm::train::step::step_loss_and_grads;
+use genslm::train::trainer::{train, train_threads, DataSource, RunOptions};
 
 const SEQ: usize = 32;
 

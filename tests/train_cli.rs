@@ -108,7 +108,10 @@ fn same_seed_same_losses() {
     assert_ne!(losses(&a), losses(&c), "a different seed changes the run");
     // Activation checkpointing recomputes the same forward: the same curve (up to rounding).
     let d = dir.path().join("d");
-    train(&d, &["--steps", "6", "--seed", "7", "--checkpoint-activations"]);
+    train(
+        &d,
+        &["--steps", "6", "--seed", "7", "--checkpoint-activations"],
+    );
     for (x, y) in losses(&d).iter().zip(losses(&a)) {
         assert!((x - y).abs() <= 1e-5 * y.abs(), "checkpointed {x} vs {y}");
     }

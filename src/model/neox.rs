@@ -39,6 +39,15 @@ pub struct ForwardOptions {
     pub collect_hidden: bool,
 }
 
+/// A layer's keys and values from earlier calls (incremental decoding).
+#[derive(Debug, Clone, Copy)]
+pub enum Past<'a> {
+    /// No cache: attention over this call's tokens only.
+    None,
+    /// Decoding with a cache: this layer's cached `(k, v)`, none before the first call.
+    Cache(Option<&'a (Tensor<4>, Tensor<4>)>),
+}
+
 /// What the layers of one forward share (see [`GenSlm::layer_context`]).
 #[derive(Debug, Clone)]
 pub struct LayerContext {
@@ -161,7 +170,10 @@ impl GenSlm {
             if opts.collect_hidden {
                 collected.push(x.clone());
             }
-            let past = cache.as_deref().map(|kv| kv.layers.get(li));
+            let past = match cache.as_deref() {
+                Some(kv) => Past::Cache(kv.layers.get(li)),
+                None => Past::None,
+            };
             let (out, kv) = self.layer(li, x, &ctx, past);
             if let Some(kv) = kv {
                 new_cache.push(kv);
@@ -226,15 +238,15 @@ impl GenSlm {
         }
     }
 
-    /// Layer `li` on `x: [b, s, h]`. With `past` (incremental decoding) the layer's cached keys
-    /// and values (none before the first call) come before the new ones, and the layer's
-    /// updated `(k, v)` is returned beside its output.
+    /// Layer `li` on `x: [b, s, h]`. With `Past::Cache` (incremental decoding, one rank only:
+    /// `hidden_states_cached` refuses SP models) the layer's cached keys and values come before
+    /// the new ones, and the layer's updated `(k, v)` is returned beside its output.
     pub fn layer(
         &self,
         li: usize,
         x: Tensor<3>,
         ctx: &LayerContext,
-        past: Option<Option<&(Tensor<4>, Tensor<4>)>>,
+        past: Past<'_>,
     ) -> (Tensor<3>, Option<(Tensor<4>, Tensor<4>)>) {
         let c = &self.cfg;
         let l = &self.layout.layers[li];
@@ -257,7 +269,7 @@ impl GenSlm {
             (Some(group), _) => ulysses_attention(q, k, v, &ctx.attn, group, |q, k, v, o| {
                 attention(q, k, v, o, c.attention)
             }),
-            (None, Some(past)) => {
+            (None, Past::Cache(past)) => {
                 // Keys start at position 0 of the cache; queries at the context's offset.
                 let (k, v) = match past {
                     Some((kc, vc)) => (
@@ -273,7 +285,7 @@ impl GenSlm {
                 };
                 attention(q, k, v, &o, c.attention)
             }
-            (None, None) => attention(q, k, v, &ctx.attn, c.attention),
+            (None, Past::None) => attention(q, k, v, &ctx.attn, c.attention),
         };
         let o = o.swap_dims(1, 2).reshape([b, s, h]);
         let attn_out = linear(o, self.mat(l.dense_w), Some(self.vec(l.dense_b)));

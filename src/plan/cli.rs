@@ -75,7 +75,8 @@ pub struct PlanArgs {
     /// this under --sp).
     #[arg(long)]
     pub shard_positions: bool,
-    /// Full activation checkpointing: each layer keeps its input and is recomputed.
+    /// Full activation checkpointing: each layer keeps its input and is recomputed (genslm train
+    /// --checkpoint-activations).
     #[arg(long)]
     pub checkpoint_activations: bool,
     /// Number formats (default: bf16 mixed precision on GPUs, fp32 on CPU).

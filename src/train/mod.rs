@@ -7,4 +7,5 @@ pub mod optim;
 pub mod recompute;
 pub mod schedule;
 pub mod shard;
+pub mod step;
 pub mod trainer;

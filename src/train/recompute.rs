@@ -10,33 +10,22 @@
 //! kept inputs, instead of every layer's graph.
 //!
 //! The pieces are the model's own (`GenSlm::embed`, `layer`, `final_norm`), so the gradients
-//! equal those of the whole-graph backward up to float rounding (tests/checkpointing.rs), for
+//! equal those of the whole-graph backward up to float rounding (tests/parallel.rs,
+//! `checkpointing_matches_the_whole_graph`), for
 //! one rank and under sequence parallelism alike: the Ulysses exchanges run again in the
 //! recomputed forward and in reverse in each layer's backward, in the same order on every rank.
 
-use burn::tensor::Tensor;
+use burn::tensor::{Gradients, Tensor};
 
 use crate::error::{Error, Result};
-use crate::model::neox::{tensor_to_vec, tokens_tensor};
+use crate::model::neox::{tensor_to_vec, tokens_tensor, Past};
 use crate::model::GenSlm;
 use crate::train::shard::{local_nll, LocalBatch};
+use crate::train::step::accumulate;
 
-/// Adds the gradients `grads` holds for `model`'s parameters into `acc` (parameters that do
-/// not take part in this piece have none).
-fn accumulate(model: &GenSlm, grads: &burn::tensor::Gradients, acc: &mut [Option<Tensor<1>>]) {
-    for (i, p) in model.params.iter().enumerate() {
-        if let Some(g) = p.grad(grads) {
-            acc[i] = Some(match acc[i].take() {
-                Some(a) => a + g,
-                None => g,
-            });
-        }
-    }
-}
-
-/// The gradient of `x` (an autodiff leaf) in `grads`, named for errors.
-fn input_grad(x: &Tensor<3>, grads: &burn::tensor::Gradients, what: &str) -> Result<Tensor<3>> {
-    x.grad(grads)
+/// Takes the gradient of `x` (an autodiff leaf) out of `grads`, named for errors.
+fn input_grad(x: &Tensor<3>, grads: &mut Gradients, what: &str) -> Result<Tensor<3>> {
+    x.grad_remove(grads)
         .ok_or_else(|| Error::Invalid(format!("checkpointing: no gradient reached {what}")))
 }
 
@@ -49,33 +38,46 @@ pub fn checkpointed_loss_and_grads(
     denom: f64,
     acc: &mut [Option<Tensor<1>>],
 ) -> Result<f64> {
-    // The forward without a graph: the same parameters, no autodiff.
-    let frozen = GenSlm {
-        params: model
-            .params
-            .iter()
-            .map(|p| p.clone().without_autodiff())
-            .collect(),
-        device: model.device.clone().without_autodiff(),
-        ..model.clone()
-    };
-    let tokens = |device| tokens_tensor(&lb.tokens, lb.rows, lb.cols, device);
+    let tokens =
+        |device: &burn::tensor::Device| tokens_tensor(&lb.tokens, lb.rows, lb.cols, device);
     let n_layers = model.layout.layers.len();
-    let frozen_ctx = frozen.layer_context(lb.offset, lb.cols);
+    // The forward without a graph (the same parameters, no autodiff), keeping layer inputs.
     let mut kept = Vec::with_capacity(n_layers);
-    let mut x = frozen.embed(tokens(&frozen.device), lb.offset)?;
-    for li in 0..n_layers {
-        kept.push(x.clone());
-        x = frozen.layer(li, x, &frozen_ctx, None).0;
-    }
+    let x = {
+        let frozen = GenSlm {
+            cfg: model.cfg.clone(),
+            layout: model.layout.clone(),
+            params: model
+                .params
+                .iter()
+                .map(|p| p.clone().without_autodiff())
+                .collect(),
+            device: model.device.clone().without_autodiff(),
+            sp: model.sp.clone(),
+        };
+        let ctx = frozen.layer_context(lb.offset, lb.cols);
+        let mut x = frozen.embed(tokens(&frozen.device), lb.offset)?;
+        for li in 0..n_layers {
+            kept.push(x.clone());
+            x = frozen.layer(li, x, &ctx, Past::None).0;
+        }
+        x
+    };
 
-    // The loss from the last layer's output.
-    let top = x.autodiff().require_grad();
-    let scaled = local_nll(model.logits(model.final_norm(top.clone())), lb) / denom;
-    let loss = tensor_to_vec(&scaled)[0] as f64;
-    let grads = scaled.backward();
-    accumulate(model, &grads, acc);
-    let mut g = input_grad(&top, &grads, "the last layer's output")?;
+    // The loss from the last layer's output. Leaves re-enter autodiff with burn's default
+    // checkpointing strategy, which is the one every genslm device uses (`Device::autodiff`).
+    // Each piece's graph and gradients are dropped before the next piece runs.
+    let (loss, mut g) = {
+        let top = x.autodiff().require_grad();
+        let scaled = local_nll(model.logits(model.final_norm(top.clone())), lb) / denom;
+        let loss = tensor_to_vec(&scaled)[0] as f64;
+        let mut grads = scaled.backward();
+        accumulate(model, &grads, acc);
+        (
+            loss,
+            input_grad(&top, &mut grads, "the last layer's output")?,
+        )
+    };
 
     // Each layer from the top, recomputed from its kept input.
     let ctx = model.layer_context(lb.offset, lb.cols);
@@ -85,10 +87,10 @@ pub fn checkpointed_loss_and_grads(
             .expect("one kept input per layer")
             .autodiff()
             .require_grad();
-        let out = model.layer(li, input.clone(), &ctx, None).0;
-        let grads = (out * g).sum().backward();
+        let out = model.layer(li, input.clone(), &ctx, Past::None).0;
+        let mut grads = (out * g).sum().backward();
         accumulate(model, &grads, acc);
-        g = input_grad(&input, &grads, &format!("the input of layer {li}"))?;
+        g = input_grad(&input, &mut grads, &format!("the input of layer {li}"))?;
     }
 
     // The embeddings (token table and learned positions).

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Device;
 
 use crate::config::Config;
 use crate::data::dataset::read_dataset;
@@ -26,9 +26,9 @@ use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
 use crate::train::dist_optim::DistOptim;
 use crate::train::metrics::{peak_rss_mib, train_flops_per_sequence, MetricsLog, StepMetrics};
 use crate::train::optim::AdamWConfig;
-use crate::train::recompute::checkpointed_loss_and_grads;
 use crate::train::schedule::lr_at;
-use crate::train::shard::{gather_shard, local_batch, local_nll, reduce_gradients, shard_model};
+use crate::train::shard::{gather_shard, local_batch, local_nll, shard_model};
+use crate::train::step::{all_reduce_scalar, loss_and_grads};
 
 /// Where training data comes from.
 #[derive(Debug, Clone)]
@@ -378,78 +378,6 @@ pub fn train_rank(
     summary.steps_done = state.step - first_step;
     summary.peak_rss_mib = peak_rss_mib();
     Ok(summary)
-}
-
-/// The step's loss and gradients as every rank sees them after the reductions: the loss of the
-/// whole global batch, the full gradient of replicated parameters and this rank's rows of the
-/// position table's gradient. Equal to the single-rank values (tests/parallel.rs).
-/// `checkpoint`: full activation checkpointing ([`crate::train::recompute`]), the same values
-/// with one layer's activations alive at a time.
-pub fn step_loss_and_grads(
-    model: &GenSlm,
-    batches: &[Batch],
-    ranks: &Ranks,
-    checkpoint: bool,
-) -> Result<(f64, Vec<Tensor<1>>)> {
-    let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
-    let (loss, mut grads) = loss_and_grads(model, batches, total_targets, ranks, checkpoint)?;
-    reduce_gradients(&mut grads, model, ranks)?;
-    Ok((all_reduce_scalar(loss, ranks)?, grads))
-}
-
-/// Sum of a scalar over all ranks (the value itself on one rank, kept in f64).
-fn all_reduce_scalar(x: f64, ranks: &Ranks) -> Result<f64> {
-    if ranks.topo.world == 1 {
-        return Ok(x);
-    }
-    let mut buf = [x as f32];
-    ranks.world.all_reduce_sum(&mut buf)?;
-    Ok(buf[0] as f64)
-}
-
-/// This rank's share of the step's loss (its positions' terms over the global target count)
-/// and the gradient of it; summing both over the ranks gives the single-rank values.
-fn loss_and_grads(
-    model: &GenSlm,
-    batches: &[Batch],
-    total_targets: usize,
-    ranks: &Ranks,
-    checkpoint: bool,
-) -> Result<(f64, Vec<Tensor<1>>)> {
-    let denom = total_targets.max(1) as f64;
-    let mut loss = 0.0;
-    let mut acc: Vec<Option<Tensor<1>>> = vec![None; model.params.len()];
-    for b in batches {
-        let lb = local_batch(b, ranks);
-        if checkpoint {
-            loss += checkpointed_loss_and_grads(model, &lb, denom, &mut acc)?;
-            continue;
-        }
-        let tokens = tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device);
-        let logits = model.forward(tokens, lb.offset)?;
-        let scaled = local_nll(logits, &lb) / denom;
-        loss += tensor_to_vec(&scaled)[0] as f64;
-        let grads = scaled.backward();
-        for (i, p) in model.params.iter().enumerate() {
-            let g = p.grad(&grads).ok_or_else(|| {
-                Error::Invalid(format!("no gradient for {}", model.layout.specs[i].name))
-            })?;
-            acc[i] = Some(match acc[i].take() {
-                Some(a) => a + g,
-                None => g,
-            });
-        }
-    }
-    let grads = acc
-        .into_iter()
-        .enumerate()
-        .map(|(i, g)| {
-            g.ok_or_else(|| {
-                Error::Invalid(format!("no gradient for {}", model.layout.specs[i].name))
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok((loss, grads))
 }
 
 /// Writes a checkpoint from rank 0 after gathering the learned-position shards and (ZeRO)

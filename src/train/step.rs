@@ -1,0 +1,93 @@
+//! One step's loss and parameter gradients on a rank: the micro-batches' forward and backward
+//! (whole-graph, or with full activation checkpointing), summed, then reduced over the ranks.
+
+use burn::tensor::{Gradients, Tensor};
+
+use crate::data::loader::Batch;
+use crate::error::{Error, Result};
+use crate::model::neox::{tensor_to_vec, tokens_tensor};
+use crate::model::GenSlm;
+use crate::parallel::ranks::Ranks;
+use crate::train::recompute::checkpointed_loss_and_grads;
+use crate::train::shard::{local_batch, local_nll, reduce_gradients};
+
+/// Adds the gradients `grads` holds for `model`'s parameters into `acc` (one slot per
+/// parameter; parameters that took no part have none).
+pub fn accumulate(model: &GenSlm, grads: &Gradients, acc: &mut [Option<Tensor<1>>]) {
+    for (i, p) in model.params.iter().enumerate() {
+        if let Some(g) = p.grad(grads) {
+            acc[i] = Some(match acc[i].take() {
+                Some(a) => a + g,
+                None => g,
+            });
+        }
+    }
+}
+
+/// The step's loss and gradients as every rank sees them after the reductions: the loss of the
+/// whole global batch, the full gradient of replicated parameters and this rank's rows of the
+/// position table's gradient. Equal to the single-rank values (tests/parallel.rs).
+/// `checkpoint`: full activation checkpointing ([`crate::train::recompute`]), the same values
+/// with one layer's activations alive at a time.
+pub fn step_loss_and_grads(
+    model: &GenSlm,
+    batches: &[Batch],
+    ranks: &Ranks,
+    checkpoint: bool,
+) -> Result<(f64, Vec<Tensor<1>>)> {
+    let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
+    let (loss, mut grads) = loss_and_grads(model, batches, total_targets, ranks, checkpoint)?;
+    reduce_gradients(&mut grads, model, ranks)?;
+    Ok((all_reduce_scalar(loss, ranks)?, grads))
+}
+
+/// Sum of a scalar over all ranks (the value itself on one rank, kept in f64).
+pub fn all_reduce_scalar(x: f64, ranks: &Ranks) -> Result<f64> {
+    if ranks.topo.world == 1 {
+        return Ok(x);
+    }
+    let mut buf = [x as f32];
+    ranks.world.all_reduce_sum(&mut buf)?;
+    Ok(buf[0] as f64)
+}
+
+/// This rank's share of the step's loss (its positions' terms over the global target count)
+/// and the gradient of it; summing both over the ranks gives the single-rank values.
+pub fn loss_and_grads(
+    model: &GenSlm,
+    batches: &[Batch],
+    total_targets: usize,
+    ranks: &Ranks,
+    checkpoint: bool,
+) -> Result<(f64, Vec<Tensor<1>>)> {
+    if batches.is_empty() {
+        return Err(Error::Invalid(
+            "a step needs at least one micro-batch (grad_accum ≥ 1)".into(),
+        ));
+    }
+    let denom = total_targets.max(1) as f64;
+    let mut loss = 0.0;
+    let mut acc: Vec<Option<Tensor<1>>> = vec![None; model.params.len()];
+    for b in batches {
+        let lb = local_batch(b, ranks);
+        if checkpoint {
+            loss += checkpointed_loss_and_grads(model, &lb, denom, &mut acc)?;
+            continue;
+        }
+        let tokens = tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device);
+        let logits = model.forward(tokens, lb.offset)?;
+        let scaled = local_nll(logits, &lb) / denom;
+        loss += tensor_to_vec(&scaled)[0] as f64;
+        accumulate(model, &scaled.backward(), &mut acc);
+    }
+    let grads = acc
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| {
+            g.ok_or_else(|| {
+                Error::Invalid(format!("no gradient for {}", model.layout.specs[i].name))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((loss, grads))
+}
