@@ -116,16 +116,87 @@ pub fn tokenize_to_parquet(
         summary.input_bytes += std::fs::metadata(f).map_err(|e| Error::io(f, e))?.len();
     }
     let bar = progress_bar(opts.progress, summary.input_bytes);
-    let mut writer = DatasetWriter::create(out, opts.vocab)?;
+    let writer = DatasetWriter::create(out, opts.vocab)?;
+    // Parquet encoding runs on its own thread, fed rows through a bounded queue, while this
+    // thread parses, validates, hashes and tokenizes the next records (about half of the work
+    // each). On any error the writer is dropped unfinished, which removes its temporary file.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<OwnedRow>(QUEUE_ROWS);
+    std::thread::scope(|scope| {
+        let writing = scope.spawn(move || -> Result<DatasetWriter> {
+            let mut writer = writer;
+            for r in rx {
+                writer.push(&r.row())?;
+            }
+            Ok(writer)
+        });
+        let read = read_all(&files, &tokenizer, specials, opts, &bar, &mut summary, tx);
+        // The writer's own error explains a closed queue better than the reader's.
+        let writer = writing
+            .join()
+            .map_err(|_| Error::Invalid("the parquet writer thread panicked".into()))?;
+        let writer = writer?;
+        read?;
+        if summary.records == 0 {
+            return Err(Error::Invalid(format!(
+                "no usable FASTA records in {} file(s); nothing written to {}",
+                files.len(),
+                out.display()
+            )));
+        }
+        writer.finish()
+    })?;
+    bar.finish_and_clear();
+    summary.elapsed = start.elapsed();
+    Ok(summary)
+}
+
+/// Rows in flight between the reader and the parquet writer.
+const QUEUE_ROWS: usize = 64;
+
+/// A record's row, owned so it can cross to the writer thread.
+struct OwnedRow {
+    id: String,
+    description: String,
+    source: std::sync::Arc<str>,
+    length: u64,
+    gc_content: f64,
+    md5: String,
+    tokens: Vec<u32>,
+}
+
+impl OwnedRow {
+    fn row(&self) -> Row<'_> {
+        Row {
+            id: &self.id,
+            description: &self.description,
+            source: &self.source,
+            length: self.length,
+            gc_content: self.gc_content,
+            md5: &self.md5,
+            tokens: &self.tokens,
+        }
+    }
+}
+
+/// Reads, validates, hashes and tokenizes every record of `files`, sending the rows to the
+/// writer; fills `summary` (records, warnings, counts).
+fn read_all(
+    files: &[PathBuf],
+    tokenizer: &CodonTokenizer,
+    specials: u64,
+    opts: &IngestOptions,
+    bar: &indicatif::ProgressBar,
+    summary: &mut IngestSummary,
+    tx: std::sync::mpsc::SyncSender<OwnedRow>,
+) -> Result<()> {
     // Ids are remembered by 64-bit hash: 8 bytes per record, enough to warn on duplicates.
     let hasher = std::collections::hash_map::RandomState::new();
     let mut seen: HashSet<u64> = HashSet::new();
-    let mut tokens = Vec::new();
     let mut warnings = Vec::new();
     let mut n_warnings = 0u64;
     let mut done_bytes = 0u64;
-    for file in &files {
-        let source = file.display().to_string();
+    for file in files {
+        let source: std::sync::Arc<str> = file.display().to_string().into();
         let file_bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
         let mut warn = |w: String| {
             n_warnings += 1;
@@ -144,21 +215,23 @@ pub fn tokenize_to_parquet(
                     rec.id
                 ));
             }
-            let md5 = Md5::digest(rec.seq);
-            let md5 = hex(&md5);
-            tokens.clear();
+            let md5 = hex(&Md5::digest(rec.seq));
+            let mut tokens = Vec::with_capacity(rec.seq.len() / 3 + 3);
             tokenizer.encode_into(rec.seq, &mut tokens);
             summary.codons += tokens.len() as u64 - specials;
             summary.unk += tokens.iter().filter(|&&t| t == tokenizer.unk_id()).count() as u64;
-            writer.push(&Row {
-                id: rec.id,
-                description: rec.description,
-                source: &source,
+            let row = OwnedRow {
+                id: rec.id.to_string(),
+                description: rec.description.to_string(),
+                source: source.clone(),
                 length: rec.seq.len() as u64,
                 gc_content: rec.gc as f64 / rec.seq.len() as f64,
-                md5: &md5,
-                tokens: &tokens,
-            })?;
+                md5,
+                tokens,
+            };
+            // A closed queue means the writer failed; its error is reported instead.
+            tx.send(row)
+                .map_err(|_| Error::Invalid("the parquet writer stopped".into()))?;
             bar.set_position(done_bytes + pos.min(file_bytes));
             Ok(())
         })?;
@@ -171,16 +244,6 @@ pub fn tokenize_to_parquet(
         done_bytes += file_bytes;
         bar.set_position(done_bytes);
     }
-    if summary.records == 0 {
-        return Err(Error::Invalid(format!(
-            "no usable FASTA records in {} file(s); nothing written to {}",
-            files.len(),
-            out.display()
-        )));
-    }
-    writer.finish()?;
-    bar.finish_and_clear();
-    summary.elapsed = start.elapsed();
     if n_warnings as usize > warnings.len() {
         warnings.push(format!(
             "... {} more warnings not shown",
@@ -188,7 +251,7 @@ pub fn tokenize_to_parquet(
         ));
     }
     summary.warnings = warnings;
-    Ok(summary)
+    Ok(())
 }
 
 fn progress_bar(enabled: bool, total: u64) -> indicatif::ProgressBar {
