@@ -21,7 +21,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
+use parquet::basic::{Compression, Encoding};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
@@ -99,6 +99,11 @@ pub struct DatasetWriter {
     total_rows: u64,
 }
 
+/// The token ids' leaf column.
+fn tokens_column() -> ColumnPath {
+    ColumnPath::from(vec!["tokens".into(), "list".into(), "item".into()])
+}
+
 impl DatasetWriter {
     pub fn create(path: &Path, vocab: VocabKind) -> Result<Self> {
         let (guard, file) = AtomicFile::create(path)?;
@@ -108,12 +113,13 @@ impl DatasetWriter {
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
-            // Token ids are dictionary-encoded (≤ 71 values: 7-bit packed indices), which
-            // already makes them compact; snappy on top cost ~20% of ingest time for little gain.
-            .set_column_compression(
-                ColumnPath::from(vec!["tokens".into(), "list".into(), "item".into()]),
-                Compression::UNCOMPRESSED,
-            )
+            // Token ids (< 71) are delta-encoded and bit-packed (about 7 bits each), without
+            // compression: dictionary encoding made files ~20% smaller but hashed every value
+            // and made the parquet writer the slower half of ingest (100 → 143 MB/s on 2
+            // cores without it); snappy on top cost ~20% for little gain.
+            .set_column_compression(tokens_column(), Compression::UNCOMPRESSED)
+            .set_column_dictionary_enabled(tokens_column(), false)
+            .set_column_encoding(tokens_column(), Encoding::DELTA_BINARY_PACKED)
             .set_key_value_metadata(Some(vec![KeyValue::new(
                 VOCAB_KEY.to_string(),
                 vocab.name().to_string(),
