@@ -120,20 +120,46 @@ pub fn tokenize_to_parquet(
     // Parquet encoding runs on its own thread, fed rows through a bounded queue, while this
     // thread parses, validates, hashes and tokenizes the next records (about half of the work
     // each). On any error the writer is dropped unfinished, which removes its temporary file.
-    let (tx, rx) = std::sync::mpsc::sync_channel::<OwnedRow>(QUEUE_ROWS);
+    // The queue is bounded by tokens, not rows: the writer encodes in bursts (a parquet batch
+    // at a time), so the reader needs a deep queue to keep going, yet a few chromosome-sized
+    // records must not pile up.
+    let (tx, rx) = std::sync::mpsc::channel::<OwnedRow>();
+    let budget = &TokenBudget::new(QUEUE_TOKENS);
     std::thread::scope(|scope| {
         let writing = scope.spawn(move || -> Result<DatasetWriter> {
             let mut writer = writer;
-            for r in rx {
+            let result = rx.iter().try_for_each(|r| {
                 writer.push(&r.row())?;
-            }
-            Ok(writer)
+                budget.release(r.tokens.len());
+                Ok(())
+            });
+            // The reader may be waiting for room: wake it whatever happened.
+            budget.close();
+            result.map(|()| writer)
         });
-        let read = read_all(&files, &tokenizer, specials, opts, &bar, &mut summary, tx);
+        let read = read_all(
+            &files,
+            &tokenizer,
+            specials,
+            opts,
+            &bar,
+            &mut summary,
+            |row| {
+                budget.acquire(row.tokens.len());
+                tx.send(row)
+                    .map_err(|_| Error::Invalid("the parquet writer stopped".into()))
+            },
+        );
+        drop(tx);
         // The writer's own error explains a closed queue better than the reader's.
-        let writer = writing
-            .join()
-            .map_err(|_| Error::Invalid("the parquet writer thread panicked".into()))?;
+        let writer = writing.join().map_err(|p| {
+            let why = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Error::Invalid(format!("the parquet writer thread panicked: {why}"))
+        })?;
         let writer = writer?;
         read?;
         if summary.records == 0 {
@@ -150,8 +176,47 @@ pub fn tokenize_to_parquet(
     Ok(summary)
 }
 
-/// Rows in flight between the reader and the parquet writer.
-const QUEUE_ROWS: usize = 64;
+/// Tokens in flight between the reader and the parquet writer (128 MiB of ids); a single
+/// larger record still passes, alone.
+const QUEUE_TOKENS: usize = 32 << 20;
+
+/// Tokens queued for the writer, with a cap the reader waits on.
+struct TokenBudget {
+    state: std::sync::Mutex<(usize, bool)>,
+    room: std::sync::Condvar,
+    cap: usize,
+}
+
+impl TokenBudget {
+    fn new(cap: usize) -> Self {
+        Self {
+            state: std::sync::Mutex::new((0, false)),
+            room: std::sync::Condvar::new(),
+            cap,
+        }
+    }
+
+    /// Waits until `n` more tokens fit (or nothing is queued, or the writer is gone).
+    fn acquire(&self, n: usize) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while s.0 > 0 && s.0 + n > self.cap && !s.1 {
+            s = self.room.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.0 += n;
+    }
+
+    fn release(&self, n: usize) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 = s.0.saturating_sub(n);
+        self.room.notify_one();
+    }
+
+    /// The writer stopped: nobody waits for room any more.
+    fn close(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+        self.room.notify_all();
+    }
+}
 
 /// A record's row, owned so it can cross to the writer thread.
 struct OwnedRow {
@@ -187,7 +252,7 @@ fn read_all(
     opts: &IngestOptions,
     bar: &indicatif::ProgressBar,
     summary: &mut IngestSummary,
-    tx: std::sync::mpsc::SyncSender<OwnedRow>,
+    mut send: impl FnMut(OwnedRow) -> Result<()>,
 ) -> Result<()> {
     // Ids are remembered by 64-bit hash: 8 bytes per record, enough to warn on duplicates.
     let hasher = std::collections::hash_map::RandomState::new();
@@ -230,8 +295,7 @@ fn read_all(
                 tokens,
             };
             // A closed queue means the writer failed; its error is reported instead.
-            tx.send(row)
-                .map_err(|_| Error::Invalid("the parquet writer stopped".into()))?;
+            send(row)?;
             bar.set_position(done_bytes + pos.min(file_bytes));
             Ok(())
         })?;
@@ -278,4 +342,36 @@ pub fn hex(bytes: &[u8]) -> String {
         s.push(DIGITS[(b & 15) as usize] as char);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenBudget;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// The reader waits for room, a record larger than the cap passes alone, and a writer that
+    /// stops (release or close) wakes it.
+    #[test]
+    fn token_budget_blocks_until_room_or_close() {
+        for wake_by_close in [false, true] {
+            let budget = TokenBudget::new(10);
+            budget.acquire(25); // larger than the cap, but nothing queued: passes
+            let got = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    budget.acquire(1);
+                    got.store(true, Ordering::SeqCst);
+                });
+                std::thread::sleep(Duration::from_millis(50));
+                assert!(!got.load(Ordering::SeqCst), "acquired past the cap");
+                if wake_by_close {
+                    budget.close();
+                } else {
+                    budget.release(25);
+                }
+            });
+            assert!(got.load(Ordering::SeqCst));
+        }
+    }
 }
