@@ -16,10 +16,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use super::{
-    estimate, terms::gpu_reserve, Checkpointing, Hardware, Layout, Mask, Phase, Precision, Recipe,
-    Strategy, Target, MIB,
-};
+use super::{estimate, terms::gpu_reserve, Hardware, Layout, Phase, Strategy, Target, MIB};
 use crate::config::{AttentionKind, ModelConfig, Position};
 use crate::tokenizer::VocabKind;
 
@@ -207,31 +204,19 @@ pub fn shape(r: &Run) -> ModelConfig {
 /// The run's settings: Megatron's layer with dropout under TP with Megatron SP, flash
 /// attention, full checkpointing, fp16 mixed precision, GPT-2's tied embeddings.
 pub fn strategy(r: &Run) -> Strategy {
+    // The runs used fp16: the same bytes as bf16 (`Precision::Bf16` is 16-bit mixed).
+    let layout = Layout {
+        tp: r.tp,
+        sp: 1,
+        dp: r.dp,
+        zero: r.zero,
+        megatron_sp: true,
+        zero_over_sp: false,
+    };
     Strategy {
-        layout: Layout {
-            tp: r.tp,
-            sp: 1,
-            dp: r.dp,
-            zero: r.zero,
-            megatron_sp: true,
-            zero_over_sp: false,
-        },
-        // Flash attention: the softmax settings do not apply.
-        recipe: Recipe::Megatron {
-            dropout: true,
-            softmax_fp32: true,
-            score_buffer: true,
-        },
-        attention: AttentionKind::Flash,
-        positions: Position::Learned,
         shard_positions: r.shard_positions,
-        mask: Mask::None,
-        checkpointing: Checkpointing::Full { partitioned: false },
-        // The runs used fp16; the same bytes as bf16 (`Precision::Bf16` is 16-bit mixed).
-        precision: Precision::Bf16,
         batch_size: r.micro_batch,
-        tied_embeddings: true,
-        vocab_size: r.vocab,
+        ..super::published::megatron_sp_flash(layout, r.vocab)
     }
 }
 

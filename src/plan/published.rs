@@ -136,6 +136,29 @@ pub fn shape(name: &str) -> ModelConfig {
     }
 }
 
+/// Megatron's GPT layer (dropout, fp32 softmax, Megatron-LM's score buffer) with flash
+/// attention, full checkpointing, 16-bit mixed precision, tied embeddings, micro-batch 1, a
+/// learned table replicated on the TP ranks and no mask on the GPU, on `layout`.
+pub fn megatron_sp_flash(layout: Layout, vocab_size: usize) -> Strategy {
+    Strategy {
+        layout,
+        recipe: Recipe::Megatron {
+            dropout: true,
+            softmax_fp32: true,
+            score_buffer: true,
+        },
+        attention: AttentionKind::Flash,
+        positions: Position::Learned,
+        shard_positions: false,
+        mask: Mask::None,
+        checkpointing: Checkpointing::Full { partitioned: false },
+        precision: Precision::Bf16,
+        batch_size: 1,
+        tied_embeddings: true,
+        vocab_size,
+    }
+}
+
 /// The layout and settings a system used on `gpus` GPUs for `model`.
 pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
     let heads = model.num_heads;
@@ -146,29 +169,19 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
         .unwrap_or(1);
     // (a) Megatron-LM: TP + Megatron SP, flash, the mask built on the GPU, a replicated table.
     let megatron_lm = Strategy {
-        layout: Layout {
-            tp: degree,
-            sp: 1,
-            dp: gpus / degree,
-            zero: 0,
-            megatron_sp: true,
-            zero_over_sp: false,
-        },
-        recipe: Recipe::Megatron {
-            dropout: true,
-            softmax_fp32: true,
-            score_buffer: true,
-        },
-        attention: AttentionKind::Flash,
-        positions: Position::Learned,
-        shard_positions: false,
         mask: Mask::Materialised,
-        checkpointing: Checkpointing::Full { partitioned: false },
-        precision: Precision::Bf16,
-        batch_size: 1,
-        tied_embeddings: true,
-        // Megatron pads the vocabulary to a multiple of 128 · TP.
-        vocab_size: GPT2_VOCAB.div_ceil(128 * degree) * 128 * degree,
+        ..megatron_sp_flash(
+            Layout {
+                tp: degree,
+                sp: 1,
+                dp: gpus / degree,
+                zero: 0,
+                megatron_sp: true,
+                zero_over_sp: false,
+            },
+            // Megatron pads the vocabulary to a multiple of 128 · TP.
+            GPT2_VOCAB.div_ceil(128 * degree) * 128 * degree,
+        )
     };
     let genslm = |checkpointing| Strategy {
         layout: Layout {
