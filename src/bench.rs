@@ -93,7 +93,6 @@ pub fn train_step(
     seed: u64,
     checkpoint: bool,
 ) -> Result<(f64, f64)> {
-    use crate::model::neox::{next_token_nll, tokens_tensor};
     if seq_len < 2 {
         return Err(crate::error::Error::Invalid(format!(
             "--seq-len {seq_len}: a training step needs at least 2 tokens"
@@ -108,38 +107,23 @@ pub fn train_step(
         .collect();
     let model = crate::model::GenSlm { params, ..model };
     let mut rng = SplitMix64::new(seed);
-    let tokens: Vec<u32> = (0..seq_len).map(|_| 5 + rng.below(64) as u32).collect();
-    let mask = vec![1u8; seq_len];
+    let batch = crate::data::loader::Batch {
+        batch: 1,
+        seq_len,
+        tokens: (0..seq_len).map(|_| 5 + rng.below(64) as u32).collect(),
+        mask: vec![1u8; seq_len],
+    };
     let start = std::time::Instant::now();
-    if checkpoint {
-        let lb = crate::train::shard::LocalBatch {
-            rows: 1,
-            cols: seq_len,
-            offset: 0,
-            targets: (0..seq_len)
-                .map(|t| tokens.get(t + 1).map_or(0, |&x| x as i64))
-                .collect(),
-            weights: (0..seq_len)
-                .map(|t| if t + 1 < seq_len { 1.0 } else { 0.0 })
-                .collect(),
-            tokens,
-        };
-        let mut acc = vec![None; model.params.len()];
-        crate::train::recompute::checkpointed_loss_and_grads(
-            &model,
-            &lb,
-            (seq_len - 1) as f64,
-            &mut acc,
-        )?;
-        let _ = acc[0].as_ref().map(crate::model::neox::tensor_to_vec);
-    } else {
-        let logits = model.forward(tokens_tensor(&tokens, 1, seq_len, &device), 0)?;
-        let (sum, n) = next_token_nll(logits, &tokens, &mask, 1, seq_len);
-        let grads = (sum / n as f64).backward();
-        // Touch one gradient so all work is done before the clock stops.
-        let g = model.params[0].grad(&grads);
-        let _ = g.map(|g| crate::model::neox::tensor_to_vec(&g));
-    }
+    // The trainer's own forward and backward (whole-graph or checkpointed) on one rank.
+    let (_, grads) = crate::train::step::loss_and_grads(
+        &model,
+        std::slice::from_ref(&batch),
+        batch.n_targets(),
+        &crate::parallel::ranks::Ranks::single(),
+        checkpoint,
+    )?;
+    // Touch one gradient so all work is done before the clock stops.
+    let _ = crate::model::neox::tensor_to_vec(&grads[0]);
     Ok((
         start.elapsed().as_secs_f64(),
         crate::train::metrics::peak_rss_mib(),

@@ -231,15 +231,22 @@ pub struct DatasetReader {
     done_rows: usize,
 }
 
+/// Opens a parquet file for reading; errors name the file.
+pub fn open_parquet(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::Dataset {
+        path: path.to_path_buf(),
+        msg: format!("not a readable parquet file: {e}"),
+    })
+}
+
 impl DatasetReader {
     pub fn open(path: &Path, batch_rows: usize) -> Result<Self> {
         let derr = |msg: String| Error::Dataset {
             path: path.to_path_buf(),
             msg,
         };
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-            .map_err(|e| derr(format!("not a readable parquet file: {e}")))?;
+        let builder = open_parquet(path)?;
         let vocab = builder
             .metadata()
             .file_metadata()

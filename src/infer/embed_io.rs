@@ -22,7 +22,6 @@ use arrow_array::types::{
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::metadata::KeyValue;
@@ -270,9 +269,7 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
         path: path.to_path_buf(),
         msg,
     };
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| derr(format!("not a readable parquet file: {e}")))?;
+    let builder = crate::data::dataset::open_parquet(path)?;
     let names: Vec<String> = builder
         .schema()
         .fields()

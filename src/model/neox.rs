@@ -103,6 +103,22 @@ impl GenSlm {
         Self::from_host(cfg, values, device)
     }
 
+    /// The same model outside autodiff (parameters shared, not copied): for forwards that
+    /// record no graph, such as validation and checkpointing's first pass.
+    pub fn without_autodiff(&self) -> Self {
+        Self {
+            cfg: self.cfg.clone(),
+            layout: self.layout.clone(),
+            params: self
+                .params
+                .iter()
+                .map(|p| p.clone().without_autodiff())
+                .collect(),
+            device: self.device.clone().without_autodiff(),
+            sp: self.sp.clone(),
+        }
+    }
+
     /// Parameter values on the host, in our layout.
     pub fn to_host(&self) -> Vec<Vec<f32>> {
         self.params.iter().map(tensor_to_vec).collect()

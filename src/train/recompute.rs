@@ -44,17 +44,7 @@ pub fn checkpointed_loss_and_grads(
     // The forward without a graph (the same parameters, no autodiff), keeping layer inputs.
     let mut kept = Vec::with_capacity(n_layers);
     let x = {
-        let frozen = GenSlm {
-            cfg: model.cfg.clone(),
-            layout: model.layout.clone(),
-            params: model
-                .params
-                .iter()
-                .map(|p| p.clone().without_autodiff())
-                .collect(),
-            device: model.device.clone().without_autodiff(),
-            sp: model.sp.clone(),
-        };
+        let frozen = model.without_autodiff();
         let ctx = frozen.layer_context(lb.offset, lb.cols);
         let mut x = frozen.embed(tokens(&frozen.device), lb.offset)?;
         for li in 0..n_layers {

@@ -215,7 +215,6 @@ pub fn train_rank(
         .topo
         .validate(cfg.model.num_heads, t.seq_len, t.batch_size)?;
     let ad = Device::flex().autodiff();
-    let plain = Device::flex();
     let adamw = AdamWConfig {
         beta1: t.beta1,
         beta2: t.beta2,
@@ -326,7 +325,7 @@ pub fn train_rank(
         }
         let last = state.step == t.steps;
         let val_loss = if (t.val_every > 0 && state.step % t.val_every == 0) || last {
-            validation_loss(&model, corpus, t.batch_size, &plain, ranks)?
+            validation_loss(&model, corpus, t.batch_size, ranks)?
         } else {
             None
         };
@@ -412,21 +411,12 @@ fn validation_loss(
     model: &GenSlm,
     corpus: &Corpus,
     batch: usize,
-    plain: &Device,
     ranks: &Ranks,
 ) -> Result<Option<f64>> {
     if corpus.val.is_empty() {
         return Ok(None);
     }
-    let eval = GenSlm {
-        params: model
-            .params
-            .iter()
-            .map(|p| p.clone().without_autodiff())
-            .collect(),
-        device: plain.clone(),
-        ..model.clone()
-    };
+    let eval = model.without_autodiff();
     // Rows are not split for validation: view the layout as DP = 1.
     let view = Ranks {
         topo: Topology {
@@ -443,7 +433,7 @@ fn validation_loss(
         n += b.n_targets();
         let lb = local_batch(&b, &view);
         let logits = eval.forward(
-            tokens_tensor(&lb.tokens, lb.rows, lb.cols, plain),
+            tokens_tensor(&lb.tokens, lb.rows, lb.cols, &eval.device),
             lb.offset,
         )?;
         sum += tensor_to_vec(&local_nll(logits, &lb))[0] as f64;
