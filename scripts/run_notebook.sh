@@ -2,7 +2,7 @@
 # Runs notebooks/latent_space.ipynb headless on an embeddings parquet from `genslm embed`.
 # Usage: scripts/run_notebook.sh EMB.parquet OUT_DIR
 # Writes OUT_DIR/latent_umap.png and the executed notebook. Installs umap-learn, jupyter,
-# nbconvert, ipykernel and matplotlib with pip when missing; without pip it skips with a message.
+# nbconvert, ipykernel and matplotlib with pip when missing; fails when they cannot be installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -ne 2 ]; then
@@ -15,8 +15,8 @@ have() { (cd /tmp && python3 -c "import umap, matplotlib, pyarrow, pandas, nbcon
 if ! have; then
   if ! python3 -m pip install --quiet --disable-pip-version-check \
       umap-learn jupyter nbconvert ipykernel matplotlib pyarrow pandas || ! have; then
-    echo "pip unavailable: skipped the latent-space notebook" >&2
-    exit 0
+    echo "error: could not install the notebook's packages with pip (umap-learn, jupyter, ...)" >&2
+    exit 1
   fi
 fi
 rm -f "$OUT/latent_umap.png"

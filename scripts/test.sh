@@ -12,59 +12,44 @@ if ! command -v mpirun >/dev/null || ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev
 fi
 
 echo "== python reference tools (pyarrow, pandas, tokenizers, torch, transformers)"
-PY_OK=1
-if ! python3 -c "import pyarrow, pandas" 2>/dev/null || ! (cd /tmp && python3 -c "import tokenizers.models") 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check pyarrow pandas tokenizers || PY_OK=0
-fi
-HF_OK=1
-if ! (cd /tmp && python3 -c "import torch, transformers, safetensors") 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check torch transformers safetensors || HF_OK=0
+# They are the independent references of the suite: a failed install fails the run.
+if ! (cd /tmp && python3 -c "import pyarrow, pandas, tokenizers.models, torch, transformers, safetensors") 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check \
+    pyarrow pandas tokenizers torch transformers safetensors
+  (cd /tmp && python3 -c "import pyarrow, pandas, tokenizers.models, torch, transformers, safetensors") || {
+    echo "error: the python reference tools could not be installed" >&2; exit 1; }
 fi
 
 echo "== cargo test"
 cargo test --locked
 
 echo "== tokenizer fixture is reproducible with Hugging Face tokenizers"
-if [ "$PY_OK" = 1 ]; then
-  cp tests/fixtures/tokenizer_hf.json /tmp/genslm_fixture_before.json
-  python3 scripts/make_tokenizer_fixture.py
-  if ! cmp -s tests/fixtures/tokenizer_hf.json /tmp/genslm_fixture_before.json; then
-    echo "tokenizer fixture differs from what HF tokenizers produces now" >&2; exit 1
-  fi
+cp tests/fixtures/tokenizer_hf.json /tmp/genslm_fixture_before.json
+python3 scripts/make_tokenizer_fixture.py
+if ! cmp -s tests/fixtures/tokenizer_hf.json /tmp/genslm_fixture_before.json; then
+  echo "tokenizer fixture differs from what HF tokenizers produces now" >&2; exit 1
 fi
 
 echo "== tokenize the bundled genomes; check the parquet with pyarrow/pandas"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 cargo run --locked --quiet -- tokenize --fasta data/ --out "$TMP/data.parquet"
-if [ "$PY_OK" = 1 ]; then
-  python3 scripts/check_dataset.py "$TMP/data.parquet" data
-else
-  echo "pip unavailable: skipped the pyarrow check" >&2
-fi
+python3 scripts/check_dataset.py "$TMP/data.parquet" data
 
 echo "== train on the bundled genomes; the checkpoint loads in transformers with the same loss"
 cargo run --locked --quiet -- train --fasta data/ --config configs/tiny.toml --out "$TMP/run" \
   --steps 20 --seq-len 64 --batch-size 4 --lr 3e-3 --quiet
 cargo run --locked --quiet -- score --model "$TMP/run" --fasta data/lambda_virus.fa data/dwv.fasta.gz \
   --seq-len 64 > "$TMP/scores.tsv"
-if [ "$HF_OK" = 1 ]; then
-  for f in data/lambda_virus.fa data/dwv.fasta.gz; do
-    python3 scripts/check_hf_roundtrip.py "$TMP/run/checkpoints/step-20" "$f" 64 "$TMP/scores.tsv"
-  done
-else
-  echo "pip unavailable: skipped the transformers round trip" >&2
-fi
+for f in data/lambda_virus.fa data/dwv.fasta.gz; do
+  python3 scripts/check_hf_roundtrip.py "$TMP/run/checkpoints/step-20" "$f" 64 "$TMP/scores.tsv"
+done
 
 echo "== embed the bundled genomes: parquet checked with pyarrow, PCA plot, UMAP notebook (headless)"
 cargo run --locked --quiet -- embed --model "$TMP/run" --fasta data/ --out "$TMP/emb.parquet" \
   --plot "$TMP/latent.png" --quiet
 test -s "$TMP/latent.png"
-if [ "$PY_OK" = 1 ]; then
-  python3 scripts/check_embeddings.py "$TMP/emb.parquet" 29 64
-else
-  echo "pip unavailable: skipped the pyarrow check of the embeddings" >&2
-fi
+python3 scripts/check_embeddings.py "$TMP/emb.parquet" 29 64
 ./scripts/run_notebook.sh "$TMP/emb.parquet" "$TMP/notebook"
 
 echo "== NCCL communicator compiles (cudarc; no GPU here, so it is not run)"

@@ -121,6 +121,12 @@ pub struct TrainConfig {
     /// recompute one layer at a time in the backward (same gradients, much less memory for
     /// long sequences, about one more forward of compute).
     pub checkpoint_activations: bool,
+    /// Elements per call when gradients and ZeRO shards travel between ranks (buckets keep
+    /// every MPI call below its 2³¹ count limit and bound the staging memory).
+    pub reduce_bucket_size: usize,
+    /// Seconds a thread rank waits for the others in a collective before declaring them stuck
+    /// (phases known to be long, such as rank 0 writing a checkpoint, wait without limit).
+    pub rank_timeout_s: u64,
 }
 
 impl Default for TrainConfig {
@@ -145,6 +151,8 @@ impl Default for TrainConfig {
             skip_nonfinite: false,
             zero: 1,
             checkpoint_activations: false,
+            reduce_bucket_size: crate::parallel::bucket::DEFAULT_BUCKET,
+            rank_timeout_s: 600,
         }
     }
 }
@@ -193,6 +201,16 @@ impl TrainConfig {
                 "field `zero` ({}): stage 0 or 1 is available for training here",
                 self.zero
             ));
+        }
+        if self.reduce_bucket_size == 0 || self.reduce_bucket_size > i32::MAX as usize {
+            return Err(format!(
+                "field `reduce_bucket_size` ({}) must be between 1 and {} elements",
+                self.reduce_bucket_size,
+                i32::MAX
+            ));
+        }
+        if self.rank_timeout_s == 0 {
+            return Err("field `rank_timeout_s` must be positive".into());
         }
         if self.max_grad_norm.is_nan() || self.max_grad_norm < 0.0 {
             return Err("field `max_grad_norm` must be ≥ 0".into());

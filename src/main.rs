@@ -67,7 +67,8 @@ enum Command {
         /// FASTA files or directories.
         #[arg(long, num_args = 1.., required = true)]
         fasta: Vec<PathBuf>,
-        /// Window length in codons (default: the model's max_position_embeddings).
+        /// Window length in codons (default: the training window recorded beside a genslm
+        /// checkpoint, else the model's max_position_embeddings; the same rule as `embed`).
         #[arg(long)]
         seq_len: Option<usize>,
         /// Windows per forward pass.

@@ -5,12 +5,38 @@
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SplitMix64(pub u64);
 
+/// What a stream is for. Streams of different domains start from different states for every
+/// index (the domain fills the top byte of the stream number), so parameter initialisation,
+/// the validation split, epoch shuffles and samples never draw the same numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Domain {
+    /// Initial weights, one stream per parameter.
+    Init = 1,
+    /// The train/validation split of the windows.
+    Split = 2,
+    /// The order of an epoch's windows, one stream per epoch.
+    Shuffle = 3,
+    /// Generation, one stream per sample.
+    Sample = 4,
+}
+
 impl SplitMix64 {
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
-    /// A generator for stream `stream` of `seed` (e.g. one per epoch or per parameter).
+    /// Stream `k` (below 2⁵⁶) of `domain` for `seed`.
+    pub fn stream(seed: u64, domain: Domain, k: u64) -> Self {
+        debug_assert!(
+            k < 1 << 56,
+            "stream index {k} overflows into the domain byte"
+        );
+        Self::derive(seed, (domain as u64) << 56 | (k & ((1 << 56) - 1)))
+    }
+
+    /// A generator for stream `stream` of `seed`. Distinct streams start from distinct states
+    /// (the multiplier is odd, so the map is a bijection); prefer [`SplitMix64::stream`], which
+    /// also keeps the purposes apart.
     pub fn derive(seed: u64, stream: u64) -> Self {
         let mut g = Self(seed ^ stream.wrapping_mul(0xD6E8_FEB8_6659_FD93));
         g.next_u64();
@@ -54,7 +80,7 @@ impl SplitMix64 {
 
 #[cfg(test)]
 mod tests {
-    use super::SplitMix64;
+    use super::{Domain, SplitMix64};
 
     #[test]
     fn reference_values() {
@@ -62,6 +88,24 @@ mod tests {
         let mut g = SplitMix64::new(0);
         assert_eq!(g.next_u64(), 0xE220_A839_7B1D_CDAF);
         assert_eq!(g.next_u64(), 0x6E78_9E6A_A1B9_65F4);
+    }
+
+    /// dc757c5 drew parameter k's initial weights and epoch k's shuffle from the same stream
+    /// (`derive(seed, k + 1)`); domains keep every pair apart.
+    #[test]
+    fn domains_never_share_a_stream() {
+        let domains = [Domain::Init, Domain::Split, Domain::Shuffle, Domain::Sample];
+        for seed in [0u64, 1, 42, u64::MAX] {
+            let mut seen = std::collections::HashMap::new();
+            for d in domains {
+                for k in 0..200u64 {
+                    let first = SplitMix64::stream(seed, d, k).next_u64();
+                    if let Some(prev) = seen.insert(first, (d, k)) {
+                        panic!("seed {seed}: {prev:?} and {:?} share a stream", (d, k));
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! in the binary and parsed at start-up, so the ids come from one place only.
 //!
 //! Splitting follows GenSLM: upper-case, non-overlapping 3-mers from position 0; a codon with
-//! any base outside ACGT becomes `[UNK]`; a trailing 1–2 bases become one `[UNK]` (or are
+//! any base outside ACGT (U counts as T) becomes `[UNK]`; a trailing 1–2 bases become one `[UNK]` (or are
 //! dropped with [`Trailing::Drop`]). The 71-token vocabulary wraps each sequence in
 //! `[BOS]` … `[EOS]`, as GenSLM's post-processor does.
 
@@ -83,6 +83,9 @@ const fn base_codes() -> [u8; 256] {
     t[b'c' as usize] = 1;
     t[b'g' as usize] = 2;
     t[b't' as usize] = 3;
+    // RNA: U is T's base (the FASTA reader already maps it; this covers direct callers).
+    t[b'U' as usize] = 3;
+    t[b'u' as usize] = 3;
     t
 }
 static BASE_CODE: [u8; 256] = base_codes();

@@ -202,24 +202,20 @@ fn embed_and_plot_on_the_bundled_genomes() {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     assert!(d < 1e-4, "default window: {d}");
-    // pyarrow sees the right shape (skipped without pyarrow).
+    // pyarrow sees the right shape. pyarrow is a required reference tool (scripts/test.sh
+    // installs it): its absence fails the test instead of skipping the check.
     let script = repo().join("scripts/check_embeddings.py");
-    match std::process::Command::new("python3")
+    let o = std::process::Command::new("python3")
         .arg(&script)
         .arg(&emb)
         .args(["29", "64"])
         .output()
-    {
-        Ok(o) if o.status.success() => {}
-        Ok(o) if String::from_utf8_lossy(&o.stderr).contains("No module named") => {
-            eprintln!("pyarrow unavailable: skipped the pyarrow check")
-        }
-        Ok(o) => panic!(
-            "pyarrow check failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(_) => eprintln!("python3 unavailable: skipped the pyarrow check"),
-    }
+        .expect("python3 is required for the pyarrow check (./scripts/test.sh installs it)");
+    assert!(
+        o.status.success(),
+        "pyarrow check failed (./scripts/test.sh installs pyarrow): {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     // genslm plot: numeric and text colour columns; a missing column is a clear error.
     for color in ["length", "source"] {
         let out = dir.path().join(format!("{color}.png"));
@@ -310,5 +306,95 @@ fn embed_bad_input_gives_clear_errors() {
         common::listing(dir.path()),
         vec!["empty"],
         "nothing half-written"
+    );
+}
+
+/// A dataset whose token ids do not fit the model, or that carries no vocabulary, is refused
+/// with the file and record named (dc757c5 panicked in the gather, or assumed genslm69).
+#[test]
+fn embed_refuses_foreign_datasets() {
+    use genslm::data::dataset::{DatasetWriter, Row};
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("foreign.parquet");
+    let mut w = DatasetWriter::create(&bad, genslm::tokenizer::VocabKind::Genslm69).unwrap();
+    for (id, tokens) in [("fine", vec![5u32, 6, 7]), ("alien", vec![5, 200, 7])] {
+        w.push(&Row {
+            id,
+            description: "",
+            source: "test",
+            length: 9,
+            gc_content: 0.5,
+            md5: "",
+            tokens: &tokens,
+        })
+        .unwrap();
+    }
+    w.finish().unwrap();
+    let out = dir.path().join("e.parquet");
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &s(trained()),
+        "--data",
+        &s(&bad),
+        "--out",
+        &s(&out),
+    ]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("foreign.parquet") && err.contains("'alien'") && err.contains("token id 200"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!out.exists());
+
+    // The same file without genslm's vocabulary metadata (rewritten by pyarrow).
+    let bare = dir.path().join("bare.parquet");
+    let o = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, pyarrow.parquet as pq; t = pq.read_table(sys.argv[1]); \
+             pq.write_table(t.replace_schema_metadata(None), sys.argv[2])",
+            &s(&bad),
+            &s(&bare),
+        ])
+        .output()
+        .expect("python3 with pyarrow is required (./scripts/test.sh installs it)");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &s(trained()),
+        "--data",
+        &s(&bare),
+        "--out",
+        &s(&out),
+    ]);
+    assert!(
+        !ok && err.contains("bare.parquet") && err.contains("genslm.vocab"),
+        "{err}"
+    );
+}
+
+/// `score` and `embed` cut records by one rule: the training window recorded beside the
+/// checkpoint (64 here), not `max_position_embeddings` (dc757c5's score default).
+#[test]
+fn score_defaults_to_the_training_window_like_embed() {
+    let fa = s(&repo().join("data/lambda_virus.fa"));
+    let model = s(trained());
+    let score = |extra: &[&str]| {
+        let mut args = vec!["score", "--model", &model, "--fasta", &fa];
+        args.extend(extra);
+        let (ok, out, err) = run(&args);
+        assert!(ok, "{err}");
+        out
+    };
+    let default = score(&[]);
+    assert_eq!(default, score(&["--seq-len", "64"]));
+    let cfg = load_model_dir(trained(), &Device::flex()).unwrap().cfg;
+    assert!(cfg.max_position_embeddings > 64);
+    assert_ne!(
+        default,
+        score(&["--seq-len", &cfg.max_position_embeddings.to_string()])
     );
 }

@@ -9,6 +9,7 @@ use burn::tensor::Device;
 use genslm::config::{Config, Position};
 use genslm::data::loader::{Batch, Corpus, Loader};
 use genslm::model::neox::tensor_to_vec;
+use genslm::model::tensors::read_safetensors;
 use genslm::model::GenSlm;
 use genslm::parallel::ranks::{thread_ranks, Ranks};
 use genslm::rng::SplitMix64;
@@ -52,7 +53,7 @@ fn step(pos: Position, dp: usize, sp: usize, ckpt: bool) -> (f64, Vec<Vec<f32>>)
     let run = move |ranks: Ranks| {
         let ad = Device::flex().autodiff();
         let model = GenSlm::init(cfg.model.clone(), 5, &ad).unwrap();
-        let mut model = shard_model(model, None, &ranks).unwrap();
+        let mut model = shard_model(model, None, &ranks, SEQ).unwrap();
         model.params = model.params.into_iter().map(|p| p.require_grad()).collect();
         let (loss, grads) = step_loss_and_grads(&model, &batches(), &ranks, ckpt).unwrap();
         let full: Vec<Vec<f32>> = grads
@@ -196,14 +197,135 @@ fn several_steps_keep_matching() {
                 let expect = 4 * (4 / dp) * SEQ * 64 / sp;
                 assert_eq!(m[0].sp_sent_per_layer, Some(expect as u64));
             }
-            // The checkpoint is the same HF directory whatever the layout.
-            let w = |d: &Path| {
-                std::fs::read(d.join("checkpoints/step-4/model.safetensors"))
-                    .unwrap()
-                    .len()
-            };
-            assert_eq!(w(&out), w(&one));
+            // The checkpoint holds the same weights and Adam moments whatever the layout.
+            same_checkpoint(&out, &one, 4, &format!("{pos} {dp}x{sp} zero {zero}"));
         }
+    }
+}
+
+/// Every tensor of step `step`'s weights and optimizer state in run `a` equals run `b`'s:
+/// names and shapes exactly; weights within 1e-4 absolute (under AdamW at lr 3e-3 a weight
+/// moves up to ~3e-3 a step whatever its gradient, so sub-ulp gradient differences between
+/// layouts can move a weight by a fraction of a step: 1e-4 is 3% of one); moments within 1e-3
+/// of the tensor's largest magnitude.
+fn same_checkpoint(a: &Path, b: &Path, step: u64, what: &str) {
+    for (file, moments) in [
+        ("model.safetensors", false),
+        ("optimizer.safetensors", true),
+    ] {
+        let read = |d: &Path| {
+            read_safetensors(&d.join(format!("checkpoints/step-{step}/{file}")))
+                .unwrap()
+                .0
+        };
+        let (ta, tb) = (read(a), read(b));
+        let mut names: Vec<&String> = tb.keys().collect();
+        names.sort();
+        assert_eq!(ta.len(), tb.len(), "{what}: {file} tensor count");
+        for name in names {
+            let (x, y) = (&ta[name], &tb[name]);
+            assert_eq!(x.shape, y.shape, "{what}: {file} {name}");
+            let (e, tol) = if moments {
+                (rel(&x.data, &y.data), 1e-3)
+            } else {
+                let d = x
+                    .data
+                    .iter()
+                    .zip(&y.data)
+                    .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+                (d, 1e-4)
+            };
+            assert!(e <= tol, "{what}: {file} {name} differs by {e}");
+        }
+    }
+}
+
+/// Learned positions under SP with a sequence shorter than the table (dc757c5 split the
+/// table by M/P rows while rank r read positions from r·s/P, and failed at step 1): the same
+/// losses and the same checkpoint, table rows past the sequence included, as one rank.
+#[test]
+fn learned_positions_shorter_than_the_table_match_one_rank() {
+    let data = DataSource::Fasta(vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("data")]);
+    let mut cfg = config(Position::Learned);
+    cfg.model.max_position_embeddings = 4 * SEQ;
+    cfg.train.steps = 3;
+    cfg.train.val_every = 0;
+    cfg.train.lr = 3e-3;
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one");
+    train(&cfg, &data, &one, &RunOptions::default()).unwrap();
+    let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
+    for (dp, sp) in [(1, 2), (2, 2), (1, 4)] {
+        let out = dir.path().join(format!("dp{dp}sp{sp}"));
+        train_threads(&cfg, &data, &out, &RunOptions::default(), dp, sp).unwrap();
+        let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+        assert_eq!(m.len(), reference.len());
+        for (a, b) in m.iter().zip(&reference) {
+            assert!(
+                (a.loss - b.loss).abs() / b.loss <= 1e-5,
+                "{dp}x{sp} step {}: {} vs {}",
+                a.step,
+                a.loss,
+                b.loss
+            );
+        }
+        same_checkpoint(&out, &one, 3, &format!("learned, table 4·s, {dp}x{sp}"));
+    }
+    // A sequence longer than the table is refused before any work.
+    let mut long = cfg.clone();
+    long.train.seq_len = 8 * SEQ;
+    let out = dir.path().join("long");
+    let e = train_threads(&long, &data, &out, &RunOptions::default(), 1, 2).unwrap_err();
+    assert!(e.to_string().contains("max_position_embeddings"), "{e}");
+    assert!(!out.join("metrics.jsonl").exists());
+}
+
+/// ZeRO-1 with a parameter count that does not divide by the DP degree (tiny: 3 ranks) gives
+/// the one-rank run, under the thread group's MPI-equal-count contract, with buckets smaller
+/// than a parameter so the bucketed paths are exercised.
+#[test]
+fn zero_with_uneven_shards_and_tiny_buckets_matches_one_rank() {
+    let data = DataSource::Fasta(vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("data")]);
+    let mut cfg = config(Position::Rotary);
+    cfg.train.steps = 3;
+    cfg.train.val_every = 0;
+    cfg.train.lr = 3e-3;
+    cfg.train.batch_size = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one");
+    train(&cfg, &data, &one, &RunOptions::default()).unwrap();
+    let n = GenSlm::init(cfg.model.clone(), 0, &Device::flex())
+        .unwrap()
+        .layout
+        .num_params();
+    assert_ne!(
+        n % 3,
+        0,
+        "the test needs a parameter count that 3 does not divide"
+    );
+    let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
+    for (bucket, zero) in [(1000usize, 1u8), (1000, 0)] {
+        let mut c = cfg.clone();
+        c.train.reduce_bucket_size = bucket;
+        c.train.zero = zero;
+        let out = dir.path().join(format!("dp3b{bucket}z{zero}"));
+        train_threads(&c, &data, &out, &RunOptions::default(), 3, 1).unwrap();
+        let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+        for (a, b) in m.iter().zip(&reference) {
+            assert!(
+                (a.loss - b.loss).abs() / b.loss <= 1e-5,
+                "dp 3 zero {zero} step {}: {} vs {}",
+                a.step,
+                a.loss,
+                b.loss
+            );
+        }
+        same_checkpoint(
+            &out,
+            &one,
+            3,
+            &format!("dp 3, zero {zero}, bucket {bucket}"),
+        );
     }
 }
 

@@ -6,7 +6,6 @@ mod common;
 
 use common::{repo, run};
 use genslm::config::{AttentionKind, ModelConfig, Position};
-use genslm::plan::cpu::extend_capacity;
 use genslm::plan::{
     estimate, granule, max_seq_len, model_params, Checkpointing, Hardware, Layout, Mask, Phase,
     Precision, Recipe, Strategy, Target, GIB,
@@ -337,21 +336,6 @@ fn search_brackets_the_capacity() {
     // More memory never shortens the sequence; a model that cannot fit gets 0.
     assert!(max_seq_len(&m, &st, &gpu(80.0)) >= n);
     assert_eq!(max_seq_len(&shape(96, 12288, 96, 49152), &st, &gpu(8.0)), 0);
-}
-
-#[test]
-fn vec_growth_is_rusts_amortised_doubling() {
-    assert_eq!(extend_capacity([3]), 4);
-    assert_eq!(extend_capacity([5, 1]), 10);
-    assert_eq!(extend_capacity([4, 4, 4]), 16);
-    let mut v: Vec<f32> = Vec::new();
-    for n in [69 * 512, 512, 512, 786_432, 1536, 1_048_576, 3] {
-        v.extend(vec![0f32; n]);
-    }
-    assert_eq!(
-        v.capacity(),
-        extend_capacity([69 * 512, 512, 512, 786_432, 1536, 1_048_576, 3])
-    );
 }
 
 #[test]

@@ -187,6 +187,59 @@ fn duplicate_ids_are_kept_with_a_warning() {
     assert_eq!(read_dataset(&out).unwrap().1.len(), 2);
 }
 
+/// Tokenizes one FASTA text; returns (tokens of each record, stderr).
+fn tokenize_text(text: &[u8]) -> (Vec<Vec<u32>>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "in.fa", text);
+    let out = dir.path().join("o.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        p.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let rows = read_dataset(&out).unwrap().1;
+    (rows.into_iter().map(|r| r.tokens).collect(), err)
+}
+
+/// An RNA genome (U) gives the ids of the same sequence written with T (dc757c5 turned every
+/// codon with a U into [UNK], silently).
+#[test]
+fn rna_tokenizes_like_dna() {
+    let (rna, err) = tokenize_text(b">r\nAUGGCUuuaCCGUAA\n");
+    let (dna, _) = tokenize_text(b">r\nATGGCTttaCCGTAA\n");
+    assert_eq!(rna, dna);
+    let tok = CodonTokenizer::new(VocabKind::Genslm69).unwrap();
+    assert_eq!(rna[0], tok.encode(b"ATGGCTTTACCGTAA"));
+    assert!(!rna[0].contains(&tok.unk_id()));
+    assert!(!err.contains("codons are [UNK]"), "{err}");
+}
+
+/// Alignment gaps are removed with a warning naming the file; the codons after a gap stay in
+/// frame (dc757c5 counted '-' as a base and shifted every later codon).
+#[test]
+fn gaps_are_removed_with_a_warning_and_keep_the_frame() {
+    let (gapped, err) = tokenize_text(b">a\nATG-GCT--TTA\n>b\nCCG\n");
+    let (plain, _) = tokenize_text(b">a\nATGGCTTTA\n>b\nCCG\n");
+    assert_eq!(gapped, plain);
+    assert!(
+        err.contains("in.fa") && err.contains("removed 3 alignment gap"),
+        "{err}"
+    );
+    assert!(err.contains("from 1 records"), "{err}");
+}
+
+/// A file that is mostly ambiguous bases gets a warning with its [UNK] share.
+#[test]
+fn a_high_unk_share_is_reported() {
+    let (_, err) = tokenize_text(b">n\nATGNNNNNNNNNGCT\n");
+    assert!(err.contains("60.0% of its codons are [UNK]"), "{err}");
+    let (_, err) = tokenize_text(b">ok\nATGGCTTTACCGTAA\n");
+    assert!(!err.contains("codons are [UNK]"), "{err}");
+}
+
 /// Runs tokenize on one bad file; checks the failure, the message and that no output is left.
 fn expect_failure(name: &str, bytes: &[u8], must_contain: &[&str]) {
     let dir = tempfile::tempdir().unwrap();

@@ -434,3 +434,152 @@ fn a_failing_rank_stops_the_others_quickly() {
     );
     assert!(start.elapsed().as_secs() < 60);
 }
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// `train` with `extra` flags; returns (success, stderr) instead of panicking.
+fn try_train(out: &Path, fasta: &str, extra: &[&str]) -> (bool, String) {
+    let mut args: Vec<String> = ["train", "--fasta", fasta, "--config", &tiny()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(["--out".into(), out.display().to_string()]);
+    args.extend(
+        ["--seq-len", "64", "--batch-size", "4"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let (ok, _, err) = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    (ok, err)
+}
+
+/// dc757c5 kept the checkpoint's weight decay and reset `attention` to flash without a word,
+/// and continued an old data position over different records. A resume now applies the safe
+/// changes and says so (and records them), and refuses different data, naming it.
+#[test]
+fn resume_applies_safe_changes_aloud_and_refuses_other_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r");
+    let base = ["--steps", "4", "--val-every", "0", "--quiet"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        base.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let first = with(&["--stop-after", "1", "--attention", "naive"]);
+    let (ok, err) = try_train(&out, &data(), &strs(&first));
+    assert!(ok, "{err}");
+    let parquet_before = std::fs::metadata(out.join("data.parquet"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    // A changed weight decay and attention kernel are applied, with a note each.
+    let second = with(&[
+        "--resume",
+        "--stop-after",
+        "1",
+        "--weight-decay",
+        "0.2",
+        "--attention",
+        "flash",
+    ]);
+    let (ok, err) = try_train(&out, &data(), &strs(&second));
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("weight_decay (checkpoint 0.01, now 0.2)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("attention (checkpoint Naive, now Flash)"),
+        "{err}"
+    );
+    // The unchanged FASTA was not tokenized again.
+    let parquet_after = std::fs::metadata(out.join("data.parquet"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(parquet_before, parquet_after);
+    let state = std::fs::read_to_string(out.join("checkpoints/step-2/trainer_state.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["train"]["weight_decay"], 0.2);
+    assert_eq!(state["adamw"]["weight_decay"], 0.2);
+    let cfg = std::fs::read_to_string(out.join("checkpoints/step-2/genslm.toml")).unwrap();
+    assert!(cfg.contains("attention = \"flash\""), "{cfg}");
+
+    // Other FASTA: refused, naming the data; the run's dataset and config stay as they were.
+    let other = dir.path().join("other.fa");
+    std::fs::write(
+        &other,
+        ">x\nATGGCTTTACCGTAAATGGCTTTACCGTAAATGGCTTTACCGTAAATGGCTTTACCGTAA\n".repeat(40),
+    )
+    .unwrap();
+    let config_before = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    let third = with(&["--resume", "--weight-decay", "0.2"]);
+    let (ok, err) = try_train(&out, other.to_str().unwrap(), &strs(&third));
+    assert!(!ok && err.contains("training data differs"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("config.toml")).unwrap(),
+        config_before
+    );
+    assert!(!out.join(".data.parquet.new").exists());
+
+    // Changed optimizer betas or model shape: refused, listing them; nothing rewritten.
+    let (ok, err) = try_train(
+        &out,
+        &data(),
+        &strs(&with(&["--resume", "--weight-decay", "0.2", "--lr", "0.5"])),
+    );
+    assert!(!ok && err.contains("lr (checkpoint"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("config.toml")).unwrap(),
+        config_before
+    );
+
+    // The original data and settings still resume to the end.
+    let (ok, err) = try_train(
+        &out,
+        &data(),
+        &strs(&with(&["--resume", "--weight-decay", "0.2"])),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(losses(&out).len(), 4);
+}
+
+/// `SLURM_NTASKS` is set in every `sbatch -n N` script: it is not a launch, so `--dp 2` runs
+/// two thread ranks (dc757c5 bailed out as if mpirun had started 4 processes).
+#[test]
+fn slurm_batch_variables_are_not_an_mpi_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("slurm");
+    let o = common::bin()
+        .args([
+            "train",
+            "--fasta",
+            &data(),
+            "--config",
+            &tiny(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .args([
+            "--quiet",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "4",
+            "--steps",
+            "2",
+            "--dp",
+            "2",
+        ])
+        .env("SLURM_NTASKS", "4")
+        .env("SLURM_NPROCS", "4")
+        .env("SLURM_JOB_ID", "1234")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(losses(&out).len(), 2);
+}

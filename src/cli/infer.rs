@@ -31,7 +31,7 @@ pub struct EmbedArgs {
     /// Pooling over a record's tokens.
     #[arg(long, value_enum, default_value = "mean")]
     pool: PoolArg,
-    /// Window in codons (default: the training window, else max_position_embeddings; whole records for ALiBi).
+    /// Window in codons (default: the training window, else max_position_embeddings; the same rule as `score`).
     #[arg(long)]
     seq_len: Option<usize>,
     /// Windows per forward pass.

@@ -77,6 +77,13 @@ pub struct TrainArgs {
     /// the backward (same gradients, far less memory at long sequences, ~1/3 more compute).
     #[arg(long)]
     checkpoint_activations: bool,
+    /// Elements per call when gradients and ZeRO shards travel between ranks.
+    #[arg(long)]
+    reduce_bucket_size: Option<usize>,
+    /// Seconds a thread rank waits for the others before declaring them stuck (checkpoint
+    /// writes and tokenizing wait without limit).
+    #[arg(long)]
+    rank_timeout_s: Option<u64>,
     /// Attention implementation (overrides `[model] attention`).
     #[arg(long, value_enum)]
     attention: Option<AttentionArg>,
@@ -119,19 +126,6 @@ pub fn train_launched(
     )
 }
 
-/// World size announced by mpirun/srun, when started by one with more than one process.
-pub fn launcher_world_size() -> Option<usize> {
-    [
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "PMIX_SIZE",
-        "SLURM_NTASKS",
-    ]
-    .iter()
-    .filter_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
-    .find(|&n| n > 1)
-}
-
 pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     if a.backend == Backend::Cuda {
         anyhow::bail!(
@@ -159,7 +153,9 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         val_every,
         checkpoint_every,
         max_grad_norm,
-        weight_decay
+        weight_decay,
+        reduce_bucket_size,
+        rank_timeout_s
     );
     t.skip_nonfinite |= a.skip_nonfinite;
     t.checkpoint_activations |= a.checkpoint_activations;
@@ -175,8 +171,8 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         stop_after: a.stop_after,
         progress: !quiet,
     };
-    let s = match launcher_world_size() {
-        Some(n) => train_launched(&cfg, &data, &a.out, &opts, n, a.sp, a.dp)?,
+    let s = match genslm::parallel::launch::launched_world_size() {
+        Some((n, _)) => train_launched(&cfg, &data, &a.out, &opts, n, a.sp, a.dp)?,
         None => train_threads(&cfg, &data, &a.out, &opts, a.dp, a.sp)?,
     };
     if !quiet {

@@ -255,7 +255,13 @@ impl DatasetReader {
             .and_then(|k| k.value.clone())
             .map(|v| v.parse::<VocabKind>())
             .transpose()?
-            .unwrap_or_default();
+            .ok_or_else(|| {
+                derr(format!(
+                    "no `{VOCAB_KEY}` metadata, so the token ids' vocabulary is unknown (this \
+                     file was not written by `genslm tokenize`); tokenize the FASTA with \
+                     `genslm tokenize`"
+                ))
+            })?;
         let num_rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
         let reader = builder
             .with_batch_size(batch_rows.max(1))

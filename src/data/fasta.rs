@@ -104,7 +104,9 @@ pub struct Record<'a> {
 const SKIP: u8 = 0; // line breaks and blanks: formatting, not sequence
 const BAD: u8 = 1; // outside the IUPAC nucleotide alphabet
 const NUL: u8 = 2;
-/// Maps each byte to its upper-case IUPAC letter, or to SKIP / BAD / NUL.
+const GAP: u8 = 3; // alignment gap ('-' or '.'): removed, so later codons stay in frame
+/// Maps each byte to its upper-case IUPAC letter, or to SKIP / BAD / NUL / GAP. RNA's U reads
+/// as T: the codon vocabulary is DNA's, and an RNA genome is the same sequence of codons.
 const fn class_table() -> [u8; 256] {
     let mut t = [BAD; 256];
     t[0] = NUL;
@@ -112,7 +114,7 @@ const fn class_table() -> [u8; 256] {
     t[b'\r' as usize] = SKIP;
     t[b' ' as usize] = SKIP;
     t[b'\t' as usize] = SKIP;
-    let iupac = b"ACGTURYSWKMBDHVN-";
+    let iupac = b"ACGTRYSWKMBDHVN";
     let mut i = 0;
     while i < iupac.len() {
         let u = iupac[i];
@@ -120,6 +122,10 @@ const fn class_table() -> [u8; 256] {
         t[u.to_ascii_lowercase() as usize] = u;
         i += 1;
     }
+    t[b'U' as usize] = b'T';
+    t[b'u' as usize] = b'T';
+    t[b'-' as usize] = GAP;
+    t[b'.' as usize] = GAP;
     t
 }
 static CLASS: [u8; 256] = class_table();
@@ -130,18 +136,30 @@ pub struct SeqProblem {
     pub msg: String,
 }
 
-/// Upper-cases `raw` into `out` (cleared first), dropping line breaks and blanks, and returns
-/// the G+C count. `first_line` is the file line of the first sequence line, for messages.
+/// What cleaning a sequence found besides the bases.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cleaned {
+    /// Count of G and C bases.
+    pub gc: u64,
+    /// Alignment gaps ('-', '.') removed.
+    pub gaps: u64,
+}
+
+/// Upper-cases `raw` into `out` (cleared first), dropping line breaks and blanks, reading U as
+/// T and removing alignment gaps. `first_line` is the file line of the first sequence line,
+/// for messages.
 pub fn clean_sequence(
     raw: &[u8],
     first_line: u64,
     out: &mut Vec<u8>,
-) -> std::result::Result<u64, SeqProblem> {
+) -> std::result::Result<Cleaned, SeqProblem> {
     out.clear();
     out.reserve(raw.len());
     let mut flags = 0u8;
+    let mut gaps = 0u64;
     // Fast pass, line by line: translate every byte; remember whether anything was not a
-    // plain IUPAC letter (blanks inside a line, bad bytes), which sends us to the slow pass.
+    // plain IUPAC letter (blanks inside a line, gaps, bad bytes), which sends us to the slow
+    // pass.
     let mut rest = raw;
     loop {
         let (line, next) = match memchr::memchr(b'\n', rest) {
@@ -166,6 +184,7 @@ pub fn clean_sequence(
         for (i, &b) in raw.iter().enumerate() {
             match CLASS[b as usize] {
                 SKIP => line += u64::from(b == b'\n'),
+                GAP => gaps += 1,
                 NUL => {
                     return Err(SeqProblem {
                         msg: format!(
@@ -183,7 +202,7 @@ pub fn clean_sequence(
                     return Err(SeqProblem {
                         msg: format!(
                             "invalid character {shown} at base {} (line {line}, byte {} of the sequence): \
-                             not an IUPAC nucleotide code (ACGTURYSWKMBDHVN-)",
+                             not an IUPAC nucleotide code (ACGTURYSWKMBDHVN, gaps - .)",
                             out.len() + 1,
                             i + 1
                         ),
@@ -195,11 +214,15 @@ pub fn clean_sequence(
     }
     if out.is_empty() {
         return Err(SeqProblem {
-            msg: "record has a header but no sequence".into(),
+            msg: if gaps > 0 {
+                "record holds only alignment gaps, no bases".into()
+            } else {
+                "record has a header but no sequence".into()
+            },
         });
     }
     let gc = out.iter().filter(|&&b| b == b'G' || b == b'C').count() as u64;
-    Ok(gc)
+    Ok(Cleaned { gc, gaps })
 }
 
 /// Per-file outcome.
@@ -208,6 +231,9 @@ pub struct FileStats {
     pub records: u64,
     pub skipped: u64,
     pub bases: u64,
+    /// Records that held alignment gaps, and the gaps removed from them.
+    pub gapped_records: u64,
+    pub gaps: u64,
 }
 
 /// Streams the valid records of one FASTA file into `f`.
@@ -273,14 +299,16 @@ pub fn read_file(
         last_id.push_str(id);
         let raw = rec.raw_seq();
         match clean_sequence(raw, rec.start_line_number() + 1, &mut buf) {
-            Ok(gc) => {
+            Ok(c) => {
                 let record = Record {
                     id,
                     description,
                     seq: &buf,
-                    gc,
+                    gc: c.gc,
                 };
                 stats.records += 1;
+                stats.gaps += c.gaps;
+                stats.gapped_records += u64::from(c.gaps > 0);
                 stats.bases += buf.len() as u64;
                 f(&record, rec.position().byte())?;
             }
@@ -303,6 +331,15 @@ pub fn read_file(
     if stats.records == 0 && stats.skipped == 0 {
         let err = file_err("no records".into());
         return skip_or_fail(on_invalid, err, warn, stats);
+    }
+    if stats.gaps > 0 {
+        warn(format!(
+            "{}: removed {} alignment gap characters ('-', '.') from {} records; codons are read \
+             from the ungapped sequence",
+            path.display(),
+            stats.gaps,
+            stats.gapped_records
+        ));
     }
     Ok(stats)
 }
@@ -365,10 +402,25 @@ mod tests {
     #[test]
     fn cleans_and_counts() {
         let mut out = Vec::new();
-        let gc = clean_sequence(b"acgT\r\nNNgc\n", 2, &mut out).unwrap();
+        let c = clean_sequence(b"acgT\r\nNNgc\n", 2, &mut out).unwrap();
         assert_eq!(out, b"ACGTNNGC");
-        assert_eq!(gc, 4);
+        assert_eq!(c, Cleaned { gc: 4, gaps: 0 });
         let err = clean_sequence(b"ACGT\nAC*T", 2, &mut out).unwrap_err();
         assert!(err.msg.contains("'*' at base 7 (line 3"), "{}", err.msg);
+    }
+
+    /// RNA reads as DNA (dc757c5 accepted U, then tokenized every codon holding one as
+    /// [UNK]); alignment gaps are removed so the codons after them stay in frame.
+    #[test]
+    fn rna_reads_as_dna_and_gaps_leave_the_frame_intact() {
+        let mut out = Vec::new();
+        let c = clean_sequence(b"AUGgcu\nUAA", 2, &mut out).unwrap();
+        assert_eq!(out, b"ATGGCTTAA");
+        assert_eq!(c.gaps, 0);
+        let c = clean_sequence(b"ATG--GC.T\nT-AA", 2, &mut out).unwrap();
+        assert_eq!(out, b"ATGGCTTAA");
+        assert_eq!(c, Cleaned { gc: 3, gaps: 4 });
+        let e = clean_sequence(b"---\n..", 2, &mut out).unwrap_err();
+        assert!(e.msg.contains("only alignment gaps"), "{}", e.msg);
     }
 }

@@ -92,6 +92,9 @@ impl std::fmt::Display for IngestSummary {
     }
 }
 
+/// A file whose [UNK] share of codons passes this gets a warning.
+pub const UNK_WARN_SHARE: f64 = 0.05;
+
 /// At most this many warnings are kept in the summary (the count is always exact).
 const MAX_WARNINGS: usize = 20;
 
@@ -271,6 +274,7 @@ fn read_all(
             }
         };
         let mut dup_warnings = Vec::new();
+        let (codons_before, unk_before) = (summary.codons, summary.unk);
         let stats = fasta::read_file(file, opts.on_invalid, &mut warn, &mut |rec, pos| {
             if !seen.insert(hasher.hash_one(rec.id)) {
                 summary.duplicate_ids += 1;
@@ -301,6 +305,15 @@ fn read_all(
         })?;
         for w in dup_warnings {
             warn(w);
+        }
+        let (codons, unk) = (summary.codons - codons_before, summary.unk - unk_before);
+        if codons > 0 && unk as f64 > UNK_WARN_SHARE * codons as f64 {
+            warn(format!(
+                "{}: {:.1}% of its codons are [UNK] (ambiguous bases such as N, or protein \
+                 rather than nucleotide sequence?); the model learns nothing from them",
+                file.display(),
+                100.0 * unk as f64 / codons as f64
+            ));
         }
         summary.records += stats.records;
         summary.skipped += stats.skipped;

@@ -6,7 +6,7 @@
 //! one token carry no next-token target and are dropped.
 
 use crate::error::{Error, Result};
-use crate::rng::SplitMix64;
+use crate::rng::{Domain, SplitMix64};
 
 /// A slice `[start, start + len)` of record `record`'s tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +65,8 @@ pub struct Corpus {
     pub pad_id: u32,
     pub train: Vec<Window>,
     pub val: Vec<Window>,
+    /// Fingerprint of `records` when the trainer loaded them (empty otherwise).
+    pub fingerprint: String,
 }
 
 impl Corpus {
@@ -94,7 +96,7 @@ impl Corpus {
                 "no training samples: every record is shorter than 2 codons".into(),
             ));
         }
-        SplitMix64::derive(seed, 0x5EED_5B17).shuffle(&mut all);
+        SplitMix64::stream(seed, Domain::Split, 0).shuffle(&mut all);
         let mut n_val = (val_fraction * all.len() as f64).round() as usize;
         if val_fraction > 0.0 && all.len() >= 2 {
             n_val = n_val.max(1);
@@ -110,6 +112,7 @@ impl Corpus {
             pad_id,
             train,
             val,
+            fingerprint: String::new(),
         })
     }
 
@@ -158,7 +161,7 @@ impl Loader {
             let idx = (self.cursor % n) as usize;
             if self.epoch_order.as_ref().map(|(e, _)| *e) != Some(epoch) {
                 let mut order: Vec<usize> = (0..n as usize).collect();
-                SplitMix64::derive(self.seed, epoch + 1).shuffle(&mut order);
+                SplitMix64::stream(self.seed, Domain::Shuffle, epoch).shuffle(&mut order);
                 self.epoch_order = Some((epoch, order));
             }
             let order = &self.epoch_order.as_ref().expect("set above").1;

@@ -5,12 +5,11 @@
 //!   LayerNorm. Negative values count from the end (−2 = the output of the last layer but one).
 //! - **Pooling**: `mean` averages the hidden states of the record's real tokens (padding is
 //!   excluded); `last` takes the state of its last token.
-//! - **Long records**: a record longer than the window (`--seq-len`; default the window the
-//!   model was trained with when its directory is a genslm checkpoint with `genslm.toml`, else
-//!   its `max_position_embeddings`) is cut into consecutive windows, each run on its own from
+//! - **Long records**: a record longer than the window (`--seq-len`; default as for `score`,
+//!   see [`crate::infer::window`]) is cut into consecutive windows, each run on its own from
 //!   position 0 like in training; the record's mean is the token-count-weighted average of the
-//!   windows' means, i.e. the mean over all of its tokens. `last` uses the last window. ALiBi
-//!   models take whole records in one window unless `--seq-len` is given.
+//!   windows' means, i.e. the mean over all of its tokens. `last` uses the last window.
+//! - Only the layers up to the one asked for run.
 //!
 //! Records stream through in small groups (their windows sorted by length into padded batches),
 //! and rows stream into the parquet file, so memory does not grow with the number of records.
@@ -21,14 +20,14 @@ use std::time::{Duration, Instant};
 use burn::tensor::{Tensor, TensorData};
 use md5::{Digest, Md5};
 
-use crate::config::Position;
 use crate::data::dataset::DatasetReader;
 use crate::data::fasta::{self, OnInvalid};
 use crate::data::ingest::hex;
 use crate::error::{Error, Result};
 use crate::infer::embed_io::{EmbeddingRow, EmbeddingWriter};
+use crate::infer::window::resolve_window;
 use crate::model::io::load_model_dir;
-use crate::model::neox::{tensor_to_vec, tokens_tensor, ForwardOptions};
+use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
 use crate::tokenizer::CodonTokenizer;
 
@@ -57,8 +56,7 @@ pub struct EmbedOptions {
     /// Hidden-state index; negative counts from the end (−1 = after the final LayerNorm).
     pub layer: i64,
     pub pool: Pool,
-    /// Window in tokens (None: the training window or `max_position_embeddings`; whole records
-    /// for ALiBi).
+    /// Window in tokens (None: the default of [`crate::infer::window::resolve_window`]).
     pub seq_len: Option<usize>,
     /// Windows per forward pass.
     pub batch_size: usize,
@@ -110,37 +108,6 @@ pub fn resolve_layer(layer: i64, num_layers: usize) -> Result<usize> {
     Ok(idx as usize)
 }
 
-/// The window length for `model` (None = whole records). `trained` is the window the model
-/// was trained with, when known: the default for rotary and learned positions.
-pub fn resolve_window(
-    model: &GenSlm,
-    seq_len: Option<usize>,
-    trained: Option<usize>,
-) -> Result<Option<usize>> {
-    let max = model.cfg.max_position_embeddings;
-    match seq_len {
-        Some(0) => Err(Error::Invalid("--seq-len 0: must be at least 1".into())),
-        Some(s) if s > max && model.cfg.position == Position::Learned => {
-            Err(Error::Invalid(format!(
-                "--seq-len {s}: this model uses learned positions and knows only {max} of them \
-                 (ALiBi models can take longer windows)"
-            )))
-        }
-        Some(s) => Ok(Some(s)),
-        None if model.cfg.position == Position::Alibi => Ok(None),
-        None => Ok(Some(trained.filter(|&t| t > 0).unwrap_or(max).min(max))),
-    }
-}
-
-/// The training window recorded beside a genslm checkpoint (`genslm.toml`), if any.
-pub fn trained_window(model_dir: &Path) -> Option<usize> {
-    let dir = crate::model::io::resolve_model_dir(model_dir).ok()?;
-    let file = dir.join(crate::train::checkpoint::GENSLM_CONFIG_FILE);
-    crate::config::Config::load(&file)
-        .ok()
-        .map(|c| c.train.seq_len)
-}
-
 /// Embeds token sequences: one vector of the hidden size per record (see the module docs).
 /// Every record needs at least one token.
 pub fn embed_tokens(
@@ -181,17 +148,7 @@ pub fn embed_tokens(
                 Pool::Last => {}
             }
         }
-        let opts = ForwardOptions {
-            offset: 0,
-            collect_hidden: layer < model.cfg.num_layers,
-        };
-        let (fin, mut hidden) =
-            model.hidden_states(tokens_tensor(&tokens, b, s, &model.device), opts)?;
-        let states = if layer < model.cfg.num_layers {
-            hidden.swap_remove(layer)
-        } else {
-            fin
-        };
+        let states = model.hidden_state(tokens_tensor(&tokens, b, s, &model.device), layer)?;
         let w = Tensor::<3>::from_data(TensorData::new(weights, [b, s, 1]), &model.device);
         let pooled = tensor_to_vec(&(states * w).sum_dim(1));
         for (i, &(r, _, len, last)) in batch.iter().enumerate() {
@@ -334,7 +291,7 @@ pub fn embed_to_parquet(
     }
     let model = load_model_dir(model_dir, &burn::tensor::Device::flex())?;
     let layer = resolve_layer(opts.layer, model.cfg.num_layers)?;
-    let window = resolve_window(&model, opts.seq_len, trained_window(model_dir))?;
+    let window = Some(resolve_window(&model, opts.seq_len, model_dir)?);
     let tok = CodonTokenizer::new(model.cfg.vocab)?;
     let dataset = match input {
         EmbedInput::Parquet(p) => {
@@ -373,9 +330,22 @@ pub fn embed_to_parquet(
         tokens: 0,
         bar: progress_bar(opts.progress, dataset.as_ref().map(|d| d.num_rows)),
     };
-    if let Some(reader) = dataset {
+    if let (Some(reader), EmbedInput::Parquet(path)) = (dataset, input) {
         for rec in reader {
             let r = rec?;
+            if let Some(&t) = r
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= model.cfg.vocab_size)
+            {
+                return Err(Error::Invalid(format!(
+                    "{}: record '{}' holds token id {t}, outside the model's vocabulary of {} \
+                     ids; was this file tokenized for another model?",
+                    path.display(),
+                    r.id,
+                    model.cfg.vocab_size
+                )));
+            }
             pipe.push(Pending {
                 id: r.id,
                 description: r.description,

@@ -5,7 +5,7 @@
 //! included, like Hugging Face's `max_length`), draws `[EOS]` (71-token vocabulary), or, with
 //! `stop_at_stop_codon`, draws TAA/TAG/TGA (kept in the output). Only codons (and `[EOS]`) can
 //! be drawn: the other special tokens are masked out before sampling. Sample `i` draws from its
-//! own stream `SplitMix64::derive(seed, i)`, so a seed reproduces every sample.
+//! own stream `SplitMix64::stream(seed, Domain::Sample, i)`, so a seed reproduces every sample.
 //!
 //! Samples run in batches of `batch_size` sharing one [`KvCache`]: each step feeds only the new
 //! token (O(s) per codon). `use_cache: false` recomputes the whole prefix every step (O(s²) per
@@ -22,7 +22,7 @@ use crate::model::cache::{next_logits, KvCache};
 use crate::model::io::load_model_dir;
 use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
-use crate::rng::SplitMix64;
+use crate::rng::{Domain, SplitMix64};
 use crate::tokenizer::CodonTokenizer;
 
 /// Settings of one `generate` run.
@@ -192,7 +192,7 @@ pub fn generate(
     for first in (0..opts.num).step_by(opts.batch_size) {
         let nb = opts.batch_size.min(opts.num - first);
         let mut rngs: Vec<SplitMix64> = (first..first + nb)
-            .map(|i| SplitMix64::derive(opts.seed, i as u64))
+            .map(|i| SplitMix64::stream(opts.seed, Domain::Sample, i as u64))
             .collect();
         let mut seqs: Vec<Vec<u32>> = vec![prompt.clone(); nb];
         let mut ended: Vec<Option<(usize, StopReason)>> = vec![None; nb];

@@ -6,3 +6,4 @@ pub mod embed_io;
 pub mod generate;
 pub mod sample;
 pub mod score;
+pub mod window;

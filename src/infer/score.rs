@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
 
-use crate::config::Position;
 use crate::data::fasta::{self, OnInvalid};
 use crate::data::loader::Corpus;
 use crate::error::{Error, Result};
+use crate::infer::window::resolve_window;
 use crate::model::io::load_model_dir;
 use crate::model::neox::{next_token_nll, tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
@@ -42,6 +42,7 @@ pub fn score_tokens(
         pad_id: pad,
         train: crate::data::loader::windows(&[tokens.to_vec()], seq_len),
         val: Vec::new(),
+        fingerprint: String::new(),
     };
     let (mut sum, mut n) = (0.0, 0usize);
     for ws in corpus.train.chunks(batch.max(1)) {
@@ -67,19 +68,7 @@ pub fn score_fasta(
 ) -> Result<Vec<Score>> {
     let device = Device::flex();
     let model = load_model_dir(model_dir, &device)?;
-    let seq_len = seq_len.unwrap_or(model.cfg.max_position_embeddings);
-    if seq_len < 2 {
-        return Err(Error::Invalid(format!(
-            "--seq-len {seq_len}: must be at least 2"
-        )));
-    }
-    if model.cfg.position == Position::Learned && seq_len > model.cfg.max_position_embeddings {
-        return Err(Error::Invalid(format!(
-            "--seq-len {seq_len}: this model uses learned positions and knows only {} of them; \
-             it cannot score longer windows (ALiBi models can)",
-            model.cfg.max_position_embeddings
-        )));
-    }
+    let seq_len = resolve_window(&model, seq_len, model_dir)?;
     let tok = CodonTokenizer::new(model.cfg.vocab)?;
     let files = fasta::discover(inputs)?;
     let werr = |e| Error::Invalid(format!("writing scores: {e}"));

@@ -11,27 +11,36 @@ use burn::tensor::Device;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::model::hf::{config_from_hf, config_to_hf};
+use crate::model::neox::tensor_to_vec;
 use crate::model::params::{transpose, Layout};
-use crate::model::tensors::{read_safetensors, write_safetensors, HostTensor};
+use crate::model::tensors::{read_safetensors, write_safetensors_streamed, HostTensor, Streamed};
 use crate::model::GenSlm;
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 
-/// Our-layout host values → HF-named, HF-shaped tensors.
-pub fn to_hf_tensors(layout: &Layout, values: &[Vec<f32>]) -> Vec<HostTensor> {
+/// HF-named tensors (name + `suffix`) streamed from `value(i)`, parameter `i`'s host values in
+/// our layout (transposed where HF's layout differs), produced one at a time when written.
+pub fn hf_streamed<'a>(
+    layout: &'a Layout,
+    suffix: &'a str,
+    value: &'a dyn Fn(usize) -> Vec<f32>,
+) -> Vec<Streamed<'a>> {
     layout
         .specs
         .iter()
-        .zip(values)
-        .map(|(spec, v)| HostTensor {
-            name: spec.name.clone(),
+        .enumerate()
+        .map(|(i, spec)| Streamed {
+            name: format!("{}{suffix}", spec.name),
             shape: spec.hf_shape(),
-            data: if spec.hf_transposed {
-                transpose(v, spec.shape[0], spec.shape[1])
-            } else {
-                v.clone()
-            },
+            values: Box::new(move || {
+                let v = value(i);
+                if spec.hf_transposed {
+                    transpose(&v, spec.shape[0], spec.shape[1])
+                } else {
+                    v
+                }
+            }),
         })
         .collect()
 }
@@ -75,9 +84,10 @@ pub fn save_model_dir(model: &GenSlm, dir: &Path) -> Result<()> {
     let cfg = serde_json::to_string_pretty(&config_to_hf(&model.cfg))
         .map_err(|e| Error::Invalid(e.to_string()))?;
     crate::atomic::write_bytes(&dir.join(CONFIG_FILE), cfg.as_bytes())?;
-    let tensors = to_hf_tensors(&model.layout, &model.to_host());
+    let value = |i: usize| tensor_to_vec(&model.params[i]);
+    let tensors = hf_streamed(&model.layout, "", &value);
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    write_safetensors(&dir.join(WEIGHTS_FILE), &tensors, meta)
+    write_safetensors_streamed(&dir.join(WEIGHTS_FILE), &tensors, meta)
 }
 
 /// Reads a model config from `dir/config.json`.

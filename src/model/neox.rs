@@ -147,6 +147,20 @@ impl GenSlm {
         self.layers_forward(tokens, opts, None)
     }
 
+    /// Hidden state `layer` in Hugging Face's numbering (0 = the embeddings, `i` = the output of
+    /// layer `i`, `num_layers` = after the final LayerNorm) of `tokens` at position 0, running
+    /// only the layers it needs.
+    pub fn hidden_state(&self, tokens: Tensor<2, Int>, layer: usize) -> Result<Tensor<3>> {
+        let s = tokens.dims()[1];
+        let mut x = self.embed(tokens, 0)?;
+        let ctx = self.layer_context(0, s);
+        let n = self.layout.layers.len();
+        for li in 0..layer.min(n) {
+            x = self.layer(li, x, &ctx, Past::None).0;
+        }
+        Ok(if layer >= n { self.final_norm(x) } else { x })
+    }
+
     /// Final hidden states of `tokens: [b, n]` placed after the `cache.len` cached tokens; their
     /// keys and values are appended to `cache` (incremental decoding: O(s) per new token).
     pub fn hidden_states_cached(
@@ -219,9 +233,9 @@ impl GenSlm {
                     s, offset, c.max_position_embeddings, c.max_position_embeddings
                 )));
             }
-            // Under SP the parameter holds rows [r·M/P, (r+1)·M/P) of the table.
+            // Under SP the parameter holds this rank's rows of the table only.
             let rows = self.layout.specs[pos].shape[0];
-            let first = self.sp.as_ref().map_or(0, |g| g.rank() * rows);
+            let first = self.sp.as_ref().map_or(0, |g| g.pos_first_row);
             if offset < first || offset + s > first + rows {
                 return Err(Error::Invalid(format!(
                     "positions {}..{} are not in this rank's learned-position shard {}..{}",

@@ -7,7 +7,7 @@
 //! the way to and from safetensors. The name mapping lives here, in one place.
 
 use crate::config::{ModelConfig, Position};
-use crate::rng::SplitMix64;
+use crate::rng::{Domain, SplitMix64};
 
 /// How a parameter is initialised (Hugging Face GPT-NeoX's `_init_weights`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -178,7 +178,7 @@ impl Layout {
                 Init::Ones => vec![1.0; s.numel()],
                 Init::Zeros => vec![0.0; s.numel()],
                 Init::Normal(std) => {
-                    let mut g = SplitMix64::derive(seed, k as u64 + 1);
+                    let mut g = SplitMix64::stream(seed, Domain::Init, k as u64);
                     (0..s.numel()).map(|_| (g.normal() * std) as f32).collect()
                 }
             })

@@ -18,26 +18,88 @@ pub struct HostTensor {
     pub data: Vec<f32>,
 }
 
+/// A tensor to write whose values are produced only when its turn comes, so that a file of
+/// many GB is written while holding one tensor at a time (not the whole model two or three
+/// times over, as serialising into one buffer would).
+pub struct Streamed<'a> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Box<dyn Fn() -> Vec<f32> + 'a>,
+}
+
 /// Writes `tensors` (and string `metadata`) to `path` atomically.
 pub fn write_safetensors(
     path: &Path,
     tensors: &[HostTensor],
     metadata: HashMap<String, String>,
 ) -> Result<()> {
-    let bytes: Vec<Vec<u8>> = tensors
+    let streamed: Vec<Streamed> = tensors
         .iter()
-        .map(|t| t.data.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .map(|t| Streamed {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            values: Box::new(move || t.data.clone()),
+        })
         .collect();
-    let mut views = Vec::with_capacity(tensors.len());
-    for (t, b) in tensors.iter().zip(&bytes) {
-        let view = safetensors::tensor::TensorView::new(Dtype::F32, t.shape.clone(), b)
-            .map_err(|e| Error::Invalid(format!("{}: tensor {}: {e}", path.display(), t.name)))?;
-        views.push((t.name.clone(), view));
+    write_safetensors_streamed(path, &streamed, metadata)
+}
+
+/// Writes a safetensors file atomically, one tensor at a time: the header (names, F32, shapes,
+/// contiguous offsets, padded to 8 bytes as the format recommends), then each tensor's
+/// little-endian bytes through a buffered writer.
+pub fn write_safetensors_streamed(
+    path: &Path,
+    tensors: &[Streamed<'_>],
+    metadata: HashMap<String, String>,
+) -> Result<()> {
+    use std::io::Write;
+    let bad = |msg: String| Error::Invalid(format!("{}: {msg}", path.display()));
+    let mut header = serde_json::Map::new();
+    if !metadata.is_empty() {
+        header.insert("__metadata__".into(), serde_json::json!(metadata));
     }
-    let meta = (!metadata.is_empty()).then_some(metadata);
-    let out = safetensors::serialize(views, meta)
-        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
-    crate::atomic::write_bytes(path, &out)
+    let mut offset = 0usize;
+    for t in tensors {
+        let bytes = 4 * t.shape.iter().product::<usize>();
+        let entry = serde_json::json!({
+            "dtype": "F32",
+            "shape": t.shape,
+            "data_offsets": [offset, offset + bytes],
+        });
+        if header.insert(t.name.clone(), entry).is_some() {
+            return Err(bad(format!("tensor {} appears twice", t.name)));
+        }
+        offset += bytes;
+    }
+    let mut head = serde_json::to_vec(&header).map_err(|e| bad(e.to_string()))?;
+    head.resize(head.len().next_multiple_of(8), b' ');
+    let (guard, file) = crate::atomic::AtomicFile::create(path)?;
+    let io = |e: std::io::Error| Error::io(guard.tmp_path(), e);
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+    w.write_all(&(head.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    w.write_all(&head).map_err(io)?;
+    let mut buf = Vec::with_capacity(1 << 18);
+    for t in tensors {
+        let v = (t.values)();
+        if v.len() != t.shape.iter().product::<usize>() {
+            return Err(bad(format!(
+                "tensor {}: {} values for shape {:?}",
+                t.name,
+                v.len(),
+                t.shape
+            )));
+        }
+        for chunk in v.chunks(1 << 16) {
+            buf.clear();
+            chunk
+                .iter()
+                .for_each(|x| buf.extend_from_slice(&x.to_le_bytes()));
+            w.write_all(&buf).map_err(io)?;
+        }
+    }
+    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+    guard.commit(file)
 }
 
 /// Reads every tensor of a safetensors file as f32, with the file's metadata.

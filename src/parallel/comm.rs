@@ -1,7 +1,13 @@
 //! The communicator trait: the only way ranks talk. Buffers are host `f32` vectors; the model
 //! code never knows which implementation (threads, MPI, NCCL) is behind it.
+//!
+//! The contract is the one MPI and NCCL impose, and the thread group enforces it so the test
+//! suite sees what a real launch would: every rank calls the same collectives in the same order
+//! with the same element counts (all-gather and all-to-all chunks of equal length on every
+//! rank, reduce-scatter input a multiple of the group size). Large transfers go through
+//! [`crate::parallel::bucket`], which keeps every single call below MPI's `i32` count limit.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Collectives over a fixed group of ranks. Every rank of the group must call the same
 /// collectives in the same order. A failure of any rank makes the others' calls return an
@@ -11,28 +17,87 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     fn rank(&self) -> usize;
     /// Ranks in the group.
     fn size(&self) -> usize;
-    /// Element-wise sum over the group, in place.
+    /// Element-wise sum over the group, in place (equal lengths on every rank).
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()>;
-    /// Every rank's `send`, in rank order.
-    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>>;
-    /// Sum over the group of equal-length `buf`s, then this rank's `rank()`-th of `size()`
-    /// contiguous chunks (lengths given by `chunk_lens`, which all ranks pass identically).
+    /// Element-wise sum in f64 (norms and losses, which must not lose precision in transit).
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()>;
+    /// Every rank's `send` (the same length on every rank) into `recv` in rank order;
+    /// `recv.len() == size() · send.len()`.
+    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()>;
+    /// Sum over the group of `buf` (`size() · out.len()` elements on every rank); this rank
+    /// receives block `rank()` of the sum in `out`.
     ///
-    /// The default is an all-reduce then a slice (chunks may differ by one element, which the
-    /// libraries' reduce-scatter does not allow); the thread group reads only its chunk.
-    fn reduce_scatter_sum(&self, buf: &[f32], chunk_lens: &[usize]) -> Result<Vec<f32>> {
+    /// The default is an all-reduce then a copy of the block; the thread group and MPI move
+    /// only the blocks.
+    fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
+        check_blocks("reduce_scatter", buf.len(), out.len(), self.size())?;
         let mut all = buf.to_vec();
         self.all_reduce_sum(&mut all)?;
-        let start: usize = chunk_lens[..self.rank()].iter().sum();
-        Ok(all[start..start + chunk_lens[self.rank()]].to_vec())
+        let start = self.rank() * out.len();
+        out.copy_from_slice(&all[start..start + out.len()]);
+        Ok(())
     }
-    /// `send[j]` goes to rank j; returns what each rank sent to this one, in rank order.
+    /// Rank `root` receives every rank's `send` (equal lengths) in rank order in `recv`
+    /// (`size() · send.len()` elements); the other ranks pass `None`. The default gathers on
+    /// every rank and keeps the root's copy; MPI moves the data to the root only.
+    fn gather_into(&self, send: &[f32], recv: Option<&mut [f32]>, root: usize) -> Result<()> {
+        let mut all = vec![0.0; send.len() * self.size()];
+        self.all_gather_into(send, &mut all)?;
+        if self.rank() == root {
+            let recv =
+                recv.ok_or_else(|| Error::Invalid("gather: the root has no buffer".into()))?;
+            recv.copy_from_slice(&all);
+        }
+        Ok(())
+    }
+    /// `send[j]` goes to rank j; returns what each rank sent to this one, in rank order. All
+    /// chunks have the same length on every rank.
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>>;
     /// Rank `root`'s `buf` to everyone.
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()>;
     fn barrier(&self) -> Result<()>;
+    /// A barrier around a phase known to be long and done by one rank (rank 0 writing a
+    /// checkpoint of many GB): it waits as long as that takes, but a failed rank still ends it.
+    fn barrier_unbounded(&self) -> Result<()> {
+        self.barrier()
+    }
     /// Tells the other ranks this one failed (they stop waiting and report `why`).
     fn abort(&self, why: &str);
+
+    /// Every rank's `send`, one vector per rank (see [`Communicator::all_gather_into`]).
+    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
+        let mut recv = vec![0.0; send.len() * self.size()];
+        self.all_gather_into(send, &mut recv)?;
+        Ok((0..self.size())
+            .map(|j| recv[j * send.len()..(j + 1) * send.len()].to_vec())
+            .collect())
+    }
+}
+
+/// Checks `total == size · block` (reduce-scatter, all-gather shapes).
+pub fn check_blocks(op: &str, total: usize, block: usize, size: usize) -> Result<()> {
+    if block.checked_mul(size) != Some(total) {
+        return Err(Error::Invalid(format!(
+            "{op}: {total} elements is not {size} ranks × {block}; collectives need equal \
+             blocks on every rank"
+        )));
+    }
+    Ok(())
+}
+
+/// A length sent through an f32 collective: four 16-bit limbs, each exact in an f32 (a
+/// single f32 is exact only below 2²⁴). Used where the only transport is a float buffer.
+pub fn len_to_limbs(n: usize) -> [f32; 4] {
+    let n = n as u64;
+    [0, 16, 32, 48].map(|s| ((n >> s) & 0xFFFF) as f32)
+}
+
+/// The inverse of [`len_to_limbs`].
+pub fn limbs_to_len(l: &[f32; 4]) -> usize {
+    l.iter()
+        .enumerate()
+        .map(|(i, &x)| (x as u64) << (16 * i))
+        .sum::<u64>() as usize
 }
 
 /// A group of one: every collective is the identity.
@@ -49,11 +114,18 @@ impl Communicator for Solo {
     fn all_reduce_sum(&self, _buf: &mut [f32]) -> Result<()> {
         Ok(())
     }
-    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
-        Ok(vec![send.to_vec()])
+    fn all_reduce_sum_f64(&self, _buf: &mut [f64]) -> Result<()> {
+        Ok(())
     }
-    fn reduce_scatter_sum(&self, buf: &[f32], _chunk_lens: &[usize]) -> Result<Vec<f32>> {
-        Ok(buf.to_vec())
+    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        check_blocks("all_gather", recv.len(), send.len(), 1)?;
+        recv.copy_from_slice(send);
+        Ok(())
+    }
+    fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
+        check_blocks("reduce_scatter", buf.len(), out.len(), 1)?;
+        out.copy_from_slice(buf);
+        Ok(())
     }
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
         Ok(send)
@@ -65,4 +137,18 @@ impl Communicator for Solo {
         Ok(())
     }
     fn abort(&self, _why: &str) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_survive_float_transport_beyond_2_pow_24() {
+        for n in [0usize, 1, (1 << 24) + 1, (1 << 31) + 3, (1 << 40) + 12345] {
+            assert_eq!(limbs_to_len(&len_to_limbs(n)), n);
+        }
+        // What a single f32 would have done to the same length.
+        assert_ne!((((1usize << 24) + 1) as f32) as usize, (1 << 24) + 1);
+    }
 }

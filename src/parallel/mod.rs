@@ -1,7 +1,9 @@
 //! Parallelism (DESIGN.md §5–§6): the rank layout, the communicator trait and its
 //! implementations, Ulysses sequence parallelism, and sharded optimizer state.
 
+pub mod bucket;
 pub mod comm;
+pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "nccl")]

@@ -10,20 +10,21 @@ use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::traits::*;
 
 use crate::error::{Error, Result};
-use crate::parallel::comm::Communicator;
+use crate::parallel::comm::{check_blocks, Communicator};
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::Topology;
 
-/// An MPI communicator. MPI is initialised with `Threading::Funneled` and only the rank's
-/// main thread communicates, so the handle may be moved between (and shared by) Rust threads
-/// as long as calls are serialised, which the mutex does.
+/// An MPI communicator. MPI is initialised with `Threading::Serialized`: any thread may call
+/// MPI as long as no two calls overlap, which the mutex guarantees (`Funneled` would require
+/// every call to come from the thread that initialised MPI, which a Rust handle shared between
+/// threads cannot promise).
 pub struct MpiComm {
     comm: Mutex<SimpleCommunicator>,
     rank: usize,
     size: usize,
 }
 
-// SAFETY: see the type's comment: calls are serialised by the mutex, on MPI's funneled thread.
+// SAFETY: see the type's comment: MPI runs `Serialized` and the mutex serialises the calls.
 unsafe impl Send for MpiComm {}
 unsafe impl Sync for MpiComm {}
 
@@ -50,9 +51,15 @@ impl MpiComm {
 
 /// Initialises MPI; keep the returned universe alive until the end of `main`.
 pub fn init() -> Result<mpi::environment::Universe> {
-    mpi::initialize_with_threading(mpi::Threading::Funneled)
-        .map(|(u, _)| u)
-        .ok_or_else(|| Error::Invalid("MPI was already initialised".into()))
+    let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+        .ok_or_else(|| Error::Invalid("MPI was already initialised".into()))?;
+    if level < mpi::Threading::Serialized {
+        return Err(Error::Invalid(format!(
+            "the MPI library offers thread level {level:?}; genslm needs Serialized (calls from \
+             several threads, one at a time)"
+        )));
+    }
+    Ok(universe)
 }
 
 /// This process's `Ranks` for a world split into DP × SP (`sp` given; DP = world / sp).
@@ -76,7 +83,20 @@ pub fn mpi_ranks(universe: &mpi::environment::Universe, sp: usize) -> Result<Ran
         world: Arc::new(MpiComm::new(world)),
         sp: Arc::new(MpiComm::new(sp_comm)),
         dp: Arc::new(MpiComm::new(dp_comm)),
+        bucket: crate::parallel::bucket::DEFAULT_BUCKET,
     })
+}
+
+/// MPI counts are `i32`: a larger buffer gets an error here instead of a panic inside rsmpi
+/// (the training paths send large data through `parallel::bucket`, which stays below).
+fn count(op: &str, n: usize) -> Result<()> {
+    if n > i32::MAX as usize {
+        return Err(Error::Invalid(format!(
+            "MPI {op}: {n} elements exceed MPI's count limit of {}; send it in buckets",
+            i32::MAX
+        )));
+    }
+    Ok(())
 }
 
 impl Communicator for MpiComm {
@@ -89,28 +109,60 @@ impl Communicator for MpiComm {
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        count("all_reduce", buf.len())?;
         let send = buf.to_vec();
         self.lock()
             .all_reduce_into(&send[..], buf, mpi::collective::SystemOperation::sum());
         Ok(())
     }
 
-    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
-        let mut recv = vec![0f32; send.len() * self.size];
-        self.lock().all_gather_into(send, &mut recv[..]);
-        Ok(recv
-            .chunks(send.len().max(1))
-            .map(|c| c.to_vec())
-            .take(self.size)
-            .collect())
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
+        count("all_reduce", buf.len())?;
+        let send = buf.to_vec();
+        self.lock()
+            .all_reduce_into(&send[..], buf, mpi::collective::SystemOperation::sum());
+        Ok(())
+    }
+
+    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        count("all_gather", recv.len())?;
+        check_blocks("all_gather", recv.len(), send.len(), self.size)?;
+        self.lock().all_gather_into(send, recv);
+        Ok(())
+    }
+
+    fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
+        count("reduce_scatter", buf.len())?;
+        check_blocks("reduce_scatter", buf.len(), out.len(), self.size)?;
+        self.lock()
+            .reduce_scatter_block_into(buf, out, mpi::collective::SystemOperation::sum());
+        Ok(())
+    }
+
+    fn gather_into(&self, send: &[f32], recv: Option<&mut [f32]>, root: usize) -> Result<()> {
+        count("gather", send.len() * self.size)?;
+        let comm = self.lock();
+        let at = comm.process_at_rank(root as i32);
+        match recv {
+            Some(recv) if self.rank == root => {
+                check_blocks("gather", recv.len(), send.len(), self.size)?;
+                at.gather_into_root(send, recv);
+            }
+            _ if self.rank == root => {
+                return Err(Error::Invalid("gather: the root has no buffer".into()));
+            }
+            _ => at.gather_into(send),
+        }
+        Ok(())
     }
 
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
         let n = send.first().map_or(0, Vec::len);
-        if send.iter().any(|s| s.len() != n) {
+        if send.len() != self.size || send.iter().any(|s| s.len() != n) {
             return Err(Error::Invalid("all_to_all: unequal chunks".into()));
         }
         let flat = send.concat();
+        count("all_to_all", flat.len())?;
         let mut recv = vec![0f32; flat.len()];
         self.lock().all_to_all_into(&flat[..], &mut recv[..]);
         Ok(recv
@@ -126,8 +178,9 @@ impl Communicator for MpiComm {
         comm.process_at_rank(root as i32)
             .broadcast_into(&mut len[..]);
         buf.resize(len[0] as usize, 0.0);
-        comm.process_at_rank(root as i32)
-            .broadcast_into(&mut buf[..]);
+        for piece in buf.chunks_mut(i32::MAX as usize) {
+            comm.process_at_rank(root as i32).broadcast_into(piece);
+        }
         Ok(())
     }
 

@@ -13,7 +13,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{Comm, Id, ReduceOp};
 
 use crate::error::{Error, Result};
-use crate::parallel::comm::Communicator;
+use crate::parallel::comm::{check_blocks, len_to_limbs, limbs_to_len, Communicator};
 
 pub struct NcclComm {
     comm: Mutex<Comm>,
@@ -105,25 +105,51 @@ impl Communicator for NcclComm {
         Ok(())
     }
 
-    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
+        let mut d = self.stream.clone_htod(buf).map_err(|e| nerr("copy", e))?;
+        self.lock()
+            .all_reduce_in_place(&mut d, &ReduceOp::Sum)
+            .map_err(|e| nerr("all_reduce", e))?;
+        let host = self.stream.clone_dtoh(&d).map_err(|e| nerr("copy", e))?;
+        buf.copy_from_slice(&host);
+        Ok(())
+    }
+
+    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        check_blocks("all_gather", recv.len(), send.len(), self.size)?;
         let s = self.stream.clone_htod(send).map_err(|e| nerr("copy", e))?;
         let mut r = self
             .stream
-            .alloc_zeros::<f32>(send.len() * self.size)
+            .alloc_zeros::<f32>(recv.len())
             .map_err(|e| nerr("alloc", e))?;
         self.lock()
             .all_gather(&s, &mut r)
             .map_err(|e| nerr("all_gather", e))?;
         let host = self.stream.clone_dtoh(&r).map_err(|e| nerr("copy", e))?;
-        Ok(host
-            .chunks(send.len().max(1))
-            .map(|c| c.to_vec())
-            .take(self.size)
-            .collect())
+        recv.copy_from_slice(&host);
+        Ok(())
+    }
+
+    fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
+        check_blocks("reduce_scatter", buf.len(), out.len(), self.size)?;
+        let s = self.stream.clone_htod(buf).map_err(|e| nerr("copy", e))?;
+        let mut r = self
+            .stream
+            .alloc_zeros::<f32>(out.len())
+            .map_err(|e| nerr("alloc", e))?;
+        self.lock()
+            .reduce_scatter(&s, &mut r, &ReduceOp::Sum)
+            .map_err(|e| nerr("reduce_scatter", e))?;
+        let host = self.stream.clone_dtoh(&r).map_err(|e| nerr("copy", e))?;
+        out.copy_from_slice(&host);
+        Ok(())
     }
 
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
         let n = send.first().map_or(0, Vec::len);
+        if send.len() != self.size || send.iter().any(|s| s.len() != n) {
+            return Err(Error::Invalid("all_to_all: unequal chunks".into()));
+        }
         let s = self
             .stream
             .clone_htod(&send.concat())
@@ -155,13 +181,15 @@ impl Communicator for NcclComm {
     }
 
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
-        let mut len = vec![buf.len() as f32];
-        // Lengths ride on a one-element all-reduce from the root (others contribute 0).
-        if self.rank != root {
-            len[0] = 0.0;
-        }
+        // The length rides on an all-reduce from the root (others contribute 0), as 16-bit
+        // limbs: one f32 would be exact only below 2²⁴ elements.
+        let mut len = if self.rank == root {
+            len_to_limbs(buf.len())
+        } else {
+            [0.0; 4]
+        };
         self.all_reduce_sum(&mut len)?;
-        buf.resize(len[0] as usize, 0.0);
+        buf.resize(limbs_to_len(&len), 0.0);
         let mut d = self
             .stream
             .clone_htod(&buf[..])

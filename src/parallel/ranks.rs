@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::parallel::bucket::DEFAULT_BUCKET;
 use crate::parallel::comm::{Communicator, Solo};
 use crate::parallel::threads::thread_group;
 use crate::parallel::topology::Topology;
@@ -16,6 +17,9 @@ pub struct Ranks {
     pub sp: Arc<dyn Communicator>,
     /// This rank's DP group (same SP rank in every DP replica).
     pub dp: Arc<dyn Communicator>,
+    /// Elements per call of the bucketed collectives (`parallel::bucket`): gradient
+    /// reductions, ZeRO's reduce-scatter and all-gather, checkpoint gathers.
+    pub bucket: usize,
 }
 
 impl Ranks {
@@ -25,7 +29,13 @@ impl Ranks {
             world: Arc::new(Solo),
             sp: Arc::new(Solo),
             dp: Arc::new(Solo),
+            bucket: DEFAULT_BUCKET,
         }
+    }
+
+    /// The same ranks with another bucket size.
+    pub fn with_bucket(self, bucket: usize) -> Self {
+        Self { bucket, ..self }
     }
 
     pub fn is_root(&self) -> bool {
@@ -46,6 +56,7 @@ pub fn thread_ranks(dp: usize, sp: usize, timeout: Duration) -> Vec<Ranks> {
                 world: Arc::new(world[rank].clone()),
                 sp: Arc::new(sp_groups[topo.dp_rank()][topo.sp_rank()].clone()),
                 dp: Arc::new(dp_groups[topo.sp_rank()][topo.dp_rank()].clone()),
+                bucket: DEFAULT_BUCKET,
             }
         })
         .collect()

@@ -5,15 +5,26 @@
 //! A round's deposits are released only after every rank has read them, so rounds never mix.
 //! Waits poll an abort flag: when a rank fails (`abort`, or its thread ends without finishing)
 //! the others return an error naming it instead of waiting forever; a silent rank makes them
-//! give up after `timeout`.
+//! give up after `timeout` (except in [`Communicator::barrier_unbounded`], which marks a phase
+//! known to be long, such as rank 0 writing a checkpoint).
+//!
+//! Every collective checks the contract MPI and NCCL impose (equal counts on every rank), so a
+//! layout that would truncate or misalign data under mpirun fails here too, with a message.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::parallel::comm::Communicator;
+use crate::parallel::comm::{check_blocks, Communicator};
 
-type Deposit = Arc<Vec<Vec<f32>>>;
+/// What a rank puts into one round: f32 buffers and, for f64 reductions, f64 ones.
+#[derive(Debug, Default)]
+struct Payload {
+    f32s: Vec<Vec<f32>>,
+    f64s: Vec<f64>,
+}
+
+type Deposit = Arc<Payload>;
 
 #[derive(Debug, Default)]
 struct Round {
@@ -72,8 +83,24 @@ impl ThreadComm {
 
     /// Deposits `data` and returns every rank's deposit of this round, in rank order.
     fn exchange(&self, data: Vec<Vec<f32>>) -> Result<Arc<Vec<Deposit>>> {
+        self.exchange_payload(
+            Payload {
+                f32s: data,
+                f64s: Vec::new(),
+            },
+            Some(self.shared.timeout),
+        )
+    }
+
+    /// [`Self::exchange`] of any payload; `timeout: None` waits until every rank arrives or one
+    /// aborts.
+    fn exchange_payload(
+        &self,
+        data: Payload,
+        timeout: Option<Duration>,
+    ) -> Result<Arc<Vec<Deposit>>> {
         let sh = &self.shared;
-        let start = Instant::now();
+        let start = (Instant::now(), timeout);
         let mut st = self.lock();
         // Wait until the previous round has been read by everybody.
         while st.ready.is_some() {
@@ -110,7 +137,7 @@ impl ThreadComm {
     fn wait<'a>(
         &self,
         st: std::sync::MutexGuard<'a, Round>,
-        start: Instant,
+        (start, timeout): (Instant, Option<Duration>),
     ) -> Result<std::sync::MutexGuard<'a, Round>> {
         if let Some(why) = &st.aborted {
             return Err(Error::Invalid(format!(
@@ -118,10 +145,11 @@ impl ThreadComm {
                 self.rank
             )));
         }
-        if start.elapsed() > self.shared.timeout {
+        if let Some(limit) = timeout.filter(|&t| start.elapsed() > t) {
             return Err(Error::Invalid(format!(
-                "rank {}: no answer from the other ranks after {:?}; one of them is stuck or dead",
-                self.rank, self.shared.timeout
+                "rank {}: no answer from the other ranks after {limit:?}; one of them is stuck or \
+                 dead (raise `rank_timeout_s` if a phase legitimately takes longer)",
+                self.rank
             )));
         }
         let (st, _) = self
@@ -139,6 +167,19 @@ impl ThreadComm {
     }
 }
 
+/// The first rank whose length differs from rank 0's, as a contract error for `op`.
+fn equal_lengths(op: &str, lens: impl Iterator<Item = usize>) -> Result<usize> {
+    let lens: Vec<usize> = lens.collect();
+    match lens.iter().position(|&n| n != lens[0]) {
+        None => Ok(lens[0]),
+        Some(j) => Err(Error::Invalid(format!(
+            "{op}: rank {j} passed {} elements, rank 0 passed {}; MPI and NCCL need equal \
+             counts on every rank",
+            lens[j], lens[0]
+        ))),
+    }
+}
+
 impl Communicator for ThreadComm {
     fn rank(&self) -> usize {
         self.rank
@@ -150,38 +191,87 @@ impl Communicator for ThreadComm {
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
         let all = self.exchange(vec![buf.to_vec()])?;
+        equal_lengths("all_reduce", all.iter().map(|d| d.f32s[0].len()))?;
         // Sum in rank order on every rank, so all ranks get bit-identical results.
         buf.fill(0.0);
         for d in all.iter() {
-            for (b, v) in buf.iter_mut().zip(&d[0]) {
+            for (b, v) in buf.iter_mut().zip(&d.f32s[0]) {
                 *b += v;
             }
         }
         Ok(())
     }
 
-    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
-        let all = self.exchange(vec![send.to_vec()])?;
-        Ok(all.iter().map(|d| d[0].clone()).collect())
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
+        let all = self.exchange_payload(
+            Payload {
+                f32s: Vec::new(),
+                f64s: buf.to_vec(),
+            },
+            Some(self.shared.timeout),
+        )?;
+        equal_lengths("all_reduce (f64)", all.iter().map(|d| d.f64s.len()))?;
+        buf.fill(0.0);
+        for d in all.iter() {
+            for (b, v) in buf.iter_mut().zip(&d.f64s) {
+                *b += v;
+            }
+        }
+        Ok(())
     }
 
-    fn reduce_scatter_sum(&self, buf: &[f32], chunk_lens: &[usize]) -> Result<Vec<f32>> {
-        let start: usize = chunk_lens[..self.rank].iter().sum();
-        let len = chunk_lens[self.rank];
+    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        let all = self.exchange(vec![send.to_vec()])?;
+        let n = equal_lengths("all_gather", all.iter().map(|d| d.f32s[0].len()))?;
+        check_blocks("all_gather", recv.len(), n, self.shared.n)?;
+        for (j, d) in all.iter().enumerate() {
+            recv[j * n..(j + 1) * n].copy_from_slice(&d.f32s[0]);
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
         let all = self.exchange(vec![buf.to_vec()])?;
-        let mut out = vec![0.0; len];
+        let total = equal_lengths("reduce_scatter", all.iter().map(|d| d.f32s[0].len()))?;
+        check_blocks("reduce_scatter", total, out.len(), self.shared.n)?;
+        let start = self.rank * out.len();
+        out.fill(0.0);
         for d in all.iter() {
-            for (o, v) in out.iter_mut().zip(&d[0][start..start + len]) {
+            for (o, v) in out.iter_mut().zip(&d.f32s[0][start..]) {
                 *o += v;
             }
         }
-        Ok(out)
+        Ok(())
+    }
+
+    fn gather_into(&self, send: &[f32], recv: Option<&mut [f32]>, root: usize) -> Result<()> {
+        let all = self.exchange(vec![send.to_vec()])?;
+        let n = equal_lengths("gather", all.iter().map(|d| d.f32s[0].len()))?;
+        if self.rank == root {
+            let recv =
+                recv.ok_or_else(|| Error::Invalid("gather: the root has no buffer".into()))?;
+            check_blocks("gather", recv.len(), n, self.shared.n)?;
+            for (j, d) in all.iter().enumerate() {
+                recv[j * n..(j + 1) * n].copy_from_slice(&d.f32s[0]);
+            }
+        }
+        Ok(())
     }
 
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
-        assert_eq!(send.len(), self.shared.n, "all_to_all: one buffer per rank");
+        if send.len() != self.shared.n {
+            return Err(Error::Invalid(format!(
+                "all_to_all: {} buffers for {} ranks",
+                send.len(),
+                self.shared.n
+            )));
+        }
         let all = self.exchange(send)?;
-        Ok(all.iter().map(|d| d[self.rank].clone()).collect())
+        equal_lengths(
+            "all_to_all",
+            all.iter().flat_map(|d| d.f32s.iter().map(Vec::len)),
+        )?;
+        Ok(all.iter().map(|d| d.f32s[self.rank].clone()).collect())
     }
 
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
@@ -191,12 +281,16 @@ impl Communicator for ThreadComm {
             Vec::new()
         };
         let all = self.exchange(vec![mine])?;
-        *buf = all[root][0].clone();
+        *buf = all[root].f32s[0].clone();
         Ok(())
     }
 
     fn barrier(&self) -> Result<()> {
         self.exchange(Vec::new()).map(|_| ())
+    }
+
+    fn barrier_unbounded(&self) -> Result<()> {
+        self.exchange_payload(Payload::default(), None).map(|_| ())
     }
 
     fn abort(&self, why: &str) {
@@ -234,8 +328,8 @@ mod tests {
             let mut s = vec![r, 10.0 * r];
             c.all_reduce_sum(&mut s).unwrap();
             let g = c.all_gather(&[r]).unwrap();
-            let rs = c
-                .reduce_scatter_sum(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2])
+            let mut rs = vec![0.0; 2];
+            c.reduce_scatter_sum(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &mut rs)
                 .unwrap();
             let a2a = c
                 .all_to_all((0..3).map(|j| vec![r * 10.0 + j as f32]).collect())
@@ -252,7 +346,7 @@ mod tests {
         for (rank, (s, g, rs, a2a, b)) in out.into_iter().enumerate() {
             assert_eq!(s, vec![3.0, 30.0]);
             assert_eq!(g, vec![vec![0.0], vec![1.0], vec![2.0]]);
-            let expect_rs = [vec![3.0], vec![6.0], vec![9.0, 12.0]];
+            let expect_rs = [vec![3.0, 6.0], vec![9.0, 12.0], vec![15.0, 18.0]];
             assert_eq!(rs, expect_rs[rank]);
             let expect_a2a: Vec<Vec<f32>> = (0..3)
                 .map(|src| vec![src as f32 * 10.0 + rank as f32])
@@ -260,6 +354,65 @@ mod tests {
             assert_eq!(a2a, expect_a2a);
             assert_eq!(b, vec![7.0, 8.0]);
         }
+    }
+
+    /// MPI_Allgather/ncclAllGather need equal counts: the thread group refuses what they would
+    /// truncate or misalign (dc757c5 accepted unequal ZeRO chunks here).
+    #[test]
+    fn unequal_counts_are_refused_like_mpi() {
+        let out = run(3, |c| {
+            let n = if c.rank() == 2 { 1 } else { 2 };
+            let g = c.all_gather(&vec![1.0; n]).map(|_| ());
+            let mut s = vec![1.0; n];
+            let r = c.all_reduce_sum(&mut s);
+            let mut o = vec![0.0; 1];
+            let rs = c.reduce_scatter_sum(&vec![1.0; n + 1], &mut o);
+            let a2a = c.all_to_all(
+                (0..3)
+                    .map(|j| vec![0.0; if j == 1 { 2 } else { 1 }])
+                    .collect(),
+            );
+            (g, r, rs, a2a.map(|_| ()))
+        });
+        for (g, r, rs, a2a) in out {
+            for e in [g, r, rs, a2a] {
+                let e = e.unwrap_err().to_string();
+                assert!(e.contains("equal"), "{e}");
+            }
+        }
+    }
+
+    /// A slow rank makes a bounded wait time out but not an unbounded one (rank 0 writing a
+    /// checkpoint of many GB while the others wait; dc757c5 gave up after a fixed 60 s).
+    #[test]
+    fn long_phases_wait_without_a_deadline() {
+        let run_with = |unbounded: bool| {
+            let hs: Vec<_> = thread_group(2, Duration::from_millis(100))
+                .into_iter()
+                .map(|c| {
+                    std::thread::spawn(move || {
+                        if c.rank() == 0 {
+                            std::thread::sleep(Duration::from_millis(400));
+                        }
+                        if unbounded {
+                            c.barrier_unbounded()
+                        } else {
+                            c.barrier()
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert!(run_with(true).iter().all(|r| r.is_ok()));
+        let timed = run_with(false);
+        let e = timed[1].as_ref().unwrap_err().to_string();
+        assert!(
+            e.contains("no answer") && e.contains("rank_timeout_s"),
+            "{e}"
+        );
     }
 
     #[test]

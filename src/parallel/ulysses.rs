@@ -29,6 +29,9 @@ pub struct SpGroup {
     pub comm: Arc<dyn Communicator>,
     /// Elements this rank passed to forward all-to-alls (q, k, v and the output), all layers.
     pub sent_forward: Arc<AtomicU64>,
+    /// With learned positions: the first table row of this rank's shard (see
+    /// `train::shard::position_rows`).
+    pub pos_first_row: usize,
 }
 
 impl SpGroup {
@@ -36,6 +39,7 @@ impl SpGroup {
         Self {
             comm,
             sent_forward: Arc::new(AtomicU64::new(0)),
+            pos_first_row: 0,
         }
     }
     pub fn degree(&self) -> usize {

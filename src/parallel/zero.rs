@@ -5,13 +5,17 @@
 //! One step: gradients are summed over the SP group, reduce-scattered over the DP group (each
 //! rank receives the sum of its chunk), the chunk is updated with AdamW, and the updated chunks
 //! are all-gathered so every rank holds the full parameters again. Per rank, optimizer memory
-//! drops D-fold.
+//! drops D-fold. Both collectives run in buckets (`parallel::bucket`), so no single call
+//! exceeds MPI's count limit whatever the model size.
 
 use burn::tensor::Tensor;
 
 use crate::error::Result;
 use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::params::ParamSpec;
+use crate::parallel::bucket::{
+    all_gather_bucketed, gather_to_root_bucketed, reduce_scatter_bucketed,
+};
 use crate::parallel::ranks::Ranks;
 use crate::train::optim::{AdamW, AdamWConfig};
 
@@ -27,23 +31,28 @@ pub struct Segment {
 pub type GatheredMoments = (usize, Vec<f32>, Vec<f32>);
 
 /// This DP rank's chunk of the replicated parameters and its AdamW state.
+///
+/// The flat concatenation of the replicated parameters (`total` elements) is padded with zeros
+/// to `D · block` elements, `block = ⌈total / D⌉`, so that every rank's block has the same
+/// length: MPI_Reduce_scatter_block, MPI_Allgather and their NCCL twins need equal counts.
+/// DP rank d owns the real elements of `[d·block, (d+1)·block)`; the padding is never updated.
 #[derive(Debug, Clone)]
 pub struct ZeroShard {
     /// Replicated parameter indices, in flat order.
     pub params: Vec<usize>,
     pub lens: Vec<usize>,
-    /// Elements per DP rank's chunk.
-    pub chunk_lens: Vec<usize>,
+    /// Real (unpadded) elements of the flat vector.
+    pub total: usize,
+    /// Elements per DP rank's block (padding included).
+    pub block: usize,
     pub segments: Vec<Segment>,
     /// Moments of the segments (one tensor per segment).
     pub opt: AdamW,
 }
 
-/// Splits `total` elements into `d` contiguous chunks, the first `total % d` one longer.
-pub fn chunk_lens(total: usize, d: usize) -> Vec<usize> {
-    (0..d)
-        .map(|i| total / d + usize::from(i < total % d))
-        .collect()
+/// Elements per rank when `total` elements are padded to a multiple of `d`.
+pub fn block_len(total: usize, d: usize) -> usize {
+    total.div_ceil(d)
 }
 
 /// The segments of the flat range `[from, from + len)` over parameters of lengths `lens`.
@@ -75,10 +84,10 @@ impl ZeroShard {
         full_moments: Option<(&[Tensor<1>], &[Tensor<1>], u64)>,
     ) -> Self {
         let lens: Vec<usize> = params.iter().map(|&i| all[i].dims()[0]).collect();
-        let chunk_lens = chunk_lens(lens.iter().sum(), ranks.topo.dp);
-        let d = ranks.topo.dp_rank();
-        let from: usize = chunk_lens[..d].iter().sum();
-        let segments = segments_of(&params, &lens, from, chunk_lens[d]);
+        let total: usize = lens.iter().sum();
+        let block = block_len(total, ranks.topo.dp);
+        let from = (ranks.topo.dp_rank() * block).min(total);
+        let segments = segments_of(&params, &lens, from, block.min(total - from));
         let cut =
             |t: &Tensor<1>, s: &Segment| t.clone().without_autodiff().narrow(0, s.start, s.len);
         let pieces: Vec<Tensor<1>> = segments.iter().map(|s| cut(&all[s.param], s)).collect();
@@ -91,22 +100,35 @@ impl ZeroShard {
         Self {
             params,
             lens,
-            chunk_lens,
+            total,
+            block,
             segments,
             opt,
         }
     }
 
+    /// This rank's block of `values` (one host vector per segment), zero-padded to `block`.
+    fn padded_block(&self, values: impl Iterator<Item = Vec<f32>>) -> Vec<f32> {
+        let mut mine = Vec::with_capacity(self.block);
+        values.for_each(|v| mine.extend_from_slice(&v));
+        mine.resize(self.block, 0.0);
+        mine
+    }
+
     /// This rank's chunk of the DP-summed gradients (replicated parameters only; `grads` must
-    /// already be summed over the SP group).
+    /// already be summed over the SP group), reduce-scattered in buckets.
     pub fn reduce_scatter(&self, grads: &[Tensor<1>], ranks: &Ranks) -> Result<Vec<Tensor<1>>> {
         let device = grads[self.params[0]].device();
-        let flat: Vec<f32> = self
-            .params
-            .iter()
-            .flat_map(|&i| tensor_to_vec(&grads[i]))
-            .collect();
-        let mine = ranks.dp.reduce_scatter_sum(&flat, &self.chunk_lens)?;
+        let mut flat = vec![0.0f32; self.block * ranks.topo.dp];
+        let mut at = 0;
+        for &i in &self.params {
+            let g = tensor_to_vec(&grads[i]);
+            flat[at..at + g.len()].copy_from_slice(&g);
+            at += g.len();
+        }
+        let mut mine = vec![0.0f32; self.block];
+        reduce_scatter_bucketed(ranks.dp.as_ref(), &flat, &mut mine, ranks.bucket)?;
+        drop(flat);
         let mut at = 0;
         Ok(self
             .segments
@@ -139,8 +161,9 @@ impl ZeroShard {
             .map(|s| specs[s.param].clone())
             .collect();
         let new = self.opt.update(pieces, grad_chunk, &seg_specs, lr);
-        let mine: Vec<f32> = new.iter().flat_map(tensor_to_vec).collect();
-        let flat = ranks.dp.all_gather(&mine)?.concat();
+        let mine = self.padded_block(new.iter().map(tensor_to_vec));
+        let mut flat = vec![0.0f32; self.block * ranks.topo.dp];
+        all_gather_bucketed(ranks.dp.as_ref(), &mine, &mut flat, ranks.bucket)?;
         let device = params[self.params[0]].device();
         let mut at = 0;
         for (&i, &n) in self.params.iter().zip(&self.lens) {
@@ -150,22 +173,34 @@ impl ZeroShard {
         Ok(())
     }
 
-    /// Full moments `(param, m, v)` of the replicated parameters (every DP rank takes part;
-    /// for checkpoints).
-    pub fn gather_moments(&self, ranks: &Ranks) -> Result<Vec<GatheredMoments>> {
-        let m: Vec<f32> = self.opt.m.iter().flat_map(tensor_to_vec).collect();
-        let v: Vec<f32> = self.opt.v.iter().flat_map(tensor_to_vec).collect();
-        let (m, v) = (
-            ranks.dp.all_gather(&m)?.concat(),
-            ranks.dp.all_gather(&v)?.concat(),
-        );
+    /// Full moments `(param, m, v)` of the replicated parameters on DP rank 0 (`None` on the
+    /// others); every DP rank takes part. Only the root receives: a checkpoint is written by
+    /// one rank, so the other ranks never hold the whole optimizer state.
+    pub fn gather_moments(&self, ranks: &Ranks) -> Result<Option<Vec<GatheredMoments>>> {
+        let root = ranks.topo.dp_rank() == 0;
+        let gather = |moments: &[Tensor<1>]| -> Result<Option<Vec<f32>>> {
+            let mine = self.padded_block(moments.iter().map(tensor_to_vec));
+            let mut full = root.then(|| vec![0.0f32; self.block * ranks.topo.dp]);
+            gather_to_root_bucketed(
+                ranks.dp.as_ref(),
+                &mine,
+                full.as_deref_mut(),
+                0,
+                ranks.bucket,
+            )?;
+            Ok(full)
+        };
+        let (m, v) = (gather(&self.opt.m)?, gather(&self.opt.v)?);
+        let (Some(m), Some(v)) = (m, v) else {
+            return Ok(None);
+        };
         let mut at = 0;
         let mut out = Vec::new();
         for (&i, &n) in self.params.iter().zip(&self.lens) {
             out.push((i, m[at..at + n].to_vec(), v[at..at + n].to_vec()));
             at += n;
         }
-        Ok(out)
+        Ok(Some(out))
     }
 }
 
@@ -173,27 +208,31 @@ impl ZeroShard {
 mod tests {
     use super::*;
 
+    /// Padded blocks cover every real element exactly once, whatever `total % d` is, and
+    /// every rank's block has the same length.
     #[test]
-    fn chunks_and_segments_cover_everything_once() {
-        assert_eq!(chunk_lens(10, 3), vec![4, 3, 3]);
+    fn padded_blocks_and_segments_cover_everything_once() {
         let (params, lens) = (vec![0, 2, 5], vec![3, 4, 3]);
-        let mut covered = vec![0; 10];
-        let mut from = 0;
-        for c in chunk_lens(10, 3) {
-            for s in segments_of(&params, &lens, from, c) {
-                let base: usize = params
-                    .iter()
-                    .zip(&lens)
-                    .take_while(|(p, _)| **p != s.param)
-                    .map(|(_, n)| n)
-                    .sum();
-                for c in &mut covered[base + s.start..base + s.start + s.len] {
-                    *c += 1;
+        for d in 1..=12 {
+            let block = block_len(10, d);
+            assert!(block * d >= 10 && block * d < 10 + d);
+            let mut covered = vec![0; 10];
+            for r in 0..d {
+                let from = (r * block).min(10);
+                for s in segments_of(&params, &lens, from, block.min(10 - from)) {
+                    let base: usize = params
+                        .iter()
+                        .zip(&lens)
+                        .take_while(|(p, _)| **p != s.param)
+                        .map(|(_, n)| n)
+                        .sum();
+                    for c in &mut covered[base + s.start..base + s.start + s.len] {
+                        *c += 1;
+                    }
                 }
             }
-            from += c;
+            assert_eq!(covered, vec![1; 10], "d = {d}");
         }
-        assert_eq!(covered, vec![1; 10]);
         assert_eq!(
             segments_of(&params, &lens, 2, 3),
             vec![

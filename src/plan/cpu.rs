@@ -68,19 +68,6 @@ pub fn retains_activations(m: &ModelConfig, st: &Strategy, seq_len: usize) -> bo
     largest <= RETAINED_TENSOR_MAX
 }
 
-/// Capacity a `Vec<f32>` reaches when `extend`ed with `parts` in order: Rust's amortised growth
-/// `cap = max(2·cap, len + additional, 4)`.
-pub fn extend_capacity(parts: impl IntoIterator<Item = usize>) -> usize {
-    let (mut len, mut cap) = (0usize, 0usize);
-    for n in parts {
-        if len + n > cap {
-            cap = (2 * cap).max(len + n).max(4);
-        }
-        len += n;
-    }
-    cap
-}
-
 /// Bytes of the optimizer step's gradient-reduction buffers (0 with one rank).
 pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
     let l = &st.layout;
@@ -91,8 +78,8 @@ pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
     let mut m = m.clone();
     m.position = st.positions;
     let layout = Layout::new(&m);
-    // Reduced as one flat buffer: every parameter but an SP-sharded position table, which
-    // covers the sequence (s rows) when replicated.
+    // Every parameter but an SP-sharded position table (which covers the sequence, s rows,
+    // when replicated) is reduced from host copies in buckets (`parallel::bucket`).
     let sharded_table = st.shard_positions && l.sp > 1;
     let sizes: Vec<usize> = layout
         .specs
@@ -108,7 +95,13 @@ pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
         })
         .collect();
     let n: usize = sizes.iter().sum();
-    let cap = extend_capacity(sizes);
-    let copies = if l.dp > 1 && l.zero >= 1 { 2 } else { 1 };
-    4.0 * (cap + copies * n) as f64
+    // One host copy of every gradient, plus up to one bucket staged and one bucket's send
+    // copy inside the communicator.
+    let bucket = crate::parallel::bucket::DEFAULT_BUCKET.min(n);
+    let mut elems = n + 2 * bucket;
+    if l.dp > 1 && l.zero >= 1 {
+        // ZeRO-1: the padded flat gradient for the reduce-scatter and the rank's block.
+        elems += n + n.div_ceil(l.dp);
+    }
+    4.0 * elems as f64
 }

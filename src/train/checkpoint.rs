@@ -14,10 +14,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, TrainConfig};
 use crate::error::{Error, Result};
-use crate::model::io::{from_hf_tensors, load_model_dir, save_model_dir, to_hf_tensors};
-use crate::model::tensors::{read_safetensors, write_safetensors, HostTensor};
+use crate::model::io::{from_hf_tensors, hf_streamed, load_model_dir, save_model_dir};
+use crate::model::neox::tensor_to_vec;
+use crate::model::tensors::{read_safetensors, write_safetensors_streamed, HostTensor};
 use crate::model::GenSlm;
 use crate::train::optim::{AdamW, AdamWConfig};
+use crate::train::resume::{read_saved, Saved};
 
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
@@ -34,6 +36,10 @@ pub struct TrainerState {
     pub loader_cursor: u64,
     pub train: TrainConfig,
     pub adamw: AdamWConfig,
+    /// Fingerprint of the tokenized training records (`train::resume::fingerprint`); absent
+    /// in checkpoints written before it existed.
+    #[serde(default)]
+    pub data_fingerprint: Option<String>,
 }
 
 pub fn checkpoints_dir(run: &Path) -> PathBuf {
@@ -59,17 +65,12 @@ pub fn save_checkpoint(
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let result = (|| {
         save_model_dir(model, &tmp)?;
-        let (m, v) = opt.moments_to_host();
-        let mut tensors = Vec::new();
-        for (suffix, values) in [("exp_avg", m), ("exp_avg_sq", v)] {
-            for t in to_hf_tensors(&model.layout, &values) {
-                tensors.push(HostTensor {
-                    name: format!("{}.{suffix}", t.name),
-                    ..t
-                });
-            }
-        }
-        write_safetensors(&tmp.join(OPTIMIZER_FILE), &tensors, HashMap::new())?;
+        // Moments stream one tensor at a time, like the weights.
+        let m = |i: usize| tensor_to_vec(&opt.m[i]);
+        let v = |i: usize| tensor_to_vec(&opt.v[i]);
+        let mut tensors = hf_streamed(&model.layout, ".exp_avg", &m);
+        tensors.extend(hf_streamed(&model.layout, ".exp_avg_sq", &v));
+        write_safetensors_streamed(&tmp.join(OPTIMIZER_FILE), &tensors, HashMap::new())?;
         let json =
             serde_json::to_string_pretty(state).map_err(|e| Error::Invalid(e.to_string()))?;
         crate::atomic::write_bytes(&tmp.join(STATE_FILE), json.as_bytes())?;
@@ -90,33 +91,16 @@ pub fn save_checkpoint(
 
 /// A checkpoint read back.
 pub struct Loaded {
-    pub dir: PathBuf,
+    pub saved: Saved,
     pub model: GenSlm,
     pub opt: AdamW,
-    pub state: TrainerState,
 }
 
 /// Loads `RUN/checkpoints/latest` onto `device` (the model; moments go to its plain device).
 pub fn load_latest(run: &Path, device: &burn::tensor::Device) -> Result<Loaded> {
-    let root = checkpoints_dir(run);
-    let latest = root.join("latest");
-    let name = std::fs::read_to_string(&latest).map_err(|e| {
-        Error::Invalid(format!(
-            "cannot resume: {} ({e}); no completed checkpoint in {}",
-            latest.display(),
-            run.display()
-        ))
-    })?;
-    let dir = root.join(name.trim());
+    let saved = read_saved(run)?;
+    let dir = saved.dir.clone();
     let model = load_model_dir(&dir, device)?;
-    let state_path = dir.join(STATE_FILE);
-    let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
-    let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
-        Error::Invalid(format!(
-            "{}: corrupt trainer state: {e}",
-            state_path.display()
-        ))
-    })?;
     let opt_path = dir.join(OPTIMIZER_FILE);
     let (mut tensors, _) = read_safetensors(&opt_path)?;
     let mut moments = Vec::new();
@@ -141,11 +125,7 @@ pub fn load_latest(run: &Path, device: &burn::tensor::Device) -> Result<Loaded> 
     tensors.clear();
     let v = moments.pop().expect("two moments");
     let m = moments.pop().expect("two moments");
+    let state = &saved.state;
     let opt = AdamW::from_host(state.adamw, state.optimizer_step, m, v, device);
-    Ok(Loaded {
-        dir,
-        model,
-        opt,
-        state,
-    })
+    Ok(Loaded { saved, model, opt })
 }

@@ -9,7 +9,7 @@ use crate::parallel::ranks::Ranks;
 use crate::parallel::zero::ZeroShard;
 use crate::train::optim::{clip_factor, sum_of_squares, AdamW, AdamWConfig};
 use crate::train::shard::{
-    gather_shard, global_grad_norm, param_groups, reduce_gradients, reduce_params,
+    gather_shard_to_root, global_grad_norm, param_groups, reduce_gradients, reduce_params,
 };
 
 /// Optimizer state of one rank.
@@ -97,17 +97,21 @@ impl DistOptim {
             DistOptim::Zero { shard, pos } => {
                 // Replicated: sum over SP here, over DP inside the reduce-scatter.
                 let (replicated, sharded) = param_groups(model);
-                reduce_params(&mut grads, &replicated, ranks.sp.as_ref())?;
-                reduce_params(&mut grads, &sharded, ranks.dp.as_ref())?;
+                reduce_params(&mut grads, &replicated, ranks.sp.as_ref(), ranks.bucket)?;
+                reduce_params(&mut grads, &sharded, ranks.dp.as_ref(), ranks.bucket)?;
                 let chunk = shard.reduce_scatter(&grads, ranks)?;
-                let sq = |t: &Tensor<1>| sum_of_squares(t) as f32;
-                let mut rep = [chunk.iter().map(sq).sum::<f32>()];
-                ranks.dp.all_reduce_sum(&mut rep)?;
-                let mut pos_sq = [sharded.iter().map(|&i| sq(&grads[i])).sum::<f32>()];
+                // Sums of squares in f64, like the replicated path (an f32 sum over billions
+                // of elements loses digits).
+                let mut rep = [chunk.iter().map(sum_of_squares).sum::<f64>()];
+                ranks.dp.all_reduce_sum_f64(&mut rep)?;
+                let mut pos_sq = [sharded
+                    .iter()
+                    .map(|&i| sum_of_squares(&grads[i]))
+                    .sum::<f64>()];
                 if !sharded.is_empty() {
-                    ranks.sp.all_reduce_sum(&mut pos_sq)?;
+                    ranks.sp.all_reduce_sum_f64(&mut pos_sq)?;
                 }
-                let norm = (rep[0] as f64 + pos_sq[0] as f64).sqrt();
+                let norm = (rep[0] + pos_sq[0]).sqrt();
                 let applied = loss_finite && norm.is_finite();
                 if applied {
                     let k = clip_factor(norm, max_norm);
@@ -137,15 +141,47 @@ impl DistOptim {
     }
 
     /// The full optimizer state (all moments, position rows gathered over SP), as a checkpoint
-    /// stores it. Every rank must call it.
-    pub fn full_state(&self, model: &GenSlm, ranks: &Ranks) -> Result<AdamW> {
+    /// stores it, on world rank 0 (`None` on the others). Every rank must call it. World rank 0
+    /// is DP rank 0 of SP group 0 and SP rank 0 of DP group 0, so only the DP group of SP rank
+    /// 0 gathers ZeRO's moments and only the SP group of DP rank 0 gathers position rows; no
+    /// other rank ever holds the whole state.
+    pub fn full_state(&self, model: &GenSlm, ranks: &Ranks) -> Result<Option<AdamW>> {
+        let (dp_root, sp_root) = (ranks.topo.dp_rank() == 0, ranks.topo.sp_rank() == 0);
+        let pos_shard = match (model.layout.embed_pos, &model.sp) {
+            (Some(i), Some(_)) => Some(i),
+            _ => None,
+        };
+        // This rank's moments of the position shard, gathered over SP where it is sharded.
+        let local_pos = match (self, pos_shard) {
+            (DistOptim::Replicated(o), Some(i)) => Some((o.m[i].clone(), o.v[i].clone())),
+            (
+                DistOptim::Zero {
+                    pos: Some((_, o)), ..
+                },
+                Some(_),
+            ) => Some((o.m[0].clone(), o.v[0].clone())),
+            _ => None,
+        };
+        let mut gathered_pos = None;
+        if let (Some((m, v)), true) = (local_pos, dp_root) {
+            let m = gather_shard_to_root(&m, ranks)?;
+            let v = gather_shard_to_root(&v, ranks)?;
+            gathered_pos = m.zip(v);
+        }
+        let zero_moments = match self {
+            DistOptim::Zero { shard, .. } if sp_root => shard.gather_moments(ranks)?,
+            _ => None,
+        };
+        if !ranks.is_root() {
+            return Ok(None);
+        }
         let mut full = match self {
             DistOptim::Replicated(o) => o.clone(),
             DistOptim::Zero { shard, pos } => {
                 let mut o = AdamW::new(shard.opt.cfg, &model.params);
                 o.step = shard.opt.step;
                 let device = o.m[0].device();
-                for (i, m, v) in shard.gather_moments(ranks)? {
+                for (i, m, v) in zero_moments.unwrap_or_default() {
                     o.m[i] = crate::model::neox::host_to_param(m, &device);
                     o.v[i] = crate::model::neox::host_to_param(v, &device);
                 }
@@ -156,10 +192,10 @@ impl DistOptim {
                 o
             }
         };
-        if let (Some(pos), Some(_)) = (model.layout.embed_pos, &model.sp) {
-            full.m[pos] = gather_shard(&full.m[pos], ranks)?;
-            full.v[pos] = gather_shard(&full.v[pos], ranks)?;
+        if let (Some(i), Some((m, v))) = (pos_shard, gathered_pos) {
+            full.m[i] = m;
+            full.v[i] = v;
         }
-        Ok(full)
+        Ok(Some(full))
     }
 }

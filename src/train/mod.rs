@@ -5,6 +5,7 @@ pub mod dist_optim;
 pub mod metrics;
 pub mod optim;
 pub mod recompute;
+pub mod resume;
 pub mod schedule;
 pub mod shard;
 pub mod step;

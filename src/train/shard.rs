@@ -9,10 +9,12 @@
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 
+use crate::config::{ModelConfig, Position};
 use crate::data::loader::Batch;
 use crate::error::Result;
 use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::GenSlm;
+use crate::parallel::bucket::{all_reduce_bucketed, gather_unequal};
 use crate::parallel::comm::Communicator;
 use crate::parallel::ranks::Ranks;
 use crate::train::optim::sum_of_squares;
@@ -72,28 +74,23 @@ pub fn local_nll(logits: Tensor<3>, lb: &LocalBatch) -> Tensor<1> {
     (picked * weights).sum().neg()
 }
 
-/// Sums `grads[i]` for `idx` over `comm` (one flat host buffer per call).
+/// Sums `grads[i]` for `idx` over `comm`, in buckets of `bucket` elements (one host copy of
+/// each gradient, reduced in place, written back to its tensor).
 pub fn reduce_params(
     grads: &mut [Tensor<1>],
     idx: &[usize],
     comm: &dyn Communicator,
+    bucket: usize,
 ) -> Result<()> {
     if comm.size() == 1 || idx.is_empty() {
         return Ok(());
     }
     let device = grads[idx[0]].device();
-    let mut flat = Vec::new();
-    let mut lens = Vec::new();
-    for &i in idx {
-        let v = tensor_to_vec(&grads[i]);
-        lens.push(v.len());
-        flat.extend(v);
-    }
-    comm.all_reduce_sum(&mut flat)?;
-    let mut at = 0;
-    for (&i, &n) in idx.iter().zip(&lens) {
-        grads[i] = host_to_param(flat[at..at + n].to_vec(), &device);
-        at += n;
+    let mut host: Vec<Vec<f32>> = idx.iter().map(|&i| tensor_to_vec(&grads[i])).collect();
+    let mut views: Vec<&mut [f32]> = host.iter_mut().map(|v| &mut v[..]).collect();
+    all_reduce_bucketed(comm, &mut views, bucket)?;
+    for (&i, v) in idx.iter().zip(host) {
+        grads[i] = host_to_param(v, &device);
     }
     Ok(())
 }
@@ -117,8 +114,8 @@ pub fn param_groups(model: &GenSlm) -> (Vec<usize>, Vec<usize>) {
 /// over the DP group.
 pub fn reduce_gradients(grads: &mut [Tensor<1>], model: &GenSlm, ranks: &Ranks) -> Result<()> {
     let (replicated, sharded) = param_groups(model);
-    reduce_params(grads, &replicated, ranks.world.as_ref())?;
-    reduce_params(grads, &sharded, ranks.dp.as_ref())
+    reduce_params(grads, &replicated, ranks.world.as_ref(), ranks.bucket)?;
+    reduce_params(grads, &sharded, ranks.dp.as_ref(), ranks.bucket)
 }
 
 /// Global gradient norm with every element counted once: replicated gradients are identical
@@ -127,51 +124,85 @@ pub fn global_grad_norm(grads: &[Tensor<1>], model: &GenSlm, ranks: &Ranks) -> R
     let sq = |i: &usize| sum_of_squares(&grads[*i]);
     let (replicated, sharded) = param_groups(model);
     let rep: f64 = replicated.iter().map(sq).sum();
-    let mut shard = [sharded.iter().map(sq).sum::<f64>() as f32];
+    let mut shard = [sharded.iter().map(sq).sum::<f64>()];
     if !sharded.is_empty() {
-        ranks.sp.all_reduce_sum(&mut shard)?;
+        ranks.sp.all_reduce_sum_f64(&mut shard)?;
     }
-    Ok((rep + shard[0] as f64).sqrt())
+    Ok((rep + shard[0]).sqrt())
+}
+
+/// The rows `(first, count)` of a learned-position table of `table_rows` rows that SP rank `r`
+/// of `p` owns when training on sequences of `seq_len`: rank r's tokens use positions
+/// `[r·s/P, (r+1)·s/P)`, so it owns those rows; the last rank also keeps the rows past the
+/// sequence `[s, M)`, which no step reads but a checkpoint must return unchanged (AdamW's
+/// weight decay still applies to them, exactly as on one rank).
+pub fn position_rows(seq_len: usize, table_rows: usize, p: usize, r: usize) -> (usize, usize) {
+    let stride = seq_len / p;
+    let first = r * stride;
+    let count = if r + 1 == p {
+        table_rows - first
+    } else {
+        stride
+    };
+    (first, count)
+}
+
+/// Checks that a learned-position table can serve `seq_len` under SP degree `p`, before any
+/// work starts.
+pub fn check_positions(cfg: &ModelConfig, seq_len: usize) -> Result<()> {
+    if cfg.position == Position::Learned && seq_len > cfg.max_position_embeddings {
+        return Err(crate::error::Error::Invalid(format!(
+            "--seq-len {seq_len}: learned positions cover only max_position_embeddings = {} \
+             tokens; use --seq-len {} or less",
+            cfg.max_position_embeddings, cfg.max_position_embeddings
+        )));
+    }
+    Ok(())
 }
 
 /// Turns a full (replicated) model into this rank's: joins the SP group and, with learned
-/// positions, keeps only rows `[r·M/P, (r+1)·M/P)` of the table (and of its Adam moments).
+/// positions, keeps only this rank's rows of the table (and of its Adam moments), see
+/// [`position_rows`].
 pub fn shard_model(
     mut model: GenSlm,
     moments: Option<(&mut Vec<Tensor<1>>, &mut Vec<Tensor<1>>)>,
     ranks: &Ranks,
+    seq_len: usize,
 ) -> Result<GenSlm> {
     let p = ranks.topo.sp;
     if p == 1 {
         return Ok(model);
     }
-    model.sp = Some(crate::parallel::ulysses::SpGroup::new(ranks.sp.clone()));
+    check_positions(&model.cfg, seq_len)?;
+    let mut group = crate::parallel::ulysses::SpGroup::new(ranks.sp.clone());
     if let Some(pos) = model.layout.embed_pos {
         let [rows, h] = [
             model.layout.specs[pos].shape[0],
             model.layout.specs[pos].shape[1],
         ];
-        if !rows.is_multiple_of(p) {
-            return Err(crate::error::Error::Invalid(format!(
-                "--sp {p}: learned positions shard the table of max_position_embeddings = {rows} \
-                 rows, which does not divide by {p}"
-            )));
-        }
-        let part = rows / p;
-        let r = ranks.topo.sp_rank();
-        let cut = |t: &Tensor<1>| t.clone().narrow(0, r * part * h, part * h);
+        let (first, count) = position_rows(seq_len, rows, p, ranks.topo.sp_rank());
+        let cut = |t: &Tensor<1>| t.clone().narrow(0, first * h, count * h);
         model.params[pos] = cut(&model.params[pos]);
         if let Some((m, v)) = moments {
             m[pos] = cut(&m[pos]);
             v[pos] = cut(&v[pos]);
         }
-        model.layout.specs[pos].shape = vec![part, h];
+        model.layout.specs[pos].shape = vec![count, h];
+        group.pos_first_row = first;
     }
+    model.sp = Some(group);
     Ok(model)
 }
 
-/// The full learned-position table (or a moment of it) from the SP group's shards.
+/// The full learned-position table (or a moment of it) from the SP group's shards, on every
+/// SP rank.
 pub fn gather_shard(t: &Tensor<1>, ranks: &Ranks) -> Result<Tensor<1>> {
-    let parts = ranks.sp.all_gather(&tensor_to_vec(t))?;
-    Ok(host_to_param(parts.concat(), &t.device()))
+    let all = gather_unequal(ranks.sp.as_ref(), &tensor_to_vec(t), None, ranks.bucket)?;
+    Ok(host_to_param(all.unwrap_or_default(), &t.device()))
+}
+
+/// [`gather_shard`] to SP rank 0 only (`None` on the others): for checkpoints.
+pub fn gather_shard_to_root(t: &Tensor<1>, ranks: &Ranks) -> Result<Option<Tensor<1>>> {
+    let all = gather_unequal(ranks.sp.as_ref(), &tensor_to_vec(t), Some(0), ranks.bucket)?;
+    Ok(all.map(|v| host_to_param(v, &t.device())))
 }

@@ -46,9 +46,9 @@ pub fn all_reduce_scalar(x: f64, ranks: &Ranks) -> Result<f64> {
     if ranks.topo.world == 1 {
         return Ok(x);
     }
-    let mut buf = [x as f32];
-    ranks.world.all_reduce_sum(&mut buf)?;
-    Ok(buf[0] as f64)
+    let mut buf = [x];
+    ranks.world.all_reduce_sum_f64(&mut buf)?;
+    Ok(buf[0])
 }
 
 /// This rank's share of the step's loss (its positions' terms over the global target count)

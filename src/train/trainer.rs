@@ -14,6 +14,7 @@ use burn::tensor::Device;
 
 use crate::config::Config;
 use crate::data::dataset::read_dataset;
+use crate::data::fasta::discover;
 use crate::data::ingest::{tokenize_to_parquet, IngestOptions};
 use crate::data::loader::{Batch, Corpus, Loader};
 use crate::error::{Error, Result};
@@ -26,8 +27,11 @@ use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
 use crate::train::dist_optim::DistOptim;
 use crate::train::metrics::{peak_rss_mib, train_flops_per_sequence, MetricsLog, StepMetrics};
 use crate::train::optim::AdamWConfig;
+use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint, read_saved, Saved};
 use crate::train::schedule::lr_at;
-use crate::train::shard::{gather_shard, local_batch, local_nll, shard_model};
+use crate::train::shard::{
+    check_positions, gather_shard_to_root, local_batch, local_nll, shard_model,
+};
 use crate::train::step::{all_reduce_scalar, loss_and_grads};
 
 /// Where training data comes from.
@@ -67,7 +71,7 @@ pub fn train(
     run: &Path,
     opts: &RunOptions,
 ) -> Result<TrainSummary> {
-    let corpus = prepare_run(cfg, data, run)?;
+    let corpus = prepare_run(cfg, data, run, opts.resume)?;
     train_rank(cfg, &corpus, run, opts, &Ranks::single())
 }
 
@@ -82,12 +86,13 @@ pub fn train_threads(
     sp: usize,
 ) -> Result<TrainSummary> {
     let topo = Topology::new(0, dp, sp)?;
-    topo.validate(cfg.model.num_heads, cfg.train.seq_len, cfg.train.batch_size)?;
+    validate_layout(cfg, &topo)?;
     if dp * sp == 1 {
         return train(cfg, data, run, opts);
     }
-    let corpus = Arc::new(prepare_run(cfg, data, run)?);
-    let handles: Vec<_> = thread_ranks(dp, sp, RANK_TIMEOUT)
+    let corpus = Arc::new(prepare_run(cfg, data, run, opts.resume)?);
+    let timeout = Duration::from_secs(cfg.train.rank_timeout_s);
+    let handles: Vec<_> = thread_ranks(dp, sp, timeout)
         .into_iter()
         .map(|ranks| {
             let (cfg, corpus, run) = (cfg.clone(), corpus.clone(), run.to_path_buf());
@@ -120,20 +125,19 @@ pub fn train_with_ranks(
     ranks: &Ranks,
 ) -> Result<TrainSummary> {
     run_rank_guarded(ranks, || {
-        ranks
-            .topo
-            .validate(cfg.model.num_heads, cfg.train.seq_len, cfg.train.batch_size)?;
+        validate_layout(cfg, &ranks.topo)?;
+        // Rank 0 may tokenize for a long time: the others wait without a deadline.
         let corpus = if ranks.is_root() {
-            let c = prepare_run(cfg, data, run);
-            ranks.world.barrier()?;
+            let c = prepare_run(cfg, data, run, opts.resume);
+            ranks.world.barrier_unbounded()?;
             c?
         } else {
-            ranks.world.barrier()?;
+            ranks.world.barrier_unbounded()?;
             let data = match data {
                 DataSource::Fasta(_) => DataSource::Parquet(run.join("data.parquet")),
                 other => other.clone(),
             };
-            load_corpus(cfg, &data, run)?
+            load_corpus(cfg, &data, run, None)?
         };
         let opts = RunOptions {
             progress: opts.progress && ranks.is_root(),
@@ -159,8 +163,15 @@ fn injected_fault(rank: usize, step: u64) -> Result<()> {
     Ok(())
 }
 
-/// How long a rank waits for the others before declaring them dead.
-pub const RANK_TIMEOUT: Duration = Duration::from_secs(60);
+/// Inputs of `RUN/data.parquet` (see [`crate::train::resume`]).
+const SOURCES_FILE: &str = "data.sources.json";
+
+/// Checks the parallel layout against the model and the run before any work starts.
+fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
+    let t = &cfg.train;
+    topo.validate(cfg.model.num_heads, t.seq_len, t.batch_size)?;
+    check_positions(&cfg.model, t.seq_len)
+}
 
 /// Runs one rank's work; an error or panic aborts every group so the other ranks stop waiting.
 pub fn run_rank_guarded<T>(ranks: &Ranks, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -192,14 +203,26 @@ fn first_error_or_root(mut results: Vec<Result<TrainSummary>>) -> Result<TrainSu
     }
 }
 
-/// Creates the run directory, writes the resolved config, and loads the corpus.
-fn prepare_run(cfg: &Config, data: &DataSource, run: &Path) -> Result<Corpus> {
+/// Checks the config (and, resuming, that the checkpoint can continue under it), loads the
+/// corpus, and writes the resolved config into the run directory. A refused resume writes
+/// nothing.
+fn prepare_run(cfg: &Config, data: &DataSource, run: &Path, resume: bool) -> Result<Corpus> {
     cfg.model.validate().map_err(Error::Invalid)?;
     cfg.train.validate().map_err(Error::Invalid)?;
+    let saved = if resume {
+        let saved = read_saved(run)?;
+        for note in check_resume(&saved, cfg)? {
+            eprintln!("note: {note}");
+        }
+        Some(saved)
+    } else {
+        None
+    };
     std::fs::create_dir_all(run).map_err(|e| Error::io(run, e))?;
+    let corpus = load_corpus(cfg, data, run, saved.as_ref())?;
     let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
     crate::atomic::write_bytes(&run.join("config.toml"), toml.as_bytes())?;
-    load_corpus(cfg, data, run)
+    Ok(corpus)
 }
 
 /// One rank's training loop (the single-process run is rank 0 of a 1 × 1 layout).
@@ -211,9 +234,8 @@ pub fn train_rank(
     ranks: &Ranks,
 ) -> Result<TrainSummary> {
     let t = &cfg.train;
-    ranks
-        .topo
-        .validate(cfg.model.num_heads, t.seq_len, t.batch_size)?;
+    validate_layout(cfg, &ranks.topo)?;
+    let ranks = &ranks.clone().with_bucket(t.reduce_bucket_size);
     let ad = Device::flex().autodiff();
     let adamw = AdamWConfig {
         beta1: t.beta1,
@@ -224,21 +246,32 @@ pub fn train_rank(
 
     let (mut model, mut opt, mut state) = if opts.resume {
         let l = load_latest(run, &ad)?;
-        check_resume_compatible(&l.state, cfg)?;
-        if l.model.cfg.hidden_size != cfg.model.hidden_size
-            || l.model.cfg.num_layers != cfg.model.num_layers
-        {
-            return Err(Error::Invalid(format!(
-                "cannot resume: the checkpoint {} has a different model shape than the config",
-                l.dir.display()
-            )));
-        }
-        let mut opt = l.opt;
-        let model = shard_model(l.model, Some((&mut opt.m, &mut opt.v)), ranks)?;
-        let opt = DistOptim::new(opt, &model, ranks, t.zero == 1);
-        (model, opt, l.state)
+        // Refused changes stop here too (prepare_run printed the notes of applied ones).
+        check_resume(&l.saved, cfg)?;
+        let mut moments = l.opt;
+        // Applied changes take effect: the optimizer's weight decay, the attention kernel.
+        moments.cfg = adamw;
+        let mut model = l.model;
+        model.cfg.attention = cfg.model.attention;
+        let model = shard_model(
+            model,
+            Some((&mut moments.m, &mut moments.v)),
+            ranks,
+            t.seq_len,
+        )?;
+        let opt = DistOptim::new(moments, &model, ranks, t.zero == 1);
+        let mut state = l.saved.state;
+        state.train = t.clone();
+        state.adamw = adamw;
+        state.data_fingerprint = Some(corpus.fingerprint.clone());
+        (model, opt, state)
     } else {
-        let model = shard_model(GenSlm::init(cfg.model.clone(), t.seed, &ad)?, None, ranks)?;
+        let model = shard_model(
+            GenSlm::init(cfg.model.clone(), t.seed, &ad)?,
+            None,
+            ranks,
+            t.seq_len,
+        )?;
         let opt = DistOptim::fresh(adamw, &model, ranks, t.zero == 1);
         let state = TrainerState {
             step: 0,
@@ -246,6 +279,7 @@ pub fn train_rank(
             loader_cursor: 0,
             train: t.clone(),
             adamw,
+            data_fingerprint: Some(corpus.fingerprint.clone()),
         };
         (model, opt, state)
     };
@@ -380,7 +414,8 @@ pub fn train_rank(
 }
 
 /// Writes a checkpoint from rank 0 after gathering the learned-position shards and (ZeRO)
-/// the optimizer moments (every rank takes part); returns its directory on rank 0.
+/// the optimizer moments to it (the ranks that hold pieces take part); returns its directory
+/// on rank 0. The others wait for the write without a deadline: it can take minutes.
 fn checkpoint(
     run: &Path,
     cfg: &Config,
@@ -390,18 +425,23 @@ fn checkpoint(
     ranks: &Ranks,
 ) -> Result<Option<PathBuf>> {
     let full_opt = opt.full_state(model, ranks)?;
-    let mut full = model.clone();
-    if let (Some(pos), Some(_)) = (model.layout.embed_pos, &model.sp) {
-        full.params[pos] = gather_shard(&model.params[pos], ranks)?;
-        full.layout.specs[pos].shape[0] *= ranks.topo.sp;
-        full.sp = None;
+    let mut table = None;
+    if let (Some(pos), Some(_), 0) = (model.layout.embed_pos, &model.sp, ranks.topo.dp_rank()) {
+        table = gather_shard_to_root(&model.params[pos], ranks)?;
     }
-    let dir = if ranks.is_root() {
-        Some(save_checkpoint(run, cfg, &full, &full_opt, state)?)
-    } else {
-        None
+    let dir = match full_opt {
+        Some(full_opt) => {
+            let mut full = model.clone();
+            if let (Some(pos), Some(t)) = (model.layout.embed_pos, table) {
+                full.params[pos] = t;
+                full.layout.specs[pos].shape[0] = cfg.model.max_position_embeddings;
+                full.sp = None;
+            }
+            Some(save_checkpoint(run, cfg, &full, &full_opt, state)?)
+        }
+        None => None,
     };
-    ranks.world.barrier()?;
+    ranks.world.barrier_unbounded()?;
     Ok(dir)
 }
 
@@ -438,25 +478,41 @@ fn validation_loss(
         )?;
         sum += tensor_to_vec(&local_nll(logits, &lb))[0] as f64;
     }
-    let mut buf = [sum as f32];
+    let mut buf = [sum];
     if ranks.topo.sp > 1 {
-        ranks.sp.all_reduce_sum(&mut buf)?;
-        sum = buf[0] as f64;
+        ranks.sp.all_reduce_sum_f64(&mut buf)?;
+        sum = buf[0];
     }
     Ok(Some(sum / n.max(1) as f64))
 }
 
-fn load_corpus(cfg: &Config, data: &DataSource, run: &Path) -> Result<Corpus> {
-    let path = match data {
-        DataSource::Parquet(p) => p.clone(),
+/// The training corpus. From FASTA, tokenized into `RUN/data.parquet`, which a resume reuses
+/// when the inputs are unchanged (`RUN/data.sources.json`); otherwise tokenized afresh into a
+/// temporary file that replaces it only when `saved` (resuming) accepts the data.
+fn load_corpus(
+    cfg: &Config,
+    data: &DataSource,
+    run: &Path,
+    saved: Option<&Saved>,
+) -> Result<Corpus> {
+    let (path, fresh) = match data {
+        DataSource::Parquet(p) => (p.clone(), None),
         DataSource::Fasta(paths) => {
             let out = run.join("data.parquet");
-            let opts = IngestOptions {
-                vocab: cfg.model.vocab,
-                ..Default::default()
-            };
-            tokenize_to_parquet(paths, &out, &opts)?;
-            out
+            let stamp_path = run.join(SOURCES_FILE);
+            let stamp = fasta_stamp(&discover(paths)?, cfg.model.vocab.name())?;
+            let unchanged = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
+            if saved.is_some() && unchanged && out.exists() {
+                (out, None)
+            } else {
+                let tmp = run.join(".data.parquet.new");
+                let opts = IngestOptions {
+                    vocab: cfg.model.vocab,
+                    ..Default::default()
+                };
+                tokenize_to_parquet(paths, &tmp, &opts)?;
+                (tmp, Some((out, stamp_path, stamp)))
+            }
         }
     };
     let (vocab, records) = read_dataset(&path)?;
@@ -482,47 +538,23 @@ fn load_corpus(cfg: &Config, data: &DataSource, run: &Path) -> Result<Corpus> {
             cfg.model.vocab_size
         )));
     }
+    let tokens: Vec<Vec<u32>> = records.into_iter().map(|r| r.tokens).collect();
+    let fp = fingerprint(&tokens);
+    let checked = saved.map_or(Ok(()), |s| check_data(s, &fp, &path));
+    if let Some((out, stamp_path, stamp)) = fresh {
+        if checked.is_err() {
+            let _ = std::fs::remove_file(&path);
+        } else {
+            std::fs::rename(&path, &out).map_err(|e| Error::io(&out, e))?;
+            crate::atomic::write_bytes(&stamp_path, stamp.as_bytes())?;
+        }
+    }
+    checked?;
     let t = &cfg.train;
-    Corpus::new(
-        records.into_iter().map(|r| r.tokens).collect(),
-        t.seq_len,
-        tok.pad_id(),
-        t.val_fraction,
-        t.seed,
-    )
-    .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))
-}
-
-/// Settings that must not change across a resume, or the loss curve would not continue.
-fn check_resume_compatible(saved: &TrainerState, cfg: &Config) -> Result<()> {
-    let (a, b) = (&saved.train, &cfg.train);
-    let mut diffs = Vec::new();
-    macro_rules! same {
-        ($($f:ident),*) => {$(
-            if a.$f != b.$f {
-                diffs.push(format!("{} (checkpoint {:?}, now {:?})", stringify!($f), a.$f, b.$f));
-            }
-        )*};
-    }
-    same!(
-        seq_len,
-        batch_size,
-        grad_accum,
-        seed,
-        steps,
-        lr,
-        warmup,
-        min_lr_ratio,
-        val_fraction
-    );
-    if diffs.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "cannot resume: settings differ from the checkpoint: {}",
-            diffs.join(", ")
-        )))
-    }
+    let mut corpus = Corpus::new(tokens, t.seq_len, tok.pad_id(), t.val_fraction, t.seed)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+    corpus.fingerprint = fp;
+    Ok(corpus)
 }
 
 fn progress_bar(enabled: bool, total: u64, done: u64) -> indicatif::ProgressBar {

@@ -1,0 +1,202 @@
+//! What `--resume` may change, and how it knows the data is the same.
+//!
+//! A resumed run continues the checkpoint's loss curve only if the model, the data and the
+//! settings that shape the curve are the same. Each setting is one of three kinds:
+//! - **refused** when changed (the run stops before writing anything, listing every change):
+//!   the whole model shape (every `[model]` field but `attention`), `seq_len`, `batch_size`,
+//!   `grad_accum`, `seed`, `steps`, `lr`, `warmup`, `min_lr_ratio`, `val_fraction`, and
+//!   AdamW's `beta1`, `beta2`, `eps` (the saved moments are averages under those);
+//! - **applied, with a note** on stderr, from the first resumed step on: `weight_decay`,
+//!   `max_grad_norm`, `attention` (flash and naive compute the same function), `zero`,
+//!   `checkpoint_activations`, `skip_nonfinite`, `val_every`, `checkpoint_every`,
+//!   `reduce_bucket_size`, `rank_timeout_s`;
+//! - the **data**: the checkpoint stores a fingerprint of the tokenized training records; a
+//!   resume whose data differs is refused. `RUN/data.parquet` is reused when the FASTA inputs
+//!   are unchanged (same files, sizes and modification times, recorded in
+//!   `RUN/data.sources.json`).
+
+use std::path::{Path, PathBuf};
+
+use md5::{Digest, Md5};
+
+use crate::config::{Config, ModelConfig};
+use crate::error::{Error, Result};
+use crate::train::checkpoint::{checkpoints_dir, TrainerState, GENSLM_CONFIG_FILE, STATE_FILE};
+
+/// The checkpoint a resume starts from: its trainer state and the config it ran with.
+pub struct Saved {
+    pub dir: PathBuf,
+    pub state: TrainerState,
+    /// `genslm.toml` beside the weights (absent only in foreign or hand-made checkpoints).
+    pub config: Option<Config>,
+}
+
+/// Reads `RUN/checkpoints/latest`'s trainer state and config, without the weights.
+pub fn read_saved(run: &Path) -> Result<Saved> {
+    let root = checkpoints_dir(run);
+    let latest = root.join("latest");
+    let name = std::fs::read_to_string(&latest).map_err(|e| {
+        Error::Invalid(format!(
+            "cannot resume: {} ({e}); no completed checkpoint in {}",
+            latest.display(),
+            run.display()
+        ))
+    })?;
+    let dir = root.join(name.trim());
+    let state_path = dir.join(STATE_FILE);
+    let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
+    let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
+        Error::Invalid(format!(
+            "{}: corrupt trainer state: {e}",
+            state_path.display()
+        ))
+    })?;
+    let cfg_path = dir.join(GENSLM_CONFIG_FILE);
+    let config = if cfg_path.exists() {
+        Some(Config::load(&cfg_path)?)
+    } else {
+        None
+    };
+    Ok(Saved { dir, state, config })
+}
+
+/// Compares the settings of a resume with the checkpoint's. Returns the notes for the changes
+/// that are applied; refuses (naming every refused setting) otherwise.
+pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
+    let (mut refused, mut applied) = (Vec::new(), Vec::new());
+    let old = &saved.state.train;
+    let new = &cfg.train;
+    macro_rules! cmp {
+        ($list:ident, $a:expr, $b:expr, $($f:ident),*) => {$(
+            if $a.$f != $b.$f {
+                $list.push(format!("{} (checkpoint {:?}, now {:?})", stringify!($f), $a.$f, $b.$f));
+            }
+        )*};
+    }
+    cmp!(
+        refused,
+        old,
+        new,
+        seq_len,
+        batch_size,
+        grad_accum,
+        seed,
+        steps,
+        lr,
+        warmup,
+        min_lr_ratio,
+        val_fraction,
+        beta1,
+        beta2,
+        eps
+    );
+    cmp!(
+        applied,
+        old,
+        new,
+        weight_decay,
+        max_grad_norm,
+        zero,
+        checkpoint_activations,
+        skip_nonfinite,
+        val_every,
+        checkpoint_every,
+        reduce_bucket_size,
+        rank_timeout_s
+    );
+    match &saved.config {
+        Some(c) => {
+            let (a, b): (&ModelConfig, &ModelConfig) = (&c.model, &cfg.model);
+            cmp!(
+                refused,
+                a,
+                b,
+                name,
+                num_layers,
+                hidden_size,
+                num_heads,
+                intermediate_size,
+                vocab,
+                vocab_size,
+                max_position_embeddings,
+                position,
+                rotary_pct,
+                rotary_base,
+                layer_norm_eps
+            );
+            cmp!(applied, a, b, attention);
+        }
+        None => refused.push(format!(
+            "the model (no {GENSLM_CONFIG_FILE} in {} to compare with)",
+            saved.dir.display()
+        )),
+    }
+    if !refused.is_empty() {
+        return Err(Error::Invalid(format!(
+            "cannot resume from {}: settings differ from the checkpoint: {}. Use the \
+             checkpoint's settings, or start a new run directory",
+            saved.dir.display(),
+            refused.join(", ")
+        )));
+    }
+    Ok(applied
+        .into_iter()
+        .map(|a| format!("resume: {a}: the new value applies from the next step"))
+        .collect())
+}
+
+/// Refuses a resume whose training data is not the checkpoint's.
+pub fn check_data(saved: &Saved, fingerprint: &str, data: &Path) -> Result<()> {
+    match &saved.state.data_fingerprint {
+        Some(f) if f != fingerprint => Err(Error::Invalid(format!(
+            "cannot resume from {}: the training data differs from the checkpoint's ({} gives \
+             fingerprint {fingerprint}, the checkpoint was trained on {f}); resume with the \
+             same FASTA/parquet input, or start a new run directory",
+            saved.dir.display(),
+            data.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A fingerprint of tokenized records: MD5 over each record's length and token ids, in order.
+pub fn fingerprint(records: &[Vec<u32>]) -> String {
+    let mut h = Md5::new();
+    for r in records {
+        h.update((r.len() as u64).to_le_bytes());
+        for t in r {
+            h.update(t.to_le_bytes());
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What identifies a set of FASTA inputs without reading them: each discovered file's path,
+/// size and modification time, and the vocabulary they were tokenized with.
+pub fn fasta_stamp(files: &[PathBuf], vocab: &str) -> Result<String> {
+    let mut out = format!("vocab {vocab}\n");
+    for f in files {
+        let m = std::fs::metadata(f).map_err(|e| Error::io(f, e))?;
+        let mtime = m
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        let path = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+        out.push_str(&format!("{}\t{}\t{mtime}\n", path.display(), m.len()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprint_sees_order_and_boundaries() {
+        let a = fingerprint(&[vec![5, 6], vec![7]]);
+        assert_eq!(a, fingerprint(&[vec![5, 6], vec![7]]));
+        assert_ne!(a, fingerprint(&[vec![5], vec![6, 7]]));
+        assert_ne!(a, fingerprint(&[vec![7], vec![5, 6]]));
+    }
+}
