@@ -106,6 +106,8 @@ pub struct TrainConfig {
     pub val_every: u64,
     /// Checkpoint every N steps (and at the end); 0 = only at the end.
     pub checkpoint_every: u64,
+    /// Keep the newest K checkpoint directories (older ones are removed); 0 keeps all.
+    pub keep_checkpoints: usize,
     /// Global gradient-norm clip; 0 disables clipping.
     pub max_grad_norm: f64,
     pub weight_decay: f64,
@@ -114,6 +116,8 @@ pub struct TrainConfig {
     pub eps: f64,
     /// Skip a step whose loss or gradient is NaN/Inf instead of stopping.
     pub skip_nonfinite: bool,
+    /// With `skip_nonfinite`: stop (exit ≠ 0) after more than this many skipped steps in a row.
+    pub max_consecutive_skips: u64,
     /// ZeRO stage with data parallelism: 1 shards the Adam moments over the DP group, 0 keeps
     /// them replicated.
     pub zero: u8,
@@ -143,12 +147,14 @@ impl Default for TrainConfig {
             val_fraction: 0.1,
             val_every: 50,
             checkpoint_every: 0,
+            keep_checkpoints: 5,
             max_grad_norm: 1.0,
             weight_decay: 0.01,
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,
             skip_nonfinite: false,
+            max_consecutive_skips: 10,
             zero: 1,
             checkpoint_activations: false,
             reduce_bucket_size: crate::parallel::bucket::DEFAULT_BUCKET,

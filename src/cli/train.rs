@@ -77,6 +77,15 @@ pub struct TrainArgs {
     /// the backward (same gradients, far less memory at long sequences, ~1/3 more compute).
     #[arg(long)]
     checkpoint_activations: bool,
+    /// Keep the newest K checkpoint directories (older ones are removed); 0 keeps all.
+    #[arg(long)]
+    keep_checkpoints: Option<usize>,
+    /// Replace a run already in --out (a fresh run into it is refused otherwise).
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
+    /// With --skip-nonfinite: stop after more than this many skipped steps in a row.
+    #[arg(long)]
+    max_consecutive_skips: Option<u64>,
     /// Elements per call when gradients and ZeRO shards travel between ranks.
     #[arg(long)]
     reduce_bucket_size: Option<usize>,
@@ -155,7 +164,9 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         max_grad_norm,
         weight_decay,
         reduce_bucket_size,
-        rank_timeout_s
+        rank_timeout_s,
+        max_consecutive_skips,
+        keep_checkpoints
     );
     t.skip_nonfinite |= a.skip_nonfinite;
     t.checkpoint_activations |= a.checkpoint_activations;
@@ -169,6 +180,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     let opts = RunOptions {
         resume: a.resume,
         stop_after: a.stop_after,
+        overwrite: a.overwrite,
         progress: !quiet,
     };
     let s = match genslm::parallel::launch::launched_world_size() {

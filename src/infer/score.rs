@@ -36,6 +36,9 @@ pub fn score_tokens(
     batch: usize,
 ) -> Result<(f64, usize)> {
     let pad = CodonTokenizer::new(model.cfg.vocab)?.pad_id();
+    // A record shorter than the window is one window of its own length: padding it to
+    // `seq_len` would only cost memory (a huge --seq-len must not allocate for nothing).
+    let seq_len = seq_len.min(tokens.len().max(2));
     let corpus = Corpus {
         records: vec![tokens.to_vec()],
         seq_len,

@@ -4,6 +4,7 @@
 use burn::tensor::Tensor;
 
 use crate::error::Result;
+use crate::model::neox::tensor_to_vec;
 use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::zero::ZeroShard;
@@ -30,6 +31,9 @@ pub enum DistOptim {
 pub struct StepOutcome {
     pub grad_norm: f64,
     pub applied: bool,
+    /// Whether every parameter is finite after the step (an update can overflow although the
+    /// loss and the gradient were finite, e.g. with an absurd learning rate).
+    pub params_finite: bool,
 }
 
 impl DistOptim {
@@ -92,6 +96,7 @@ impl DistOptim {
                 StepOutcome {
                     grad_norm: norm,
                     applied,
+                    params_finite: true,
                 }
             }
             DistOptim::Zero { shard, pos } => {
@@ -130,9 +135,18 @@ impl DistOptim {
                 StepOutcome {
                     grad_norm: norm,
                     applied,
+                    params_finite: true,
                 }
             }
         };
+        let mut outcome = outcome;
+        // 0·x is 0 for every finite x and NaN for ±Inf and NaN: one exact reduction per
+        // parameter (x² could overflow for large finite weights). Every rank holds the same
+        // full parameters, so all agree.
+        outcome.params_finite = !outcome.applied
+            || params
+                .iter()
+                .all(|p| tensor_to_vec(&(p.clone() * 0.0).sum())[0].is_finite());
         model.params = params
             .into_iter()
             .map(|p| p.autodiff().require_grad())

@@ -6,6 +6,7 @@ pub mod metrics;
 pub mod optim;
 pub mod recompute;
 pub mod resume;
+pub mod run_dir;
 pub mod schedule;
 pub mod shard;
 pub mod step;

@@ -8,7 +8,7 @@
 //!   AdamW's `beta1`, `beta2`, `eps` (the saved moments are averages under those);
 //! - **applied, with a note** on stderr, from the first resumed step on: `weight_decay`,
 //!   `max_grad_norm`, `attention` (flash and naive compute the same function), `zero`,
-//!   `checkpoint_activations`, `skip_nonfinite`, `val_every`, `checkpoint_every`,
+//!   `checkpoint_activations`, `skip_nonfinite`, `max_consecutive_skips`, `val_every`, `checkpoint_every`, `keep_checkpoints`,
 //!   `reduce_bucket_size`, `rank_timeout_s`;
 //! - the **data**: the checkpoint stores a fingerprint of the tokenized training records; a
 //!   resume whose data differs is refused. `RUN/data.parquet` is reused when the FASTA inputs
@@ -99,8 +99,10 @@ pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
         zero,
         checkpoint_activations,
         skip_nonfinite,
+        max_consecutive_skips,
         val_every,
         checkpoint_every,
+        keep_checkpoints,
         reduce_bucket_size,
         rank_timeout_s
     );

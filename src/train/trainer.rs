@@ -28,6 +28,7 @@ use crate::train::dist_optim::DistOptim;
 use crate::train::metrics::{peak_rss_mib, train_flops_per_sequence, MetricsLog, StepMetrics};
 use crate::train::optim::AdamWConfig;
 use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint, read_saved, Saved};
+use crate::train::run_dir::{claim, prune_checkpoints};
 use crate::train::schedule::lr_at;
 use crate::train::shard::{
     check_positions, gather_shard_to_root, local_batch, local_nll, shard_model,
@@ -52,6 +53,8 @@ pub struct RunOptions {
     pub stop_after: Option<u64>,
     /// Show a progress bar.
     pub progress: bool,
+    /// Replace the run already in the directory (a fresh run there is refused otherwise).
+    pub overwrite: bool,
 }
 
 /// What a run did.
@@ -71,7 +74,7 @@ pub fn train(
     run: &Path,
     opts: &RunOptions,
 ) -> Result<TrainSummary> {
-    let corpus = prepare_run(cfg, data, run, opts.resume)?;
+    let corpus = prepare_run(cfg, data, run, opts)?;
     train_rank(cfg, &corpus, run, opts, &Ranks::single())
 }
 
@@ -90,7 +93,7 @@ pub fn train_threads(
     if dp * sp == 1 {
         return train(cfg, data, run, opts);
     }
-    let corpus = Arc::new(prepare_run(cfg, data, run, opts.resume)?);
+    let corpus = Arc::new(prepare_run(cfg, data, run, opts)?);
     let timeout = Duration::from_secs(cfg.train.rank_timeout_s);
     let handles: Vec<_> = thread_ranks(dp, sp, timeout)
         .into_iter()
@@ -128,7 +131,7 @@ pub fn train_with_ranks(
         validate_layout(cfg, &ranks.topo)?;
         // Rank 0 may tokenize for a long time: the others wait without a deadline.
         let corpus = if ranks.is_root() {
-            let c = prepare_run(cfg, data, run, opts.resume);
+            let c = prepare_run(cfg, data, run, opts);
             ranks.world.barrier_unbounded()?;
             c?
         } else {
@@ -206,10 +209,10 @@ fn first_error_or_root(mut results: Vec<Result<TrainSummary>>) -> Result<TrainSu
 /// Checks the config (and, resuming, that the checkpoint can continue under it), loads the
 /// corpus, and writes the resolved config into the run directory. A refused resume writes
 /// nothing.
-fn prepare_run(cfg: &Config, data: &DataSource, run: &Path, resume: bool) -> Result<Corpus> {
+fn prepare_run(cfg: &Config, data: &DataSource, run: &Path, opts: &RunOptions) -> Result<Corpus> {
     cfg.model.validate().map_err(Error::Invalid)?;
     cfg.train.validate().map_err(Error::Invalid)?;
-    let saved = if resume {
+    let saved = if opts.resume {
         let saved = read_saved(run)?;
         for note in check_resume(&saved, cfg)? {
             eprintln!("note: {note}");
@@ -218,11 +221,17 @@ fn prepare_run(cfg: &Config, data: &DataSource, run: &Path, resume: bool) -> Res
     } else {
         None
     };
-    std::fs::create_dir_all(run).map_err(|e| Error::io(run, e))?;
-    let corpus = load_corpus(cfg, data, run, saved.as_ref())?;
-    let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
-    crate::atomic::write_bytes(&run.join("config.toml"), toml.as_bytes())?;
-    Ok(corpus)
+    let created = claim(run, opts.resume, opts.overwrite)?;
+    let corpus = load_corpus(cfg, data, run, saved.as_ref()).and_then(|c| {
+        let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
+        crate::atomic::write_bytes(&run.join("config.toml"), toml.as_bytes())?;
+        Ok(c)
+    });
+    if corpus.is_err() && created {
+        // Nothing of a run that never started stays behind.
+        let _ = std::fs::remove_dir_all(run);
+    }
+    corpus
 }
 
 /// One rank's training loop (the single-process run is rank 0 of a 1 × 1 layout).
@@ -261,6 +270,7 @@ pub fn train_rank(
         )?;
         let opt = DistOptim::new(moments, &model, ranks, t.zero == 1);
         let mut state = l.saved.state;
+        check_state(&state, t, &l.saved.dir)?;
         state.train = t.clone();
         state.adamw = adamw;
         state.data_fingerprint = Some(corpus.fingerprint.clone());
@@ -305,6 +315,7 @@ pub fn train_rank(
         peak_rss_mib: 0.0,
         last_checkpoint: None,
     };
+    let mut consecutive_skips = 0u64;
     while state.step < t.steps {
         injected_fault(ranks.topo.rank, state.step + 1)?;
         let step_start = Instant::now();
@@ -349,6 +360,25 @@ pub fn train_rank(
         state.step += 1;
         state.loader_cursor = loader.cursor;
         state.optimizer_step = opt.step_count();
+        if !out.params_finite {
+            // Nothing of this step is saved: the last checkpoint (if any) stays `latest`.
+            return Err(Error::Invalid(format!(
+                "step {}: the update made the weights non-finite (NaN/Inf) although loss {loss} \
+                 and gradient norm {norm} were finite: --lr {} is far too high. The run stops \
+                 without saving this step; start again with a lower --lr",
+                state.step, t.lr
+            )));
+        }
+        consecutive_skips = if finite { 0 } else { consecutive_skips + 1 };
+        if !finite && t.skip_nonfinite && consecutive_skips > t.max_consecutive_skips {
+            return Err(Error::Invalid(format!(
+                "step {}: {consecutive_skips} consecutive steps had a non-finite loss or \
+                 gradient (limit `max_consecutive_skips` = {}); the run is diverging or the \
+                 data is broken: lower --lr or check the data (the last checkpoint stays \
+                 resumable)",
+                state.step, t.max_consecutive_skips
+            )));
+        }
         if !finite && !t.skip_nonfinite {
             return Err(Error::Invalid(format!(
                 "step {}: loss {loss} / gradient norm {norm} is not finite; lower --lr, check the \
@@ -413,6 +443,43 @@ pub fn train_rank(
     Ok(summary)
 }
 
+/// Refuses a trainer state that cannot belong to this run (hand-edited or foreign): its step
+/// must lie within the run, and the data position and optimizer count must agree with it.
+fn check_state(s: &TrainerState, t: &crate::config::TrainConfig, dir: &Path) -> Result<()> {
+    let file = dir.join(crate::train::checkpoint::STATE_FILE);
+    let bad = |why: String| Err(Error::Invalid(format!("{}: {why}", file.display())));
+    if s.step == 0 || s.step > t.steps {
+        return bad(format!(
+            "step {} is outside this run of {} steps (1..={})",
+            s.step, t.steps, t.steps
+        ));
+    }
+    if s.step == t.steps {
+        return bad(format!(
+            "the run already finished all {} steps; raise --steps only in a new run directory",
+            t.steps
+        ));
+    }
+    let windows = (t.batch_size as u64)
+        .checked_mul(t.grad_accum as u64)
+        .and_then(|w| w.checked_mul(s.step));
+    if windows != Some(s.loader_cursor) {
+        return bad(format!(
+            "data position {} does not match step {} ({} windows per step)",
+            s.loader_cursor,
+            s.step,
+            t.batch_size * t.grad_accum
+        ));
+    }
+    if s.optimizer_step > s.step {
+        return bad(format!(
+            "optimizer step {} is past the training step {}",
+            s.optimizer_step, s.step
+        ));
+    }
+    Ok(())
+}
+
 /// Writes a checkpoint from rank 0 after gathering the learned-position shards and (ZeRO)
 /// the optimizer moments to it (the ranks that hold pieces take part); returns its directory
 /// on rank 0. The others wait for the write without a deadline: it can take minutes.
@@ -437,7 +504,9 @@ fn checkpoint(
                 full.layout.specs[pos].shape[0] = cfg.model.max_position_embeddings;
                 full.sp = None;
             }
-            Some(save_checkpoint(run, cfg, &full, &full_opt, state)?)
+            let dir = save_checkpoint(run, cfg, &full, &full_opt, state)?;
+            prune_checkpoints(run, cfg.train.keep_checkpoints)?;
+            Some(dir)
         }
         None => None,
     };

@@ -1,0 +1,250 @@
+//! `genslm train` and `score` at the edges: overflowing updates, endless skips, forged trainer
+//! states, run directories that already hold a run, stale temporaries, checkpoint pruning,
+//! absurd windows.
+
+mod common;
+
+use std::path::Path;
+
+use common::{arg, repo, run};
+use genslm::train::metrics::read_metrics;
+
+fn train(out: &Path, extra: &[&str]) -> (bool, String) {
+    let (data, cfg, out) = (
+        arg(&repo().join("data")),
+        arg(&repo().join("configs/tiny.toml")),
+        arg(out),
+    );
+    let mut args = vec!["train", "--fasta", &data, "--config", &cfg, "--out", &out];
+    args.extend(["--quiet", "--seq-len", "64", "--batch-size", "4"]);
+    args.extend(extra);
+    let (ok, _, err) = run(&args);
+    assert!(!err.contains("panicked"), "{err}");
+    (ok, err)
+}
+
+fn step_dirs(out: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(out.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// An update that overflows (finite loss and gradient, absurd lr) stops the run before it is
+/// saved: `latest` still names a checkpoint that loads (dc757c5 saved non-finite weights and
+/// moved `latest` to them, so the run could never resume).
+#[test]
+fn an_overflowing_update_is_never_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("lr");
+    let (ok, err) = train(
+        &out,
+        &[
+            "--steps",
+            "3",
+            "--lr",
+            "1e39",
+            "--warmup",
+            "0",
+            "--checkpoint-every",
+            "1",
+        ],
+    );
+    assert!(
+        !ok && err.contains("non-finite") && err.contains("--lr"),
+        "{err}"
+    );
+    assert!(
+        !out.join("checkpoints/latest").exists(),
+        "nothing finite was ever saved"
+    );
+
+    // After a good step 1, the bad update of step 2 leaves step 1 as `latest`, which loads.
+    let out = dir.path().join("lr2");
+    let (ok, err) = train(
+        &out,
+        &[
+            "--steps",
+            "3",
+            "--warmup",
+            "0",
+            "--checkpoint-every",
+            "1",
+            "--stop-after",
+            "1",
+        ],
+    );
+    assert!(ok, "{err}");
+    let mut cfg = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    cfg = cfg.replace("lr = 0.001", "lr = 1e39");
+    assert!(cfg.contains("lr = 1e39"), "{cfg}");
+    let forged = dir.path().join("forged.toml");
+    std::fs::write(&forged, cfg).unwrap();
+    let (data, f, o) = (arg(&repo().join("data")), arg(&forged), arg(&out));
+    let (ok, _, err) = run(&[
+        "train", "--fasta", &data, "--config", &f, "--out", &o, "--resume", "--quiet",
+    ]);
+    // lr is a refused change on resume: the checkpoint is untouched either way.
+    assert!(!ok, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("checkpoints/latest"))
+            .unwrap()
+            .trim(),
+        "step-1"
+    );
+    let (ok, _, err) = run(&[
+        "score",
+        "--model",
+        &o,
+        "--fasta",
+        &arg(&repo().join("data/dwv.fasta.gz")),
+    ]);
+    assert!(ok, "latest loads: {err}");
+}
+
+/// `--skip-nonfinite` stops, exit ≠ 0, after more than `--max-consecutive-skips` skipped steps
+/// in a row (dc757c5 skipped 37 of 40 and exited 0 with "loss NaN").
+#[test]
+fn endless_skips_stop_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("skip");
+    let (ok, err) = train(
+        &out,
+        &[
+            "--steps",
+            "8",
+            "--lr",
+            "1e30",
+            "--warmup",
+            "0",
+            "--skip-nonfinite",
+            "--max-consecutive-skips",
+            "2",
+        ],
+    );
+    assert!(
+        !ok && err.contains("step 4: 3 consecutive steps") && err.contains("max_consecutive_skips"),
+        "{err}"
+    );
+    // Step 1 applied, steps 2 and 3 skipped and logged; the third skip (step 4) stops the run.
+    let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+    assert_eq!(m.len(), 3);
+    assert!(!m[0].skipped_nonfinite && m[1].skipped_nonfinite && m[2].skipped_nonfinite);
+}
+
+/// A hand-edited trainer state that cannot belong to the run is refused, naming the file.
+#[test]
+fn a_forged_trainer_state_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("forge");
+    let (ok, err) = train(&out, &["--steps", "4", "--stop-after", "1"]);
+    assert!(ok, "{err}");
+    let state = out.join("checkpoints/step-1/trainer_state.json");
+    let text = std::fs::read_to_string(&state).unwrap();
+    for (from, to, want) in [
+        ("\"step\": 1,", "\"step\": 99999,", "outside this run"),
+        (
+            "\"loader_cursor\": 4,",
+            "\"loader_cursor\": 7,",
+            "data position 7",
+        ),
+    ] {
+        assert!(text.contains(from), "{text}");
+        std::fs::write(&state, text.replace(from, to)).unwrap();
+        let (ok, err) = train(&out, &["--steps", "4", "--resume"]);
+        assert!(
+            !ok && err.contains("trainer_state.json") && err.contains(want),
+            "{err}"
+        );
+    }
+}
+
+/// A fresh run into a directory holding a run is refused (dc757c5 mixed both runs'
+/// checkpoints); `--overwrite` replaces it; stale temporaries of killed saves are removed;
+/// `--keep-checkpoints 2` keeps two step directories.
+#[test]
+fn run_directories_are_claimed_cleaned_and_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let (ok, err) = train(
+        &out,
+        &[
+            "--steps",
+            "5",
+            "--checkpoint-every",
+            "1",
+            "--keep-checkpoints",
+            "2",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(step_dirs(&out), vec!["step-4", "step-5"]);
+
+    let (ok, err) = train(&out, &["--steps", "2"]);
+    assert!(
+        !ok && err.contains("already holds a run") && err.contains("--overwrite"),
+        "{err}"
+    );
+    assert_eq!(step_dirs(&out), vec!["step-4", "step-5"]);
+
+    let stale_dir = out.join("checkpoints/.step-9.tmp-12345");
+    std::fs::create_dir_all(&stale_dir).unwrap();
+    std::fs::write(stale_dir.join("model.safetensors"), b"half").unwrap();
+    std::fs::write(out.join("checkpoints/.latest.tmp-12345"), b"step-9").unwrap();
+    let (ok, err) = train(&out, &["--steps", "2", "--overwrite"]);
+    assert!(ok, "{err}");
+    assert_eq!(step_dirs(&out), vec!["step-2"]);
+    assert_eq!(read_metrics(&out.join("metrics.jsonl")).unwrap().len(), 2);
+    let hidden: Vec<_> = std::fs::read_dir(out.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(hidden.is_empty(), "stale temporaries left: {hidden:?}");
+
+    // A run that fails validation leaves no directory behind.
+    let bad = dir.path().join("never");
+    let (ok, err) = train(&bad, &["--steps", "2", "--seq-len", "1"]);
+    assert!(!ok, "{err}");
+    assert!(!bad.exists());
+}
+
+/// A short record scored with an enormous window costs its own length, not the window's
+/// (dc757c5 padded every window to --seq-len: 25.6 GB for 961 codons at 10⁸).
+#[test]
+fn score_does_not_pad_to_an_absurd_window() {
+    let model = common::trained_tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let fa = common::write(
+        dir.path(),
+        "short.fa",
+        b">s\nATGGCTTTACCGTAAATGGCTTTACCGTAA\n",
+    );
+    // tiny is rotary: a window past max_position_embeddings is allowed (the positions
+    // extrapolate), and short records must not allocate it.
+    let (ok, out, err) = run(&[
+        "score",
+        "--model",
+        &arg(model),
+        "--fasta",
+        &arg(&fa),
+        "--seq-len",
+        "100000000",
+    ]);
+    assert!(ok, "{err}");
+    let (ok2, out2, err2) = run(&[
+        "score",
+        "--model",
+        &arg(model),
+        "--fasta",
+        &arg(&fa),
+        "--seq-len",
+        "64",
+    ]);
+    assert!(ok2, "{err2}");
+    assert_eq!(out, out2);
+}
