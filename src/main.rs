@@ -185,7 +185,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Panics are bugs or failed ranks, never a way to report bad input: rank threads' panics are
+/// caught and reported by their guard (this hook stays silent for them); anything else prints
+/// one line, without Rust's "panicked at" text or a backtrace.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        if thread
+            .name()
+            .is_some_and(|n| n.starts_with(genslm::train::trainer::RANK_THREAD_PREFIX))
+        {
+            return;
+        }
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("unknown failure");
+        let at = info
+            .location()
+            .map(|l| format!(" ({}:{})", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("error: internal error: {msg}{at}; please report it");
+    }));
+}
+
 fn main() -> ExitCode {
+    install_panic_hook();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -248,3 +248,106 @@ fn score_does_not_pad_to_an_absurd_window() {
     assert!(ok2, "{err2}");
     assert_eq!(out, out2);
 }
+
+/// A thread rank frozen in a computation (test hook) no longer hangs the process: the others
+/// time out, and the process exits with their message within the timeout plus a grace period
+/// (dc757c5 waited forever to join the frozen thread).
+#[test]
+fn a_frozen_rank_ends_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("frozen");
+    let start = std::time::Instant::now();
+    let o = common::bin()
+        .args([
+            "train",
+            "--fasta",
+            &arg(&repo().join("data")),
+            "--config",
+            &arg(&repo().join("configs/tiny.toml")),
+        ])
+        .args([
+            "--out",
+            &arg(&out),
+            "--quiet",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "4",
+            "--steps",
+            "5",
+        ])
+        .args(["--sp", "2", "--dp", "2", "--rank-timeout-s", "3"])
+        .env("GENSLM_FREEZE_RANK", "2:2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("no answer from the other ranks"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        start.elapsed().as_secs() < 3 + 10,
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+/// A job stopped (SIGSTOP, as Ctrl-Z or a Slurm suspend do) for 90 s, far past the rank
+/// timeout, finishes normally once continued: only running time counts towards the timeout.
+#[test]
+fn a_suspended_run_finishes_after_it_is_continued() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("suspended");
+    let mut child = common::bin()
+        .args([
+            "train",
+            "--fasta",
+            &arg(&repo().join("data")),
+            "--config",
+            &arg(&repo().join("configs/tiny.toml")),
+        ])
+        .args([
+            "--out",
+            &arg(&out),
+            "--quiet",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "4",
+            "--steps",
+            "300",
+        ])
+        .args([
+            "--val-every",
+            "0",
+            "--sp",
+            "2",
+            "--dp",
+            "2",
+            "--rank-timeout-s",
+            "5",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    // Wait until training is under way, then stop the whole process for 90 s.
+    let metrics = out.join("metrics.jsonl");
+    let t0 = std::time::Instant::now();
+    while !metrics.exists() && t0.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP");
+    std::thread::sleep(std::time::Duration::from_secs(90));
+    signal("-CONT");
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(read_metrics(&metrics).unwrap().len(), 300);
+}

@@ -75,6 +75,36 @@ pub fn thread_group(n: usize, timeout: Duration) -> Vec<ThreadComm> {
         .collect()
 }
 
+/// Time spent waiting while the process ran. Waits poll every 50 ms; a gap between two polls
+/// much longer than that means the process was stopped (Ctrl-Z, a Slurm suspend, SIGSTOP), and
+/// such a gap counts as one poll interval only, so a suspended job does not time out on resume.
+struct RunningClock {
+    last: Instant,
+    counted: Duration,
+    limit: Option<Duration>,
+}
+
+/// The longest gap between two polls that counts in full.
+const MAX_COUNTED_GAP: Duration = Duration::from_secs(1);
+
+impl RunningClock {
+    fn new(limit: Option<Duration>) -> Self {
+        Self {
+            last: Instant::now(),
+            counted: Duration::ZERO,
+            limit,
+        }
+    }
+
+    /// The limit, when the running time since the start has passed it.
+    fn expired(&mut self) -> Option<Duration> {
+        let now = Instant::now();
+        self.counted += (now - self.last).min(MAX_COUNTED_GAP);
+        self.last = now;
+        self.limit.filter(|&l| self.counted > l)
+    }
+}
+
 impl ThreadComm {
     fn lock(&self) -> std::sync::MutexGuard<'_, Round> {
         // A rank that panicked while holding the lock poisons it; the state is still usable.
@@ -100,11 +130,11 @@ impl ThreadComm {
         timeout: Option<Duration>,
     ) -> Result<Arc<Vec<Deposit>>> {
         let sh = &self.shared;
-        let start = (Instant::now(), timeout);
+        let mut start = RunningClock::new(timeout);
         let mut st = self.lock();
         // Wait until the previous round has been read by everybody.
         while st.ready.is_some() {
-            st = self.wait(st, start)?;
+            st = self.wait(st, &mut start)?;
         }
         let my_round = st.round;
         st.deposits[self.rank] = Some(Arc::new(data));
@@ -123,7 +153,7 @@ impl ThreadComm {
             sh.cv.notify_all();
         }
         while !(st.ready.is_some() && st.ready_round == my_round) {
-            st = self.wait(st, start)?;
+            st = self.wait(st, &mut start)?;
         }
         let out = st.ready.clone().expect("checked above");
         st.readers_left -= 1;
@@ -137,7 +167,7 @@ impl ThreadComm {
     fn wait<'a>(
         &self,
         st: std::sync::MutexGuard<'a, Round>,
-        (start, timeout): (Instant, Option<Duration>),
+        clock: &mut RunningClock,
     ) -> Result<std::sync::MutexGuard<'a, Round>> {
         if let Some(why) = &st.aborted {
             return Err(Error::Invalid(format!(
@@ -145,7 +175,7 @@ impl ThreadComm {
                 self.rank
             )));
         }
-        if let Some(limit) = timeout.filter(|&t| start.elapsed() > t) {
+        if let Some(limit) = clock.expired() {
             return Err(Error::Invalid(format!(
                 "rank {}: no answer from the other ranks after {limit:?}; one of them is stuck or \
                  dead (raise `rank_timeout_s` if a phase legitimately takes longer)",

@@ -95,26 +95,69 @@ pub fn train_threads(
     }
     let corpus = Arc::new(prepare_run(cfg, data, run, opts)?);
     let timeout = Duration::from_secs(cfg.train.rank_timeout_s);
-    let handles: Vec<_> = thread_ranks(dp, sp, timeout)
-        .into_iter()
-        .map(|ranks| {
-            let (cfg, corpus, run) = (cfg.clone(), corpus.clone(), run.to_path_buf());
-            let opts = RunOptions {
-                progress: opts.progress && ranks.is_root(),
-                ..opts.clone()
-            };
-            std::thread::spawn(move || {
-                run_rank_guarded(&ranks, || train_rank(&cfg, &corpus, &run, &opts, &ranks))
-            })
-        })
-        .collect();
-    let results: Vec<Result<TrainSummary>> = handles
-        .into_iter()
-        .map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(Error::Invalid("a rank thread died".into())))
-        })
-        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut started = 0;
+    for ranks in thread_ranks(dp, sp, timeout) {
+        let (cfg, corpus, run) = (cfg.clone(), corpus.clone(), run.to_path_buf());
+        let opts = RunOptions {
+            progress: opts.progress && ranks.is_root(),
+            ..opts.clone()
+        };
+        let tx = tx.clone();
+        let rank = ranks.topo.rank;
+        let abort_ranks = ranks.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("{RANK_THREAD_PREFIX}{rank}"))
+            .spawn(move || {
+                let r = run_rank_guarded(&ranks, || train_rank(&cfg, &corpus, &run, &opts, &ranks));
+                let _ = tx.send(r);
+            });
+        if let Err(e) = spawned {
+            // The ranks already running stop at their next collective.
+            let why = format!("could not start rank {rank} as a thread: {e}");
+            abort_all(&abort_ranks, &why);
+            return Err(Error::Invalid(format!(
+                "{why} (a process or thread limit? lower --dp/--sp)"
+            )));
+        }
+        started += 1;
+    }
+    drop(tx);
+    collect_rank_results(&rx, started, timeout)
+}
+
+/// How a rank's thread is named (the panic hook recognises them).
+pub const RANK_THREAD_PREFIX: &str = "genslm-rank-";
+
+/// The ranks' results as they finish. Once one has failed, the others get a grace period to
+/// report (they stop at their next collective); a rank that does not, frozen in a computation,
+/// is left behind: the run's error is returned and the process can exit, instead of waiting
+/// forever to join it.
+fn collect_rank_results(
+    rx: &std::sync::mpsc::Receiver<Result<TrainSummary>>,
+    n: usize,
+    timeout: Duration,
+) -> Result<TrainSummary> {
+    const GRACE: Duration = Duration::from_secs(5);
+    let mut results = Vec::with_capacity(n);
+    while results.len() < n {
+        let failed = results.iter().any(|r: &Result<TrainSummary>| r.is_err());
+        let next = if failed {
+            rx.recv_timeout(GRACE).ok()
+        } else {
+            // A healthy run reports when it is done; a frozen rank makes its peers fail
+            // within the rank timeout, which ends this wait through their results.
+            rx.recv_timeout(timeout + GRACE).ok()
+        };
+        match next {
+            Some(r) => results.push(r),
+            None if failed => break,
+            None => continue,
+        }
+    }
+    if results.len() < n && results.iter().all(|r| r.is_ok()) {
+        results.push(Err(Error::Invalid("a rank thread never finished".into())));
+    }
     first_error_or_root(results)
 }
 
@@ -150,18 +193,21 @@ pub fn train_with_ranks(
     })
 }
 
-/// Test hook: `GENSLM_FAULT_RANK=R:S` makes rank R fail when it starts step S (fault tests).
+/// Test hooks: `GENSLM_FAULT_RANK=R:S` makes rank R fail when it starts step S;
+/// `GENSLM_FREEZE_RANK=R:S` makes it hang there forever (a rank stuck in a computation).
 fn injected_fault(rank: usize, step: u64) -> Result<()> {
-    let Ok(spec) = std::env::var("GENSLM_FAULT_RANK") else {
-        return Ok(());
-    };
-    let mut it = spec.split(':').map(|x| x.parse::<u64>().ok());
-    if let (Some(Some(r)), Some(Some(s))) = (it.next(), it.next()) {
-        if r == rank as u64 && s == step {
-            return Err(Error::Invalid(format!(
-                "rank {rank}: injected fault at step {step} (GENSLM_FAULT_RANK)"
-            )));
+    if let Ok(spec) = std::env::var("GENSLM_FREEZE_RANK") {
+        if rank_step(&spec) == Some((rank as u64, step)) {
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
         }
+    }
+    let fault = std::env::var("GENSLM_FAULT_RANK").ok();
+    if fault.and_then(|s| rank_step(&s)) == Some((rank as u64, step)) {
+        return Err(Error::Invalid(format!(
+            "rank {rank}: injected fault at step {step} (GENSLM_FAULT_RANK)"
+        )));
     }
     Ok(())
 }
@@ -195,6 +241,12 @@ pub fn run_rank_guarded<T>(ranks: &Ranks, f: impl FnOnce() -> Result<T>) -> Resu
 
 /// The root cause among the ranks' results: the first error that is not another rank's
 /// "stopping" echo, else rank 0's result.
+/// `R:S` of a test hook.
+fn rank_step(spec: &str) -> Option<(u64, u64)> {
+    let (r, s) = spec.split_once(':')?;
+    Some((r.parse().ok()?, s.parse().ok()?))
+}
+
 fn first_error_or_root(mut results: Vec<Result<TrainSummary>>) -> Result<TrainSummary> {
     let cause = results
         .iter()
