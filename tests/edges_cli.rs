@@ -297,7 +297,7 @@ fn a_frozen_rank_ends_the_process() {
 fn a_suspended_run_finishes_after_it_is_continued() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("suspended");
-    let mut child = common::bin()
+    let child = common::bin()
         .args([
             "train",
             "--fasta",
