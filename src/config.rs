@@ -81,6 +81,17 @@ pub struct ModelConfig {
     pub attention: AttentionKind,
 }
 
+/// Largest model dimension (layers, hidden, heads, intermediate, vocabulary) accepted.
+pub const MAX_DIM: usize = 1 << 24;
+/// Largest token count (sequence length, positions, tokens per step) accepted: 2³¹.
+pub const MAX_TOKENS: usize = 1 << 31;
+/// Largest parameter count accepted (2⁴⁰, 30 times genslm-33b).
+pub const MAX_PARAMS: u64 = 1 << 40;
+/// Largest step count accepted (2⁵³: exact in the f64 schedule).
+pub const MAX_STEPS: u64 = 1 << 53;
+/// Largest rank timeout accepted, in seconds.
+pub const MAX_TIMEOUT_S: u64 = 1_000_000_000;
+
 /// Training settings (`[train]` in a config file; each has a CLI flag of the same name).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -182,6 +193,34 @@ impl TrainConfig {
                 self.seq_len
             ));
         }
+        for (field, v) in [
+            ("seq_len", self.seq_len),
+            ("batch_size", self.batch_size),
+            ("grad_accum", self.grad_accum),
+        ] {
+            if v > MAX_TOKENS {
+                return Err(format!("field `{field}` ({v}) is larger than {MAX_TOKENS}"));
+            }
+        }
+        let tokens = (self.seq_len as u128) * (self.batch_size as u128) * (self.grad_accum as u128);
+        if tokens > MAX_TOKENS as u128 {
+            return Err(format!(
+                "`seq_len` × `batch_size` × `grad_accum` = {tokens} tokens per step, more than \
+                 {MAX_TOKENS}"
+            ));
+        }
+        if self.steps > MAX_STEPS {
+            return Err(format!(
+                "field `steps` ({}) is larger than {MAX_STEPS}",
+                self.steps
+            ));
+        }
+        if self.rank_timeout_s > MAX_TIMEOUT_S {
+            return Err(format!(
+                "field `rank_timeout_s` ({}) is larger than {MAX_TIMEOUT_S} (about 30 years)",
+                self.rank_timeout_s
+            ));
+        }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(format!("field `lr` ({}) must be positive", self.lr));
         }
@@ -268,6 +307,40 @@ impl ModelConfig {
             if v == 0 {
                 return Err(format!("field `{field}` must be positive"));
             }
+        }
+        // Sizes far beyond any model (33B has hidden 6144) are refused before any arithmetic
+        // on them can overflow; the parameter count is checked in 128 bits.
+        let limits = [
+            ("num_layers", self.num_layers, MAX_DIM),
+            ("hidden_size", self.hidden_size, MAX_DIM),
+            ("num_heads", self.num_heads, MAX_DIM),
+            ("intermediate_size", self.intermediate_size, MAX_DIM),
+            ("vocab_size", self.vocab_size, MAX_DIM),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                MAX_TOKENS,
+            ),
+        ];
+        for (field, v, max) in limits {
+            if v > max {
+                return Err(format!("field `{field}` ({v}) is larger than {max}"));
+            }
+        }
+        let (h, i, v, l, p) = (
+            self.hidden_size as u128,
+            self.intermediate_size as u128,
+            self.vocab_size as u128,
+            self.num_layers as u128,
+            self.max_position_embeddings as u128,
+        );
+        let rough = l * (4 * h * h + 2 * h * i + 9 * h + i) + 2 * v * h + p * h + 2 * h;
+        if rough > MAX_PARAMS as u128 {
+            return Err(format!(
+                "the model would have about {rough} parameters (from `num_layers`, \
+                 `hidden_size`, `intermediate_size`, `vocab_size`, `max_position_embeddings`), \
+                 more than the {MAX_PARAMS} genslm supports"
+            ));
         }
         if !self.hidden_size.is_multiple_of(self.num_heads) {
             return Err(format!(

@@ -78,7 +78,37 @@ pub enum BenchCmd {
     },
 }
 
+/// Refuses a count past `max` (checked before any arithmetic on it can overflow).
+fn at_most(flag: &str, v: usize, max: usize) -> anyhow::Result<()> {
+    if v > max {
+        anyhow::bail!("{flag} {v}: must be at most {max}");
+    }
+    Ok(())
+}
+
 pub fn run(which: BenchCmd) -> anyhow::Result<()> {
+    let max = genslm::config::MAX_TOKENS;
+    match &which {
+        BenchCmd::Step { seq_len, .. } => at_most("--seq-len", *seq_len, max)?,
+        BenchCmd::Attention { seq_lens, .. } => {
+            for &s in seq_lens {
+                at_most("--seq-lens", s, max)?;
+            }
+        }
+        BenchCmd::Embed {
+            seq_len, sequences, ..
+        } => {
+            at_most("--seq-len", *seq_len, max)?;
+            at_most("--sequences", *sequences, max)?;
+        }
+        BenchCmd::Generate {
+            codons, samples, ..
+        } => {
+            at_most("--codons", *codons, max)?;
+            at_most("--samples", *samples, max)?;
+        }
+        BenchCmd::Ingest { mb, .. } => at_most("--mb", *mb, 1 << 20)?,
+    }
     match which {
         BenchCmd::Step {
             config,

@@ -80,6 +80,9 @@ pub struct TrainArgs {
     /// Keep the newest K checkpoint directories (older ones are removed); 0 keeps all.
     #[arg(long)]
     keep_checkpoints: Option<usize>,
+    /// Start even when the predicted peak memory exceeds the memory available here.
+    #[arg(long)]
+    skip_memory_check: bool,
     /// Replace a run already in --out (a fresh run into it is refused otherwise).
     #[arg(long, conflicts_with = "resume")]
     overwrite: bool,
@@ -181,6 +184,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         resume: a.resume,
         stop_after: a.stop_after,
         overwrite: a.overwrite,
+        skip_memory_check: a.skip_memory_check,
         progress: !quiet,
     };
     let s = match genslm::parallel::launch::launched_world_size() {

@@ -213,7 +213,7 @@ impl Pipeline<'_> {
         self.pending_windows += p.tokens.len().div_ceil(w);
         self.pending_tokens += p.tokens.len();
         self.pending.push(p);
-        if self.pending_windows >= GROUP_BATCHES * self.opts.batch_size.max(1)
+        if self.pending_windows >= GROUP_BATCHES.saturating_mul(self.opts.batch_size.max(1))
             || self.pending_tokens >= GROUP_TOKENS
         {
             self.flush()?;

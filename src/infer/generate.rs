@@ -177,6 +177,13 @@ pub fn generate(
             "--num and --batch-size must be at least 1".into(),
         ));
     }
+    let max = crate::config::MAX_TOKENS;
+    if opts.num > max || opts.max_codons > max {
+        return Err(Error::Invalid(format!(
+            "--num {} / --max-codons {}: each must be at most {max}",
+            opts.num, opts.max_codons
+        )));
+    }
     let tok = CodonTokenizer::new(model.cfg.vocab)?;
     let prompt = prompt_tokens(&opts.prompt, &tok)?;
     check_length(model, &prompt, &tok, opts.max_codons)?;
@@ -187,7 +194,10 @@ pub fn generate(
         .map(|c| tok.codon_to_id(c))
         .collect();
     let new_per_sample = opts.max_codons - (prompt.len() - bos);
-    let bar = progress_bar(opts.progress, (opts.num * new_per_sample) as u64);
+    let bar = progress_bar(
+        opts.progress,
+        (opts.num as u64).saturating_mul(new_per_sample as u64),
+    );
     let v = model.cfg.vocab_size;
     for first in (0..opts.num).step_by(opts.batch_size) {
         let nb = opts.batch_size.min(opts.num - first);

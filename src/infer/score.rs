@@ -72,6 +72,9 @@ pub fn score_fasta(
     let device = Device::flex();
     let model = load_model_dir(model_dir, &device)?;
     let seq_len = resolve_window(&model, seq_len, model_dir)?;
+    if batch == 0 {
+        return Err(Error::Invalid("--batch-size 0: must be at least 1".into()));
+    }
     let tok = CodonTokenizer::new(model.cfg.vocab)?;
     let files = fasta::discover(inputs)?;
     let werr = |e| Error::Invalid(format!("writing scores: {e}"));

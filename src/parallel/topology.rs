@@ -19,7 +19,9 @@ impl Topology {
                 "--dp {dp} --sp {sp}: degrees must be positive"
             )));
         }
-        let world = dp * sp;
+        let world = dp
+            .checked_mul(sp)
+            .ok_or_else(|| Error::Invalid(format!("--dp {dp} × --sp {sp} ranks overflow")))?;
         if rank >= world {
             return Err(Error::Invalid(format!(
                 "rank {rank} outside a world of {world}"

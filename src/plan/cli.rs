@@ -148,6 +148,15 @@ pub fn run(a: &PlanArgs) -> Result<String> {
     if a.batch_size == 0 {
         return Err(Error::Invalid("--batch-size must be at least 1".into()));
     }
+    let max = crate::config::MAX_TOKENS;
+    for (flag, v) in [
+        ("--batch-size", Some(a.batch_size)),
+        ("--seq-len", a.seq_len),
+    ] {
+        if let Some(v) = v.filter(|&v| v > max) {
+            return Err(Error::Invalid(format!("{flag} {v}: must be at most {max}")));
+        }
+    }
     if a.gpus_per_node == 0 {
         return Err(Error::Invalid("--gpus-per-node must be at least 1".into()));
     }

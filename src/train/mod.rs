@@ -2,6 +2,7 @@
 
 pub mod checkpoint;
 pub mod dist_optim;
+pub mod memory;
 pub mod metrics;
 pub mod optim;
 pub mod recompute;

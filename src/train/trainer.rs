@@ -25,6 +25,7 @@ use crate::parallel::Topology;
 use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
 use crate::train::dist_optim::DistOptim;
+use crate::train::memory::{available_bytes, check_fits};
 use crate::train::metrics::{peak_rss_mib, train_flops_per_sequence, MetricsLog, StepMetrics};
 use crate::train::optim::AdamWConfig;
 use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint, read_saved, Saved};
@@ -55,6 +56,8 @@ pub struct RunOptions {
     pub progress: bool,
     /// Replace the run already in the directory (a fresh run there is refused otherwise).
     pub overwrite: bool,
+    /// Start even when the predicted peak memory exceeds the available memory.
+    pub skip_memory_check: bool,
 }
 
 /// What a run did.
@@ -90,6 +93,7 @@ pub fn train_threads(
 ) -> Result<TrainSummary> {
     let topo = Topology::new(0, dp, sp)?;
     validate_layout(cfg, &topo)?;
+    check_memory(cfg, dp, sp, dp * sp, opts)?;
     if dp * sp == 1 {
         return train(cfg, data, run, opts);
     }
@@ -172,6 +176,7 @@ pub fn train_with_ranks(
 ) -> Result<TrainSummary> {
     run_rank_guarded(ranks, || {
         validate_layout(cfg, &ranks.topo)?;
+        check_memory(cfg, ranks.topo.dp, ranks.topo.sp, 1, opts)?;
         // Rank 0 may tokenize for a long time: the others wait without a deadline.
         let corpus = if ranks.is_root() {
             let c = prepare_run(cfg, data, run, opts);
@@ -210,6 +215,23 @@ fn injected_fault(rank: usize, step: u64) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Refuses, before any work, a run whose predicted peak memory exceeds what this machine has
+/// available (unless `--skip-memory-check`); see [`crate::train::memory`].
+fn check_memory(
+    cfg: &Config,
+    dp: usize,
+    sp: usize,
+    in_process: usize,
+    opts: &RunOptions,
+) -> Result<()> {
+    cfg.model.validate().map_err(Error::Invalid)?;
+    cfg.train.validate().map_err(Error::Invalid)?;
+    match available_bytes() {
+        Some(avail) if !opts.skip_memory_check => check_fits(cfg, dp, sp, in_process, avail),
+        _ => Ok(()),
+    }
 }
 
 /// Inputs of `RUN/data.parquet` (see [`crate::train::resume`]).

@@ -1,0 +1,156 @@
+//! Memory checked before work: the planner's CPU model (within ±15% of genslm's measured
+//! peaks, tests/plan_calibration.rs) predicts a training run's peak, and a run that cannot fit
+//! in the memory this machine has available is refused before ingest or the first step,
+//! instead of aborting with "memory allocation failed" after work has started.
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::plan::cpu::CpuRun;
+use crate::plan::{
+    estimate, Checkpointing, Hardware, Layout, Mask, Precision, Recipe, Strategy, Target, GIB,
+};
+
+/// The strategy genslm trains `cfg` with on CPU under `dp × sp`.
+fn strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
+    let t = &cfg.train;
+    Strategy {
+        layout: Layout {
+            tp: 1,
+            sp,
+            dp,
+            zero: t.zero,
+            megatron_sp: false,
+            zero_over_sp: false,
+        },
+        recipe: Recipe::Genslm,
+        attention: cfg.model.attention,
+        positions: cfg.model.position,
+        shard_positions: true,
+        mask: Mask::None,
+        checkpointing: if t.checkpoint_activations {
+            Checkpointing::Full { partitioned: false }
+        } else {
+            Checkpointing::None
+        },
+        precision: Precision::Fp32,
+        batch_size: (t.batch_size / dp).max(1),
+        tied_embeddings: false,
+        vocab_size: cfg.model.vocab_size,
+    }
+}
+
+/// Predicted peak bytes of a process running `in_process` of the `dp × sp` ranks at `seq_len`.
+pub fn predicted_peak(
+    cfg: &Config,
+    dp: usize,
+    sp: usize,
+    in_process: usize,
+    seq_len: usize,
+) -> f64 {
+    let st = strategy(cfg, dp, sp);
+    let run = if dp * sp == 1 {
+        CpuRun::Train
+    } else {
+        CpuRun::TrainMpi
+    };
+    let hw = Hardware {
+        mem_bytes: f64::INFINITY,
+        target: Target::Cpu { run },
+    };
+    estimate(&cfg.model, &st, &hw, seq_len).total() * in_process as f64
+}
+
+/// Bytes this process can still use: `MemAvailable`, bounded by a cgroup v2 limit when one is
+/// set. `None` where neither can be read (the check is then skipped).
+pub fn available_bytes() -> Option<f64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let avail_kib: f64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let mut avail = avail_kib * 1024.0;
+    let read = |f: &str| -> Option<f64> {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    if let (Some(max), Some(used)) = (read("memory.max"), read("memory.current")) {
+        avail = avail.min((max - used).max(0.0));
+    }
+    Some(avail)
+}
+
+/// Refuses a run whose predicted peak exceeds `available` bytes, naming both and the longest
+/// `--seq-len` that fits.
+pub fn check_fits(
+    cfg: &Config,
+    dp: usize,
+    sp: usize,
+    in_process: usize,
+    available: f64,
+) -> Result<()> {
+    let s = cfg.train.seq_len;
+    let peak = |len: usize| predicted_peak(cfg, dp, sp, in_process, len);
+    let need = peak(s);
+    if need <= available {
+        return Ok(());
+    }
+    // The longest multiple of `sp` that fits, by bisection (the peak grows with the length).
+    let (mut lo, mut hi) = (0usize, s / sp);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if peak(mid * sp) <= available {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let fits = if lo >= 1 && peak(lo * sp) <= available {
+        format!("the longest --seq-len that fits is about {}", lo * sp)
+    } else {
+        "no --seq-len fits with this model and layout".into()
+    };
+    Err(Error::Invalid(format!(
+        "--seq-len {s}: the predicted peak memory is {:.1} GiB, but this machine has {:.1} GiB \
+         available; {fits} (or use more ranks, --checkpoint-activations, or pass \
+         --skip-memory-check if you know better)",
+        need / GIB,
+        available / GIB
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_with_both_figures_and_a_length_that_fits() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/genslm-25m.toml");
+        let mut cfg = Config::load(&path).unwrap();
+        cfg.train.seq_len = 1_000_000;
+        cfg.train.batch_size = 1;
+        let avail = 20.0 * GIB;
+        let e = check_fits(&cfg, 1, 1, 1, avail).unwrap_err().to_string();
+        assert!(
+            e.contains("GiB available") && e.contains("longest --seq-len that fits"),
+            "{e}"
+        );
+        let fit: usize = e
+            .split("fits is about ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(predicted_peak(&cfg, 1, 1, 1, fit) <= avail);
+        assert!(predicted_peak(&cfg, 1, 1, 1, fit + 1) > avail);
+        cfg.train.seq_len = fit;
+        assert!(check_fits(&cfg, 1, 1, 1, avail).is_ok());
+    }
+}

@@ -1,0 +1,287 @@
+//! Every numeric flag of every command, and every numeric config field, at the extremes: no
+//! panic (no "panicked at", no "internal error"), exit 0, 1 or 2, and a message on failure.
+
+mod common;
+
+use common::{arg, repo, run, trained_tiny};
+
+const MAX: &str = "18446744073709551615";
+
+fn check(args: &[&str]) {
+    let o = common::bin().args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let code = o.status.code();
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{args:?}: {err}"
+    );
+    assert!(
+        matches!(code, Some(0..=2)),
+        "{args:?}: exit {code:?}: {err}"
+    );
+    if code != Some(0) {
+        assert!(err.contains("error"), "{args:?}: no message: {err}");
+    }
+}
+
+#[test]
+fn every_numeric_flag_at_u64_max() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, tiny) = (
+        arg(&repo().join("data/dwv.fasta.gz")),
+        arg(&repo().join("configs/tiny.toml")),
+    );
+    let model = arg(trained_tiny());
+    let out = |n: &str| arg(&dir.path().join(n));
+    let train_flags = [
+        "--steps",
+        "--seq-len",
+        "--batch-size",
+        "--grad-accum",
+        "--warmup",
+        "--seed",
+        "--val-every",
+        "--checkpoint-every",
+        "--stop-after",
+        "--sp",
+        "--dp",
+        "--reduce-bucket-size",
+        "--rank-timeout-s",
+        "--max-consecutive-skips",
+        "--keep-checkpoints",
+    ];
+    for (k, f) in train_flags.iter().enumerate() {
+        let o = out(&format!("t{k}"));
+        let mut a = vec![
+            "train", "--fasta", &data, "--config", &tiny, "--out", &o, "--quiet",
+        ];
+        if *f != "--steps" {
+            a.extend(["--steps", "1"]);
+        }
+        if !["--seq-len", "--batch-size"].contains(f) {
+            a.extend(["--seq-len", "32", "--batch-size", "2"]);
+        }
+        a.extend([*f, MAX]);
+        check(&a);
+    }
+    for f in [
+        "--lr",
+        "--val-fraction",
+        "--max-grad-norm",
+        "--weight-decay",
+    ] {
+        for v in ["1e308", "-1", "NaN", "inf"] {
+            let o = out("tf");
+            let _ = std::fs::remove_dir_all(&o);
+            check(&[
+                "train",
+                "--fasta",
+                &data,
+                "--config",
+                &tiny,
+                "--out",
+                &o,
+                "--quiet",
+                "--steps",
+                "1",
+                "--seq-len",
+                "32",
+                f,
+                v,
+            ]);
+        }
+    }
+    for f in ["--seq-len", "--batch-size"] {
+        check(&["score", "--model", &model, "--fasta", &data, f, MAX]);
+        check(&[
+            "embed",
+            "--model",
+            &model,
+            "--fasta",
+            &data,
+            "--out",
+            &out("e.parquet"),
+            "--quiet",
+            f,
+            MAX,
+        ]);
+    }
+    check(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &data,
+        "--out",
+        &out("e.parquet"),
+        "--quiet",
+        "--layer",
+        MAX,
+    ]);
+    let gen_out = out("g.fa");
+    for f in [
+        "--batch-size",
+        "--max-codons",
+        "--num",
+        "--seed",
+        "--top-k",
+        "--top-p",
+        "--temperature",
+    ] {
+        let mut a = vec![
+            "generate",
+            "--model",
+            &model,
+            "--out",
+            &gen_out,
+            "--quiet",
+            f,
+            MAX,
+        ];
+        if !["--max-codons", "--num"].contains(&f) {
+            a.extend(["--num", "1", "--max-codons", "8"]);
+        }
+        check(&a);
+    }
+    let c25 = arg(&repo().join("configs/genslm-25m.toml"));
+    for f in [
+        "--batch-size",
+        "--dp",
+        "--gpus-per-node",
+        "--seq-len",
+        "--sp",
+        "--tp",
+        "--zero",
+    ] {
+        check(&[
+            "plan",
+            "--config",
+            &c25,
+            "--gpus",
+            "8",
+            "--gpu-mem-gib",
+            "80",
+            f,
+            MAX,
+        ]);
+    }
+    check(&[
+        "plan",
+        "--config",
+        &c25,
+        "--gpus",
+        MAX,
+        "--gpu-mem-gib",
+        "80",
+    ]);
+    check(&[
+        "plan",
+        "--config",
+        &c25,
+        "--gpus",
+        "8",
+        "--gpu-mem-gib",
+        "1e308",
+    ]);
+    check(&[
+        "bench",
+        "attention",
+        "--config",
+        &tiny,
+        "--seq-lens",
+        MAX,
+        "--quiet",
+    ]);
+    check(&[
+        "bench",
+        "step",
+        "--config",
+        &tiny,
+        "--attention",
+        "flash",
+        "--seq-len",
+        MAX,
+    ]);
+    for f in ["--seq-len", "--sequences"] {
+        check(&["bench", "embed", "--config", &tiny, f, MAX, "--quiet"]);
+    }
+    for f in ["--codons", "--samples"] {
+        check(&["bench", "generate", "--config", &tiny, f, MAX, "--quiet"]);
+    }
+    check(&[
+        "bench",
+        "ingest",
+        "--dir",
+        &out("bi"),
+        "--mb",
+        MAX,
+        "--quiet",
+    ]);
+}
+
+/// Config fields far past any model: refused by `info` and `train`, naming the field (dc757c5
+/// panicked with "capacity overflow" and `info` printed a wrapped parameter count).
+#[test]
+fn numeric_config_fields_at_the_extremes() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("configs/tiny.toml")).unwrap();
+    let data = arg(&repo().join("data/dwv.fasta.gz"));
+    for (field, old) in [
+        ("hidden_size", "hidden_size = 64"),
+        ("num_layers", "num_layers = 2"),
+        ("num_heads", "num_heads = 4"),
+        ("intermediate_size", "intermediate_size = 256"),
+        ("vocab_size", "vocab_size = 69"),
+        ("max_position_embeddings", "max_position_embeddings = 2048"),
+    ] {
+        for v in ["4611686018427387904", "9223372036854775807"] {
+            assert!(text.contains(old), "{old}");
+            let cfg = dir.path().join(format!("{field}.toml"));
+            std::fs::write(&cfg, text.replace(old, &format!("{field} = {v}"))).unwrap();
+            for args in [
+                vec!["info", "--config", &arg(&cfg)],
+                vec![
+                    "train",
+                    "--fasta",
+                    &data,
+                    "--config",
+                    &arg(&cfg),
+                    "--out",
+                    &arg(&dir.path().join("r")),
+                    "--quiet",
+                ],
+            ] {
+                let (ok, _, err) = run(&args);
+                assert!(
+                    !ok && err.contains(field) && !err.contains("panicked"),
+                    "{field}={v}: {err}"
+                );
+            }
+        }
+    }
+}
+
+/// A sequence far past the memory of this machine is refused before any work, naming the
+/// predicted and the available memory.
+#[test]
+fn a_run_that_cannot_fit_is_refused_before_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = arg(&dir.path().join("big"));
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &arg(&repo().join("data")),
+        "--config",
+        &arg(&repo().join("configs/genslm-25m.toml")),
+        "--out",
+        &o,
+        "--seq-len",
+        "1000000",
+        "--quiet",
+    ]);
+    assert!(
+        !ok && err.contains("predicted peak memory") && err.contains("GiB available"),
+        "{err}"
+    );
+    assert!(!dir.path().join("big").exists(), "refused before any work");
+}
