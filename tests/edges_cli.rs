@@ -351,3 +351,29 @@ fn a_suspended_run_finishes_after_it_is_continued() {
     assert!(o.status.success(), "{err}");
     assert_eq!(read_metrics(&metrics).unwrap().len(), 300);
 }
+
+/// A garbage genslm.toml beside a checkpoint is an error naming it, not a silent fallback to
+/// max_position_embeddings (dc757c5 embedded with the 2048 window instead of the trained one).
+#[test]
+fn a_garbage_genslm_toml_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("g");
+    let (ok, err) = train(&out, &["--steps", "1"]);
+    assert!(ok, "{err}");
+    let toml = out.join("checkpoints/step-1/genslm.toml");
+    std::fs::write(&toml, "this is not toml [").unwrap();
+    let fa = arg(&repo().join("data/dwv.fasta.gz"));
+    let (ok, _, err) = run(&["score", "--model", &arg(&out), "--fasta", &fa]);
+    assert!(!ok && err.contains("genslm.toml"), "{err}");
+    // An explicit window needs no training settings.
+    let (ok, _, err) = run(&[
+        "score",
+        "--model",
+        &arg(&out),
+        "--fasta",
+        &fa,
+        "--seq-len",
+        "64",
+    ]);
+    assert!(ok, "{err}");
+}

@@ -129,14 +129,7 @@ fn every_numeric_flag_at_u64_max() {
         "--temperature",
     ] {
         let mut a = vec![
-            "generate",
-            "--model",
-            &model,
-            "--out",
-            &gen_out,
-            "--quiet",
-            f,
-            MAX,
+            "generate", "--model", &model, "--out", &gen_out, "--quiet", f, MAX,
         ];
         if !["--max-codons", "--num"].contains(&f) {
             a.extend(["--num", "1", "--max-codons", "8"]);

@@ -26,7 +26,9 @@ pub fn resolve_window(model: &GenSlm, seq_len: Option<usize>, model_dir: &Path) 
         }
         Some(s) => Ok(s),
         None => {
-            let w = trained_window(model_dir).filter(|&t| t >= 2).unwrap_or(max);
+            let w = trained_window(model_dir)?
+                .filter(|&t| t >= 2)
+                .unwrap_or(max);
             Ok(if model.cfg.position == Position::Alibi {
                 w
             } else {
@@ -36,11 +38,22 @@ pub fn resolve_window(model: &GenSlm, seq_len: Option<usize>, model_dir: &Path) 
     }
 }
 
-/// The training window recorded beside a genslm checkpoint (`genslm.toml`), if any.
-pub fn trained_window(model_dir: &Path) -> Option<usize> {
-    let dir = crate::model::io::resolve_model_dir(model_dir).ok()?;
+/// The training window recorded beside a genslm checkpoint (`genslm.toml`), if there is one.
+/// A `genslm.toml` that exists but does not parse is an error, not a silent fallback to
+/// another window.
+pub fn trained_window(model_dir: &Path) -> Result<Option<usize>> {
+    let Ok(dir) = crate::model::io::resolve_model_dir(model_dir) else {
+        return Ok(None);
+    };
     let file = dir.join(crate::train::checkpoint::GENSLM_CONFIG_FILE);
-    crate::config::Config::load(&file)
-        .ok()
-        .map(|c| c.train.seq_len)
+    if !file.exists() {
+        return Ok(None);
+    }
+    let cfg = crate::config::Config::load(&file).map_err(|e| {
+        Error::Invalid(format!(
+            "{e} (the training settings beside the model, which give the default window; \
+             fix or remove the file, or pass --seq-len)"
+        ))
+    })?;
+    Ok(Some(cfg.train.seq_len))
 }
