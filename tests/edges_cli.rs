@@ -249,6 +249,24 @@ fn score_does_not_pad_to_an_absurd_window() {
     assert_eq!(out, out2);
 }
 
+/// `train` of tiny into `out` for `steps` steps, as a command to extend.
+fn tiny_ranks(out: &Path, steps: &str) -> std::process::Command {
+    let mut c = common::bin();
+    c.args(["train", "--fasta", &arg(&repo().join("data"))])
+        .args(["--config", &arg(&repo().join("configs/tiny.toml"))])
+        .args([
+            "--out",
+            &arg(out),
+            "--quiet",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "4",
+        ])
+        .args(["--steps", steps]);
+    c
+}
+
 /// A thread rank frozen in a computation (test hook) no longer hangs the process: the others
 /// time out, and the process exits with their message within the timeout plus a grace period
 /// (dc757c5 waited forever to join the frozen thread).
@@ -257,25 +275,7 @@ fn a_frozen_rank_ends_the_process() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("frozen");
     let start = std::time::Instant::now();
-    let o = common::bin()
-        .args([
-            "train",
-            "--fasta",
-            &arg(&repo().join("data")),
-            "--config",
-            &arg(&repo().join("configs/tiny.toml")),
-        ])
-        .args([
-            "--out",
-            &arg(&out),
-            "--quiet",
-            "--seq-len",
-            "64",
-            "--batch-size",
-            "4",
-            "--steps",
-            "5",
-        ])
+    let o = tiny_ranks(&out, "5")
         .args(["--sp", "2", "--dp", "2", "--rank-timeout-s", "3"])
         .env("GENSLM_FREEZE_RANK", "2:2")
         .output()
@@ -297,25 +297,7 @@ fn a_frozen_rank_ends_the_process() {
 fn a_suspended_run_finishes_after_it_is_continued() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("suspended");
-    let child = common::bin()
-        .args([
-            "train",
-            "--fasta",
-            &arg(&repo().join("data")),
-            "--config",
-            &arg(&repo().join("configs/tiny.toml")),
-        ])
-        .args([
-            "--out",
-            &arg(&out),
-            "--quiet",
-            "--seq-len",
-            "64",
-            "--batch-size",
-            "4",
-            "--steps",
-            "300",
-        ])
+    let child = tiny_ranks(&out, "300")
         .args([
             "--val-every",
             "0",

@@ -84,6 +84,44 @@ impl NcclComm {
     fn lock(&self) -> std::sync::MutexGuard<'_, Comm> {
         self.comm.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// A host buffer summed in place over the group, through the device.
+    fn all_reduce_host<T: cudarc::nccl::NcclType + cudarc::driver::DeviceRepr + Default + Clone>(
+        &self,
+        buf: &mut [T],
+    ) -> Result<()> {
+        let mut d = self.stream.clone_htod(buf).map_err(|e| nerr("copy", e))?;
+        self.lock()
+            .all_reduce_in_place(&mut d, &ReduceOp::Sum)
+            .map_err(|e| nerr("all_reduce", e))?;
+        let host = self.stream.clone_dtoh(&d).map_err(|e| nerr("copy", e))?;
+        buf.clone_from_slice(&host);
+        Ok(())
+    }
+
+    /// `send` to the device, `op` from it into a fresh device buffer of `recv.len()`, back
+    /// into `recv`.
+    fn through_device<E: std::fmt::Debug>(
+        &self,
+        what: &str,
+        send: &[f32],
+        recv: &mut [f32],
+        op: impl FnOnce(
+            &Comm,
+            &cudarc::driver::CudaSlice<f32>,
+            &mut cudarc::driver::CudaSlice<f32>,
+        ) -> std::result::Result<cudarc::nccl::result::NcclStatus, E>,
+    ) -> Result<()> {
+        let s = self.stream.clone_htod(send).map_err(|e| nerr("copy", e))?;
+        let mut r = self
+            .stream
+            .alloc_zeros::<f32>(recv.len())
+            .map_err(|e| nerr("alloc", e))?;
+        op(&self.lock(), &s, &mut r).map_err(|e| nerr(what, e))?;
+        let host = self.stream.clone_dtoh(&r).map_err(|e| nerr("copy", e))?;
+        recv.copy_from_slice(&host);
+        Ok(())
+    }
 }
 
 impl Communicator for NcclComm {
@@ -96,53 +134,23 @@ impl Communicator for NcclComm {
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
-        let mut d = self.stream.clone_htod(buf).map_err(|e| nerr("copy", e))?;
-        self.lock()
-            .all_reduce_in_place(&mut d, &ReduceOp::Sum)
-            .map_err(|e| nerr("all_reduce", e))?;
-        let host = self.stream.clone_dtoh(&d).map_err(|e| nerr("copy", e))?;
-        buf.copy_from_slice(&host);
-        Ok(())
+        self.all_reduce_host(buf)
     }
 
     fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
-        let mut d = self.stream.clone_htod(buf).map_err(|e| nerr("copy", e))?;
-        self.lock()
-            .all_reduce_in_place(&mut d, &ReduceOp::Sum)
-            .map_err(|e| nerr("all_reduce", e))?;
-        let host = self.stream.clone_dtoh(&d).map_err(|e| nerr("copy", e))?;
-        buf.copy_from_slice(&host);
-        Ok(())
+        self.all_reduce_host(buf)
     }
 
     fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
         check_blocks("all_gather", recv.len(), send.len(), self.size)?;
-        let s = self.stream.clone_htod(send).map_err(|e| nerr("copy", e))?;
-        let mut r = self
-            .stream
-            .alloc_zeros::<f32>(recv.len())
-            .map_err(|e| nerr("alloc", e))?;
-        self.lock()
-            .all_gather(&s, &mut r)
-            .map_err(|e| nerr("all_gather", e))?;
-        let host = self.stream.clone_dtoh(&r).map_err(|e| nerr("copy", e))?;
-        recv.copy_from_slice(&host);
-        Ok(())
+        self.through_device("all_gather", send, recv, |c, s, r| c.all_gather(s, r))
     }
 
     fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
         check_blocks("reduce_scatter", buf.len(), out.len(), self.size)?;
-        let s = self.stream.clone_htod(buf).map_err(|e| nerr("copy", e))?;
-        let mut r = self
-            .stream
-            .alloc_zeros::<f32>(out.len())
-            .map_err(|e| nerr("alloc", e))?;
-        self.lock()
-            .reduce_scatter(&s, &mut r, &ReduceOp::Sum)
-            .map_err(|e| nerr("reduce_scatter", e))?;
-        let host = self.stream.clone_dtoh(&r).map_err(|e| nerr("copy", e))?;
-        out.copy_from_slice(&host);
-        Ok(())
+        self.through_device("reduce_scatter", buf, out, |c, s, r| {
+            c.reduce_scatter(s, r, &ReduceOp::Sum)
+        })
     }
 
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
