@@ -9,6 +9,7 @@ pub mod recompute;
 pub mod resume;
 pub mod run_dir;
 pub mod schedule;
+pub mod setup;
 pub mod shard;
 pub mod step;
 pub mod trainer;

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use md5::{Digest, Md5};
 
-use crate::config::{Config, ModelConfig};
+use crate::config::{Config, ModelConfig, TrainConfig};
 use crate::error::{Error, Result};
 use crate::train::checkpoint::{checkpoints_dir, TrainerState, GENSLM_CONFIG_FILE, STATE_FILE};
 
@@ -145,6 +145,43 @@ pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
         .into_iter()
         .map(|a| format!("resume: {a}: the new value applies from the next step"))
         .collect())
+}
+
+/// Refuses a trainer state that cannot belong to this run (hand-edited or foreign): its step
+/// must lie within the run, and the data position and optimizer count must agree with it.
+pub fn check_state(s: &TrainerState, t: &TrainConfig, dir: &Path) -> Result<()> {
+    let file = dir.join(STATE_FILE);
+    let bad = |why: String| Err(Error::Invalid(format!("{}: {why}", file.display())));
+    if s.step == 0 || s.step > t.steps {
+        return bad(format!(
+            "step {} is outside this run of {} steps (1..={})",
+            s.step, t.steps, t.steps
+        ));
+    }
+    if s.step == t.steps {
+        return bad(format!(
+            "the run already finished all {} steps; raise --steps only in a new run directory",
+            t.steps
+        ));
+    }
+    let windows = (t.batch_size as u64)
+        .checked_mul(t.grad_accum as u64)
+        .and_then(|w| w.checked_mul(s.step));
+    if windows != Some(s.loader_cursor) {
+        return bad(format!(
+            "data position {} does not match step {} ({} windows per step)",
+            s.loader_cursor,
+            s.step,
+            t.batch_size * t.grad_accum
+        ));
+    }
+    if s.optimizer_step > s.step {
+        return bad(format!(
+            "optimizer step {} is past the training step {}",
+            s.optimizer_step, s.step
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a resume whose training data is not the checkpoint's.

@@ -13,52 +13,24 @@ use std::time::{Duration, Instant};
 use burn::tensor::Device;
 
 use crate::config::Config;
-use crate::data::dataset::read_dataset;
-use crate::data::fasta::discover;
-use crate::data::ingest::{tokenize_to_parquet, IngestOptions};
 use crate::data::loader::{Batch, Corpus, Loader};
 use crate::error::{Error, Result};
 use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
 use crate::parallel::ranks::{abort_all, thread_ranks, Ranks};
 use crate::parallel::Topology;
-use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
 use crate::train::dist_optim::DistOptim;
-use crate::train::memory::{available_bytes, check_fits};
 use crate::train::metrics::{peak_rss_mib, train_flops_per_sequence, MetricsLog, StepMetrics};
 use crate::train::optim::AdamWConfig;
-use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint, read_saved, Saved};
-use crate::train::run_dir::{claim, prune_checkpoints};
+use crate::train::resume::{check_resume, check_state};
+use crate::train::run_dir::prune_checkpoints;
 use crate::train::schedule::lr_at;
-use crate::train::shard::{
-    check_positions, gather_shard_to_root, local_batch, local_nll, shard_model,
-};
+use crate::train::setup::{check_memory, load_corpus, prepare_run, validate_layout};
+use crate::train::shard::{gather_shard_to_root, local_batch, local_nll, shard_model};
 use crate::train::step::{all_reduce_scalar, loss_and_grads};
 
-/// Where training data comes from.
-#[derive(Debug, Clone)]
-pub enum DataSource {
-    /// FASTA files/directories, tokenized into `RUN/data.parquet` first.
-    Fasta(Vec<PathBuf>),
-    /// A dataset written by `genslm tokenize`.
-    Parquet(PathBuf),
-}
-
-/// Run-level options that are not model or optimisation settings.
-#[derive(Debug, Clone, Default)]
-pub struct RunOptions {
-    /// Continue from `RUN/checkpoints/latest`.
-    pub resume: bool,
-    /// Stop (with a checkpoint) after this many steps in this invocation.
-    pub stop_after: Option<u64>,
-    /// Show a progress bar.
-    pub progress: bool,
-    /// Replace the run already in the directory (a fresh run there is refused otherwise).
-    pub overwrite: bool,
-    /// Start even when the predicted peak memory exceeds the available memory.
-    pub skip_memory_check: bool,
-}
+pub use crate::train::setup::{DataSource, RunOptions};
 
 /// What a run did.
 #[derive(Debug, Clone)]
@@ -217,33 +189,6 @@ fn injected_fault(rank: usize, step: u64) -> Result<()> {
     Ok(())
 }
 
-/// Refuses, before any work, a run whose predicted peak memory exceeds what this machine has
-/// available (unless `--skip-memory-check`); see [`crate::train::memory`].
-fn check_memory(
-    cfg: &Config,
-    dp: usize,
-    sp: usize,
-    in_process: usize,
-    opts: &RunOptions,
-) -> Result<()> {
-    cfg.model.validate().map_err(Error::Invalid)?;
-    cfg.train.validate().map_err(Error::Invalid)?;
-    match available_bytes() {
-        Some(avail) if !opts.skip_memory_check => check_fits(cfg, dp, sp, in_process, avail),
-        _ => Ok(()),
-    }
-}
-
-/// Inputs of `RUN/data.parquet` (see [`crate::train::resume`]).
-const SOURCES_FILE: &str = "data.sources.json";
-
-/// Checks the parallel layout against the model and the run before any work starts.
-fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
-    let t = &cfg.train;
-    topo.validate(cfg.model.num_heads, t.seq_len, t.batch_size)?;
-    check_positions(&cfg.model, t.seq_len)
-}
-
 /// Runs one rank's work; an error or panic aborts every group so the other ranks stop waiting.
 pub fn run_rank_guarded<T>(ranks: &Ranks, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let rank = ranks.topo.rank;
@@ -278,34 +223,6 @@ fn first_error_or_root(mut results: Vec<Result<TrainSummary>>) -> Result<TrainSu
         Some(i) => results.swap_remove(i),
         None => results.swap_remove(0),
     }
-}
-
-/// Checks the config (and, resuming, that the checkpoint can continue under it), loads the
-/// corpus, and writes the resolved config into the run directory. A refused resume writes
-/// nothing.
-fn prepare_run(cfg: &Config, data: &DataSource, run: &Path, opts: &RunOptions) -> Result<Corpus> {
-    cfg.model.validate().map_err(Error::Invalid)?;
-    cfg.train.validate().map_err(Error::Invalid)?;
-    let saved = if opts.resume {
-        let saved = read_saved(run)?;
-        for note in check_resume(&saved, cfg)? {
-            eprintln!("note: {note}");
-        }
-        Some(saved)
-    } else {
-        None
-    };
-    let created = claim(run, opts.resume, opts.overwrite)?;
-    let corpus = load_corpus(cfg, data, run, saved.as_ref()).and_then(|c| {
-        let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
-        crate::atomic::write_bytes(&run.join("config.toml"), toml.as_bytes())?;
-        Ok(c)
-    });
-    if corpus.is_err() && created {
-        // Nothing of a run that never started stays behind.
-        let _ = std::fs::remove_dir_all(run);
-    }
-    corpus
 }
 
 /// One rank's training loop (the single-process run is rank 0 of a 1 × 1 layout).
@@ -517,43 +434,6 @@ pub fn train_rank(
     Ok(summary)
 }
 
-/// Refuses a trainer state that cannot belong to this run (hand-edited or foreign): its step
-/// must lie within the run, and the data position and optimizer count must agree with it.
-fn check_state(s: &TrainerState, t: &crate::config::TrainConfig, dir: &Path) -> Result<()> {
-    let file = dir.join(crate::train::checkpoint::STATE_FILE);
-    let bad = |why: String| Err(Error::Invalid(format!("{}: {why}", file.display())));
-    if s.step == 0 || s.step > t.steps {
-        return bad(format!(
-            "step {} is outside this run of {} steps (1..={})",
-            s.step, t.steps, t.steps
-        ));
-    }
-    if s.step == t.steps {
-        return bad(format!(
-            "the run already finished all {} steps; raise --steps only in a new run directory",
-            t.steps
-        ));
-    }
-    let windows = (t.batch_size as u64)
-        .checked_mul(t.grad_accum as u64)
-        .and_then(|w| w.checked_mul(s.step));
-    if windows != Some(s.loader_cursor) {
-        return bad(format!(
-            "data position {} does not match step {} ({} windows per step)",
-            s.loader_cursor,
-            s.step,
-            t.batch_size * t.grad_accum
-        ));
-    }
-    if s.optimizer_step > s.step {
-        return bad(format!(
-            "optimizer step {} is past the training step {}",
-            s.optimizer_step, s.step
-        ));
-    }
-    Ok(())
-}
-
 /// Writes a checkpoint from rank 0 after gathering the learned-position shards and (ZeRO)
 /// the optimizer moments to it (the ranks that hold pieces take part); returns its directory
 /// on rank 0. The others wait for the write without a deadline: it can take minutes.
@@ -627,77 +507,6 @@ fn validation_loss(
         sum = buf[0];
     }
     Ok(Some(sum / n.max(1) as f64))
-}
-
-/// The training corpus. From FASTA, tokenized into `RUN/data.parquet`, which a resume reuses
-/// when the inputs are unchanged (`RUN/data.sources.json`); otherwise tokenized afresh into a
-/// temporary file that replaces it only when `saved` (resuming) accepts the data.
-fn load_corpus(
-    cfg: &Config,
-    data: &DataSource,
-    run: &Path,
-    saved: Option<&Saved>,
-) -> Result<Corpus> {
-    let (path, fresh) = match data {
-        DataSource::Parquet(p) => (p.clone(), None),
-        DataSource::Fasta(paths) => {
-            let out = run.join("data.parquet");
-            let stamp_path = run.join(SOURCES_FILE);
-            let stamp = fasta_stamp(&discover(paths)?, cfg.model.vocab.name())?;
-            let unchanged = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
-            if saved.is_some() && unchanged && out.exists() {
-                (out, None)
-            } else {
-                let tmp = run.join(".data.parquet.new");
-                let opts = IngestOptions {
-                    vocab: cfg.model.vocab,
-                    ..Default::default()
-                };
-                tokenize_to_parquet(paths, &tmp, &opts)?;
-                (tmp, Some((out, stamp_path, stamp)))
-            }
-        }
-    };
-    let (vocab, records) = read_dataset(&path)?;
-    if vocab != cfg.model.vocab {
-        return Err(Error::Invalid(format!(
-            "{}: tokenized with {vocab}, but the model uses {}; re-run `genslm tokenize --vocab {}`",
-            path.display(),
-            cfg.model.vocab,
-            cfg.model.vocab
-        )));
-    }
-    let tok = CodonTokenizer::new(vocab)?;
-    let max_id = records
-        .iter()
-        .flat_map(|r| r.tokens.iter())
-        .max()
-        .copied()
-        .unwrap_or(0);
-    if max_id as usize >= cfg.model.vocab_size {
-        return Err(Error::Invalid(format!(
-            "{}: token id {max_id} does not fit the model's vocab_size {}",
-            path.display(),
-            cfg.model.vocab_size
-        )));
-    }
-    let tokens: Vec<Vec<u32>> = records.into_iter().map(|r| r.tokens).collect();
-    let fp = fingerprint(&tokens);
-    let checked = saved.map_or(Ok(()), |s| check_data(s, &fp, &path));
-    if let Some((out, stamp_path, stamp)) = fresh {
-        if checked.is_err() {
-            let _ = std::fs::remove_file(&path);
-        } else {
-            std::fs::rename(&path, &out).map_err(|e| Error::io(&out, e))?;
-            crate::atomic::write_bytes(&stamp_path, stamp.as_bytes())?;
-        }
-    }
-    checked?;
-    let t = &cfg.train;
-    let mut corpus = Corpus::new(tokens, t.seq_len, tok.pad_id(), t.val_fraction, t.seed)
-        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
-    corpus.fingerprint = fp;
-    Ok(corpus)
 }
 
 fn progress_bar(enabled: bool, total: u64, done: u64) -> indicatif::ProgressBar {

@@ -1,0 +1,173 @@
+//! Setting a run up before its first step: where the data comes from, the checks that refuse a
+//! run before any work (layout, memory), the run directory and the corpus (tokenized once,
+//! reused on resume when the inputs are unchanged).
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::data::dataset::read_dataset;
+use crate::data::fasta::discover;
+use crate::data::ingest::{tokenize_to_parquet, IngestOptions};
+use crate::data::loader::Corpus;
+use crate::error::{Error, Result};
+use crate::parallel::Topology;
+use crate::tokenizer::CodonTokenizer;
+use crate::train::memory::{available_bytes, check_fits};
+use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint, read_saved, Saved};
+use crate::train::run_dir::claim;
+use crate::train::shard::check_positions;
+
+/// Where training data comes from.
+#[derive(Debug, Clone)]
+pub enum DataSource {
+    /// FASTA files/directories, tokenized into `RUN/data.parquet` first.
+    Fasta(Vec<PathBuf>),
+    /// A dataset written by `genslm tokenize`.
+    Parquet(PathBuf),
+}
+
+/// Run-level options that are not model or optimisation settings.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Continue from `RUN/checkpoints/latest`.
+    pub resume: bool,
+    /// Stop (with a checkpoint) after this many steps in this invocation.
+    pub stop_after: Option<u64>,
+    /// Show a progress bar.
+    pub progress: bool,
+    /// Replace the run already in the directory (a fresh run there is refused otherwise).
+    pub overwrite: bool,
+    /// Start even when the predicted peak memory exceeds the available memory.
+    pub skip_memory_check: bool,
+}
+
+/// Refuses, before any work, a run whose predicted peak memory exceeds what this machine has
+/// available (unless `--skip-memory-check`); see [`crate::train::memory`].
+pub fn check_memory(
+    cfg: &Config,
+    dp: usize,
+    sp: usize,
+    in_process: usize,
+    opts: &RunOptions,
+) -> Result<()> {
+    cfg.model.validate().map_err(Error::Invalid)?;
+    cfg.train.validate().map_err(Error::Invalid)?;
+    match available_bytes() {
+        Some(avail) if !opts.skip_memory_check => check_fits(cfg, dp, sp, in_process, avail),
+        _ => Ok(()),
+    }
+}
+
+/// Inputs of `RUN/data.parquet` (see [`crate::train::resume`]).
+const SOURCES_FILE: &str = "data.sources.json";
+
+/// Checks the parallel layout against the model and the run before any work starts.
+pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
+    let t = &cfg.train;
+    topo.validate(cfg.model.num_heads, t.seq_len, t.batch_size)?;
+    check_positions(&cfg.model, t.seq_len)
+}
+
+/// Checks the config (and, resuming, that the checkpoint can continue under it), loads the
+/// corpus, and writes the resolved config into the run directory. A refused resume writes
+/// nothing.
+pub fn prepare_run(
+    cfg: &Config,
+    data: &DataSource,
+    run: &Path,
+    opts: &RunOptions,
+) -> Result<Corpus> {
+    cfg.model.validate().map_err(Error::Invalid)?;
+    cfg.train.validate().map_err(Error::Invalid)?;
+    let saved = if opts.resume {
+        let saved = read_saved(run)?;
+        for note in check_resume(&saved, cfg)? {
+            eprintln!("note: {note}");
+        }
+        Some(saved)
+    } else {
+        None
+    };
+    let created = claim(run, opts.resume, opts.overwrite)?;
+    let corpus = load_corpus(cfg, data, run, saved.as_ref()).and_then(|c| {
+        let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
+        crate::atomic::write_bytes(&run.join("config.toml"), toml.as_bytes())?;
+        Ok(c)
+    });
+    if corpus.is_err() && created {
+        // Nothing of a run that never started stays behind.
+        let _ = std::fs::remove_dir_all(run);
+    }
+    corpus
+}
+
+/// The training corpus. From FASTA, tokenized into `RUN/data.parquet`, which a resume reuses
+/// when the inputs are unchanged (`RUN/data.sources.json`); otherwise tokenized afresh into a
+/// temporary file that replaces it only when `saved` (resuming) accepts the data.
+pub fn load_corpus(
+    cfg: &Config,
+    data: &DataSource,
+    run: &Path,
+    saved: Option<&Saved>,
+) -> Result<Corpus> {
+    let (path, fresh) = match data {
+        DataSource::Parquet(p) => (p.clone(), None),
+        DataSource::Fasta(paths) => {
+            let out = run.join("data.parquet");
+            let stamp_path = run.join(SOURCES_FILE);
+            let stamp = fasta_stamp(&discover(paths)?, cfg.model.vocab.name())?;
+            let unchanged = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
+            if saved.is_some() && unchanged && out.exists() {
+                (out, None)
+            } else {
+                let tmp = run.join(".data.parquet.new");
+                let opts = IngestOptions {
+                    vocab: cfg.model.vocab,
+                    ..Default::default()
+                };
+                tokenize_to_parquet(paths, &tmp, &opts)?;
+                (tmp, Some((out, stamp_path, stamp)))
+            }
+        }
+    };
+    let (vocab, records) = read_dataset(&path)?;
+    if vocab != cfg.model.vocab {
+        return Err(Error::Invalid(format!(
+            "{}: tokenized with {vocab}, but the model uses {}; re-run `genslm tokenize --vocab {}`",
+            path.display(),
+            cfg.model.vocab,
+            cfg.model.vocab
+        )));
+    }
+    let tok = CodonTokenizer::new(vocab)?;
+    let max_id = records
+        .iter()
+        .flat_map(|r| r.tokens.iter())
+        .max()
+        .copied()
+        .unwrap_or(0);
+    if max_id as usize >= cfg.model.vocab_size {
+        return Err(Error::Invalid(format!(
+            "{}: token id {max_id} does not fit the model's vocab_size {}",
+            path.display(),
+            cfg.model.vocab_size
+        )));
+    }
+    let tokens: Vec<Vec<u32>> = records.into_iter().map(|r| r.tokens).collect();
+    let fp = fingerprint(&tokens);
+    let checked = saved.map_or(Ok(()), |s| check_data(s, &fp, &path));
+    if let Some((out, stamp_path, stamp)) = fresh {
+        if checked.is_err() {
+            let _ = std::fs::remove_file(&path);
+        } else {
+            std::fs::rename(&path, &out).map_err(|e| Error::io(&out, e))?;
+            crate::atomic::write_bytes(&stamp_path, stamp.as_bytes())?;
+        }
+    }
+    checked?;
+    let t = &cfg.train;
+    let mut corpus = Corpus::new(tokens, t.seq_len, tok.pad_id(), t.val_fraction, t.seed)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+    corpus.fingerprint = fp;
+    Ok(corpus)
+}
