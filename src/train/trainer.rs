@@ -114,21 +114,18 @@ fn collect_rank_results(
     n: usize,
     timeout: Duration,
 ) -> Result<TrainSummary> {
+    use std::sync::mpsc::RecvTimeoutError;
     const GRACE: Duration = Duration::from_secs(5);
     let mut results = Vec::with_capacity(n);
     while results.len() < n {
         let failed = results.iter().any(|r: &Result<TrainSummary>| r.is_err());
-        let next = if failed {
-            rx.recv_timeout(GRACE).ok()
-        } else {
-            // A healthy run reports when it is done; a frozen rank makes its peers fail
-            // within the rank timeout, which ends this wait through their results.
-            rx.recv_timeout(timeout + GRACE).ok()
-        };
-        match next {
-            Some(r) => results.push(r),
-            None if failed => break,
-            None => continue,
+        // A healthy run reports when it is done; a frozen rank makes its peers fail within
+        // the rank timeout, which ends this wait through their results.
+        let wait = if failed { GRACE } else { timeout + GRACE };
+        match rx.recv_timeout(wait) {
+            Ok(r) => results.push(r),
+            Err(RecvTimeoutError::Timeout) if !failed => continue,
+            Err(_) => break,
         }
     }
     if results.len() < n && results.iter().all(|r| r.is_ok()) {
