@@ -14,7 +14,7 @@ use genslm::model::GenSlm;
 use genslm::parallel::ranks::{thread_ranks, Ranks};
 use genslm::rng::SplitMix64;
 use genslm::train::dist_optim::DistOptim;
-use genslm::train::metrics::read_metrics;
+use genslm::train::metrics::{read_metrics, StepMetrics};
 use genslm::train::shard::{gather_shard, shard_model};
 use genslm::train::step::step_loss_and_grads;
 use genslm::train::trainer::{train, train_threads, DataSource, RunOptions};
@@ -182,14 +182,8 @@ fn several_steps_keep_matching() {
             train_threads(&cfg, &data, &out, &RunOptions::default(), dp, sp).unwrap();
             let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
             assert_eq!(m.len(), reference.len());
+            same_losses(&m, &reference, &format!("{pos} {dp}x{sp} ckpt {ckpt}"));
             for (a, b) in m.iter().zip(&reference) {
-                assert!(
-                    (a.loss - b.loss).abs() / b.loss <= 1e-5,
-                    "{pos} {dp}x{sp} ckpt {ckpt} step {}: {} vs {}",
-                    a.step,
-                    a.loss,
-                    b.loss
-                );
                 let (va, vb) = (a.val_loss.unwrap_or(0.0), b.val_loss.unwrap_or(0.0));
                 assert!((va - vb).abs() <= 1e-5 * vb.abs().max(1.0));
             }
@@ -201,6 +195,20 @@ fn several_steps_keep_matching() {
             // The checkpoint holds the same weights and Adam moments whatever the layout.
             same_checkpoint(&out, &one, 4, &format!("{pos} {dp}x{sp} zero {zero}"));
         }
+    }
+}
+
+/// Run `m` logged the reference run's losses, step for step (≤ 1e-5 relative).
+fn same_losses(m: &[StepMetrics], reference: &[StepMetrics], what: &str) {
+    assert_eq!(m.len(), reference.len(), "{what}: steps logged");
+    for (a, b) in m.iter().zip(reference) {
+        assert!(
+            (a.loss - b.loss).abs() / b.loss <= 1e-5,
+            "{what} step {}: {} vs {}",
+            a.step,
+            a.loss,
+            b.loss
+        );
     }
 }
 
@@ -261,15 +269,7 @@ fn learned_positions_shorter_than_the_table_match_one_rank() {
         train_threads(&cfg, &data, &out, &RunOptions::default(), dp, sp).unwrap();
         let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
         assert_eq!(m.len(), reference.len());
-        for (a, b) in m.iter().zip(&reference) {
-            assert!(
-                (a.loss - b.loss).abs() / b.loss <= 1e-5,
-                "{dp}x{sp} step {}: {} vs {}",
-                a.step,
-                a.loss,
-                b.loss
-            );
-        }
+        same_losses(&m, &reference, &format!("{dp}x{sp}"));
         same_checkpoint(&out, &one, 3, &format!("learned, table 4·s, {dp}x{sp}"));
     }
     // A sequence longer than the table is refused before any work.
@@ -312,14 +312,8 @@ fn zero_with_uneven_shards_and_tiny_buckets_matches_one_rank() {
         let out = dir.path().join(format!("dp3b{bucket}z{zero}"));
         train_threads(&c, &data, &out, &RunOptions::default(), 3, 1).unwrap();
         let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+        same_losses(&m, &reference, &format!("dp 3 zero {zero}"));
         for (a, b) in m.iter().zip(&reference) {
-            assert!(
-                (a.loss - b.loss).abs() / b.loss <= 1e-5,
-                "dp 3 zero {zero} step {}: {} vs {}",
-                a.step,
-                a.loss,
-                b.loss
-            );
             // The global gradient norm (summed in f64 from the shards) is the one-rank norm.
             assert!(
                 (a.grad_norm - b.grad_norm).abs() / b.grad_norm <= 1e-5,
