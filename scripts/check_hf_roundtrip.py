@@ -37,6 +37,11 @@ def read_fasta(path):
 
 def main():
     ckpt, fasta, seq_len, tsv = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    # Master weights: every tensor of the checkpoint is fp32, whatever precision trained it.
+    from safetensors import safe_open
+    with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
+        for k in f.keys():
+            assert f.get_tensor(k).dtype == torch.float32, (k, f.get_tensor(k).dtype)
     model = GPTNeoXForCausalLM.from_pretrained(ckpt, attn_implementation="eager").eval()
     tok = Tokenizer.from_file(str(ROOT / "tokenizers" / "genslm69.json"))
     ours = {r["id"]: r for r in csv.DictReader(open(tsv), delimiter="\t")}

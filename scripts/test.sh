@@ -45,6 +45,13 @@ for f in data/lambda_virus.fa data/dwv.fasta.gz; do
   python3 scripts/check_hf_roundtrip.py "$TMP/run/checkpoints/step-20" "$f" 64 "$TMP/scores.tsv"
 done
 
+echo "== the same run with bf16 compute (fp32 master weights): its checkpoint loads in transformers"
+cargo run --locked --quiet -- train --fasta data/ --config configs/tiny.toml --out "$TMP/run16" \
+  --steps 20 --seq-len 64 --batch-size 4 --lr 3e-3 --quiet --precision bf16
+cargo run --locked --quiet -- score --model "$TMP/run16" --fasta data/lambda_virus.fa \
+  --seq-len 64 > "$TMP/scores16.tsv"
+python3 scripts/check_hf_roundtrip.py "$TMP/run16/checkpoints/step-20" data/lambda_virus.fa 64 "$TMP/scores16.tsv"
+
 echo "== embed the bundled genomes: parquet checked with pyarrow, PCA plot, UMAP notebook (headless)"
 cargo run --locked --quiet -- embed --model "$TMP/run" --fasta data/ --out "$TMP/emb.parquet" \
   --plot "$TMP/latent.png" --quiet
@@ -54,6 +61,9 @@ python3 scripts/check_embeddings.py "$TMP/emb.parquet" 29 64
 
 echo "== NCCL communicator compiles (cudarc; no GPU here, so it is not run)"
 cargo check --locked --features nccl
+
+echo "== the CUDA build (burn-cuda, NCCL on device buffers) type-checks offline"
+./scripts/check-cuda.sh
 
 echo "== sequence/data parallelism under mpirun -np 2 and -np 4 match one process; fault test"
 cargo build --locked --features mpi

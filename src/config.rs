@@ -45,6 +45,26 @@ pub enum AttentionKind {
     Naive,
 }
 
+/// The dtype of the forward/backward compute. Parameters and Adam moments are always fp32
+/// (master weights); with `bf16` the matmuls, activations and their gradients are bf16 while
+/// layer-norm and softmax statistics, attention, the loss and gradient reductions stay fp32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    Fp32,
+    Bf16,
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+        })
+    }
+}
+
 fn default_rotary_pct() -> f64 {
     0.25
 }
@@ -142,6 +162,8 @@ pub struct TrainConfig {
     /// Seconds a thread rank waits for the others in a collective before declaring them stuck
     /// (phases known to be long, such as rank 0 writing a checkpoint, wait without limit).
     pub rank_timeout_s: u64,
+    /// Compute precision; unset = the backend's default (bf16 on CUDA, fp32 on CPU).
+    pub precision: Option<Precision>,
 }
 
 impl Default for TrainConfig {
@@ -170,6 +192,7 @@ impl Default for TrainConfig {
             checkpoint_activations: false,
             reduce_bucket_size: crate::parallel::bucket::DEFAULT_BUCKET,
             rank_timeout_s: 600,
+            precision: None,
         }
     }
 }

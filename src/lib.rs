@@ -4,6 +4,7 @@
 //! (parquet) → training. The CLI in `main.rs` only parses arguments and calls this library.
 
 pub mod atomic;
+pub mod backend;
 pub mod bench;
 pub mod config;
 pub mod data;

@@ -74,6 +74,8 @@ enum Command {
         /// Windows per forward pass.
         #[arg(long, default_value_t = 4)]
         batch_size: usize,
+        #[command(flatten)]
+        device: cli::device::DeviceArgs,
     },
     /// Print a model config's shape, parameter count and training memory.
     Info {
@@ -146,10 +148,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             fasta,
             seq_len,
             batch_size,
+            device,
         } => {
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
-            genslm::infer::score::score_fasta(&model, &fasta, seq_len, batch_size, &mut out)?;
+            let compute = device.compute();
+            genslm::infer::score::score_fasta(
+                &model, &fasta, seq_len, batch_size, &compute, &mut out,
+            )?;
         }
         Command::Info { config } => {
             let cfg = genslm::config::Config::load(&config)?;

@@ -269,18 +269,74 @@ fn bad_inputs_are_clear_errors() {
         "--quiet",
     ]);
     assert!(!ok && err.contains("no training samples"), "{err}");
-    let (ok, _, err) = run(&[
-        "train",
-        "--fasta",
-        &data(),
-        "--config",
-        &tiny(),
-        "--out",
-        out.to_str().unwrap(),
-        "--backend",
-        "cuda",
-    ]);
-    assert!(!ok && err.contains("cuda"), "{err}");
+}
+
+/// `--backend cuda` where it cannot run: without the feature, a message that says how to
+/// rebuild; with it (a CUDA build on a machine without a GPU), one that names what is missing.
+/// Exit code 1 and no panic either way, before anything is written.
+#[test]
+fn cuda_where_it_cannot_run_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let model = common::trained_tiny().to_str().unwrap().to_string();
+    let emb = dir.path().join("e.parquet");
+    let o = out.to_str().unwrap();
+    let cases: [Vec<&str>; 4] = [
+        vec![
+            "train",
+            "--fasta",
+            "data/",
+            "--config",
+            "configs/tiny.toml",
+            "--out",
+            o,
+        ],
+        vec![
+            "score",
+            "--model",
+            &model,
+            "--fasta",
+            "data/lambda_virus.fa",
+        ],
+        vec![
+            "embed",
+            "--model",
+            &model,
+            "--fasta",
+            "data/",
+            "--out",
+            emb.to_str().unwrap(),
+        ],
+        vec![
+            "generate",
+            "--model",
+            &model,
+            "--num",
+            "1",
+            "--max-codons",
+            "4",
+        ],
+    ];
+    for args in cases {
+        let r = common::bin()
+            .args(&args)
+            .args(["--backend", "cuda"])
+            .current_dir(common::repo())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(1), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        if cfg!(feature = "cuda") {
+            assert!(err.contains("--backend cuda:"), "{args:?}: {err}");
+        } else {
+            assert!(
+                err.contains("built without the CUDA backend") && err.contains("--features cuda"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    assert!(!out.exists() && !emb.exists(), "nothing is written");
 }
 
 #[test]

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 
+use super::device::DeviceArgs;
+
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 pub enum PoolArg {
     Mean,
@@ -40,6 +42,8 @@ pub struct EmbedArgs {
     /// Also draw the PCA plot (coloured by GC content) to this PNG.
     #[arg(long)]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// `genslm generate`.
@@ -78,6 +82,8 @@ pub struct GenerateArgs {
     /// Output FASTA (written atomically; default: stdout).
     #[arg(long)]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
@@ -95,6 +101,7 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
         seq_len: a.seq_len,
         batch_size: a.batch_size,
         progress: !quiet,
+        compute: a.device.compute(),
     };
     let s = embed_to_parquet(&a.model, &input, &a.out, &opts)?;
     if !quiet {
@@ -134,6 +141,7 @@ pub fn run_generate(a: GenerateArgs, quiet: bool) -> anyhow::Result<()> {
         batch_size: a.batch_size,
         use_cache: true,
         progress: !quiet,
+        compute: a.device.compute(),
     };
     let n = generate_fasta(&a.model, &opts, a.out.as_deref(), quiet)?;
     if !quiet {

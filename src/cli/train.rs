@@ -2,17 +2,10 @@
 
 use std::path::PathBuf;
 
-use clap::ValueEnum;
-
 use genslm::train::trainer::{train_threads, DataSource, RunOptions};
 
+use super::device::DeviceArgs;
 use super::AttentionArg;
-
-#[derive(Clone, Copy, ValueEnum, PartialEq)]
-pub enum Backend {
-    Cpu,
-    Cuda,
-}
 
 /// `genslm train`: every setting flag overrides the `[train]` field of the same name.
 #[derive(clap::Args)]
@@ -35,9 +28,8 @@ pub struct TrainArgs {
     /// Stop after this many steps in this invocation (with a checkpoint); --resume continues.
     #[arg(long)]
     stop_after: Option<u64>,
-    /// Compute backend.
-    #[arg(long, value_enum, default_value = "cpu")]
-    backend: Backend,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Sequence-parallel degree P (Ulysses): each sequence is split over P ranks.
     #[arg(long, default_value_t = 1)]
     sp: usize,
@@ -117,6 +109,14 @@ pub fn train_launched(
     }
     let universe = genslm::parallel::mpi::init()?;
     let ranks = genslm::parallel::mpi::mpi_ranks(&universe, sp)?;
+    // One process per GPU: NCCL carries the tensor collectives, MPI the rest (and NCCL's id).
+    #[cfg(feature = "nccl")]
+    let ranks = if opts.device.backend == genslm::backend::BackendKind::Cuda {
+        let (gpu, _) = opts.device.gpu_index(0, |k| std::env::var(k).ok());
+        genslm::parallel::nccl::with_nccl(ranks, gpu)?
+    } else {
+        ranks
+    };
     Ok(genslm::train::trainer::train_with_ranks(
         cfg, data, out, opts, &ranks,
     )?)
@@ -139,12 +139,9 @@ pub fn train_launched(
 }
 
 pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
-    if a.backend == Backend::Cuda {
-        anyhow::bail!(
-            "--backend cuda: this build has no CUDA backend yet (it needs the `cuda` feature, \
-             which is not available); use --backend cpu"
-        );
-    }
+    let device = a.device.choice();
+    // Before anything is read or written: a backend this build or machine lacks is an error.
+    device.check()?;
     let mut cfg = genslm::config::Config::load(&a.config)?;
     if let Some(k) = a.attention {
         cfg.model.attention = k.into();
@@ -171,6 +168,11 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         max_consecutive_skips,
         keep_checkpoints
     );
+    // Recorded resolved, so config.toml and the checkpoint say what ran.
+    t.precision = Some(genslm::backend::resolve_precision(
+        a.device.precision().or(t.precision),
+        device.backend,
+    ));
     t.skip_nonfinite |= a.skip_nonfinite;
     t.checkpoint_activations |= a.checkpoint_activations;
     t.validate().map_err(|m| {
@@ -186,6 +188,8 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         overwrite: a.overwrite,
         skip_memory_check: a.skip_memory_check,
         progress: !quiet,
+        device,
+        thread_rank: 0,
     };
     let s = match genslm::parallel::launch::launched_world_size() {
         Some((n, _)) => train_launched(&cfg, &data, &a.out, &opts, n, a.sp, a.dp)?,

@@ -99,6 +99,7 @@ pub fn generation(
         batch_size: samples,
         use_cache,
         progress: false,
+        compute: Default::default(),
     };
     let start = Instant::now();
     let mut codons = 0;

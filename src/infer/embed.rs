@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use burn::tensor::{Tensor, TensorData};
 use md5::{Digest, Md5};
 
+use crate::backend::Compute;
 use crate::data::dataset::DatasetReader;
 use crate::data::fasta::{self, OnInvalid};
 use crate::data::ingest::hex;
@@ -61,6 +62,7 @@ pub struct EmbedOptions {
     /// Windows per forward pass.
     pub batch_size: usize,
     pub progress: bool,
+    pub compute: Compute,
 }
 
 impl Default for EmbedOptions {
@@ -71,6 +73,7 @@ impl Default for EmbedOptions {
             seq_len: None,
             batch_size: 8,
             progress: false,
+            compute: Compute::default(),
         }
     }
 }
@@ -289,7 +292,8 @@ pub fn embed_to_parquet(
     if opts.batch_size == 0 {
         return Err(Error::Invalid("--batch-size 0: must be at least 1".into()));
     }
-    let model = load_model_dir(model_dir, &burn::tensor::Device::flex())?;
+    let model =
+        load_model_dir(model_dir, &opts.compute.open()?)?.with_precision(opts.compute.precision);
     let layer = resolve_layer(opts.layer, model.cfg.num_layers)?;
     let window = Some(resolve_window(&model, opts.seq_len, model_dir)?);
     let tok = CodonTokenizer::new(model.cfg.vocab)?;

@@ -15,6 +15,7 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::atomic::AtomicFile;
+use crate::backend::Compute;
 use crate::config::Position;
 use crate::error::{Error, Result};
 use crate::infer::sample::{sample, SamplingParams};
@@ -41,6 +42,7 @@ pub struct GenerateOptions {
     pub batch_size: usize,
     pub use_cache: bool,
     pub progress: bool,
+    pub compute: Compute,
 }
 
 impl Default for GenerateOptions {
@@ -55,6 +57,7 @@ impl Default for GenerateOptions {
             batch_size: 8,
             use_cache: true,
             progress: false,
+            compute: Compute::default(),
         }
     }
 }
@@ -321,7 +324,8 @@ pub fn generate_fasta(
     out: Option<&Path>,
     quiet: bool,
 ) -> Result<usize> {
-    let model = load_model_dir(model_dir, &burn::tensor::Device::flex())?;
+    let model =
+        load_model_dir(model_dir, &opts.compute.open()?)?.with_precision(opts.compute.precision);
     let tok = CodonTokenizer::new(model.cfg.vocab)?;
     let prompt = prompt_tokens(&opts.prompt, &tok)?;
     if let Some(w) = check_length(&model, &prompt, &tok, opts.max_codons)? {

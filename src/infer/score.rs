@@ -7,8 +7,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use burn::tensor::Device;
-
+use crate::backend::Compute;
 use crate::data::fasta::{self, OnInvalid};
 use crate::data::loader::Corpus;
 use crate::error::{Error, Result};
@@ -67,10 +66,10 @@ pub fn score_fasta(
     inputs: &[PathBuf],
     seq_len: Option<usize>,
     batch: usize,
+    compute: &Compute,
     out: &mut dyn Write,
 ) -> Result<Vec<Score>> {
-    let device = Device::flex();
-    let model = load_model_dir(model_dir, &device)?;
+    let model = load_model_dir(model_dir, &compute.open()?)?.with_precision(compute.precision);
     let seq_len = resolve_window(&model, seq_len, model_dir)?;
     if batch == 0 {
         return Err(Error::Invalid("--batch-size 0: must be at least 1".into()));

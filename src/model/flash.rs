@@ -110,7 +110,7 @@ impl FlashParams {
 
 /// The FlashAttention op. Shapes: q `[b, h, sq, d]`, k `[b, h, sk, d]`, v `[b, h, sk, dv]`,
 /// o / do `[b, h, sq, dv]`, lse `[b, h, sq]`.
-#[backend_extension(Flex, Autodiff)]
+#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cuda"))]
 pub trait FlashAttentionOps: Backend {
     /// Forward: the output and the row log-sum-exp of the (scaled, biased, masked) scores.
     fn flash_attention_fwd(
@@ -142,57 +142,60 @@ pub trait FlashAttentionOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-impl FlashAttentionOps for Flex {
-    fn flash_attention_fwd(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        params: FlashParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (o, lse) = tiled_forward(wrap(q), wrap(k), wrap(v), &params);
-        (unwrap(o), unwrap(lse))
-    }
+/// The tiled algorithm of this file on a concrete backend: burn tensor ops on tiles, so any
+/// backend that runs burn's ops runs it. On CPU (`Flex`) this is the production path; on
+/// CubeCL backends (CUDA) it is the fallback until the fused kernels (kernels/) plug in: every
+/// tile op is its own kernel launch, but memory stays O(s) as on CPU.
+macro_rules! tiled_flash_for {
+    ($backend:ty) => {
+        impl FlashAttentionOps for $backend {
+            fn flash_attention_fwd(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                params: FlashParams,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+                let w = |t| Tensor::<4>::from_primitive::<Self>(t);
+                let (o, lse) = tiled_forward(w(q), w(k), w(v), &params);
+                (
+                    o.try_into_primitive::<Self>().expect(LEFT),
+                    lse.try_into_primitive::<Self>().expect(LEFT),
+                )
+            }
 
-    fn flash_attention_bwd(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        o: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_o: FloatTensor<Self>,
-        params: FlashParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dq, dk, dv) = tiled_backward(
-            wrap(q),
-            wrap(k),
-            wrap(v),
-            wrap(o),
-            wrap::<3>(lse),
-            wrap(d_o),
-            &params,
-        );
-        (unwrap(dq), unwrap(dk), unwrap(dv))
-    }
+            fn flash_attention_bwd(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                o: FloatTensor<Self>,
+                lse: FloatTensor<Self>,
+                d_o: FloatTensor<Self>,
+                params: FlashParams,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+                let w = |t| Tensor::<4>::from_primitive::<Self>(t);
+                let lse = Tensor::<3>::from_primitive::<Self>(lse);
+                let (dq, dk, dv) = tiled_backward(w(q), w(k), w(v), w(o), lse, w(d_o), &params);
+                let u = |t: Tensor<4>| t.try_into_primitive::<Self>().expect(LEFT);
+                (u(dq), u(dk), u(dv))
+            }
 
-    fn flash_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        params: FlashParams,
-    ) -> FloatTensor<Self> {
-        Self::flash_attention_fwd(q, k, v, params).0
-    }
+            fn flash_attention(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                params: FlashParams,
+            ) -> FloatTensor<Self> {
+                Self::flash_attention_fwd(q, k, v, params).0
+            }
+        }
+    };
 }
 
-/// A Flex primitive as a (non-autodiff) high-level tensor, so the tile code reads like burn code.
-fn wrap<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
-    Tensor::<D>::from_primitive::<Flex>(t)
-}
+const LEFT: &str = "flash attention: a tile result left the backend of its inputs";
 
-fn unwrap<const D: usize>(t: Tensor<D>) -> FloatTensor<Flex> {
-    t.try_into_primitive::<Flex>()
-        .expect("flash attention: tile result left the Flex backend")
-}
+tiled_flash_for!(Flex);
+#[cfg(feature = "cuda")]
+tiled_flash_for!(burn::backend::Cube);
 
 impl<B: Backend + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps for Autodiff<B, C> {
     /// Not differentiable on its own (the output is untracked); use `flash_attention`.

@@ -7,9 +7,9 @@
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::module::{embedding, layer_norm, linear};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
-use crate::config::{ModelConfig, Position};
+use crate::config::{ModelConfig, Position, Precision};
 use crate::error::{Error, Result};
 use crate::model::attention::{attention, AttnOptions};
 use crate::model::cache::KvCache;
@@ -28,6 +28,8 @@ pub struct GenSlm {
     /// The sequence-parallel group when this rank holds one shard of each sequence (Ulysses);
     /// with learned positions the table parameter is then this rank's rows only.
     pub sp: Option<SpGroup>,
+    /// Compute dtype of the forward (the parameters stay fp32 whatever it is).
+    pub precision: Precision,
 }
 
 /// What a forward pass returns besides the final hidden states.
@@ -93,6 +95,7 @@ impl GenSlm {
             params,
             device: device.clone(),
             sp: None,
+            precision: Precision::Fp32,
         })
     }
 
@@ -116,7 +119,48 @@ impl GenSlm {
                 .collect(),
             device: self.device.clone().without_autodiff(),
             sp: self.sp.clone(),
+            precision: self.precision,
         }
+    }
+
+    /// The same model computing in `precision`.
+    pub fn with_precision(self, precision: Precision) -> Self {
+        Self { precision, ..self }
+    }
+
+    /// `t` in the compute dtype. Under autodiff the cast's backward hands the gradient back in
+    /// fp32, so the fp32 parameters receive fp32 gradients (mixed precision with master
+    /// weights).
+    fn compute<const D: usize>(&self, t: Tensor<D>) -> Tensor<D> {
+        match self.precision {
+            Precision::Fp32 => t,
+            Precision::Bf16 => t.cast(FloatDType::BF16),
+        }
+    }
+
+    /// `t` back in fp32 (a no-op when the compute is fp32).
+    fn full<const D: usize>(&self, t: Tensor<D>) -> Tensor<D> {
+        match self.precision {
+            Precision::Fp32 => t,
+            Precision::Bf16 => t.cast(FloatDType::F32),
+        }
+    }
+
+    /// A linear layer in the compute dtype.
+    fn dense(&self, x: Tensor<3>, w: usize, b: Option<usize>) -> Tensor<3> {
+        let bias = b.map(|b| self.compute(self.vec(b)));
+        linear(self.compute(x), self.compute(self.mat(w)), bias)
+    }
+
+    /// LayerNorm with its statistics in fp32; the result in the compute dtype.
+    fn norm(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
+        let y = layer_norm(
+            self.full(x),
+            self.vec(w),
+            Some(self.vec(b)),
+            self.cfg.layer_norm_eps,
+        );
+        self.compute(y)
     }
 
     /// Parameter values on the host, in our layout.
@@ -248,7 +292,7 @@ impl GenSlm {
             let table = self.mat(pos).narrow(0, offset - first, s);
             x = x + table.unsqueeze::<3>().expand([b, s, h]);
         }
-        Ok(x)
+        Ok(self.compute(x))
     }
 
     /// What every layer of one forward shares: rotary tables and attention options for `s`
@@ -281,11 +325,12 @@ impl GenSlm {
         let c = &self.cfg;
         let l = &self.layout.layers[li];
         let [b, s, h] = x.dims();
-        let (heads, d, eps) = (c.num_heads, c.head_dim(), c.layer_norm_eps);
-        let a_in = layer_norm(x.clone(), self.vec(l.ln1_w), Some(self.vec(l.ln1_b)), eps);
-        let qkv = linear(a_in, self.mat(l.qkv_w), Some(self.vec(l.qkv_b)));
-        // HF's fused layout: per head [q | k | v], each head_dim wide.
-        let qkv = qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2);
+        let (heads, d) = (c.num_heads, c.head_dim());
+        let a_in = self.norm(x.clone(), l.ln1_w, l.ln1_b);
+        let qkv = self.dense(a_in, l.qkv_w, Some(l.qkv_b));
+        // HF's fused layout: per head [q | k | v], each head_dim wide. Rotary and attention run
+        // in fp32 (softmax statistics in fp32 whatever the compute dtype).
+        let qkv = self.full(qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2));
         let mut q = qkv.clone().narrow(3, 0, d);
         let mut k = qkv.clone().narrow(3, d, d);
         let v = qkv.narrow(3, 2 * d, d);
@@ -318,26 +363,21 @@ impl GenSlm {
             (None, Past::None) => attention(q, k, v, &ctx.attn, c.attention),
         };
         let o = o.swap_dims(1, 2).reshape([b, s, h]);
-        let attn_out = linear(o, self.mat(l.dense_w), Some(self.vec(l.dense_b)));
-        let m_in = layer_norm(x.clone(), self.vec(l.ln2_w), Some(self.vec(l.ln2_b)), eps);
-        let m = gelu_fast(linear(m_in, self.mat(l.fc1_w), Some(self.vec(l.fc1_b))));
-        let mlp_out = linear(m, self.mat(l.fc2_w), Some(self.vec(l.fc2_b)));
+        let attn_out = self.dense(o, l.dense_w, Some(l.dense_b));
+        let m_in = self.norm(x.clone(), l.ln2_w, l.ln2_b);
+        let m = gelu_fast(self.dense(m_in, l.fc1_w, Some(l.fc1_b)));
+        let mlp_out = self.dense(m, l.fc2_w, Some(l.fc2_b));
         (x + attn_out + mlp_out, kv_out)
     }
 
     /// The final LayerNorm.
     pub fn final_norm(&self, x: Tensor<3>) -> Tensor<3> {
-        layer_norm(
-            x,
-            self.vec(self.layout.final_ln_w),
-            Some(self.vec(self.layout.final_ln_b)),
-            self.cfg.layer_norm_eps,
-        )
+        self.norm(x, self.layout.final_ln_w, self.layout.final_ln_b)
     }
 
-    /// Logits `[b, s, vocab]` from final hidden states.
+    /// Logits `[b, s, vocab]` from final hidden states, in fp32 (the loss is computed in fp32).
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
-        linear(hidden, self.mat(self.layout.embed_out), None)
+        self.full(self.dense(hidden, self.layout.embed_out, None))
     }
 
     pub fn forward(&self, tokens: Tensor<2, Int>, offset: usize) -> Result<Tensor<3>> {

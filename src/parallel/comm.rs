@@ -7,6 +7,8 @@
 //! rank, reduce-scatter input a multiple of the group size). Large transfers go through
 //! [`crate::parallel::bucket`], which keeps every single call below MPI's `i32` count limit.
 
+use burn::tensor::{Device, Tensor, TensorData};
+
 use crate::error::{Error, Result};
 
 /// Collectives over a fixed group of ranks. Every rank of the group must call the same
@@ -64,6 +66,23 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// Tells the other ranks this one failed (they stop waiting and report `why`).
     fn abort(&self, why: &str);
 
+    /// Whether tensors on `device` travel without host copies (NCCL on CUDA tensors); callers
+    /// then pack and reduce on the device instead of staging host buffers.
+    fn on_device(&self, _device: &Device) -> bool {
+        false
+    }
+    /// [`Communicator::all_to_all`] of 4-D tensors (the Ulysses exchange): `send[j]` goes to rank j; returns what each
+    /// rank sent here, in rank order, in `send`'s shape, device and dtype (every chunk has the
+    /// same shape on every rank). The default stages host copies.
+    fn all_to_all_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
+        host_all_to_all_tensors(self, send)
+    }
+    /// Element-wise sum over the group of a flat tensor (equal lengths on every rank). The
+    /// default stages a host copy.
+    fn all_reduce_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        host_all_reduce_tensor(self, t)
+    }
+
     /// Every rank's `send`, one vector per rank (see [`Communicator::all_gather_into`]).
     fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
         let mut recv = vec![0.0; send.len() * self.size()];
@@ -72,6 +91,43 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
             .map(|j| recv[j * send.len()..(j + 1) * send.len()].to_vec())
             .collect())
     }
+}
+
+/// [`Communicator::all_to_all_tensors`] through host buffers.
+pub fn host_all_to_all_tensors<C: Communicator + ?Sized, const D: usize>(
+    comm: &C,
+    send: Vec<Tensor<D>>,
+) -> Result<Vec<Tensor<D>>> {
+    let Some(first) = send.first() else {
+        return comm.all_to_all(Vec::new()).map(|_| Vec::new());
+    };
+    let (shape, device, dtype) = (first.dims(), first.device(), first.dtype());
+    let host = send
+        .into_iter()
+        .map(|t| {
+            t.try_into_vec_as::<f32>()
+                .map_err(|e| Error::Invalid(format!("all_to_all: tensor to host: {e:?}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(comm
+        .all_to_all(host)?
+        .into_iter()
+        .map(|v| Tensor::from_data(TensorData::new(v, shape), (&device, dtype)))
+        .collect())
+}
+
+/// [`Communicator::all_reduce_tensor`] through a host buffer.
+pub fn host_all_reduce_tensor<C: Communicator + ?Sized>(
+    comm: &C,
+    t: Tensor<1>,
+) -> Result<Tensor<1>> {
+    let (device, dtype) = (t.device(), t.dtype());
+    let mut v = t
+        .try_into_vec_as::<f32>()
+        .map_err(|e| Error::Invalid(format!("all_reduce: tensor to host: {e:?}")))?;
+    comm.all_reduce_sum(&mut v)?;
+    let n = v.len();
+    Ok(Tensor::from_data(TensorData::new(v, [n]), (&device, dtype)))
 }
 
 /// Checks `total == size · block` (reduce-scatter, all-gather shapes).

@@ -8,6 +8,8 @@ pub mod launch;
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+#[cfg(all(feature = "nccl", feature = "cuda"))]
+pub mod nccl_device;
 pub mod ranks;
 pub mod threads;
 pub mod topology;

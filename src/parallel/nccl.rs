@@ -1,6 +1,8 @@
-//! NCCL communicator (feature `nccl`, through cudarc). Compiles without CUDA; untested here
-//! (no GPU). Buffers are host vectors copied to and from the device around each collective,
-//! until the CUDA backend hands device tensors over directly.
+//! NCCL communicator (feature `nccl`, through cudarc). Compiles without CUDA; not yet run on a
+//! GPU. The host-buffer collectives of [`Communicator`] copy to and from the device around the
+//! call; with the `cuda` feature the tensor collectives (`all_reduce_tensor`,
+//! `all_to_all_tensors`: gradient reduction and the Ulysses exchange) run on burn-cuda's device
+//! buffers directly (`nccl_device.rs`).
 //!
 //! The unique id is created on rank 0 and broadcast through a bootstrap communicator (MPI);
 //! NCCL has no all-to-all, so it is built from grouped send/recv. cudarc panics when libnccl is
@@ -17,7 +19,7 @@ use crate::parallel::comm::{check_blocks, len_to_limbs, limbs_to_len, Communicat
 
 pub struct NcclComm {
     comm: Mutex<Comm>,
-    stream: Arc<CudaStream>,
+    pub(crate) stream: Arc<CudaStream>,
     rank: usize,
     size: usize,
 }
@@ -32,7 +34,7 @@ impl std::fmt::Debug for NcclComm {
     }
 }
 
-fn nerr(what: &str, e: impl std::fmt::Debug) -> Error {
+pub(crate) fn nerr(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Invalid(format!("NCCL {what} failed: {e:?}"))
 }
 
@@ -65,7 +67,9 @@ impl NcclComm {
             *d = *s as u8 as std::ffi::c_char;
         }
         let ctx = CudaContext::new(device).map_err(|e| nerr("open device", e))?;
-        let stream = ctx.default_stream();
+        // A stream of our own, not the legacy default stream: nccl_device.rs orders it against
+        // cubecl's streams explicitly.
+        let stream = ctx.new_stream().map_err(|e| nerr("create stream", e))?;
         let comm = Comm::from_rank(
             stream.clone(),
             bootstrap.rank(),
@@ -81,7 +85,7 @@ impl NcclComm {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Comm> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Comm> {
         self.comm.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -213,8 +217,125 @@ impl Communicator for NcclComm {
         self.all_reduce_sum(&mut [0.0])
     }
 
+    #[cfg(feature = "cuda")]
+    fn on_device(&self, device: &burn::tensor::Device) -> bool {
+        crate::parallel::nccl_device::is_cuda(device)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn all_reduce_tensor(&self, t: burn::tensor::Tensor<1>) -> Result<burn::tensor::Tensor<1>> {
+        if crate::parallel::nccl_device::movable(&t) {
+            self.device_all_reduce(t)
+        } else {
+            crate::parallel::comm::host_all_reduce_tensor(self, t)
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn all_to_all_tensors(
+        &self,
+        send: Vec<burn::tensor::Tensor<4>>,
+    ) -> Result<Vec<burn::tensor::Tensor<4>>> {
+        let on_gpu = send.len() == self.size
+            && send.iter().all(|t| {
+                t.dtype() == burn::tensor::DType::F32
+                    && crate::parallel::nccl_device::is_cuda(&t.device())
+                    && t.dims() == send[0].dims()
+            });
+        if on_gpu {
+            self.device_all_to_all(send)
+        } else {
+            crate::parallel::comm::host_all_to_all_tensors(self, send)
+        }
+    }
+
     fn abort(&self, why: &str) {
         // NCCL ranks are launched by MPI; the MPI bootstrap's abort ends the job.
         eprintln!("error: NCCL rank {}: {why}", self.rank);
     }
+}
+
+/// A group whose host-buffer collectives (losses, norms, checkpoint gathers, barriers, abort)
+/// go through its bootstrap communicator (MPI) and whose tensor collectives go through NCCL,
+/// on the device when the tensors are on a CUDA device.
+#[derive(Debug)]
+pub struct NcclGroup {
+    host: Arc<dyn Communicator>,
+    nccl: NcclComm,
+}
+
+impl NcclGroup {
+    /// NCCL beside `host` on GPU `device`; the NCCL unique id travels over `host`.
+    pub fn new(host: Arc<dyn Communicator>, device: usize) -> Result<Self> {
+        let nccl = NcclComm::init(host.as_ref(), device)?;
+        Ok(Self { host, nccl })
+    }
+}
+
+impl Communicator for NcclGroup {
+    fn rank(&self) -> usize {
+        self.host.rank()
+    }
+    fn size(&self) -> usize {
+        self.host.size()
+    }
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        self.host.all_reduce_sum(buf)
+    }
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
+        self.host.all_reduce_sum_f64(buf)
+    }
+    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        self.host.all_gather_into(send, recv)
+    }
+    fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
+        self.host.reduce_scatter_sum(buf, out)
+    }
+    fn gather_into(&self, send: &[f32], recv: Option<&mut [f32]>, root: usize) -> Result<()> {
+        self.host.gather_into(send, recv, root)
+    }
+    fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
+        self.host.all_to_all(send)
+    }
+    fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
+        self.host.broadcast(buf, root)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.host.barrier()
+    }
+    fn barrier_unbounded(&self) -> Result<()> {
+        self.host.barrier_unbounded()
+    }
+    fn abort(&self, why: &str) {
+        self.host.abort(why)
+    }
+    fn on_device(&self, device: &burn::tensor::Device) -> bool {
+        self.nccl.on_device(device)
+    }
+    fn all_reduce_tensor(&self, t: burn::tensor::Tensor<1>) -> Result<burn::tensor::Tensor<1>> {
+        self.nccl.all_reduce_tensor(t)
+    }
+    fn all_to_all_tensors(
+        &self,
+        send: Vec<burn::tensor::Tensor<4>>,
+    ) -> Result<Vec<burn::tensor::Tensor<4>>> {
+        self.nccl.all_to_all_tensors(send)
+    }
+}
+
+/// `ranks` with NCCL beside each group (world, SP, DP) on GPU `device`: the tensor collectives
+/// of training (gradient all-reduce, Ulysses all-to-all) then run on device memory.
+pub fn with_nccl(
+    ranks: crate::parallel::ranks::Ranks,
+    device: usize,
+) -> Result<crate::parallel::ranks::Ranks> {
+    let wrap = |c: &Arc<dyn Communicator>| -> Result<Arc<dyn Communicator>> {
+        Ok(Arc::new(NcclGroup::new(c.clone(), device)?))
+    };
+    Ok(crate::parallel::ranks::Ranks {
+        world: wrap(&ranks.world)?,
+        sp: wrap(&ranks.sp)?,
+        dp: wrap(&ranks.dp)?,
+        ..ranks
+    })
 }

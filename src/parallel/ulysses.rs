@@ -4,7 +4,8 @@
 //! inverse all-to-all restores `[b, H, s/P, d]`. Each exchange is a differentiable op whose
 //! backward is the exchange in the other direction.
 //!
-//! The exchange moves host buffers through the [`Communicator`]; a communication failure inside
+//! The exchange goes through the [`Communicator`]'s tensor all-to-all (host buffers for threads
+//! and MPI, device memory for NCCL on CUDA); a communication failure inside
 //! the op panics with the communicator's message (an op cannot return an error), and the rank
 //! runner turns that panic into this rank's error and aborts the others.
 
@@ -18,7 +19,7 @@ use burn::backend::autodiff::{
     Autodiff,
 };
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 
 use crate::model::attention::AttnOptions;
 use crate::parallel::comm::Communicator;
@@ -77,20 +78,29 @@ pub struct ExchangeParams {
     pub count: bool,
 }
 
-#[backend_extension(Flex, Autodiff)]
+#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cuda"))]
 pub trait UlyssesOps: Backend {
     /// The all-to-all of one 4-D tensor in `params.direction`.
     fn ulysses_exchange(x: FloatTensor<Self>, params: ExchangeParams) -> FloatTensor<Self>;
 }
 
-impl UlyssesOps for Flex {
-    fn ulysses_exchange(x: FloatTensor<Self>, params: ExchangeParams) -> FloatTensor<Self> {
-        let x = Tensor::<4>::from_primitive::<Flex>(x);
-        exchange(x, &params)
-            .try_into_primitive::<Flex>()
-            .expect("ulysses: result left the Flex backend")
-    }
+/// The exchange on a concrete backend (CPU, and CUDA until NCCL takes device buffers here).
+macro_rules! exchange_for {
+    ($backend:ty) => {
+        impl UlyssesOps for $backend {
+            fn ulysses_exchange(x: FloatTensor<Self>, params: ExchangeParams) -> FloatTensor<Self> {
+                let x = Tensor::<4>::from_primitive::<Self>(x);
+                exchange(x, &params)
+                    .try_into_primitive::<Self>()
+                    .expect("ulysses: the result left the backend of its input")
+            }
+        }
+    };
 }
+
+exchange_for!(Flex);
+#[cfg(feature = "cuda")]
+exchange_for!(burn::backend::Cube);
 
 impl<B: Backend + UlyssesOps, C: CheckpointStrategy> UlyssesOps for Autodiff<B, C> {
     fn ulysses_exchange(x: FloatTensor<Self>, params: ExchangeParams) -> FloatTensor<Self> {
@@ -139,38 +149,27 @@ impl<B: Backend + UlyssesOps, C: CheckpointStrategy> UlyssesOps for Autodiff<B, 
 /// The exchange on plain tensors: split along one dim, all-to-all, concatenate along the other.
 fn exchange(x: Tensor<4>, params: &ExchangeParams) -> Tensor<4> {
     let p = params.group.degree();
-    let [b, h, s, d] = x.dims();
-    let device = x.device();
     let (split_dim, cat_dim) = match params.direction {
         Direction::SeqToHeads => (1, 2),
         Direction::HeadsToSeq => (2, 1),
     };
     let part = x.dims()[split_dim] / p;
-    let mut send = Vec::with_capacity(p);
-    for j in 0..p {
-        let chunk = x.clone().narrow(split_dim, j * part, part);
-        send.push(chunk.try_into_vec_as::<f32>().expect("f32 activations"));
-    }
+    let send: Vec<Tensor<4>> = (0..p)
+        .map(|j| x.clone().narrow(split_dim, j * part, part))
+        .collect();
     if params.count {
-        let n: usize = send.iter().map(Vec::len).sum();
+        let n: usize = send.iter().map(|t| t.shape().num_elements()).sum();
         params
             .group
             .sent_forward
             .fetch_add(n as u64, Ordering::Relaxed);
     }
-    let recv = params
+    // Host buffers for threads and MPI; device memory for NCCL on CUDA tensors.
+    let parts = params
         .group
         .comm
-        .all_to_all(send)
+        .all_to_all_tensors(send)
         .unwrap_or_else(|e| panic!("sequence-parallel exchange failed: {e}"));
-    let shape = match params.direction {
-        Direction::SeqToHeads => [b, h / p, s, d],
-        Direction::HeadsToSeq => [b, h, s / p, d],
-    };
-    let parts: Vec<Tensor<4>> = recv
-        .into_iter()
-        .map(|v| Tensor::from_data(TensorData::new(v, shape), &device))
-        .collect();
     Tensor::cat(parts, cat_dim)
 }
 

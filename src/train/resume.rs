@@ -9,7 +9,8 @@
 //! - **applied, with a note** on stderr, from the first resumed step on: `weight_decay`,
 //!   `max_grad_norm`, `attention` (flash and naive compute the same function), `zero`,
 //!   `checkpoint_activations`, `skip_nonfinite`, `max_consecutive_skips`, `val_every`, `checkpoint_every`, `keep_checkpoints`,
-//!   `reduce_bucket_size`, `rank_timeout_s`;
+//!   `reduce_bucket_size`, `rank_timeout_s`, `precision` (the master weights and moments are
+//!   fp32 either way);
 //! - the **data**: the checkpoint stores a fingerprint of the tokenized training records; a
 //!   resume whose data differs is refused. `RUN/data.parquet` is reused when the FASTA inputs
 //!   are unchanged (same files, sizes and modification times, recorded in
@@ -104,7 +105,8 @@ pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
         checkpoint_every,
         keep_checkpoints,
         reduce_bucket_size,
-        rank_timeout_s
+        rank_timeout_s,
+        precision
     );
     match &saved.config {
         Some(c) => {

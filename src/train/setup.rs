@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::backend::DeviceChoice;
 use crate::config::Config;
 use crate::data::dataset::read_dataset;
 use crate::data::fasta::discover;
@@ -39,10 +40,14 @@ pub struct RunOptions {
     pub overwrite: bool,
     /// Start even when the predicted peak memory exceeds the available memory.
     pub skip_memory_check: bool,
+    /// The backend and device the ranks of this process compute on.
+    pub device: DeviceChoice,
+    /// This rank's index among the ranks run as threads of this process (GPU offset).
+    pub thread_rank: usize,
 }
 
-/// Refuses, before any work, a run whose predicted peak memory exceeds what this machine has
-/// available (unless `--skip-memory-check`); see [`crate::train::memory`].
+/// Refuses, before any work, a CPU run whose predicted peak memory exceeds what this machine
+/// has available (unless `--skip-memory-check`); see [`crate::train::memory`].
 pub fn check_memory(
     cfg: &Config,
     dp: usize,
@@ -52,8 +57,13 @@ pub fn check_memory(
 ) -> Result<()> {
     cfg.model.validate().map_err(Error::Invalid)?;
     cfg.train.validate().map_err(Error::Invalid)?;
+    // The planner predicts the CPU backend's host peak; a GPU run's activations live on the
+    // device (`genslm plan` reports per-GPU memory).
+    let on_cpu = opts.device.backend == crate::backend::BackendKind::Cpu;
     match available_bytes() {
-        Some(avail) if !opts.skip_memory_check => check_fits(cfg, dp, sp, in_process, avail),
+        Some(avail) if on_cpu && !opts.skip_memory_check => {
+            check_fits(cfg, dp, sp, in_process, avail)
+        }
         _ => Ok(()),
     }
 }

@@ -86,11 +86,47 @@ pub fn reduce_params(
         return Ok(());
     }
     let device = grads[idx[0]].device();
+    if comm.on_device(&device) {
+        return reduce_params_on_device(grads, idx, comm, bucket);
+    }
     let mut host: Vec<Vec<f32>> = idx.iter().map(|&i| tensor_to_vec(&grads[i])).collect();
     let mut views: Vec<&mut [f32]> = host.iter_mut().map(|v| &mut v[..]).collect();
     all_reduce_bucketed(comm, &mut views, bucket)?;
     for (&i, v) in idx.iter().zip(host) {
         grads[i] = host_to_param(v, &device);
+    }
+    Ok(())
+}
+
+/// [`reduce_params`] without leaving the device: gradients packed into flat buckets of up to
+/// `bucket` elements (a larger gradient alone), each summed by one collective, then split back.
+fn reduce_params_on_device(
+    grads: &mut [Tensor<1>],
+    idx: &[usize],
+    comm: &dyn Communicator,
+    bucket: usize,
+) -> Result<()> {
+    let mut start = 0;
+    while start < idx.len() {
+        let mut end = start + 1;
+        let mut n = grads[idx[start]].dims()[0];
+        while end < idx.len() && n + grads[idx[end]].dims()[0] <= bucket {
+            n += grads[idx[end]].dims()[0];
+            end += 1;
+        }
+        let members = &idx[start..end];
+        let flat = Tensor::cat(members.iter().map(|&i| grads[i].clone()).collect(), 0);
+        let sum = comm.all_reduce_tensor(flat)?;
+        let mut at = 0;
+        for &i in members {
+            // An empty gradient stays as it is (burn cannot narrow to length 0).
+            let len = grads[i].dims()[0];
+            if len > 0 {
+                grads[i] = sum.clone().narrow(0, at, len);
+            }
+            at += len;
+        }
+        start = end;
     }
     Ok(())
 }

@@ -10,8 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burn::tensor::Device;
-
+use crate::backend::resolve_precision;
 use crate::config::Config;
 use crate::data::loader::{Batch, Corpus, Loader};
 use crate::error::{Error, Result};
@@ -77,6 +76,7 @@ pub fn train_threads(
         let (cfg, corpus, run) = (cfg.clone(), corpus.clone(), run.to_path_buf());
         let opts = RunOptions {
             progress: opts.progress && ranks.is_root(),
+            thread_rank: ranks.topo.rank,
             ..opts.clone()
         };
         let tx = tx.clone();
@@ -233,7 +233,8 @@ pub fn train_rank(
     let t = &cfg.train;
     validate_layout(cfg, &ranks.topo)?;
     let ranks = &ranks.clone().with_bucket(t.reduce_bucket_size);
-    let ad = Device::flex().autodiff();
+    let ad = opts.device.open(opts.thread_rank)?.autodiff();
+    let precision = resolve_precision(t.precision, opts.device.backend);
     let adamw = AdamWConfig {
         beta1: t.beta1,
         beta2: t.beta2,
@@ -248,7 +249,7 @@ pub fn train_rank(
         let mut moments = l.opt;
         // Applied changes take effect: the optimizer's weight decay, the attention kernel.
         moments.cfg = adamw;
-        let mut model = l.model;
+        let mut model = l.model.with_precision(precision);
         model.cfg.attention = cfg.model.attention;
         let model = shard_model(
             model,
@@ -265,7 +266,7 @@ pub fn train_rank(
         (model, opt, state)
     } else {
         let model = shard_model(
-            GenSlm::init(cfg.model.clone(), t.seed, &ad)?,
+            GenSlm::init(cfg.model.clone(), t.seed, &ad)?.with_precision(precision),
             None,
             ranks,
             t.seq_len,

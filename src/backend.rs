@@ -1,0 +1,240 @@
+//! Which device a process computes on: `--backend cpu|cuda`, `--device N`, and the local rank a
+//! launcher gives each process (one process per GPU).
+//!
+//! The rest of the program is backend-erased (`burn::tensor::Device`); this file is the one
+//! place that knows which backends the build has. A request the build or the machine cannot
+//! serve is an error that says what is missing, never a panic inside burn: burn-cuda panics on
+//! its first operation when the driver is absent, so the driver is probed here first.
+
+use burn::tensor::Device;
+
+use crate::config::Precision;
+use crate::error::{Error, Result};
+
+/// A compute backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// burn's `flex` CPU backend (always built).
+    #[default]
+    Cpu,
+    /// burn-cuda on an NVIDIA GPU (feature `cuda`).
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+
+    /// bf16 compute where the hardware has bf16 matmuls (GPUs); fp32 on CPU, where flex runs
+    /// bf16 matmuls through f32 and the casts only cost time.
+    pub fn default_precision(self) -> Precision {
+        match self {
+            BackendKind::Cpu => Precision::Fp32,
+            BackendKind::Cuda => Precision::Bf16,
+        }
+    }
+}
+
+/// Per-process local-rank variables of the launchers (Open MPI, MPICH/Intel MPI, Slurm,
+/// torchrun-style), in the order they are consulted.
+pub const LOCAL_RANK_VARS: [&str; 4] = [
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "SLURM_LOCALID",
+    "LOCAL_RANK",
+];
+
+/// This process's rank among the processes of its node, with the variable it came from.
+pub fn local_rank(get: impl Fn(&str) -> Option<String>) -> Option<(usize, &'static str)> {
+    LOCAL_RANK_VARS
+        .iter()
+        .find_map(|&k| Some((get(k)?.trim().parse().ok()?, k)))
+}
+
+/// Where a process computes: the backend and, for GPUs, which device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceChoice {
+    pub backend: BackendKind,
+    /// `--device N`: overrides the launcher's local rank.
+    pub index: Option<usize>,
+}
+
+impl DeviceChoice {
+    pub fn cpu() -> Self {
+        Self::default()
+    }
+
+    /// The GPU index of thread rank `thread_rank` of this process: `--device`, else the local
+    /// rank, else 0, plus the thread rank (ranks run as threads take consecutive GPUs). The
+    /// text says where the index came from, for error messages.
+    pub fn gpu_index(
+        &self,
+        thread_rank: usize,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> (usize, String) {
+        let (base, from) = match (self.index, local_rank(get)) {
+            (Some(i), _) => (i, "--device".to_string()),
+            (None, Some((r, var))) => (r, format!("local rank {var}={r}")),
+            (None, None) => (0, "the default".to_string()),
+        };
+        (base + thread_rank, from)
+    }
+
+    /// Opens the device for thread rank `thread_rank` of this process.
+    pub fn open(&self, thread_rank: usize) -> Result<Device> {
+        match self.backend {
+            BackendKind::Cpu => Ok(Device::flex()),
+            BackendKind::Cuda => {
+                let (index, from) = self.gpu_index(thread_rank, |k| std::env::var(k).ok());
+                open_cuda(index, &from)
+            }
+        }
+    }
+
+    /// Fails early, before any work, when the backend cannot run here.
+    pub fn check(&self) -> Result<()> {
+        self.open(0).map(|_| ())
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(index: usize, from: &str) -> Result<Device> {
+    let count = cuda_device_count()?;
+    if index >= count {
+        return Err(Error::Invalid(format!(
+            "--backend cuda: GPU {index} requested ({from}), but this machine has {count} \
+             visible GPU(s) (CUDA_VISIBLE_DEVICES={})",
+            std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
+        )));
+    }
+    Ok(Device::cuda(index))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_index: usize, _from: &str) -> Result<Device> {
+    Err(Error::Invalid(
+        "--backend cuda: this genslm was built without the CUDA backend. Rebuild with \
+         scripts/build-cuda.sh (or `cargo build --release --features cuda,nccl`), or use \
+         --backend cpu"
+            .into(),
+    ))
+}
+
+/// GPUs the CUDA driver sees; an error naming what is missing when there is no driver or no
+/// GPU.
+#[cfg(feature = "cuda")]
+pub fn cuda_device_count() -> Result<usize> {
+    use cudarc::driver::{result, sys};
+    // SAFETY: only tries to load libcuda; cudarc panics on first use when it is absent.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::Invalid(
+            "--backend cuda: the NVIDIA driver library (libcuda.so) was not found: this \
+             machine has no NVIDIA driver installed, or it is not on the library path"
+                .into(),
+        ));
+    }
+    result::init().map_err(|e| {
+        Error::Invalid(format!(
+            "--backend cuda: the NVIDIA driver did not initialise ({e:?}): no usable GPU"
+        ))
+    })?;
+    let n = result::device::get_count()
+        .map_err(|e| Error::Invalid(format!("--backend cuda: cannot count GPUs ({e:?})")))?;
+    if n <= 0 {
+        return Err(Error::Invalid(
+            "--backend cuda: the NVIDIA driver sees no GPU (check CUDA_VISIBLE_DEVICES)".into(),
+        ));
+    }
+    Ok(n as usize)
+}
+
+/// Where and in what precision an inference command (score, embed, generate) computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Compute {
+    pub device: DeviceChoice,
+    pub precision: Precision,
+}
+
+impl Compute {
+    /// The backend's default precision unless one is asked for.
+    pub fn new(device: DeviceChoice, precision: Option<Precision>) -> Self {
+        Self {
+            device,
+            precision: resolve_precision(precision, device.backend),
+        }
+    }
+
+    /// This process's device (the first of its thread ranks).
+    pub fn open(&self) -> Result<Device> {
+        self.device.open(0)
+    }
+}
+
+/// The precision to run: the flag/config value, else the backend's default.
+pub fn resolve_precision(requested: Option<Precision>, backend: BackendKind) -> Precision {
+    requested.unwrap_or(backend.default_precision())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn the_local_rank_picks_the_gpu_and_device_overrides_it() {
+        let cuda = DeviceChoice {
+            backend: BackendKind::Cuda,
+            index: None,
+        };
+        assert_eq!(cuda.gpu_index(0, env(&[])).0, 0);
+        for var in LOCAL_RANK_VARS {
+            assert_eq!(cuda.gpu_index(0, env(&[(var, "3")])).0, 3, "{var}");
+        }
+        // Open MPI's variable wins over Slurm's when both are set (mpirun inside an allocation).
+        let both = [("SLURM_LOCALID", "0"), ("OMPI_COMM_WORLD_LOCAL_RANK", "2")];
+        assert_eq!(cuda.gpu_index(0, env(&both)).0, 2);
+        // Thread ranks of one process take consecutive GPUs.
+        assert_eq!(cuda.gpu_index(1, env(&both)).0, 3);
+        let pinned = DeviceChoice {
+            index: Some(5),
+            ..cuda
+        };
+        assert_eq!(pinned.gpu_index(0, env(&both)), (5, "--device".to_string()));
+        // Garbage is not a local rank.
+        assert_eq!(local_rank(env(&[("LOCAL_RANK", "x")])), None);
+    }
+
+    #[test]
+    fn precision_defaults_follow_the_backend() {
+        assert_eq!(resolve_precision(None, BackendKind::Cpu), Precision::Fp32);
+        assert_eq!(resolve_precision(None, BackendKind::Cuda), Precision::Bf16);
+        assert_eq!(
+            resolve_precision(Some(Precision::Fp32), BackendKind::Cuda),
+            Precision::Fp32
+        );
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_says_how_to_rebuild() {
+        let e = DeviceChoice {
+            backend: BackendKind::Cuda,
+            index: None,
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--features cuda"), "{e}");
+    }
+}

@@ -1,0 +1,57 @@
+//! `--backend`, `--device` and `--precision`, shared by train, score, embed and generate.
+
+use clap::ValueEnum;
+
+use genslm::backend::{BackendKind, Compute, DeviceChoice};
+use genslm::config::Precision;
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
+pub enum BackendArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
+pub enum PrecisionArg {
+    Fp32,
+    Bf16,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// Compute backend: cpu, or cuda (an NVIDIA GPU; needs a build with the `cuda` feature,
+    /// scripts/build-cuda.sh).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: BackendArg,
+    /// GPU index (default: the launcher's local rank, e.g. OMPI_COMM_WORLD_LOCAL_RANK or
+    /// SLURM_LOCALID, else 0).
+    #[arg(long)]
+    pub device: Option<usize>,
+    /// Compute precision (default: bf16 on cuda, fp32 on cpu). Weights and optimizer state stay
+    /// fp32; norm/softmax statistics, the loss and gradient reductions are fp32 either way.
+    #[arg(long, value_enum)]
+    pub precision: Option<PrecisionArg>,
+}
+
+impl DeviceArgs {
+    pub fn choice(&self) -> DeviceChoice {
+        DeviceChoice {
+            backend: match self.backend {
+                BackendArg::Cpu => BackendKind::Cpu,
+                BackendArg::Cuda => BackendKind::Cuda,
+            },
+            index: self.device,
+        }
+    }
+
+    pub fn precision(&self) -> Option<Precision> {
+        self.precision.map(|p| match p {
+            PrecisionArg::Fp32 => Precision::Fp32,
+            PrecisionArg::Bf16 => Precision::Bf16,
+        })
+    }
+
+    pub fn compute(&self) -> Compute {
+        Compute::new(self.choice(), self.precision())
+    }
+}

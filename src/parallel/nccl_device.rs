@@ -1,0 +1,197 @@
+//! NCCL on burn-cuda device memory (features `nccl` + `cuda`): the collectives read and write
+//! the tensors' own device buffers, with no copy through the host.
+//!
+//! How NCCL's stream is ordered against burn's. cubecl enqueues burn's kernels on a per-thread
+//! CUDA stream of its own, which it does not expose; NCCL runs on this communicator's stream
+//! (a separate non-blocking stream of the same primary context, so the device addresses are
+//! valid in both). Each collective therefore:
+//! 1. makes its inputs contiguous and allocates fresh, contiguous outputs (cubecl's CUDA
+//!    layout may pad rows; an input buffer may be shared with other tensors, so nothing is
+//!    written in place);
+//! 2. takes every buffer's device address with `get_resource`, whose guard keeps the
+//!    allocation alive and in place while held;
+//! 3. waits on the host until cubecl's stream has finished the work that writes the inputs
+//!    (`client.sync()`), then enqueues the NCCL call on our stream;
+//! 4. waits for our stream (`synchronize`) before dropping the guards and handing the outputs
+//!    to burn. cubecl reuses a released buffer on its own stream at once, so nothing NCCL
+//!    touches may be released earlier.
+//!
+//! The two host waits cost latency per collective, not bandwidth; the buckets of
+//! `parallel::bucket` keep the count of collectives per step small.
+
+use std::sync::Arc;
+
+use burn::backend::{Cube, DispatchDevice};
+use burn::tensor::{DType, Device, Shape, Tensor};
+use burn_cubecl::cubecl::__private::Runtime;
+use burn_cubecl::cubecl::cuda::CudaRuntime;
+use burn_cubecl::cubecl::future::block_on;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeDevice;
+use cudarc::driver::{
+    sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
+};
+use cudarc::nccl::ReduceOp;
+
+use crate::error::{Error, Result};
+use crate::parallel::nccl::{nerr, NcclComm};
+
+/// `Runtime` is public only through cubecl's doc-hidden re-export; this is the one name the
+/// CUDA server's storage type can be reached by.
+type CudaServer = <CudaRuntime as Runtime>::Server;
+
+/// Whether `device` is a CUDA device (through an autodiff wrapper or not).
+pub fn is_cuda(device: &Device) -> bool {
+    fn inner(d: &DispatchDevice) -> bool {
+        match d {
+            DispatchDevice::Autodiff(ad) => inner(ad),
+            DispatchDevice::Cube(CubeDevice::Cuda(_)) => true,
+            _ => false,
+        }
+    }
+    inner(device.as_dispatch())
+}
+
+/// Whether NCCL can move `t`'s memory directly: an f32 tensor on a CUDA device.
+pub fn movable(t: &Tensor<1>) -> bool {
+    t.dtype() == DType::F32 && is_cuda(&t.device())
+}
+
+/// A borrowed device address as cudarc's slice traits want it. The memory belongs to cubecl;
+/// the `get_resource` guard held beside this keeps it in place, and the caller synchronises
+/// (see the module comment), so the returned `SyncOnDrop` does nothing.
+struct Raw {
+    ptr: CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+}
+
+impl DeviceSlice<f32> for Raw {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl DevicePtr<f32> for Raw {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl DevicePtrMut<f32> for Raw {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+fn cube<const D: usize>(t: Tensor<D>) -> Result<CubeTensor> {
+    t.try_into_primitive::<Cube>()
+        .map(into_contiguous)
+        .map_err(|e| Error::Invalid(format!("NCCL: not a CUDA tensor: {e:?}")))
+}
+
+fn fresh(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::from(dims.to_vec()),
+        like.dtype,
+    )
+}
+
+fn gerr(e: impl std::fmt::Debug) -> Error {
+    Error::Invalid(format!("NCCL: CUDA buffer of a burn tensor: {e:?}"))
+}
+
+impl NcclComm {
+    /// Sum over the group of an f32 CUDA tensor, device to device.
+    pub(crate) fn device_all_reduce(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        let n = t.dims()[0];
+        let x = cube(t)?;
+        let out = fresh(&x, &[n]);
+        let src = x
+            .client
+            .get_resource::<CudaServer>(x.handle.clone())
+            .map_err(gerr)?;
+        let dst = x
+            .client
+            .get_resource::<CudaServer>(out.handle.clone())
+            .map_err(gerr)?;
+        block_on(x.client.sync()).map_err(gerr)?;
+        let send = self.raw(src.resource().ptr, n);
+        let mut recv = self.raw(dst.resource().ptr, n);
+        self.lock()
+            .all_reduce(&send, &mut recv, &ReduceOp::Sum)
+            .map_err(|e| nerr("all_reduce", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| nerr("synchronize", e))?;
+        drop((src, dst, x));
+        Ok(Tensor::from_primitive::<Cube>(out))
+    }
+
+    /// All-to-all of f32 CUDA tensors of one shape: grouped sends and receives (NCCL has no
+    /// all-to-all call), device to device.
+    pub(crate) fn device_all_to_all(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
+        let dims = send[0].dims();
+        let n: usize = dims.iter().product();
+        let xs = send.into_iter().map(cube).collect::<Result<Vec<_>>>()?;
+        let outs: Vec<CubeTensor> = xs.iter().map(|x| fresh(x, &dims)).collect();
+        let client = xs[0].client.clone();
+        let srcs = xs
+            .iter()
+            .map(|x| client.get_resource::<CudaServer>(x.handle.clone()))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(gerr)?;
+        let dsts = outs
+            .iter()
+            .map(|x| client.get_resource::<CudaServer>(x.handle.clone()))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(gerr)?;
+        block_on(client.sync()).map_err(gerr)?;
+        {
+            let comm = self.lock();
+            cudarc::nccl::result::group_start().map_err(|e| nerr("group start", e))?;
+            let mut failed = None;
+            for (j, (s, d)) in srcs.iter().zip(&dsts).enumerate() {
+                let send = self.raw(s.resource().ptr, n);
+                let mut recv = self.raw(d.resource().ptr, n);
+                if let Err(e) = comm.send(&send, j as i32) {
+                    failed = Some(nerr("send", e));
+                    break;
+                }
+                if let Err(e) = comm.recv(&mut recv, j as i32) {
+                    failed = Some(nerr("recv", e));
+                    break;
+                }
+            }
+            // The group is closed whatever happened, so NCCL is left in a usable state.
+            let end = cudarc::nccl::result::group_end().map_err(|e| nerr("group end", e));
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            end?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(|e| nerr("synchronize", e))?;
+        drop((srcs, dsts, xs));
+        Ok(outs
+            .into_iter()
+            .map(Tensor::from_primitive::<Cube>)
+            .collect())
+    }
+
+    fn raw(&self, ptr: u64, len: usize) -> Raw {
+        Raw {
+            ptr,
+            len,
+            stream: self.stream.clone(),
+        }
+    }
+}
