@@ -6,7 +6,9 @@
 # Its own target dir: sharing the CPU build's would rebuild burn with other features each time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CUDA_CHECK_TARGET_DIR:-${CARGO_TARGET_DIR:-$PWD/target}-cuda-check}"
+# Beside the CPU build when CARGO_TARGET_DIR is set (CI), else inside ./target (ignored).
+if [ -n "${CARGO_TARGET_DIR:-}" ]; then DEFAULT="$CARGO_TARGET_DIR-cuda-check"; else DEFAULT="$PWD/target/cuda-check"; fi
+export CARGO_TARGET_DIR="${CUDA_CHECK_TARGET_DIR:-$DEFAULT}"
 export DOCS_RS=1
 echo "== cargo clippy --features cuda,nccl (DOCS_RS=1, target $CARGO_TARGET_DIR)"
 cargo clippy --locked --features cuda,nccl --all-targets -- -D warnings

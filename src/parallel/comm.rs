@@ -83,6 +83,17 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
         host_all_reduce_tensor(self, t)
     }
 
+    /// Reduce-scatter of a flat tensor of `size() · block` elements: this rank's block of the
+    /// sum. The default stages host copies in one call (host groups use `parallel::bucket`).
+    fn reduce_scatter_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        host_reduce_scatter_tensor(self, t)
+    }
+    /// All-gather of equal blocks: every rank's `t`, in rank order, as one flat tensor. The
+    /// default stages host copies in one call.
+    fn all_gather_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        host_all_gather_tensor(self, t)
+    }
+
     /// Every rank's `send`, one vector per rank (see [`Communicator::all_gather_into`]).
     fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
         let mut recv = vec![0.0; send.len() * self.size()];
@@ -91,6 +102,11 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
             .map(|j| recv[j * send.len()..(j + 1) * send.len()].to_vec())
             .collect())
     }
+}
+
+fn to_host<const D: usize>(t: Tensor<D>, op: &str) -> Result<Vec<f32>> {
+    t.try_into_vec_as::<f32>()
+        .map_err(|e| Error::Invalid(format!("{op}: tensor to host: {e:?}")))
 }
 
 /// [`Communicator::all_to_all_tensors`] through host buffers.
@@ -104,10 +120,7 @@ pub fn host_all_to_all_tensors<C: Communicator + ?Sized, const D: usize>(
     let (shape, device, dtype) = (first.dims(), first.device(), first.dtype());
     let host = send
         .into_iter()
-        .map(|t| {
-            t.try_into_vec_as::<f32>()
-                .map_err(|e| Error::Invalid(format!("all_to_all: tensor to host: {e:?}")))
-        })
+        .map(|t| to_host(t, "all_to_all"))
         .collect::<Result<Vec<_>>>()?;
     Ok(comm
         .all_to_all(host)?
@@ -122,12 +135,42 @@ pub fn host_all_reduce_tensor<C: Communicator + ?Sized>(
     t: Tensor<1>,
 ) -> Result<Tensor<1>> {
     let (device, dtype) = (t.device(), t.dtype());
-    let mut v = t
-        .try_into_vec_as::<f32>()
-        .map_err(|e| Error::Invalid(format!("all_reduce: tensor to host: {e:?}")))?;
+    let mut v = to_host(t, "all_reduce")?;
     comm.all_reduce_sum(&mut v)?;
     let n = v.len();
     Ok(Tensor::from_data(TensorData::new(v, [n]), (&device, dtype)))
+}
+
+/// [`Communicator::reduce_scatter_tensor`] through host buffers.
+pub fn host_reduce_scatter_tensor<C: Communicator + ?Sized>(
+    comm: &C,
+    t: Tensor<1>,
+) -> Result<Tensor<1>> {
+    let (device, dtype) = (t.device(), t.dtype());
+    let flat = to_host(t, "reduce_scatter")?;
+    let mut out = vec![0.0; flat.len() / comm.size().max(1)];
+    comm.reduce_scatter_sum(&flat, &mut out)?;
+    let n = out.len();
+    Ok(Tensor::from_data(
+        TensorData::new(out, [n]),
+        (&device, dtype),
+    ))
+}
+
+/// [`Communicator::all_gather_tensor`] through host buffers.
+pub fn host_all_gather_tensor<C: Communicator + ?Sized>(
+    comm: &C,
+    t: Tensor<1>,
+) -> Result<Tensor<1>> {
+    let (device, dtype) = (t.device(), t.dtype());
+    let block = to_host(t, "all_gather")?;
+    let mut out = vec![0.0; block.len() * comm.size()];
+    comm.all_gather_into(&block, &mut out)?;
+    let n = out.len();
+    Ok(Tensor::from_data(
+        TensorData::new(out, [n]),
+        (&device, dtype),
+    ))
 }
 
 /// Checks `total == size · block` (reduce-scatter, all-gather shapes).

@@ -232,6 +232,30 @@ impl Communicator for NcclComm {
     }
 
     #[cfg(feature = "cuda")]
+    fn reduce_scatter_tensor(&self, t: burn::tensor::Tensor<1>) -> Result<burn::tensor::Tensor<1>> {
+        check_blocks(
+            "reduce_scatter",
+            t.dims()[0],
+            t.dims()[0] / self.size,
+            self.size,
+        )?;
+        if crate::parallel::nccl_device::movable(&t) {
+            self.device_reduce_scatter(t)
+        } else {
+            crate::parallel::comm::host_reduce_scatter_tensor(self, t)
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn all_gather_tensor(&self, t: burn::tensor::Tensor<1>) -> Result<burn::tensor::Tensor<1>> {
+        if crate::parallel::nccl_device::movable(&t) {
+            self.device_all_gather(t)
+        } else {
+            crate::parallel::comm::host_all_gather_tensor(self, t)
+        }
+    }
+
+    #[cfg(feature = "cuda")]
     fn all_to_all_tensors(
         &self,
         send: Vec<burn::tensor::Tensor<4>>,
@@ -320,6 +344,12 @@ impl Communicator for NcclGroup {
         send: Vec<burn::tensor::Tensor<4>>,
     ) -> Result<Vec<burn::tensor::Tensor<4>>> {
         self.nccl.all_to_all_tensors(send)
+    }
+    fn reduce_scatter_tensor(&self, t: burn::tensor::Tensor<1>) -> Result<burn::tensor::Tensor<1>> {
+        self.nccl.reduce_scatter_tensor(t)
+    }
+    fn all_gather_tensor(&self, t: burn::tensor::Tensor<1>) -> Result<burn::tensor::Tensor<1>> {
+        self.nccl.all_gather_tensor(t)
     }
 }
 

@@ -36,6 +36,7 @@ use cudarc::driver::{
 use cudarc::nccl::ReduceOp;
 
 use crate::error::{Error, Result};
+use crate::parallel::comm::Communicator;
 use crate::parallel::nccl::{nerr, NcclComm};
 
 /// `Runtime` is public only through cubecl's doc-hidden re-export; this is the one name the
@@ -128,6 +129,60 @@ impl NcclComm {
         self.lock()
             .all_reduce(&send, &mut recv, &ReduceOp::Sum)
             .map_err(|e| nerr("all_reduce", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| nerr("synchronize", e))?;
+        drop((src, dst, x));
+        Ok(Tensor::from_primitive::<Cube>(out))
+    }
+
+    /// Reduce-scatter of a flat f32 CUDA tensor (`size · block` elements): this rank's block
+    /// of the sum, device to device.
+    pub(crate) fn device_reduce_scatter(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        let n = t.dims()[0];
+        let block = n / self.size();
+        let x = cube(t)?;
+        let out = fresh(&x, &[block]);
+        let src = x
+            .client
+            .get_resource::<CudaServer>(x.handle.clone())
+            .map_err(gerr)?;
+        let dst = x
+            .client
+            .get_resource::<CudaServer>(out.handle.clone())
+            .map_err(gerr)?;
+        block_on(x.client.sync()).map_err(gerr)?;
+        let send = self.raw(src.resource().ptr, n);
+        let mut recv = self.raw(dst.resource().ptr, block);
+        self.lock()
+            .reduce_scatter(&send, &mut recv, &ReduceOp::Sum)
+            .map_err(|e| nerr("reduce_scatter", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| nerr("synchronize", e))?;
+        drop((src, dst, x));
+        Ok(Tensor::from_primitive::<Cube>(out))
+    }
+
+    /// All-gather of equal f32 CUDA blocks into one flat tensor, device to device.
+    pub(crate) fn device_all_gather(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        let block = t.dims()[0];
+        let x = cube(t)?;
+        let out = fresh(&x, &[block * self.size()]);
+        let src = x
+            .client
+            .get_resource::<CudaServer>(x.handle.clone())
+            .map_err(gerr)?;
+        let dst = x
+            .client
+            .get_resource::<CudaServer>(out.handle.clone())
+            .map_err(gerr)?;
+        block_on(x.client.sync()).map_err(gerr)?;
+        let send = self.raw(src.resource().ptr, block);
+        let mut recv = self.raw(dst.resource().ptr, block * self.size());
+        self.lock()
+            .all_gather(&send, &mut recv)
+            .map_err(|e| nerr("all_gather", e))?;
         self.stream
             .synchronize()
             .map_err(|e| nerr("synchronize", e))?;

@@ -55,6 +55,23 @@ pub fn block_len(total: usize, d: usize) -> usize {
     total.div_ceil(d)
 }
 
+/// `parts` (`real` elements in all) concatenated on `device` and zero-padded to `len`.
+fn padded(
+    parts: impl Iterator<Item = Tensor<1>>,
+    real: usize,
+    len: usize,
+    device: &burn::tensor::Device,
+) -> Tensor<1> {
+    let mut v: Vec<Tensor<1>> = parts.filter(|t| t.dims()[0] > 0).collect();
+    if len > real {
+        v.push(Tensor::zeros([len - real], device));
+    }
+    if v.is_empty() {
+        return Tensor::zeros([0], device);
+    }
+    Tensor::cat(v, 0)
+}
+
 /// The segments of the flat range `[from, from + len)` over parameters of lengths `lens`.
 pub fn segments_of(params: &[usize], lens: &[usize], from: usize, len: usize) -> Vec<Segment> {
     let mut out = Vec::new();
@@ -107,6 +124,19 @@ impl ZeroShard {
         }
     }
 
+    /// `flat` (this rank's block on the device) cut into the segments' pieces.
+    fn split(&self, flat: &Tensor<1>) -> Vec<Tensor<1>> {
+        let mut at = 0;
+        self.segments
+            .iter()
+            .map(|s| {
+                let t = flat.clone().narrow(0, at, s.len);
+                at += s.len;
+                t
+            })
+            .collect()
+    }
+
     /// This rank's block of `values` (one host vector per segment), zero-padded to `block`.
     fn padded_block(&self, values: impl Iterator<Item = Vec<f32>>) -> Vec<f32> {
         let mut mine = Vec::with_capacity(self.block);
@@ -119,6 +149,13 @@ impl ZeroShard {
     /// already be summed over the SP group), reduce-scattered in buckets.
     pub fn reduce_scatter(&self, grads: &[Tensor<1>], ranks: &Ranks) -> Result<Vec<Tensor<1>>> {
         let device = grads[self.params[0]].device();
+        if ranks.dp.on_device(&device) {
+            // NCCL on device buffers: one flat, padded tensor; no host copy, no i32 limit.
+            let parts = self.params.iter().map(|&i| grads[i].clone());
+            let flat = padded(parts, self.total, self.block * ranks.topo.dp, &device);
+            let mine = ranks.dp.reduce_scatter_tensor(flat)?;
+            return Ok(self.split(&mine));
+        }
         let mut flat = vec![0.0f32; self.block * ranks.topo.dp];
         let mut at = 0;
         for &i in &self.params {
@@ -161,10 +198,23 @@ impl ZeroShard {
             .map(|s| specs[s.param].clone())
             .collect();
         let new = self.opt.update(pieces, grad_chunk, &seg_specs, lr);
+        let device = params[self.params[0]].device();
+        if ranks.dp.on_device(&device) {
+            let real = self.segments.iter().map(|s| s.len).sum();
+            let mine = padded(new.into_iter(), real, self.block, &device);
+            let all = ranks.dp.all_gather_tensor(mine)?;
+            let mut at = 0;
+            for (&i, &n) in self.params.iter().zip(&self.lens) {
+                if n > 0 {
+                    params[i] = all.clone().narrow(0, at, n);
+                }
+                at += n;
+            }
+            return Ok(());
+        }
         let mine = self.padded_block(new.iter().map(tensor_to_vec));
         let mut flat = vec![0.0f32; self.block * ranks.topo.dp];
         all_gather_bucketed(ranks.dp.as_ref(), &mine, &mut flat, ranks.bucket)?;
-        let device = params[self.params[0]].device();
         let mut at = 0;
         for (&i, &n) in self.params.iter().zip(&self.lens) {
             params[i] = host_to_param(flat[at..at + n].to_vec(), &device);
