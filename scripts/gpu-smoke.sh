@@ -7,7 +7,8 @@
 #   (2) tokens/s, TFLOPS, MFU and peak GPU memory of genslm-25m and genslm-250m training at
 #       seq 2K, 8K and the longest power of two that fits (batch 1);
 #   (3) embed and generate on cuda;
-#   (4) with 2+ GPUs: --sp 2 (two ranks as threads, one GPU each) vs --sp 1, losses.
+#   (4) with 2+ GPUs: --sp 2 (under mpirun when present: NCCL on device buffers; else two
+#       thread ranks) vs --sp 1, losses.
 # PEAK_TFLOPS (default 989, H100/H200 SXM dense bf16) sets the MFU denominator.
 set -uo pipefail
 BIN=$(realpath "$1")
@@ -101,10 +102,19 @@ else row "(3) generate on cuda" "FAIL" "see stderr"; fi
 
 if [ "$NGPU" -ge 2 ]; then
   "$BIN" "${SMALL[@]}" --config configs/genslm-25m.toml --out "$WORK/sp1" --backend cuda --overwrite
-  if "$BIN" "${SMALL[@]}" --config configs/genslm-25m.toml --out "$WORK/sp2" --backend cuda \
-       --sp 2 --overwrite; then
-    row "(4) --sp 2 vs --sp 1 on cuda" "ran" "worst step loss gap $(gap "$WORK/sp1/metrics.jsonl" "$WORK/sp2/metrics.jsonl")"
-  else row "(4) --sp 2 on cuda" "FAIL" "see stderr"; fi
+  # Under mpirun (a binary built with mpi) the exchange runs over NCCL on device buffers;
+  # without it the two ranks are threads of one process talking through host memory.
+  if command -v mpirun >/dev/null; then
+    how="mpirun -np 2, NCCL"
+    LAUNCH=(mpirun --allow-run-as-root -np 2 -x OMPI_ALLOW_RUN_AS_ROOT=1 "$BIN")
+  else
+    how="threads, host exchange"; LAUNCH=("$BIN")
+  fi
+  if "${LAUNCH[@]}" "${SMALL[@]}" --config configs/genslm-25m.toml --out "$WORK/sp2" \
+       --backend cuda --sp 2 --overwrite; then
+    row "(4) --sp 2 ($how) vs --sp 1 on cuda" "ran" \
+      "worst step loss gap $(gap "$WORK/sp1/metrics.jsonl" "$WORK/sp2/metrics.jsonl")"
+  else row "(4) --sp 2 ($how) on cuda" "FAIL" "see stderr"; fi
 else
   row "(4) --sp 2 vs --sp 1" "skipped" "one GPU visible"
 fi
