@@ -174,6 +174,42 @@ impl Compute {
     }
 }
 
+/// Variables a launcher sets to the number of its processes on this node.
+const LOCAL_SIZE_VARS: [&str; 3] = [
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "SLURM_NTASKS_PER_NODE",
+];
+
+/// Sizes the CPU backend's thread pool once per process: `threads` when given, else
+/// `RAYON_NUM_THREADS` when set, else the cores divided among the processes a launcher started
+/// on this node (so `mpirun -np 4` on 8 cores does not run 4 × 8 threads).
+pub fn set_cpu_threads(threads: Option<usize>) -> Result<()> {
+    let n = match threads {
+        Some(0) => return Err(Error::Invalid("--threads 0: must be at least 1".into())),
+        Some(n) => n,
+        None if std::env::var_os("RAYON_NUM_THREADS").is_some() => return Ok(()),
+        None => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let local = LOCAL_SIZE_VARS
+                .iter()
+                .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0)
+                .unwrap_or(1);
+            (cores / local).max(1)
+        }
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| Error::Invalid(format!("--threads {n}: {e}")))
+}
+
+/// Threads the CPU backend computes on.
+pub fn cpu_threads() -> usize {
+    rayon::current_num_threads()
+}
+
 /// The precision to run: the flag/config value, else the backend's default.
 pub fn resolve_precision(requested: Option<Precision>, backend: BackendKind) -> Precision {
     requested.unwrap_or(backend.default_precision())

@@ -129,3 +129,99 @@ pub fn train_step(
         crate::train::metrics::peak_rss_mib(),
     ))
 }
+
+/// What `genslm bench train` measured.
+#[derive(Debug, Clone)]
+pub struct TrainBench {
+    pub secs_per_step: f64,
+    /// Predicted tokens per second (seq_len − 1 per step, as the trainer counts them).
+    pub tokens_per_s: f64,
+    /// Model FLOPs per second of the training steps (the trainer's 6N-style count).
+    pub gflops: f64,
+    /// A 1024³ f32 matmul on the same device in the same run, for scale.
+    pub matmul_gflops: f64,
+    pub peak_rss_mib: f64,
+}
+
+/// `steps` AdamW training steps (after one warm-up step) of a fresh model at `seq_len`, batch
+/// 1, on random codons, on `compute`'s device and precision.
+pub fn train_steps(
+    cfg: &crate::config::ModelConfig,
+    seq_len: usize,
+    steps: usize,
+    compute: &crate::backend::Compute,
+) -> Result<TrainBench> {
+    use crate::model::neox::tensor_to_vec;
+    use crate::train::optim::{AdamW, AdamWConfig};
+    if seq_len < 2 || steps == 0 {
+        return Err(Error::Invalid(format!(
+            "--seq-len {seq_len} --steps {steps}: a training step needs at least 2 tokens and \
+             one step"
+        )));
+    }
+    let device = compute.open()?;
+    let matmul_gflops = matmul_rate(&device);
+    let ad = device.autodiff();
+    let mut model =
+        crate::model::GenSlm::init(cfg.clone(), 0, &ad)?.with_precision(compute.precision);
+    model.params = model.params.into_iter().map(|p| p.require_grad()).collect();
+    let mut opt = AdamW::new(AdamWConfig::default(), &model.params);
+    let mut rng = SplitMix64::new(1);
+    let batch = crate::data::loader::Batch {
+        batch: 1,
+        seq_len,
+        tokens: (0..seq_len).map(|_| 5 + rng.below(64) as u32).collect(),
+        mask: vec![1u8; seq_len],
+    };
+    let single = crate::parallel::ranks::Ranks::single();
+    let mut start = std::time::Instant::now();
+    for step in 0..=steps {
+        if step == 1 {
+            start = std::time::Instant::now();
+        }
+        let (_, grads) = crate::train::step::loss_and_grads(
+            &model,
+            std::slice::from_ref(&batch),
+            batch.n_targets(),
+            &single,
+            false,
+        )?;
+        let params = model
+            .params
+            .iter()
+            .map(|p| p.clone().without_autodiff())
+            .collect();
+        let new = opt.update(params, grads, &model.layout.specs, 1e-4);
+        // Reading one value waits for the step's work on lazy backends.
+        let _ = tensor_to_vec(&new[0].clone().sum());
+        model.params = new
+            .into_iter()
+            .map(|p| p.autodiff().require_grad())
+            .collect();
+    }
+    let secs = start.elapsed().as_secs_f64() / steps as f64;
+    let flops = crate::train::metrics::train_flops_per_sequence(cfg, seq_len);
+    Ok(TrainBench {
+        secs_per_step: secs,
+        tokens_per_s: (seq_len - 1) as f64 / secs,
+        gflops: flops / secs / 1e9,
+        matmul_gflops,
+        peak_rss_mib: crate::train::metrics::peak_rss_mib(),
+    })
+}
+
+/// GFLOP/s of a 1024³ f32 matmul on `device` (best of 5 after a warm-up).
+fn matmul_rate(device: &burn::tensor::Device) -> f64 {
+    use burn::tensor::{Distribution, Tensor};
+    let n = 1024;
+    let a = Tensor::<2>::random([n, n], Distribution::Default, device);
+    let b = Tensor::<2>::random([n, n], Distribution::Default, device);
+    let _ = crate::model::neox::tensor_to_vec(&a.clone().matmul(b.clone()).sum());
+    (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            let _ = crate::model::neox::tensor_to_vec(&a.clone().matmul(b.clone()).sum());
+            2.0 * (n * n * n) as f64 / t.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}

@@ -21,6 +21,10 @@ struct Cli {
     /// No progress bars or summaries, only errors.
     #[arg(long, global = true)]
     quiet: bool,
+    /// CPU threads for the compute (default: all cores, divided among the processes a
+    /// launcher started on this node; RAYON_NUM_THREADS also sets it).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
     #[command(subcommand)]
     command: Command,
 }
@@ -112,6 +116,7 @@ enum Command {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    genslm::backend::set_cpu_threads(cli.threads)?;
     match cli.command {
         Command::Tokenize {
             fasta,

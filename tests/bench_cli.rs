@@ -45,3 +45,43 @@ fn bench_attention_runs_every_case() {
     ]);
     assert!(!ok && err.contains("at least 2 tokens"), "{err}");
 }
+
+#[test]
+fn bench_train_reports_throughput_and_threads() {
+    let cfg = repo().join("configs/tiny.toml");
+    let cfg = cfg.to_str().unwrap();
+    let (ok, out, err) = run(&[
+        "bench",
+        "train",
+        "--config",
+        cfg,
+        "--seq-len",
+        "32",
+        "--steps",
+        "1",
+        "--threads",
+        "1",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("threads 1:") && out.contains("tokens/s") && out.contains("GFLOP/s"),
+        "{out}"
+    );
+    // The thread count and the step count must be positive: clear errors, no panic.
+    for bad in [["--threads", "0"], ["--steps", "0"]] {
+        let (ok, _, err) = run(&[
+            "bench",
+            "train",
+            "--config",
+            cfg,
+            "--seq-len",
+            "32",
+            bad[0],
+            bad[1],
+        ]);
+        assert!(
+            !ok && err.contains(bad[0]) && !err.contains("panicked"),
+            "{err}"
+        );
+    }
+}

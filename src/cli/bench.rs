@@ -28,6 +28,20 @@ pub enum BenchCmd {
         #[arg(long)]
         checkpoint_activations: bool,
     },
+    /// Training throughput: tokens/s, model GFLOP/s (beside a 1024³ matmul's) and peak RSS of
+    /// AdamW steps at one sequence length, batch 1 (the PyTorch peer:
+    /// scripts/bench_torch_train.py).
+    Train {
+        #[arg(long, default_value = "configs/genslm-25m.toml")]
+        config: PathBuf,
+        #[arg(long, default_value_t = 2048)]
+        seq_len: usize,
+        /// Timed steps (after one warm-up step).
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        #[command(flatten)]
+        device: super::device::DeviceArgs,
+    },
     /// One training step in this process (used by `bench attention`).
     #[command(hide = true)]
     Step {
@@ -90,6 +104,10 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
     let max = genslm::config::MAX_TOKENS;
     match &which {
         BenchCmd::Step { seq_len, .. } => at_most("--seq-len", *seq_len, max)?,
+        BenchCmd::Train { seq_len, steps, .. } => {
+            at_most("--seq-len", *seq_len, max)?;
+            at_most("--steps", *steps, 1 << 20)?;
+        }
         BenchCmd::Attention { seq_lens, .. } => {
             for &s in seq_lens {
                 at_most("--seq-lens", s, max)?;
@@ -110,6 +128,30 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Ingest { mb, .. } => at_most("--mb", *mb, 1 << 20)?,
     }
     match which {
+        BenchCmd::Train {
+            config,
+            seq_len,
+            steps,
+            device,
+        } => {
+            let cfg = genslm::config::Config::load(&config)?.model;
+            let compute = device.compute();
+            let r = genslm::bench::train_steps(&cfg, seq_len, steps, &compute)?;
+            println!(
+                "genslm {} seq {seq_len} {} {} threads {}: {:.1} tokens/s, {:.3} s/step, \
+                 {:.1} GFLOP/s (1024³ matmul here: {:.1} GFLOP/s, {:.0}%), peak RSS {:.0} MiB",
+                cfg.name,
+                compute.device.backend.name(),
+                compute.precision,
+                genslm::backend::cpu_threads(),
+                r.tokens_per_s,
+                r.secs_per_step,
+                r.gflops,
+                r.matmul_gflops,
+                100.0 * r.gflops / r.matmul_gflops,
+                r.peak_rss_mib
+            );
+        }
         BenchCmd::Step {
             config,
             seq_len,

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of `genslm bench train`: Hugging Face GPT-NeoX training steps on CPU with the
+same model shape, so the two can be timed side by side on one machine.
+
+Builds GPTNeoXForCausalLM from a genslm config (TOML), fp32, sdpa attention, AdamW, batch 1 of
+random codon tokens at SEQ_LEN, and times STEPS optimizer steps after one warm-up step. Prints
+one line: tokens/s (predicted tokens per second, as genslm counts them) and peak RSS in MiB.
+
+Usage: python3 scripts/bench_torch_train.py CONFIG.toml SEQ_LEN [STEPS] [THREADS]
+"""
+import resource
+import sys
+import time
+import tomllib
+
+import torch
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+
+def main():
+    cfg_path, seq = sys.argv[1], int(sys.argv[2])
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    threads = int(sys.argv[4]) if len(sys.argv) > 4 else torch.get_num_threads()
+    torch.set_num_threads(threads)
+    m = tomllib.load(open(cfg_path, "rb"))["model"]
+    cfg = GPTNeoXConfig(
+        vocab_size=m["vocab_size"],
+        hidden_size=m["hidden_size"],
+        num_hidden_layers=m["num_layers"],
+        num_attention_heads=m["num_heads"],
+        intermediate_size=m["intermediate_size"],
+        max_position_embeddings=max(m["max_position_embeddings"], seq),
+        rotary_pct=m.get("rotary_pct", 0.25),
+        rotary_emb_base=m.get("rotary_base", 10000.0),
+        layer_norm_eps=m.get("layer_norm_eps", 1e-5),
+        hidden_act="gelu_fast",
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM(cfg).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01)
+    x = torch.randint(5, 69, (1, seq))
+
+    def step():
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    secs = (time.perf_counter() - start) / steps
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"pytorch {m['name']} seq {seq} threads {threads}: "
+          f"{(seq - 1) / secs:.1f} tokens/s, {secs:.3f} s/step, peak RSS {peak:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
