@@ -16,6 +16,7 @@ pub mod parallel;
 pub mod pca;
 pub mod plan;
 pub mod plot;
+pub mod progress;
 pub mod rng;
 pub mod tokenizer;
 pub mod train;

@@ -118,7 +118,12 @@ pub fn tokenize_to_parquet(
     for f in &files {
         summary.input_bytes += std::fs::metadata(f).map_err(|e| Error::io(f, e))?.len();
     }
-    let bar = progress_bar(opts.progress, summary.input_bytes);
+    // Small inputs finish before a bar would be readable.
+    let bar = crate::progress::bar(
+        opts.progress && summary.input_bytes >= 32 << 20,
+        Some(summary.input_bytes),
+        "tokenize {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    );
     let writer = DatasetWriter::create(out, opts.vocab)?;
     // Parquet encoding runs on its own thread, fed rows through a bounded queue, while this
     // thread parses, validates, hashes and tokenizes the next records (about half of the work
@@ -329,21 +334,6 @@ fn read_all(
     }
     summary.warnings = warnings;
     Ok(())
-}
-
-fn progress_bar(enabled: bool, total: u64) -> indicatif::ProgressBar {
-    // Small inputs finish before a bar would be readable.
-    if !enabled || total < (32 << 20) {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "tokenize {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar
 }
 
 /// Lower-case hex of a digest.

@@ -259,27 +259,6 @@ impl Pipeline<'_> {
     }
 }
 
-fn progress_bar(enabled: bool, total: Option<u64>) -> indicatif::ProgressBar {
-    if !enabled {
-        return indicatif::ProgressBar::hidden();
-    }
-    let (bar, template) = match total {
-        Some(n) => (
-            indicatif::ProgressBar::new(n),
-            "embed {bar:40} {pos}/{len} records {per_sec} eta {eta}",
-        ),
-        None => (
-            indicatif::ProgressBar::new_spinner(),
-            "embed {spinner} {pos} records {per_sec} {elapsed}",
-        ),
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(template)
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar
-}
-
 /// `genslm embed`: embeds every record of `input` with the model in `model_dir` and writes
 /// the rows to `out` (parquet, atomically).
 pub fn embed_to_parquet(
@@ -332,7 +311,18 @@ pub fn embed_to_parquet(
         pending_windows: 0,
         pending_tokens: 0,
         tokens: 0,
-        bar: progress_bar(opts.progress, dataset.as_ref().map(|d| d.num_rows)),
+        bar: match dataset.as_ref() {
+            Some(d) => crate::progress::bar(
+                opts.progress,
+                Some(d.num_rows),
+                "embed {bar:40} {pos}/{len} records {per_sec} eta {eta}",
+            ),
+            None => crate::progress::bar(
+                opts.progress,
+                None,
+                "embed {spinner} {pos} records {per_sec} {elapsed}",
+            ),
+        },
     };
     if let (Some(reader), EmbedInput::Parquet(path)) = (dataset, input) {
         for rec in reader {

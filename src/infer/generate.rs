@@ -197,9 +197,10 @@ pub fn generate(
         .map(|c| tok.codon_to_id(c))
         .collect();
     let new_per_sample = opts.max_codons - (prompt.len() - bos);
-    let bar = progress_bar(
+    let bar = crate::progress::bar(
         opts.progress,
-        (opts.num as u64).saturating_mul(new_per_sample as u64),
+        Some((opts.num as u64).saturating_mul(new_per_sample as u64)),
+        "generate {bar:40} {pos}/{len} codons {per_sec} eta {eta}",
     );
     let v = model.cfg.vocab_size;
     for first in (0..opts.num).step_by(opts.batch_size) {
@@ -276,20 +277,6 @@ pub fn generate(
     }
     bar.finish_and_clear();
     Ok(())
-}
-
-fn progress_bar(enabled: bool, total: u64) -> indicatif::ProgressBar {
-    if !enabled {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "generate {bar:40} {pos}/{len} codons {per_sec} eta {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar
 }
 
 /// The FASTA record of a sample: its settings in the header, 60 bases per line.

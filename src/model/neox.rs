@@ -405,7 +405,6 @@ pub fn next_token_nll(
     b: usize,
     s: usize,
 ) -> (Tensor<1>, usize) {
-    let device = logits.device();
     let mut targets = Vec::with_capacity(b * (s - 1));
     let mut weights = Vec::with_capacity(b * (s - 1));
     for r in 0..b {
@@ -415,12 +414,21 @@ pub fn next_token_nll(
         }
     }
     let n = weights.iter().filter(|&&w| w > 0.0).count();
+    (masked_nll(logits.narrow(1, 0, s - 1), targets, weights), n)
+}
+
+/// The loss: Σ −log softmax(logits)[target] · weight over `logits: [rows, cols, vocab]`, with
+/// one target id and one weight per position (row-major). Every loss in genslm (training on
+/// any rank layout, validation, scoring) is this function.
+pub fn masked_nll(logits: Tensor<3>, targets: Vec<i64>, weights: Vec<f32>) -> Tensor<1> {
+    let [rows, cols, _] = logits.dims();
+    let device = logits.device();
     let targets: Tensor<3, Int> =
-        Tensor::from_data(TensorData::new(targets, [b, s - 1, 1]), &device);
-    let weights: Tensor<2> = Tensor::from_data(TensorData::new(weights, [b, s - 1]), &device);
-    let lp = log_softmax(logits.narrow(1, 0, s - 1), 2);
+        Tensor::from_data(TensorData::new(targets, [rows, cols, 1]), &device);
+    let weights: Tensor<2> = Tensor::from_data(TensorData::new(weights, [rows, cols]), &device);
+    let lp = log_softmax(logits, 2);
     let picked: Tensor<2> = lp.gather(2, targets).squeeze_dim::<2>(2);
-    ((picked * weights).sum().neg(), n)
+    (picked * weights).sum().neg()
 }
 
 /// A host vector as a parameter tensor on `device`.

@@ -6,13 +6,12 @@
 //! every rank's loss terms is exactly the single-rank loss. Gradients of replicated parameters
 //! are summed over all ranks; the learned-position shard's over the DP group only.
 
-use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::Tensor;
 
 use crate::config::{ModelConfig, Position};
 use crate::data::loader::Batch;
 use crate::error::Result;
-use crate::model::neox::{host_to_param, tensor_to_vec};
+use crate::model::neox::{host_to_param, masked_nll, tensor_to_vec};
 use crate::model::GenSlm;
 use crate::parallel::bucket::{all_reduce_bucketed, gather_unequal};
 use crate::parallel::comm::Communicator;
@@ -60,18 +59,7 @@ pub fn local_batch(b: &Batch, ranks: &Ranks) -> LocalBatch {
 
 /// Σ −log p(target) · weight over this rank's positions.
 pub fn local_nll(logits: Tensor<3>, lb: &LocalBatch) -> Tensor<1> {
-    let device = logits.device();
-    let targets: Tensor<3, Int> = Tensor::from_data(
-        TensorData::new(lb.targets.clone(), [lb.rows, lb.cols, 1]),
-        &device,
-    );
-    let weights: Tensor<2> = Tensor::from_data(
-        TensorData::new(lb.weights.clone(), [lb.rows, lb.cols]),
-        &device,
-    );
-    let lp = log_softmax(logits, 2);
-    let picked: Tensor<2> = lp.gather(2, targets).squeeze_dim::<2>(2);
-    (picked * weights).sum().neg()
+    masked_nll(logits, lb.targets.clone(), lb.weights.clone())
 }
 
 /// Sums `grads[i]` for `idx` over `comm`, in buckets of `bucket` elements (one host copy of

@@ -293,7 +293,12 @@ pub fn train_rank(
         None
     };
 
-    let bar = progress_bar(opts.progress, t.steps, state.step);
+    let bar = crate::progress::bar(
+        opts.progress,
+        Some(t.steps),
+        "train {bar:30} {pos}/{len} {msg} eta {eta}",
+    );
+    bar.set_position(state.step);
     let flops_per_seq = train_flops_per_sequence(&cfg.model, t.seq_len);
     let start = Instant::now();
     let first_step = state.step;
@@ -505,17 +510,4 @@ fn validation_loss(
         sum = buf[0];
     }
     Ok(Some(sum / n.max(1) as f64))
-}
-
-fn progress_bar(enabled: bool, total: u64, done: u64) -> indicatif::ProgressBar {
-    if !enabled {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("train {bar:30} {pos}/{len} {msg} eta {eta}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar.set_position(done);
-    bar
 }
