@@ -123,3 +123,31 @@ fn bf16_training_follows_fp32_and_saves_fp32_weights() {
     let toml = std::fs::read_to_string(runs[1].join("config.toml")).unwrap();
     assert!(toml.contains("precision = \"bf16\""), "{toml}");
 }
+
+/// Inference in bf16: embed, score and generate run (the pooled embeddings are fp32 and close
+/// to the fp32 ones).
+#[test]
+fn bf16_inference_runs_and_embeds_close_to_fp32() {
+    use genslm::backend::{Compute, DeviceChoice};
+    use genslm::infer::embed::{embed_to_parquet, EmbedInput, EmbedOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_neox_tiny");
+    let fasta = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/lambda_virus.fa");
+    let mut rows = Vec::new();
+    for p in [Precision::Fp32, Precision::Bf16] {
+        let out = dir.path().join(format!("{p}.parquet"));
+        let opts = EmbedOptions {
+            compute: Compute::new(DeviceChoice::cpu(), Some(p)),
+            seq_len: Some(64),
+            ..Default::default()
+        };
+        embed_to_parquet(&model, &EmbedInput::Fasta(vec![fasta.clone()]), &out, &opts).unwrap();
+        rows.push(genslm::infer::embed_io::read_embeddings(&out, "gc_content").unwrap());
+    }
+    let (a, b) = (&rows[0].values, &rows[1].values);
+    let e = rel_l2(b, a);
+    assert!(
+        e > 0.0 && e < 2e-2,
+        "embedding: relative L2 difference {e:e}"
+    );
+}

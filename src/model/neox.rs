@@ -193,7 +193,7 @@ impl GenSlm {
 
     /// Hidden state `layer` in Hugging Face's numbering (0 = the embeddings, `i` = the output of
     /// layer `i`, `num_layers` = after the final LayerNorm) of `tokens` at position 0, running
-    /// only the layers it needs.
+    /// only the layers it needs. In fp32 whatever the compute precision (callers pool it).
     pub fn hidden_state(&self, tokens: Tensor<2, Int>, layer: usize) -> Result<Tensor<3>> {
         let s = tokens.dims()[1];
         let mut x = self.embed(tokens, 0)?;
@@ -202,7 +202,7 @@ impl GenSlm {
         for li in 0..layer.min(n) {
             x = self.layer(li, x, &ctx, Past::None).0;
         }
-        Ok(if layer >= n { self.final_norm(x) } else { x })
+        Ok(self.full(if layer >= n { self.final_norm(x) } else { x }))
     }
 
     /// Final hidden states of `tokens: [b, n]` placed after the `cache.len` cached tokens; their
