@@ -20,6 +20,9 @@ if ! (cd /tmp && python3 -c "import pyarrow, pandas, tokenizers.models, torch, t
     echo "error: the python reference tools could not be installed" >&2; exit 1; }
 fi
 
+echo "== no new import cycles between files; the model imports no parallel/train code"
+python3 scripts/check_imports.py
+
 echo "== cargo test"
 cargo test --locked
 

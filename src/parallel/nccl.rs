@@ -19,7 +19,7 @@ use crate::parallel::comm::{check_blocks, len_to_limbs, limbs_to_len, Communicat
 
 pub struct NcclComm {
     comm: Mutex<Comm>,
-    pub(crate) stream: Arc<CudaStream>,
+    stream: Arc<CudaStream>,
     rank: usize,
     size: usize,
 }
@@ -34,7 +34,7 @@ impl std::fmt::Debug for NcclComm {
     }
 }
 
-pub(crate) fn nerr(what: &str, e: impl std::fmt::Debug) -> Error {
+fn nerr(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Invalid(format!("NCCL {what} failed: {e:?}"))
 }
 
@@ -85,7 +85,18 @@ impl NcclComm {
         })
     }
 
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Comm> {
+    /// `f` on the device collectives of this communicator (locked for the call).
+    #[cfg(feature = "cuda")]
+    fn on_gpu<T>(&self, f: impl FnOnce(&crate::parallel::nccl_device::Nccl) -> T) -> T {
+        let comm = self.lock();
+        f(&crate::parallel::nccl_device::Nccl {
+            comm: &comm,
+            stream: &self.stream,
+            size: self.size,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Comm> {
         self.comm.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -225,7 +236,7 @@ impl Communicator for NcclComm {
     #[cfg(feature = "cuda")]
     fn all_reduce_tensor(&self, t: burn::tensor::Tensor<1>) -> Result<burn::tensor::Tensor<1>> {
         if crate::parallel::nccl_device::movable(&t) {
-            self.device_all_reduce(t)
+            self.on_gpu(|n| n.all_reduce(t))
         } else {
             crate::parallel::comm::host_all_reduce_tensor(self, t)
         }
@@ -240,7 +251,7 @@ impl Communicator for NcclComm {
             self.size,
         )?;
         if crate::parallel::nccl_device::movable(&t) {
-            self.device_reduce_scatter(t)
+            self.on_gpu(|n| n.reduce_scatter(t))
         } else {
             crate::parallel::comm::host_reduce_scatter_tensor(self, t)
         }
@@ -249,7 +260,7 @@ impl Communicator for NcclComm {
     #[cfg(feature = "cuda")]
     fn all_gather_tensor(&self, t: burn::tensor::Tensor<1>) -> Result<burn::tensor::Tensor<1>> {
         if crate::parallel::nccl_device::movable(&t) {
-            self.device_all_gather(t)
+            self.on_gpu(|n| n.all_gather(t))
         } else {
             crate::parallel::comm::host_all_gather_tensor(self, t)
         }
@@ -267,7 +278,7 @@ impl Communicator for NcclComm {
                     && t.dims() == send[0].dims()
             });
         if on_gpu {
-            self.device_all_to_all(send)
+            self.on_gpu(|n| n.all_to_all(send))
         } else {
             crate::parallel::comm::host_all_to_all_tensors(self, send)
         }

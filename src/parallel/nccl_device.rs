@@ -35,9 +35,9 @@ use cudarc::driver::{
 };
 use cudarc::nccl::ReduceOp;
 
+use cudarc::nccl::Comm;
+
 use crate::error::{Error, Result};
-use crate::parallel::comm::Communicator;
-use crate::parallel::nccl::{nerr, NcclComm};
 
 /// `Runtime` is public only through cubecl's doc-hidden re-export; this is the one name the
 /// CUDA server's storage type can be reached by.
@@ -109,9 +109,29 @@ fn gerr(e: impl std::fmt::Debug) -> Error {
     Error::Invalid(format!("NCCL: CUDA buffer of a burn tensor: {e:?}"))
 }
 
-impl NcclComm {
+fn nerr(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Invalid(format!("NCCL {what} failed on device buffers: {e:?}"))
+}
+
+/// What the device collectives need of an NCCL communicator (`parallel::nccl` holds it): the
+/// communicator (locked by the caller), its stream and the group size.
+pub struct Nccl<'a> {
+    pub comm: &'a Comm,
+    pub stream: &'a Arc<CudaStream>,
+    pub size: usize,
+}
+
+impl Nccl<'_> {
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn lock(&self) -> &Comm {
+        self.comm
+    }
+
     /// Sum over the group of an f32 CUDA tensor, device to device.
-    pub(crate) fn device_all_reduce(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+    pub fn all_reduce(&self, t: Tensor<1>) -> Result<Tensor<1>> {
         let n = t.dims()[0];
         let x = cube(t)?;
         let out = fresh(&x, &[n]);
@@ -138,7 +158,7 @@ impl NcclComm {
 
     /// Reduce-scatter of a flat f32 CUDA tensor (`size · block` elements): this rank's block
     /// of the sum, device to device.
-    pub(crate) fn device_reduce_scatter(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+    pub fn reduce_scatter(&self, t: Tensor<1>) -> Result<Tensor<1>> {
         let n = t.dims()[0];
         let block = n / self.size();
         let x = cube(t)?;
@@ -165,7 +185,7 @@ impl NcclComm {
     }
 
     /// All-gather of equal f32 CUDA blocks into one flat tensor, device to device.
-    pub(crate) fn device_all_gather(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+    pub fn all_gather(&self, t: Tensor<1>) -> Result<Tensor<1>> {
         let block = t.dims()[0];
         let x = cube(t)?;
         let out = fresh(&x, &[block * self.size()]);
@@ -192,7 +212,7 @@ impl NcclComm {
 
     /// All-to-all of f32 CUDA tensors of one shape: grouped sends and receives (NCCL has no
     /// all-to-all call), device to device.
-    pub(crate) fn device_all_to_all(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
+    pub fn all_to_all(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
         let dims = send[0].dims();
         let n: usize = dims.iter().product();
         let xs = send.into_iter().map(cube).collect::<Result<Vec<_>>>()?;
@@ -210,7 +230,7 @@ impl NcclComm {
             .map_err(gerr)?;
         block_on(client.sync()).map_err(gerr)?;
         {
-            let comm = self.lock();
+            let comm = self.comm;
             cudarc::nccl::result::group_start().map_err(|e| nerr("group start", e))?;
             let mut failed = None;
             for (j, (s, d)) in srcs.iter().zip(&dsts).enumerate() {

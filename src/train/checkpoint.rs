@@ -19,7 +19,6 @@ use crate::model::neox::tensor_to_vec;
 use crate::model::tensors::{read_safetensors, write_safetensors_streamed, HostTensor};
 use crate::model::GenSlm;
 use crate::train::optim::{AdamW, AdamWConfig};
-use crate::train::resume::{read_saved, Saved};
 
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
@@ -128,4 +127,41 @@ pub fn load_latest(run: &Path, device: &burn::tensor::Device) -> Result<Loaded> 
     let state = &saved.state;
     let opt = AdamW::from_host(state.adamw, state.optimizer_step, m, v, device);
     Ok(Loaded { saved, model, opt })
+}
+
+/// The checkpoint a resume starts from: its trainer state and the config it ran with.
+pub struct Saved {
+    pub dir: PathBuf,
+    pub state: TrainerState,
+    /// `genslm.toml` beside the weights (absent only in foreign or hand-made checkpoints).
+    pub config: Option<Config>,
+}
+
+/// Reads `RUN/checkpoints/latest`'s trainer state and config, without the weights.
+pub fn read_saved(run: &Path) -> Result<Saved> {
+    let root = checkpoints_dir(run);
+    let latest = root.join("latest");
+    let name = std::fs::read_to_string(&latest).map_err(|e| {
+        Error::Invalid(format!(
+            "cannot resume: {} ({e}); no completed checkpoint in {}",
+            latest.display(),
+            run.display()
+        ))
+    })?;
+    let dir = root.join(name.trim());
+    let state_path = dir.join(STATE_FILE);
+    let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
+    let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
+        Error::Invalid(format!(
+            "{}: corrupt trainer state: {e}",
+            state_path.display()
+        ))
+    })?;
+    let cfg_path = dir.join(GENSLM_CONFIG_FILE);
+    let config = if cfg_path.exists() {
+        Some(Config::load(&cfg_path)?)
+    } else {
+        None
+    };
+    Ok(Saved { dir, state, config })
 }

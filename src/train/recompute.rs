@@ -21,7 +21,6 @@ use crate::error::{Error, Result};
 use crate::model::neox::{tensor_to_vec, tokens_tensor, Past};
 use crate::model::GenSlm;
 use crate::train::shard::{local_nll, LocalBatch};
-use crate::train::step::accumulate;
 
 /// Takes the gradient of `x` (an autodiff leaf) out of `grads`, named for errors.
 fn input_grad(x: &Tensor<3>, grads: &mut Gradients, what: &str) -> Result<Tensor<3>> {
@@ -88,4 +87,17 @@ pub fn checkpointed_loss_and_grads(
     let grads = (x0 * g).sum().backward();
     accumulate(model, &grads, acc);
     Ok(loss)
+}
+
+/// Adds the gradients `grads` holds for `model`'s parameters into `acc` (one slot per
+/// parameter; parameters that took no part have none).
+pub fn accumulate(model: &GenSlm, grads: &Gradients, acc: &mut [Option<Tensor<1>>]) {
+    for (i, p) in model.params.iter().enumerate() {
+        if let Some(g) = p.grad(grads) {
+            acc[i] = Some(match acc[i].take() {
+                Some(a) => a + g,
+                None => g,
+            });
+        }
+    }
 }

@@ -22,44 +22,7 @@ use md5::{Digest, Md5};
 
 use crate::config::{Config, ModelConfig, TrainConfig};
 use crate::error::{Error, Result};
-use crate::train::checkpoint::{checkpoints_dir, TrainerState, GENSLM_CONFIG_FILE, STATE_FILE};
-
-/// The checkpoint a resume starts from: its trainer state and the config it ran with.
-pub struct Saved {
-    pub dir: PathBuf,
-    pub state: TrainerState,
-    /// `genslm.toml` beside the weights (absent only in foreign or hand-made checkpoints).
-    pub config: Option<Config>,
-}
-
-/// Reads `RUN/checkpoints/latest`'s trainer state and config, without the weights.
-pub fn read_saved(run: &Path) -> Result<Saved> {
-    let root = checkpoints_dir(run);
-    let latest = root.join("latest");
-    let name = std::fs::read_to_string(&latest).map_err(|e| {
-        Error::Invalid(format!(
-            "cannot resume: {} ({e}); no completed checkpoint in {}",
-            latest.display(),
-            run.display()
-        ))
-    })?;
-    let dir = root.join(name.trim());
-    let state_path = dir.join(STATE_FILE);
-    let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
-    let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
-        Error::Invalid(format!(
-            "{}: corrupt trainer state: {e}",
-            state_path.display()
-        ))
-    })?;
-    let cfg_path = dir.join(GENSLM_CONFIG_FILE);
-    let config = if cfg_path.exists() {
-        Some(Config::load(&cfg_path)?)
-    } else {
-        None
-    };
-    Ok(Saved { dir, state, config })
-}
+use crate::train::checkpoint::{Saved, TrainerState, GENSLM_CONFIG_FILE, STATE_FILE};
 
 /// Compares the settings of a resume with the checkpoint's. Returns the notes for the changes
 /// that are applied; refuses (naming every refused setting) otherwise.

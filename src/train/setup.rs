@@ -13,8 +13,9 @@ use crate::data::loader::Corpus;
 use crate::error::{Error, Result};
 use crate::parallel::Topology;
 use crate::tokenizer::CodonTokenizer;
+use crate::train::checkpoint::{read_saved, Saved};
 use crate::train::memory::{available_bytes, check_fits};
-use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint, read_saved, Saved};
+use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint};
 use crate::train::run_dir::claim;
 use crate::train::shard::check_positions;
 

@@ -1,28 +1,15 @@
 //! One step's loss and parameter gradients on a rank: the micro-batches' forward and backward
 //! (whole-graph, or with full activation checkpointing), summed, then reduced over the ranks.
 
-use burn::tensor::{Gradients, Tensor};
+use burn::tensor::Tensor;
 
 use crate::data::loader::Batch;
 use crate::error::{Error, Result};
 use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
-use crate::train::recompute::checkpointed_loss_and_grads;
+use crate::train::recompute::{accumulate, checkpointed_loss_and_grads};
 use crate::train::shard::{local_batch, local_nll, reduce_gradients};
-
-/// Adds the gradients `grads` holds for `model`'s parameters into `acc` (one slot per
-/// parameter; parameters that took no part have none).
-pub fn accumulate(model: &GenSlm, grads: &Gradients, acc: &mut [Option<Tensor<1>>]) {
-    for (i, p) in model.params.iter().enumerate() {
-        if let Some(g) = p.grad(grads) {
-            acc[i] = Some(match acc[i].take() {
-                Some(a) => a + g,
-                None => g,
-            });
-        }
-    }
-}
 
 /// The step's loss and gradients as every rank sees them after the reductions: the loss of the
 /// whole global batch, the full gradient of replicated parameters and this rank's rows of the
