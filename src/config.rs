@@ -1,6 +1,6 @@
 //! Model configuration: TOML presets in `configs/`, parsed with serde and validated.
 //!
-//! Shapes follow Hugging Face `GPTNeoXConfig` (DESIGN.md §3). Unknown fields are rejected so a
+//! Shapes follow Hugging Face `GPTNeoXConfig` (docs/ARCHITECTURE.md §3). Unknown fields are rejected so a
 //! typo in a config file is reported instead of silently ignored.
 
 use std::fmt;

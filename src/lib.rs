@@ -1,6 +1,6 @@
 //! genslm: genome-scale language models (GenSLM-style GPT-NeoX) over long DNA sequences.
 //!
-//! Data flow (DESIGN.md §2): FASTA → [`data::fasta`] → [`tokenizer`] → [`data::dataset`]
+//! Data flow (docs/ARCHITECTURE.md §2): FASTA → [`data::fasta`] → [`tokenizer`] → [`data::dataset`]
 //! (parquet) → training. The CLI in `main.rs` only parses arguments and calls this library.
 
 pub mod atomic;

@@ -1,4 +1,4 @@
-//! GPT-NeoX exactly as Hugging Face's `GPTNeoXForCausalLM` computes it (DESIGN.md §3):
+//! GPT-NeoX exactly as Hugging Face's `GPTNeoXForCausalLM` computes it (docs/ARCHITECTURE.md §3):
 //! `x + attn(ln1(x)) + mlp(ln2(x))` per layer (parallel residual), rotary on the first
 //! `rotary_dims` of each head (rotate-half), `gelu_fast`, final LayerNorm, untied `embed_out`.
 //! Learned and ALiBi positions are genslm's options beside rotary.

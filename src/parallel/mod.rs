@@ -1,4 +1,4 @@
-//! Parallelism (DESIGN.md §5–§6): the rank layout, the communicator trait and its
+//! Parallelism (docs/ARCHITECTURE.md §5): the rank layout, the communicator trait and its
 //! implementations, Ulysses sequence parallelism, and sharded optimizer state.
 
 pub mod bucket;

@@ -1,4 +1,4 @@
-//! Ulysses sequence parallelism (DESIGN.md §5): before attention an all-to-all turns Q, K, V
+//! Ulysses sequence parallelism (docs/ARCHITECTURE.md §5): before attention an all-to-all turns Q, K, V
 //! from sequence-sharded `[b, H, s/P, d]` into head-sharded `[b, H/P, s, d]` (rank r gets heads
 //! `[r·H/P, (r+1)·H/P)` over the whole sequence, chunks in source-rank order); after attention the
 //! inverse all-to-all restores `[b, H, s/P, d]`. Each exchange is a differentiable op whose

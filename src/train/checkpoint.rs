@@ -1,4 +1,4 @@
-//! Checkpoints (DESIGN.md §8): `RUN/checkpoints/step-N/` is a Hugging Face model directory
+//! Checkpoints (docs/ARCHITECTURE.md §7): `RUN/checkpoints/step-N/` is a Hugging Face model directory
 //! (`config.json`, `model.safetensors`) with the optimizer (`optimizer.safetensors`, moments by
 //! HF parameter name and shape) and the trainer state (`trainer_state.json`: step, data
 //! position, seed, settings) beside it, plus the resolved `genslm.toml`.

@@ -1,5 +1,5 @@
 //! The training loop: FASTA or parquet → windows → AdamW steps, with validation, metrics and
-//! checkpoints in a run directory (DESIGN.md §8).
+//! checkpoints in a run directory (docs/ARCHITECTURE.md §7).
 //!
 //! Determinism: initial weights and data order are pure functions of the seed (see `rng.rs`),
 //! the loader's state is one counter, and the optimizer state is saved exactly, so a resumed run
@@ -52,7 +52,7 @@ pub fn train(
     train_rank(cfg, &corpus, run, opts, &Ranks::single())
 }
 
-/// The same run with `dp × sp` ranks as threads of this process (DESIGN.md §6). Only rank 0
+/// The same run with `dp × sp` ranks as threads of this process (docs/ARCHITECTURE.md §5). Only rank 0
 /// writes metrics and checkpoints; a failing rank stops the others with its message.
 pub fn train_threads(
     cfg: &Config,
