@@ -33,6 +33,7 @@ use burn_cubecl::CubeDevice;
 use cudarc::driver::{
     sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
 };
+use cudarc::nccl::result::NcclError;
 use cudarc::nccl::ReduceOp;
 
 use cudarc::nccl::Comm;
@@ -122,92 +123,58 @@ pub struct Nccl<'a> {
 }
 
 impl Nccl<'_> {
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn lock(&self) -> &Comm {
-        self.comm
+    /// One NCCL call from an f32 CUDA tensor into a fresh one of `out_len` elements, following
+    /// the ordering of the module comment.
+    fn one_to_one(
+        &self,
+        what: &str,
+        t: Tensor<1>,
+        out_len: usize,
+        call: impl FnOnce(&Comm, &Raw, &mut Raw) -> std::result::Result<(), NcclError>,
+    ) -> Result<Tensor<1>> {
+        let n = t.dims()[0];
+        let x = cube(t)?;
+        let out = fresh(&x, &[out_len]);
+        let src = x
+            .client
+            .get_resource::<CudaServer>(x.handle.clone())
+            .map_err(gerr)?;
+        let dst = x
+            .client
+            .get_resource::<CudaServer>(out.handle.clone())
+            .map_err(gerr)?;
+        block_on(x.client.sync()).map_err(gerr)?;
+        let send = self.raw(src.resource().ptr, n);
+        let mut recv = self.raw(dst.resource().ptr, out_len);
+        call(self.comm, &send, &mut recv).map_err(|e| nerr(what, e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| nerr("synchronize", e))?;
+        drop((src, dst, x));
+        Ok(Tensor::from_primitive::<Cube>(out))
     }
 
     /// Sum over the group of an f32 CUDA tensor, device to device.
     pub fn all_reduce(&self, t: Tensor<1>) -> Result<Tensor<1>> {
         let n = t.dims()[0];
-        let x = cube(t)?;
-        let out = fresh(&x, &[n]);
-        let src = x
-            .client
-            .get_resource::<CudaServer>(x.handle.clone())
-            .map_err(gerr)?;
-        let dst = x
-            .client
-            .get_resource::<CudaServer>(out.handle.clone())
-            .map_err(gerr)?;
-        block_on(x.client.sync()).map_err(gerr)?;
-        let send = self.raw(src.resource().ptr, n);
-        let mut recv = self.raw(dst.resource().ptr, n);
-        self.lock()
-            .all_reduce(&send, &mut recv, &ReduceOp::Sum)
-            .map_err(|e| nerr("all_reduce", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| nerr("synchronize", e))?;
-        drop((src, dst, x));
-        Ok(Tensor::from_primitive::<Cube>(out))
+        self.one_to_one("all_reduce", t, n, |c, s, r| {
+            c.all_reduce(s, r, &ReduceOp::Sum).map(drop)
+        })
     }
 
     /// Reduce-scatter of a flat f32 CUDA tensor (`size · block` elements): this rank's block
     /// of the sum, device to device.
     pub fn reduce_scatter(&self, t: Tensor<1>) -> Result<Tensor<1>> {
-        let n = t.dims()[0];
-        let block = n / self.size();
-        let x = cube(t)?;
-        let out = fresh(&x, &[block]);
-        let src = x
-            .client
-            .get_resource::<CudaServer>(x.handle.clone())
-            .map_err(gerr)?;
-        let dst = x
-            .client
-            .get_resource::<CudaServer>(out.handle.clone())
-            .map_err(gerr)?;
-        block_on(x.client.sync()).map_err(gerr)?;
-        let send = self.raw(src.resource().ptr, n);
-        let mut recv = self.raw(dst.resource().ptr, block);
-        self.lock()
-            .reduce_scatter(&send, &mut recv, &ReduceOp::Sum)
-            .map_err(|e| nerr("reduce_scatter", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| nerr("synchronize", e))?;
-        drop((src, dst, x));
-        Ok(Tensor::from_primitive::<Cube>(out))
+        let block = t.dims()[0] / self.size;
+        self.one_to_one("reduce_scatter", t, block, |c, s, r| {
+            c.reduce_scatter(s, r, &ReduceOp::Sum).map(drop)
+        })
     }
 
     /// All-gather of equal f32 CUDA blocks into one flat tensor, device to device.
     pub fn all_gather(&self, t: Tensor<1>) -> Result<Tensor<1>> {
-        let block = t.dims()[0];
-        let x = cube(t)?;
-        let out = fresh(&x, &[block * self.size()]);
-        let src = x
-            .client
-            .get_resource::<CudaServer>(x.handle.clone())
-            .map_err(gerr)?;
-        let dst = x
-            .client
-            .get_resource::<CudaServer>(out.handle.clone())
-            .map_err(gerr)?;
-        block_on(x.client.sync()).map_err(gerr)?;
-        let send = self.raw(src.resource().ptr, block);
-        let mut recv = self.raw(dst.resource().ptr, block * self.size());
-        self.lock()
-            .all_gather(&send, &mut recv)
-            .map_err(|e| nerr("all_gather", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| nerr("synchronize", e))?;
-        drop((src, dst, x));
-        Ok(Tensor::from_primitive::<Cube>(out))
+        let n = t.dims()[0] * self.size;
+        self.one_to_one("all_gather", t, n, |c, s, r| c.all_gather(s, r).map(drop))
     }
 
     /// All-to-all of f32 CUDA tensors of one shape: grouped sends and receives (NCCL has no
