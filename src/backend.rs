@@ -10,6 +10,7 @@ use burn::tensor::Device;
 
 use crate::config::Precision;
 use crate::error::{Error, Result};
+use crate::parallel::launch::{local_rank, local_size};
 
 /// A compute backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,22 +38,6 @@ impl BackendKind {
             BackendKind::Cuda => Precision::Bf16,
         }
     }
-}
-
-/// Per-process local-rank variables of the launchers (Open MPI, MPICH/Intel MPI, Slurm,
-/// torchrun-style), in the order they are consulted.
-pub const LOCAL_RANK_VARS: [&str; 4] = [
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "MPI_LOCALRANKID",
-    "SLURM_LOCALID",
-    "LOCAL_RANK",
-];
-
-/// This process's rank among the processes of its node, with the variable it came from.
-pub fn local_rank(get: impl Fn(&str) -> Option<String>) -> Option<(usize, &'static str)> {
-    LOCAL_RANK_VARS
-        .iter()
-        .find_map(|&k| Some((get(k)?.trim().parse().ok()?, k)))
 }
 
 /// Where a process computes: the backend and, for GPUs, which device.
@@ -174,13 +159,6 @@ impl Compute {
     }
 }
 
-/// Variables a launcher sets to the number of its processes on this node.
-const LOCAL_SIZE_VARS: [&str; 3] = [
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "MPI_LOCALNRANKS",
-    "SLURM_NTASKS_PER_NODE",
-];
-
 /// Sizes the CPU backend's thread pool once per process: `threads` when given, else
 /// `RAYON_NUM_THREADS` when set, else the cores divided among the processes a launcher started
 /// on this node (so `mpirun -np 4` on 8 cores does not run 4 × 8 threads).
@@ -191,11 +169,7 @@ pub fn set_cpu_threads(threads: Option<usize>) -> Result<()> {
         None if std::env::var_os("RAYON_NUM_THREADS").is_some() => return Ok(()),
         None => {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let local = LOCAL_SIZE_VARS
-                .iter()
-                .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok())
-                .filter(|&n| n > 0)
-                .unwrap_or(1);
+            let local = local_size(|k| std::env::var(k).ok()).unwrap_or(1);
             (cores / local).max(1)
         }
     };
@@ -218,14 +192,8 @@ pub fn resolve_precision(requested: Option<Precision>, backend: BackendKind) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            vars.iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
+    use crate::parallel::launch::tests::env;
+    use crate::parallel::launch::LOCAL_RANK_VARS;
 
     #[test]
     fn the_local_rank_picks_the_gpu_and_device_overrides_it() {
@@ -247,8 +215,6 @@ mod tests {
             ..cuda
         };
         assert_eq!(pinned.gpu_index(0, env(&both)), (5, "--device".to_string()));
-        // Garbage is not a local rank.
-        assert_eq!(local_rank(env(&[("LOCAL_RANK", "x")])), None);
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! once per call, and write results back into the caller's buffers in place. Every rank must
 //! call them with the same lengths and bucket size (the buckets then line up).
 
+use burn::tensor::{Device, Tensor};
+
 use crate::error::{Error, Result};
 use crate::parallel::comm::{check_blocks, Communicator};
 
@@ -194,6 +196,38 @@ fn gather_bucketed(
         }
     }
     Ok(())
+}
+
+/// The device-side twin of the staging buffers above, for groups whose tensors stay on the
+/// device (NCCL): `parts` concatenated and zero-padded to `len` elements.
+pub fn pack(parts: impl Iterator<Item = Tensor<1>>, len: usize, device: &Device) -> Tensor<1> {
+    let v: Vec<Tensor<1>> = parts.filter(|t| t.dims()[0] > 0).collect();
+    let real: usize = v.iter().map(|t| t.dims()[0]).sum();
+    let mut v = v;
+    if len > real {
+        v.push(Tensor::zeros([len - real], device));
+    }
+    if v.is_empty() {
+        return Tensor::zeros([0], device);
+    }
+    Tensor::cat(v, 0)
+}
+
+/// `flat` cut into consecutive pieces of `lens` elements (an empty piece is an empty tensor:
+/// burn cannot narrow to length 0).
+pub fn unpack(flat: &Tensor<1>, lens: impl Iterator<Item = usize>) -> Vec<Tensor<1>> {
+    let device = flat.device();
+    let mut at = 0;
+    lens.map(|n| {
+        let t = if n == 0 {
+            Tensor::zeros([0], &device)
+        } else {
+            flat.clone().narrow(0, at, n)
+        };
+        at += n;
+        t
+    })
+    .collect()
 }
 
 #[cfg(test)]

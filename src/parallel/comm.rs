@@ -109,6 +109,12 @@ fn to_host<const D: usize>(t: Tensor<D>, op: &str) -> Result<Vec<f32>> {
         .map_err(|e| Error::Invalid(format!("{op}: tensor to host: {e:?}")))
 }
 
+/// A host vector back as a flat tensor on `device` in `dtype`.
+fn flat_tensor(v: Vec<f32>, device: &Device, dtype: burn::tensor::DType) -> Tensor<1> {
+    let n = v.len();
+    Tensor::from_data(TensorData::new(v, [n]), (device, dtype))
+}
+
 /// [`Communicator::all_to_all_tensors`] through host buffers.
 pub fn host_all_to_all_tensors<C: Communicator + ?Sized, const D: usize>(
     comm: &C,
@@ -137,8 +143,7 @@ pub fn host_all_reduce_tensor<C: Communicator + ?Sized>(
     let (device, dtype) = (t.device(), t.dtype());
     let mut v = to_host(t, "all_reduce")?;
     comm.all_reduce_sum(&mut v)?;
-    let n = v.len();
-    Ok(Tensor::from_data(TensorData::new(v, [n]), (&device, dtype)))
+    Ok(flat_tensor(v, &device, dtype))
 }
 
 /// [`Communicator::reduce_scatter_tensor`] through host buffers.
@@ -150,11 +155,7 @@ pub fn host_reduce_scatter_tensor<C: Communicator + ?Sized>(
     let flat = to_host(t, "reduce_scatter")?;
     let mut out = vec![0.0; flat.len() / comm.size().max(1)];
     comm.reduce_scatter_sum(&flat, &mut out)?;
-    let n = out.len();
-    Ok(Tensor::from_data(
-        TensorData::new(out, [n]),
-        (&device, dtype),
-    ))
+    Ok(flat_tensor(out, &device, dtype))
 }
 
 /// [`Communicator::all_gather_tensor`] through host buffers.
@@ -166,11 +167,7 @@ pub fn host_all_gather_tensor<C: Communicator + ?Sized>(
     let block = to_host(t, "all_gather")?;
     let mut out = vec![0.0; block.len() * comm.size()];
     comm.all_gather_into(&block, &mut out)?;
-    let n = out.len();
-    Ok(Tensor::from_data(
-        TensorData::new(out, [n]),
-        (&device, dtype),
-    ))
+    Ok(flat_tensor(out, &device, dtype))
 }
 
 /// Checks `total == size · block` (reduce-scatter, all-gather shapes).

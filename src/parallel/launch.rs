@@ -1,7 +1,8 @@
 //! Was this process started by a parallel launcher (mpirun, mpiexec, srun) as one of several
 //! ranks? Only variables that a launcher sets *per process* count: `SLURM_NTASKS` alone is set
 //! in any `sbatch -n N` script, where a plain `genslm train --dp 4` must still run its ranks as
-//! threads of one process.
+//! threads of one process. Also where a process sits on its node (local rank, processes per
+//! node), which picks its GPU and sizes its CPU thread pool.
 
 /// `(world size, launcher)` when started as one of several ranks by a launcher.
 pub fn launched_world_size() -> Option<(usize, &'static str)> {
@@ -28,11 +29,43 @@ pub fn detect(get: impl Fn(&str) -> Option<String>) -> Option<(usize, &'static s
     })
 }
 
+/// Per-process local-rank variables of the launchers (Open MPI, MPICH/Intel MPI, Slurm,
+/// torchrun-style), in the order they are consulted.
+pub const LOCAL_RANK_VARS: [&str; 4] = [
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "SLURM_LOCALID",
+    "LOCAL_RANK",
+];
+
+/// Variables a launcher sets to the number of its processes on this node.
+const LOCAL_SIZE_VARS: [&str; 3] = [
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "SLURM_NTASKS_PER_NODE",
+];
+
+/// This process's rank among the processes of its node, with the variable it came from.
+pub fn local_rank(get: impl Fn(&str) -> Option<String>) -> Option<(usize, &'static str)> {
+    LOCAL_RANK_VARS
+        .iter()
+        .find_map(|&k| Some((get(k)?.trim().parse().ok()?, k)))
+}
+
+/// How many processes the launcher started on this node, when it says.
+pub fn local_size(get: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    LOCAL_SIZE_VARS
+        .iter()
+        .find_map(|&k| get(k)?.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    /// An environment of the given variables only.
+    pub(crate) fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| {
             vars.iter()
                 .find(|(n, _)| *n == k)
@@ -75,5 +108,21 @@ mod tests {
             ])),
             None
         );
+    }
+
+    #[test]
+    fn local_rank_and_size_come_from_per_process_variables() {
+        assert_eq!(
+            local_rank(env(&[("SLURM_LOCALID", "1")])),
+            Some((1, "SLURM_LOCALID"))
+        );
+        // Garbage is not a local rank.
+        assert_eq!(local_rank(env(&[("LOCAL_RANK", "x")])), None);
+        assert_eq!(
+            local_size(env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "4")])),
+            Some(4)
+        );
+        assert_eq!(local_size(env(&[("MPI_LOCALNRANKS", "0")])), None);
+        assert_eq!(local_size(env(&[])), None);
     }
 }

@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::params::ParamSpec;
 use crate::parallel::bucket::{
-    all_gather_bucketed, gather_to_root_bucketed, reduce_scatter_bucketed,
+    all_gather_bucketed, gather_to_root_bucketed, pack, reduce_scatter_bucketed, unpack,
 };
 use crate::parallel::ranks::Ranks;
 use crate::train::optim::{AdamW, AdamWConfig};
@@ -53,23 +53,6 @@ pub struct ZeroShard {
 /// Elements per rank when `total` elements are padded to a multiple of `d`.
 pub fn block_len(total: usize, d: usize) -> usize {
     total.div_ceil(d)
-}
-
-/// `parts` (`real` elements in all) concatenated on `device` and zero-padded to `len`.
-fn padded(
-    parts: impl Iterator<Item = Tensor<1>>,
-    real: usize,
-    len: usize,
-    device: &burn::tensor::Device,
-) -> Tensor<1> {
-    let mut v: Vec<Tensor<1>> = parts.filter(|t| t.dims()[0] > 0).collect();
-    if len > real {
-        v.push(Tensor::zeros([len - real], device));
-    }
-    if v.is_empty() {
-        return Tensor::zeros([0], device);
-    }
-    Tensor::cat(v, 0)
 }
 
 /// The segments of the flat range `[from, from + len)` over parameters of lengths `lens`.
@@ -124,19 +107,6 @@ impl ZeroShard {
         }
     }
 
-    /// `flat` (this rank's block on the device) cut into the segments' pieces.
-    fn split(&self, flat: &Tensor<1>) -> Vec<Tensor<1>> {
-        let mut at = 0;
-        self.segments
-            .iter()
-            .map(|s| {
-                let t = flat.clone().narrow(0, at, s.len);
-                at += s.len;
-                t
-            })
-            .collect()
-    }
-
     /// This rank's block of `values` (one host vector per segment), zero-padded to `block`.
     fn padded_block(&self, values: impl Iterator<Item = Vec<f32>>) -> Vec<f32> {
         let mut mine = Vec::with_capacity(self.block);
@@ -152,9 +122,9 @@ impl ZeroShard {
         if ranks.dp.on_device(&device) {
             // NCCL on device buffers: one flat, padded tensor; no host copy, no i32 limit.
             let parts = self.params.iter().map(|&i| grads[i].clone());
-            let flat = padded(parts, self.total, self.block * ranks.topo.dp, &device);
+            let flat = pack(parts, self.block * ranks.topo.dp, &device);
             let mine = ranks.dp.reduce_scatter_tensor(flat)?;
-            return Ok(self.split(&mine));
+            return Ok(unpack(&mine, self.segments.iter().map(|s| s.len)));
         }
         let mut flat = vec![0.0f32; self.block * ranks.topo.dp];
         let mut at = 0;
@@ -200,15 +170,11 @@ impl ZeroShard {
         let new = self.opt.update(pieces, grad_chunk, &seg_specs, lr);
         let device = params[self.params[0]].device();
         if ranks.dp.on_device(&device) {
-            let real = self.segments.iter().map(|s| s.len).sum();
-            let mine = padded(new.into_iter(), real, self.block, &device);
+            let mine = pack(new.into_iter(), self.block, &device);
             let all = ranks.dp.all_gather_tensor(mine)?;
-            let mut at = 0;
-            for (&i, &n) in self.params.iter().zip(&self.lens) {
-                if n > 0 {
-                    params[i] = all.clone().narrow(0, at, n);
-                }
-                at += n;
+            let pieces = unpack(&all, self.lens.iter().copied());
+            for (&i, t) in self.params.iter().zip(pieces) {
+                params[i] = t;
             }
             return Ok(());
         }

@@ -13,7 +13,7 @@ use crate::data::loader::Batch;
 use crate::error::Result;
 use crate::model::neox::{host_to_param, masked_nll, tensor_to_vec};
 use crate::model::GenSlm;
-use crate::parallel::bucket::{all_reduce_bucketed, gather_unequal};
+use crate::parallel::bucket::{all_reduce_bucketed, gather_unequal, unpack};
 use crate::parallel::comm::Communicator;
 use crate::parallel::ranks::Ranks;
 use crate::train::optim::sum_of_squares;
@@ -105,14 +105,9 @@ fn reduce_params_on_device(
         let members = &idx[start..end];
         let flat = Tensor::cat(members.iter().map(|&i| grads[i].clone()).collect(), 0);
         let sum = comm.all_reduce_tensor(flat)?;
-        let mut at = 0;
-        for &i in members {
-            // An empty gradient stays as it is (burn cannot narrow to length 0).
-            let len = grads[i].dims()[0];
-            if len > 0 {
-                grads[i] = sum.clone().narrow(0, at, len);
-            }
-            at += len;
+        let pieces = unpack(&sum, members.iter().map(|&i| grads[i].dims()[0]));
+        for (&i, t) in members.iter().zip(pieces) {
+            grads[i] = t;
         }
         start = end;
     }
