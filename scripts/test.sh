@@ -68,6 +68,9 @@ cargo check --locked --features nccl
 echo "== the CUDA build (burn-cuda, NCCL on device buffers) type-checks offline"
 ./scripts/check-cuda.sh
 
+echo "== fused attention kernels and --backend wgpu on lavapipe (software Vulkan)"
+./scripts/test-kernels.sh
+
 echo "== sequence/data parallelism under mpirun -np 2 and -np 4 match one process; fault test"
 cargo build --locked --features mpi
 ./scripts/check_mpi.sh "${CARGO_TARGET_DIR:-target}/debug/genslm"

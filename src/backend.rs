@@ -1,4 +1,4 @@
-//! Which device a process computes on: `--backend cpu|cuda`, `--device N`, and the local rank a
+//! Which device a process computes on: `--backend cpu|cuda|wgpu`, `--device N`, and the local rank a
 //! launcher gives each process (one process per GPU).
 //!
 //! The rest of the program is backend-erased (`burn::tensor::Device`); this file is the one
@@ -20,6 +20,9 @@ pub enum BackendKind {
     Cpu,
     /// burn-cuda on an NVIDIA GPU (feature `cuda`).
     Cuda,
+    /// burn's wgpu backend (feature `wgpu`): any Vulkan, Metal or DX12 GPU, or Mesa's lavapipe
+    /// on a machine without one.
+    Wgpu,
 }
 
 impl BackendKind {
@@ -27,14 +30,16 @@ impl BackendKind {
         match self {
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
+            BackendKind::Wgpu => "wgpu",
         }
     }
 
-    /// bf16 compute where the hardware has bf16 matmuls (GPUs); fp32 on CPU, where flex runs
-    /// bf16 matmuls through f32 and the casts only cost time.
+    /// bf16 compute where the hardware has bf16 matmuls (NVIDIA GPUs); fp32 on CPU, where flex
+    /// runs bf16 matmuls through f32 and the casts only cost time, and on wgpu, whose adapters
+    /// (Vulkan, Metal, lavapipe) do not all have bf16 arithmetic.
     pub fn default_precision(self) -> Precision {
         match self {
-            BackendKind::Cpu => Precision::Fp32,
+            BackendKind::Cpu | BackendKind::Wgpu => Precision::Fp32,
             BackendKind::Cuda => Precision::Bf16,
         }
     }
@@ -77,6 +82,7 @@ impl DeviceChoice {
                 let (index, from) = self.gpu_index(thread_rank, |k| std::env::var(k).ok());
                 open_cuda(index, &from)
             }
+            BackendKind::Wgpu => open_wgpu(self.index.map(|i| i + thread_rank)),
         }
     }
 
@@ -109,6 +115,26 @@ fn open_cuda(_index: usize, _from: &str) -> Result<Device> {
     ))
 }
 
+/// `--device N` picks the N-th discrete GPU; without it wgpu takes the best adapter it finds
+/// (`CUBECL_WGPU_DEFAULT_DEVICE=Cpu` forces lavapipe/llvmpipe).
+#[cfg(feature = "wgpu")]
+fn open_wgpu(index: Option<usize>) -> Result<Device> {
+    use burn::tensor::DeviceKind;
+    Ok(Device::wgpu(match index {
+        Some(i) => DeviceKind::DiscreteGpu(i),
+        None => DeviceKind::DefaultDevice,
+    }))
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn open_wgpu(_index: Option<usize>) -> Result<Device> {
+    Err(Error::Invalid(
+        "--backend wgpu: this genslm was built without the wgpu backend. Rebuild with \
+         `cargo build --release --features wgpu`, or use --backend cpu"
+            .into(),
+    ))
+}
+
 /// GPUs the CUDA driver sees; an error naming what is missing when there is no driver or no
 /// GPU.
 #[cfg(feature = "cuda")]
@@ -135,6 +161,17 @@ pub fn cuda_device_count() -> Result<usize> {
         ));
     }
     Ok(n as usize)
+}
+
+/// Bytes the memory pools of `t`'s GPU device hold (their high-water mark: pools keep their
+/// pages), or `None` on CPU.
+pub fn device_reserved_bytes<const D: usize>(t: &burn::tensor::Tensor<D>) -> Option<u64> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    if let Ok(c) = t.clone().try_into_primitive::<burn::backend::Cube>() {
+        return Some(genslm_kernels::reserved_bytes(&c.client));
+    }
+    let _ = t;
+    None
 }
 
 /// Where and in what precision an inference command (score, embed, generate) computes.

@@ -7,10 +7,20 @@ use clap::Subcommand;
 
 use super::AttentionArg;
 
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Debug)]
+pub enum DtypeArg {
+    Fp32,
+    Bf16,
+    F16,
+}
+
 #[derive(Subcommand)]
 pub enum BenchCmd {
-    /// Peak memory and time of one training step per sequence length, flash vs naive
-    /// attention (each case in its own process, since peak memory is per process).
+    /// Without --seq: peak memory and time of one training step per sequence length, flash vs
+    /// naive attention (each case in its own process, since peak memory is per process).
+    /// With --seq: the FlashAttention op alone on --backend (the fused kernels on cuda/wgpu):
+    /// forward and forward+backward time, TFLOPS (4·b·h·s²·d forward, 3.5× that for
+    /// forward+backward as FlashAttention-2 counts, halved when causal) and peak memory.
     Attention {
         #[arg(long, default_value = "configs/tiny.toml")]
         config: PathBuf,
@@ -27,6 +37,29 @@ pub enum BenchCmd {
         /// Also run each flash case with full activation checkpointing ("flash+ckpt").
         #[arg(long)]
         checkpoint_activations: bool,
+        /// Time the attention op alone at this sequence length (see above).
+        #[arg(long)]
+        seq: Option<usize>,
+        /// Op mode: head dimension.
+        #[arg(long, default_value_t = 128)]
+        head_dim: usize,
+        /// Op mode: heads.
+        #[arg(long, default_value_t = 16)]
+        heads: usize,
+        /// Op mode: batch size.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Op mode: element type of q, k, v (statistics are f32 either way).
+        #[arg(long, value_enum, default_value = "fp32")]
+        dtype: DtypeArg,
+        /// Op mode: full (bidirectional) attention instead of causal.
+        #[arg(long)]
+        no_causal: bool,
+        /// Op mode: timed iterations (after one warm-up); the best is reported.
+        #[arg(long, default_value_t = 3)]
+        iters: usize,
+        #[command(flatten)]
+        device: super::device::DeviceArgs,
     },
     /// Training throughput: tokens/s, model GFLOP/s (beside a 1024³ matmul's) and peak RSS of
     /// AdamW steps at one sequence length, batch 1 (the PyTorch peer:
@@ -108,10 +141,23 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             at_most("--seq-len", *seq_len, max)?;
             at_most("--steps", *steps, 1 << 20)?;
         }
-        BenchCmd::Attention { seq_lens, .. } => {
+        BenchCmd::Attention {
+            seq_lens,
+            seq,
+            head_dim,
+            heads,
+            batch,
+            iters,
+            ..
+        } => {
             for &s in seq_lens {
                 at_most("--seq-lens", s, max)?;
             }
+            at_most("--seq", seq.unwrap_or(0), max)?;
+            at_most("--head-dim", *head_dim, 1 << 16)?;
+            at_most("--heads", *heads, 1 << 16)?;
+            at_most("--batch", *batch, 1 << 16)?;
+            at_most("--iters", *iters, 1 << 16)?;
         }
         BenchCmd::Embed {
             seq_len, sequences, ..
@@ -164,10 +210,50 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             println!("{secs} {peak}");
         }
         BenchCmd::Attention {
+            seq: Some(seq),
+            head_dim,
+            heads,
+            batch,
+            dtype,
+            no_causal,
+            iters,
+            device,
+            ..
+        } => {
+            let compute = device.compute();
+            let case = genslm::bench::AttnBenchCase {
+                batch,
+                heads,
+                seq,
+                head_dim,
+                dtype: match dtype {
+                    DtypeArg::Fp32 => burn::tensor::DType::F32,
+                    DtypeArg::Bf16 => burn::tensor::DType::BF16,
+                    DtypeArg::F16 => burn::tensor::DType::F16,
+                },
+                causal: !no_causal,
+                iters,
+            };
+            let r = genslm::bench::attention_op(&compute, &case)?;
+            println!(
+                "attention {} {dtype:?} b {batch} h {heads} seq {seq} d {head_dim} causal {}: \
+                 fwd {:.4} s ({:.3} TFLOPS), fwd+bwd {:.4} s ({:.3} TFLOPS), peak {:.1} MiB ({})",
+                compute.device.backend.name(),
+                case.causal,
+                r.fwd_s,
+                r.tflops_fwd,
+                r.fwd_bwd_s,
+                r.tflops_fwd_bwd,
+                r.peak_mib,
+                r.peak_of
+            );
+        }
+        BenchCmd::Attention {
             config,
             seq_lens,
             naive_max,
             checkpoint_activations,
+            ..
         } => {
             let exe = std::env::current_exe().context("locating the genslm binary")?;
             println!("seq_len  attention   step_s  tokens/s  peak_MiB");

@@ -9,6 +9,7 @@ use genslm::config::Precision;
 pub enum BackendArg {
     Cpu,
     Cuda,
+    Wgpu,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
@@ -19,15 +20,16 @@ pub enum PrecisionArg {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DeviceArgs {
-    /// Compute backend: cpu, or cuda (an NVIDIA GPU; needs a build with the `cuda` feature,
-    /// scripts/build-cuda.sh).
+    /// Compute backend: cpu; cuda (an NVIDIA GPU; needs a build with the `cuda` feature,
+    /// scripts/build-cuda.sh); or wgpu (any Vulkan/Metal/DX12 GPU, or Mesa's lavapipe without
+    /// one; needs the `wgpu` feature).
     #[arg(long, value_enum, default_value = "cpu")]
     pub backend: BackendArg,
     /// GPU index (default: the launcher's local rank, e.g. OMPI_COMM_WORLD_LOCAL_RANK or
     /// SLURM_LOCALID, else 0).
     #[arg(long)]
     pub device: Option<usize>,
-    /// Compute precision (default: bf16 on cuda, fp32 on cpu). Weights and optimizer state stay
+    /// Compute precision (default: bf16 on cuda, fp32 on cpu and wgpu). Weights and optimizer state stay
     /// fp32; norm/softmax statistics, the loss and gradient reductions are fp32 either way.
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionArg>,
@@ -39,6 +41,7 @@ impl DeviceArgs {
             backend: match self.backend {
                 BackendArg::Cpu => BackendKind::Cpu,
                 BackendArg::Cuda => BackendKind::Cuda,
+                BackendArg::Wgpu => BackendKind::Wgpu,
             },
             index: self.device,
         }

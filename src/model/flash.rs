@@ -110,7 +110,7 @@ impl FlashParams {
 
 /// The FlashAttention op. Shapes: q `[b, h, sq, d]`, k `[b, h, sk, d]`, v `[b, h, sk, dv]`,
 /// o / do `[b, h, sq, dv]`, lse `[b, h, sq]`.
-#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cuda"))]
+#[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait FlashAttentionOps: Backend {
     /// Forward: the output and the row log-sum-exp of the (scaled, biased, masked) scores.
     fn flash_attention_fwd(
@@ -143,9 +143,9 @@ pub trait FlashAttentionOps: Backend {
 }
 
 /// The tiled algorithm of this file on a concrete backend: burn tensor ops on tiles, so any
-/// backend that runs burn's ops runs it. On CPU (`Flex`) this is the production path; on
-/// CubeCL backends (CUDA) it is the fallback until the fused kernels (kernels/) plug in: every
-/// tile op is its own kernel launch, but memory stays O(s) as on CPU.
+/// backend that runs burn's ops runs it. On CPU (`Flex`) this is the production path; CubeCL
+/// backends (CUDA, wgpu) launch the fused kernels instead (`flash_cube.rs`) and fall back to
+/// these functions only for shapes the kernels do not take.
 macro_rules! tiled_flash_for {
     ($backend:ty) => {
         impl FlashAttentionOps for $backend {
@@ -194,8 +194,6 @@ macro_rules! tiled_flash_for {
 const LEFT: &str = "flash attention: a tile result left the backend of its inputs";
 
 tiled_flash_for!(Flex);
-#[cfg(feature = "cuda")]
-tiled_flash_for!(burn::backend::Cube);
 
 impl<B: Backend + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps for Autodiff<B, C> {
     /// Not differentiable on its own (the output is untracked); use `flash_attention`.
@@ -523,7 +521,7 @@ fn key_end(qs: usize, nq: usize, sk: usize, p: &FlashParams) -> usize {
 }
 
 /// FlashAttention-2 forward over non-autodiff tensors: `(o, lse)`.
-fn tiled_forward(
+pub(crate) fn tiled_forward(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,

@@ -5,6 +5,8 @@ pub mod attention;
 pub mod cache;
 pub mod flash;
 pub mod flash_backward;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod flash_cube;
 pub mod hf;
 pub mod io;
 pub mod neox;

@@ -78,13 +78,14 @@ pub struct ExchangeParams {
     pub count: bool,
 }
 
-#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cuda"))]
+#[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait UlyssesOps: Backend {
     /// The all-to-all of one 4-D tensor in `params.direction`.
     fn ulysses_exchange(x: FloatTensor<Self>, params: ExchangeParams) -> FloatTensor<Self>;
 }
 
-/// The exchange on a concrete backend (CPU, and CUDA until NCCL takes device buffers here).
+/// The exchange on a concrete backend (CPU; CUDA and wgpu through the communicator's tensor
+/// collectives).
 macro_rules! exchange_for {
     ($backend:ty) => {
         impl UlyssesOps for $backend {
@@ -99,7 +100,7 @@ macro_rules! exchange_for {
 }
 
 exchange_for!(Flex);
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 exchange_for!(burn::backend::Cube);
 
 impl<B: Backend + UlyssesOps, C: CheckpointStrategy> UlyssesOps for Autodiff<B, C> {

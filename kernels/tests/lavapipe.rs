@@ -1,0 +1,379 @@
+//! The kernels against an f64 naive reference, run on whichever wgpu device the machine has:
+//! Mesa's lavapipe (software Vulkan) on machines without a GPU (`scripts/test-kernels.sh`).
+#![cfg(feature = "wgpu")]
+
+mod reference;
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use cubecl::wgpu::{WgpuDevice, WgpuDeviceKind};
+use genslm_kernels::{backward, forward, AttnConfig, AttnShape, Dtype, KernelError, NO_KEY_LSE};
+use reference::Case;
+
+fn client() -> Client {
+    let kind = match std::env::var("GENSLM_KERNELS_DEVICE").as_deref() {
+        Ok("default") => WgpuDeviceKind::DefaultDevice,
+        _ => WgpuDeviceKind::Cpu,
+    };
+    cubecl::Device::Wgpu(WgpuDevice::new(kind)).client()
+}
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
+
+/// Rounds to what `dtype` holds (so the reference sees exactly the kernel's inputs).
+fn round(xs: &[f64], dtype: Dtype) -> Vec<f64> {
+    xs.iter()
+        .map(|&x| match dtype {
+            Dtype::F32 => x as f32 as f64,
+            Dtype::Bf16 => half::bf16::from_f64(x).to_f64(),
+            Dtype::F16 => half::f16::from_f64(x).to_f64(),
+        })
+        .collect()
+}
+
+fn upload(c: &Client, xs: &[f64], dtype: Dtype) -> Handle {
+    match dtype {
+        Dtype::F32 => {
+            let v: Vec<f32> = xs.iter().map(|&x| x as f32).collect();
+            c.create_from_slice(f32::as_bytes(&v))
+        }
+        Dtype::Bf16 => {
+            let v: Vec<u16> = xs
+                .iter()
+                .map(|&x| half::bf16::from_f64(x).to_bits())
+                .collect();
+            c.create_from_slice(u16::as_bytes(&v))
+        }
+        Dtype::F16 => {
+            let v: Vec<u16> = xs
+                .iter()
+                .map(|&x| half::f16::from_f64(x).to_bits())
+                .collect();
+            c.create_from_slice(u16::as_bytes(&v))
+        }
+    }
+}
+
+fn download(c: &Client, h: Handle, dtype: Dtype) -> Vec<f64> {
+    let bytes = c.read_one(h).expect("read back a kernel output");
+    match dtype {
+        Dtype::F32 => f32::from_bytes(&bytes).iter().map(|&x| x as f64).collect(),
+        Dtype::Bf16 => u16::from_bytes(&bytes)
+            .iter()
+            .map(|&b| half::bf16::from_bits(b).to_f64())
+            .collect(),
+        Dtype::F16 => u16::from_bytes(&bytes)
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f64())
+            .collect(),
+    }
+}
+
+/// `max |got − want| / max |want|`.
+fn rel_err(got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+    let diff = got.iter().zip(want).fold(0.0f64, |m, (a, b)| {
+        if a.is_nan() {
+            f64::INFINITY
+        } else {
+            m.max((a - b).abs())
+        }
+    });
+    diff / scale
+}
+
+fn tolerance(dtype: Dtype) -> f64 {
+    match dtype {
+        Dtype::F32 => 1e-4,
+        Dtype::Bf16 | Dtype::F16 => 2e-2,
+    }
+}
+
+/// GPT-NeoX/ALiBi-style slopes for `h` heads (geometric, as genslm's model uses).
+fn slopes(h: usize) -> Vec<f64> {
+    (0..h)
+        .map(|i| 2f64.powf(-8.0 * (i + 1) as f64 / h as f64))
+        .collect()
+}
+
+struct Outputs {
+    o: Vec<f64>,
+    lse: Vec<f64>,
+    dq: Vec<f64>,
+    dk: Vec<f64>,
+    dv: Vec<f64>,
+}
+
+struct Inputs {
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    d_o: Vec<f64>,
+}
+
+fn inputs(case: &Case, dtype: Dtype) -> Inputs {
+    let nq = case.b * case.h * case.sq * case.d;
+    let nk = case.b * case.h * case.sk * case.d;
+    // Queries and keys scaled up so softmax rows are peaked rather than flat.
+    let big = |xs: Vec<f64>| xs.into_iter().map(|x| 3.0 * x).collect::<Vec<_>>();
+    Inputs {
+        q: round(&big(values(nq, 1)), dtype),
+        k: round(&big(values(nk, 2)), dtype),
+        v: round(&values(nk, 3), dtype),
+        d_o: round(&values(nq, 4), dtype),
+    }
+}
+
+fn run_kernels(case: &Case, dtype: Dtype, x: &Inputs) -> Outputs {
+    let c = client();
+    let shape = AttnShape {
+        batch: case.b,
+        heads: case.h,
+        seq_q: case.sq,
+        seq_k: case.sk,
+        head_dim: case.d,
+    };
+    let cfg = AttnConfig {
+        causal: case.causal,
+        alibi: case
+            .alibi
+            .as_ref()
+            .map(|s| s.iter().map(|&x| x as f32).collect()),
+        q_offset: case.q_off,
+        k_offset: case.k_off,
+    };
+    let (q, k, v, d_o) = (
+        upload(&c, &x.q, dtype),
+        upload(&c, &x.k, dtype),
+        upload(&c, &x.v, dtype),
+        upload(&c, &x.d_o, dtype),
+    );
+    let (o, lse) = forward(&c, dtype, shape, &cfg, &q, &k, &v).expect("forward launches");
+    let (dq, dk, dv) =
+        backward(&c, dtype, shape, &cfg, &q, &k, &v, &o, &lse, &d_o).expect("backward launches");
+    Outputs {
+        o: download(&c, o, dtype),
+        lse: download(&c, lse, Dtype::F32),
+        dq: download(&c, dq, dtype),
+        dk: download(&c, dk, dtype),
+        dv: download(&c, dv, dtype),
+    }
+}
+
+/// Every output of the kernels against the f64 reference; returns the largest relative error.
+fn check(case: &Case, dtype: Dtype) -> f64 {
+    let x = inputs(case, dtype);
+    let got = run_kernels(case, dtype, &x);
+    let (o, lse) = case.forward(&x.q, &x.k, &x.v);
+    let g = case.backward(&x.q, &x.k, &x.v, &x.d_o);
+    // Rows that see no key: the reference says −∞, the kernel writes its finite stand-in.
+    for (a, b) in got.lse.iter().zip(&lse) {
+        if b.is_infinite() {
+            assert!(*a <= NO_KEY_LSE as f64 * 0.5, "no-key row lse {a}");
+        }
+    }
+    let finite = |xs: &[f64], like: &[f64]| -> Vec<f64> {
+        xs.iter()
+            .zip(like)
+            .filter(|(_, b)| b.is_finite())
+            .map(|(a, _)| *a)
+            .collect()
+    };
+    let errs = [
+        ("o", rel_err(&got.o, &o)),
+        ("lse", rel_err(&finite(&got.lse, &lse), &finite(&lse, &lse))),
+        ("dq", rel_err(&got.dq, &g.dq)),
+        ("dk", rel_err(&got.dk, &g.dk)),
+        ("dv", rel_err(&got.dv, &g.dv)),
+    ];
+    let tol = tolerance(dtype);
+    for (name, e) in errs {
+        assert!(
+            e <= tol,
+            "{name}: relative error {e:.2e} > {tol:.0e} (dtype {dtype:?}, b {} h {} sq {} sk {} \
+             d {} causal {} alibi {} offsets {}/{})",
+            case.b,
+            case.h,
+            case.sq,
+            case.sk,
+            case.d,
+            case.causal,
+            case.alibi.is_some(),
+            case.q_off,
+            case.k_off
+        );
+    }
+    errs.iter().map(|e| e.1).fold(0.0, f64::max)
+}
+
+fn case(s: usize, d: usize, causal: bool, alibi: bool) -> Case {
+    Case {
+        b: 2,
+        h: 3,
+        sq: s,
+        sk: s,
+        d,
+        causal,
+        alibi: alibi.then(|| slopes(3)),
+        q_off: 0,
+        k_off: 0,
+    }
+}
+
+#[test]
+fn short_sequences_every_mask_and_head_dim() {
+    for s in [1, 17, 256] {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                for alibi in [false, true] {
+                    let e = check(&case(s, d, causal, alibi), Dtype::F32);
+                    eprintln!("seq {s} d {d} causal {causal} alibi {alibi}: max rel err {e:.1e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn seq_1000_with_position_offsets() {
+    for (d, causal, alibi, q_off, k_off) in [
+        (64, true, true, 700, 200),
+        (128, true, false, 500, 500),
+        (128, false, true, 40, 900),
+        (64, false, false, 3, 0),
+    ] {
+        let c = Case {
+            q_off,
+            k_off,
+            ..case(1000, d, causal, alibi)
+        };
+        let e = check(&c, Dtype::F32);
+        eprintln!("seq 1000 d {d} causal {causal} alibi {alibi} offsets {q_off}/{k_off}: {e:.1e}");
+    }
+}
+
+/// Query and key blocks of different lengths, as a KV cache or a ring step gives: queries
+/// after all keys, and keys after some queries (rows that see no key at all).
+#[test]
+fn unequal_lengths_and_rows_without_keys() {
+    for (sq, sk, q_off, k_off) in [(17, 256, 300, 40), (256, 17, 0, 100), (100, 300, 0, 0)] {
+        let c = Case {
+            sq,
+            sk,
+            q_off,
+            k_off,
+            ..case(1, 64, true, true)
+        };
+        check(&c, Dtype::F32);
+    }
+}
+
+#[test]
+fn seq_4097_causal_alibi() {
+    let e = check(&case(4097, 64, true, true), Dtype::F32);
+    eprintln!("seq 4097: {e:.1e}");
+}
+
+/// bf16 and f16 inputs (f32 statistics and accumulators) where the device stores them; a
+/// device that cannot gets a clear error instead of a panic inside the shader compiler.
+#[test]
+fn half_precision_inputs_accumulate_in_f32() {
+    let mut tested = Vec::new();
+    for dtype in [Dtype::Bf16, Dtype::F16] {
+        if !dtype.supported(&client()) {
+            let c = case(4, 64, true, false);
+            let x = inputs(&c, dtype);
+            let cl = client();
+            let h = upload(&cl, &x.q, dtype);
+            let shape = AttnShape {
+                batch: 2,
+                heads: 3,
+                seq_q: 4,
+                seq_k: 4,
+                head_dim: 64,
+            };
+            let err = forward(&cl, dtype, shape, &AttnConfig::default(), &h, &h, &h).unwrap_err();
+            assert!(matches!(err, KernelError::Dtype { .. }), "{err}");
+            eprintln!("{dtype:?}: NOT RUN on {}: {err}", cl.name());
+            continue;
+        }
+        for d in [64, 128] {
+            let c = Case {
+                q_off: 30,
+                k_off: 10,
+                ..case(256, d, true, true)
+            };
+            let e = check(&c, dtype);
+            eprintln!("{dtype:?} d {d}: {e:.1e}");
+        }
+        tested.push(dtype);
+    }
+    // The software driver must run at least one half type; which ones is reported above.
+    if std::env::var("GENSLM_KERNELS_DEVICE").is_err() {
+        assert!(!tested.is_empty(), "lavapipe ran neither bf16 nor f16");
+    }
+}
+
+/// The tolerance is tight enough to catch a broken kernel: a mask, slope or offset that is
+/// slightly wrong in the reference puts it far outside the tolerance of the kernel's output.
+#[test]
+fn the_checks_reject_a_wrong_mask_slope_or_offset() {
+    let base = Case {
+        q_off: 5,
+        k_off: 0,
+        ..case(64, 64, true, true)
+    };
+    let x = inputs(&base, Dtype::F32);
+    let got = run_kernels(&base, Dtype::F32, &x);
+    let mut wrong = vec![
+        Case {
+            causal: false,
+            alibi: base.alibi.clone(),
+            ..case(64, 64, false, true)
+        },
+        Case {
+            alibi: Some(slopes(3).iter().map(|s| s * 1.05).collect()),
+            ..case(64, 64, true, true)
+        },
+        case(64, 64, true, true),
+    ];
+    wrong[0].q_off = 5;
+    wrong[1].q_off = 5;
+    for (what, w) in ["mask", "slope", "offset"].iter().zip(&wrong) {
+        let (o, _) = w.forward(&x.q, &x.k, &x.v);
+        let g = w.backward(&x.q, &x.k, &x.v, &x.d_o);
+        let e = rel_err(&got.o, &o).max(rel_err(&got.dq, &g.dq));
+        assert!(
+            e > 10.0 * tolerance(Dtype::F32),
+            "a wrong {what} passes: {e:.1e}"
+        );
+    }
+}
+
+#[test]
+fn unsupported_head_dim_is_a_clear_error() {
+    let c = client();
+    let shape = AttnShape {
+        batch: 1,
+        heads: 1,
+        seq_q: 4,
+        seq_k: 4,
+        head_dim: 512,
+    };
+    let h = c.create_from_slice(f32::as_bytes(&vec![0.0f32; 4 * 512]));
+    let err = forward(&c, Dtype::F32, shape, &AttnConfig::default(), &h, &h, &h).unwrap_err();
+    assert_eq!(err, KernelError::HeadDim(512));
+    assert!(err.to_string().contains("1..=256"), "{err}");
+}
