@@ -3,7 +3,7 @@
 
 use cubecl::prelude::*;
 
-use crate::forward::{alibi_bias, load_tile, MASKED};
+use crate::forward::{alibi_bias, head_slope, load_tile, visible_key_end, MASKED};
 
 /// `D[row] = Σ_c dO[row, c] · O[row, c]` in f32; one unit per row.
 #[cube(launch_unchecked)]
@@ -59,10 +59,7 @@ pub(crate) fn flash_backward_dq<E: Float>(
     let row = q_first + UNIT_POS_X as usize;
     let valid = row < sq;
     let qpos = q_offset as usize + row;
-    let mut slope = 0.0f32;
-    if alibi {
-        slope = slopes[bh % heads as usize];
-    }
+    let slope = head_slope(slopes, bh, heads, alibi);
 
     let base = (bh * sq + row) * d;
     let mut qr = Array::<f32>::new(d);
@@ -87,15 +84,7 @@ pub(crate) fn flash_backward_dq<E: Float>(
         row_delta = delta[bh * sq + row];
     }
 
-    let mut k_end = sk;
-    if causal {
-        let visible = q_offset as usize + min(q_first + block_q, sq);
-        if visible <= k_offset as usize {
-            k_end = 0;
-        } else {
-            k_end = min(sk, visible - k_offset as usize);
-        }
-    }
+    let k_end = visible_key_end(q_first, sq, sk, q_offset, k_offset, block_q, causal);
 
     let mut ks = Shared::<[f32]>::new_slice(block_k * d);
     let mut vs = Shared::<[f32]>::new_slice(block_k * d);
@@ -174,10 +163,7 @@ pub(crate) fn flash_backward_dkdv<E: Float>(
     let row = k_first + UNIT_POS_X as usize;
     let valid = row < sk;
     let kpos = k_offset as usize + row;
-    let mut slope = 0.0f32;
-    if alibi {
-        slope = slopes[bh % heads as usize];
-    }
+    let slope = head_slope(slopes, bh, heads, alibi);
 
     let base = (bh * sk + row) * d;
     let mut kr = Array::<f32>::new(d);

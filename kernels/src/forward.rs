@@ -18,6 +18,40 @@ pub(crate) fn alibi_bias(slope: f32, qpos: usize, kpos: usize, #[comptime] causa
     }
 }
 
+/// This head's ALiBi slope (0 without ALiBi, never read then).
+#[cube]
+pub(crate) fn head_slope(slopes: &[f32], bh: usize, heads: u32, #[comptime] alibi: bool) -> f32 {
+    let mut slope = 0.0f32;
+    if alibi {
+        slope = slopes[bh % heads as usize];
+    }
+    slope
+}
+
+/// The end (exclusive) of the keys any query of the block `[q_first, q_first + block_q)` can
+/// see: keys after the block's last query are masked for every row, so their tiles are skipped.
+#[cube]
+pub(crate) fn visible_key_end(
+    q_first: usize,
+    sq: usize,
+    sk: usize,
+    q_offset: u32,
+    k_offset: u32,
+    #[comptime] block_q: usize,
+    #[comptime] causal: bool,
+) -> usize {
+    let mut k_end = sk;
+    if causal {
+        let visible = q_offset as usize + min(q_first + block_q, sq);
+        if visible <= k_offset as usize {
+            k_end = 0;
+        } else {
+            k_end = min(sk, visible - k_offset as usize);
+        }
+    }
+    k_end
+}
+
 /// Copies rows `[first, first + rows)` of one `[seq, d]` head of `src` into `dst` (`rows × d`,
 /// f32), zero past `seq`; all `units` units of the cube take part.
 #[cube]
@@ -73,10 +107,7 @@ pub(crate) fn flash_forward<E: Float>(
     let row = q_first + UNIT_POS_X as usize;
     let valid = row < sq;
     let qpos = q_offset as usize + row;
-    let mut slope = 0.0f32;
-    if alibi {
-        slope = slopes[bh % heads as usize];
-    }
+    let slope = head_slope(slopes, bh, heads, alibi);
 
     // This unit's query row, pre-scaled, and its output accumulator.
     let q_base = (bh * sq + row) * d;
@@ -92,17 +123,7 @@ pub(crate) fn flash_forward<E: Float>(
         acc[c] = 0.0f32;
     }
 
-    // Keys after the block's last query are masked for every row: those tiles are skipped.
-    let mut k_end = sk;
-    if causal {
-        let last_q = q_offset as usize + min(q_first + block_q, sq) - 1;
-        let visible = last_q + 1;
-        if visible <= k_offset as usize {
-            k_end = 0;
-        } else {
-            k_end = min(sk, visible - k_offset as usize);
-        }
-    }
+    let k_end = visible_key_end(q_first, sq, sk, q_offset, k_offset, block_q, causal);
 
     let mut ks = Shared::<[f32]>::new_slice(block_k * d);
     let mut vs = Shared::<[f32]>::new_slice(block_k * d);
