@@ -2,7 +2,8 @@
 # The fused FlashAttention kernels (kernels/) on Mesa's lavapipe, a software Vulkan driver, so
 # they are proven on machines without a GPU:
 #  1. installs Debian's mesa-vulkan-drivers + libvulkan1 when lavapipe is missing;
-#  2. runs the kernel tests (forward and backward against an f64 reference);
+#  2. runs the kernel tests (forward and backward against an f64 reference, and plain/causal
+#     attention against cubek-attention, burn's own CubeCL attention);
 #  3. trains configs/tiny.toml 5 steps with --backend wgpu and --backend cpu, same seed, and
 #     compares the losses (≤ 1e-3 relative);
 #  4. measures the device memory of the fused forward+backward at seq 1024 and 4096 (each in
@@ -24,7 +25,7 @@ fi
 export CUBECL_WGPU_DEFAULT_DEVICE="${CUBECL_WGPU_DEFAULT_DEVICE:-Cpu}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}-wgpu"
 
-echo "== kernel tests on lavapipe (f64 reference)"
+echo "== kernel tests on lavapipe (against an f64 reference and against cubek-attention)"
 cargo test --locked -p genslm-kernels --features wgpu -- --nocapture 2>&1 \
   | grep -v "XDG_RUNTIME_DIR"
 
@@ -50,9 +51,13 @@ for i, (a, b) in enumerate(zip(cpu, gpu), 1):
     assert rel <= 1e-3, f"step {i}: wgpu loss {b} vs cpu {a} ({rel:.1e} > 1e-3)"
 PY
 echo "== wgpu attention forward+backward: device memory at seq 1024 vs 4096 (linear: ratio <= 4.5)"
+# The bench line goes to stderr for the log (not through `tee /dev/stderr`, which overwrites
+# a log file that stderr is redirected to) and its peak to stdout.
 peak() {
-  "$BIN" bench attention --backend wgpu --seq "$1" --heads 3 --head-dim 64 --iters 1 2>/dev/null \
-    | tee /dev/stderr | sed -n 's/.*peak \([0-9.]*\) MiB (device memory pools).*/\1/p'
+  local out
+  out=$("$BIN" bench attention --backend wgpu --seq "$1" --heads 3 --head-dim 64 --iters 1 2>/dev/null)
+  echo "$out" >&2
+  sed -n 's/.*peak \([0-9.]*\) MiB (device memory pools).*/\1/p' <<<"$out"
 }
 P1=$(peak 1024); P4=$(peak 4096)
 python3 -c "

@@ -147,6 +147,69 @@ fn kill_and_resume_continues_the_same_curve() {
     assert_eq!(losses(&parts), losses(&full));
 }
 
+/// A finished 4-step run extended to 8 with `--resume --steps 8` logs steps 5–8; the first
+/// four keep the rates of the 4-step schedule and the new ones follow the cosine of an 8-step
+/// run (written out here in closed form: warm-up 2, lr 1e-3, floor 0.1·lr).
+#[test]
+fn a_finished_run_extends_with_resume_and_more_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ext");
+    let common = ["--warmup", "2", "--lr", "1e-3", "--val-every", "0"];
+    let mut four: Vec<&str> = common.to_vec();
+    four.extend(["--steps", "4"]);
+    train(&out, &four);
+    let mut eight: Vec<&str> = common.to_vec();
+    eight.extend(["--steps", "8", "--resume"]);
+    let err = train(&out, &eight);
+    assert!(err.contains("steps (checkpoint 4, now 8)"), "{err}");
+    let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = m.iter().map(|m| m.step).collect();
+    assert_eq!(steps, (1..=8).collect::<Vec<u64>>());
+    let cosine = |step: f64, total: f64| {
+        let progress = (step - 2.0) / (total - 3.0);
+        1e-3 * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
+    };
+    let want = [
+        0.5e-3,
+        1e-3,
+        cosine(2.0, 4.0),
+        cosine(3.0, 4.0),
+        cosine(4.0, 8.0),
+        cosine(5.0, 8.0),
+        cosine(6.0, 8.0),
+        cosine(7.0, 8.0),
+    ];
+    for (got, want) in m.iter().map(|m| m.lr).zip(want) {
+        assert!((got - want).abs() <= 1e-12, "lr {got} vs {want}");
+    }
+    assert!(m.iter().all(|m| m.loss.is_finite()));
+    // Finished again: a resume without a larger --steps says how to extend.
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &data(),
+        "--config",
+        &tiny(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "4",
+        "--warmup",
+        "2",
+        "--lr",
+        "1e-3",
+        "--val-every",
+        "0",
+        "--steps",
+        "8",
+        "--resume",
+    ]);
+    assert!(!ok && err.contains("larger --steps"), "{err}");
+}
+
 #[test]
 fn resume_refuses_changed_settings_and_missing_checkpoints() {
     let dir = tempfile::tempdir().unwrap();

@@ -14,6 +14,12 @@ pub enum DtypeArg {
     F16,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Debug)]
+pub enum ImplArg {
+    Genslm,
+    Cubek,
+}
+
 #[derive(Subcommand)]
 pub enum BenchCmd {
     /// Without --seq: peak memory and time of one training step per sequence length, flash vs
@@ -58,6 +64,10 @@ pub enum BenchCmd {
         /// Op mode: timed iterations (after one warm-up); the best is reported.
         #[arg(long, default_value_t = 3)]
         iters: usize,
+        /// Op mode: whose attention: genslm's, or cubek-attention (the CubeCL attention burn
+        /// ships; cuda/wgpu only) as the baseline on the same device.
+        #[arg(long = "impl", value_enum, default_value = "genslm")]
+        imp: ImplArg,
         #[command(flatten)]
         device: super::device::DeviceArgs,
     },
@@ -217,6 +227,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             dtype,
             no_causal,
             iters,
+            imp,
             device,
             ..
         } => {
@@ -233,17 +244,24 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                 },
                 causal: !no_causal,
                 iters,
+                imp: match imp {
+                    ImplArg::Genslm => genslm::bench::AttnImpl::Genslm,
+                    ImplArg::Cubek => genslm::bench::AttnImpl::Cubek,
+                },
             };
             let r = genslm::bench::attention_op(&compute, &case)?;
+            let fwd_bwd = match (r.fwd_bwd_s, r.tflops_fwd_bwd) {
+                (Some(s), Some(t)) => format!("{s:.4} s ({t:.3} TFLOPS)"),
+                _ => "n/a".into(),
+            };
             println!(
-                "attention {} {dtype:?} b {batch} h {heads} seq {seq} d {head_dim} causal {}: \
-                 fwd {:.4} s ({:.3} TFLOPS), fwd+bwd {:.4} s ({:.3} TFLOPS), peak {:.1} MiB ({})",
+                "attention {} {dtype:?} b {batch} h {heads} seq {seq} d {head_dim} causal {} \
+                 [{}]: fwd {:.4} s ({:.3} TFLOPS), fwd+bwd {fwd_bwd}, peak {:.1} MiB ({})",
                 compute.device.backend.name(),
                 case.causal,
+                r.routine,
                 r.fwd_s,
                 r.tflops_fwd,
-                r.fwd_bwd_s,
-                r.tflops_fwd_bwd,
                 r.peak_mib,
                 r.peak_of
             );

@@ -16,6 +16,15 @@ use crate::tokenizer::VocabKind;
 struct RopeParameters {
     partial_rotary_factor: Option<f64>,
     rope_theta: Option<f64>,
+    rope_type: Option<String>,
+}
+
+/// transformers < 5's `rope_scaling` (`{"type"|"rope_type": "linear"|"dynamic"|..., ...}`).
+#[derive(Debug, Clone, Deserialize)]
+struct RopeScaling {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    rope_type: Option<String>,
 }
 
 /// The fields of `GPTNeoXConfig` genslm reads.
@@ -31,6 +40,7 @@ struct HfConfigIn {
     rotary_pct: Option<f64>,
     rotary_emb_base: Option<f64>,
     rope_parameters: Option<RopeParameters>,
+    rope_scaling: Option<RopeScaling>,
     layer_norm_eps: Option<f64>,
     hidden_act: Option<String>,
     use_parallel_residual: Option<bool>,
@@ -68,6 +78,19 @@ pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
         return Err("attention_bias = false is not supported".into());
     }
     let rope = c.rope_parameters.as_ref();
+    // genslm implements plain rotary only: a scaled rotary (linear, dynamic NTK, YaRN, ...)
+    // loaded as plain would give different logits without a word.
+    let scaling = [
+        rope.and_then(|r| r.rope_type.clone()),
+        c.rope_scaling.as_ref().and_then(|r| r.rope_type.clone()),
+        c.rope_scaling.as_ref().and_then(|r| r.kind.clone()),
+    ];
+    if let Some(kind) = scaling.into_iter().flatten().find(|k| k != "default") {
+        return Err(format!(
+            "rotary scaling '{kind}' (rope_scaling / rope_parameters.rope_type) is not \
+             supported: genslm implements the default (unscaled) rotary embedding only"
+        ));
+    }
     let rotary_pct = c
         .rotary_pct
         .or_else(|| rope.and_then(|r| r.partial_rotary_factor))
@@ -101,7 +124,15 @@ pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
 }
 
 /// A `config.json` that `GPTNeoXConfig.from_pretrained` accepts, old and new transformers.
+///
+/// The special-token ids are the vocabulary's own, so transformers' `generate()` starts and
+/// stops where genslm does: genslm71's `[BOS]`/`[EOS]`; genslm69 has neither (null: generation
+/// runs to its length limit, as genslm's does).
 pub fn config_to_hf(m: &ModelConfig) -> Value {
+    let tok = crate::tokenizer::CodonTokenizer::new(m.vocab).ok();
+    let bos = tok.as_ref().and_then(|t| t.bos_id());
+    let eos = tok.as_ref().and_then(|t| t.eos_id());
+    let pad = tok.as_ref().map(|t| t.pad_id());
     json!({
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",
@@ -126,8 +157,9 @@ pub fn config_to_hf(m: &ModelConfig) -> Value {
         "attention_dropout": 0.0,
         "hidden_dropout": 0.0,
         "initializer_range": 0.02,
-        "bos_token_id": 0,
-        "eos_token_id": 0,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
         "torch_dtype": "float32",
         "use_cache": true,
         "genslm_position": m.position,
@@ -164,5 +196,69 @@ mod tests {
             "num_hidden_layers":1,"intermediate_size":8,"vocab_size":69,"max_position_embeddings":8}"#)
         .unwrap_err();
         assert!(e.contains("llama"), "{e}");
+    }
+
+    /// The ids come from the vocabulary files (tokenizers/*.json), not from this module.
+    #[test]
+    fn special_token_ids_are_the_vocabularys() {
+        let tiny = include_str!("../../tests/fixtures/hf_neox_tiny/config.json");
+        let mut c = config_from_hf(tiny).unwrap();
+        for (vocab, bos, eos) in [
+            (VocabKind::Genslm71, Some("[BOS]"), Some("[EOS]")),
+            (VocabKind::Genslm69, None, None),
+        ] {
+            c.vocab = vocab;
+            let hf = config_to_hf(&c);
+            let file: Value = serde_json::from_str(vocab_json(vocab)).unwrap();
+            let id = |t: Option<&str>| t.map_or(Value::Null, |t| file["model"]["vocab"][t].clone());
+            assert_eq!(hf["bos_token_id"], id(bos), "{vocab:?}");
+            assert_eq!(hf["eos_token_id"], id(eos), "{vocab:?}");
+            assert_eq!(hf["pad_token_id"], id(Some("[PAD]")), "{vocab:?}");
+        }
+        // genslm71's [BOS]/[EOS] are 2 and 3 (GenSLM's tokenizer file), never [UNK]'s 0.
+        c.vocab = VocabKind::Genslm71;
+        assert_eq!(
+            (
+                config_to_hf(&c)["bos_token_id"].clone(),
+                config_to_hf(&c)["eos_token_id"].clone()
+            ),
+            (json!(2), json!(3))
+        );
+    }
+
+    fn vocab_json(v: VocabKind) -> &'static str {
+        match v {
+            VocabKind::Genslm69 => include_str!("../../tokenizers/genslm69.json"),
+            VocabKind::Genslm71 => include_str!("../../tokenizers/genslm71.json"),
+        }
+    }
+
+    #[test]
+    fn scaled_rotary_is_refused() {
+        let tiny = include_str!("../../tests/fixtures/hf_neox_tiny/config.json");
+        let mut v: Value = serde_json::from_str(tiny).unwrap();
+        for (key, scaling) in [
+            ("rope_scaling", json!({"type": "linear", "factor": 2.0})),
+            (
+                "rope_scaling",
+                json!({"rope_type": "dynamic", "factor": 2.0}),
+            ),
+            (
+                "rope_parameters",
+                json!({"rope_type": "yarn", "rope_theta": 10000.0}),
+            ),
+        ] {
+            v[key] = scaling;
+            let e = config_from_hf(&v.to_string()).unwrap_err();
+            assert!(
+                e.contains("rotary scaling") && e.contains("not supported"),
+                "{e}"
+            );
+            v.as_object_mut().unwrap().remove(key);
+        }
+        // The default type (what genslm writes) and a null rope_scaling still load.
+        v["rope_scaling"] = Value::Null;
+        v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 10000.0});
+        config_from_hf(&v.to_string()).unwrap();
     }
 }

@@ -4,9 +4,12 @@
 //! settings that shape the curve are the same. Each setting is one of three kinds:
 //! - **refused** when changed (the run stops before writing anything, listing every change):
 //!   the whole model shape (every `[model]` field but `attention`), `seq_len`, `batch_size`,
-//!   `grad_accum`, `seed`, `steps`, `lr`, `warmup`, `min_lr_ratio`, `val_fraction`, and
-//!   AdamW's `beta1`, `beta2`, `eps` (the saved moments are averages under those);
-//! - **applied, with a note** on stderr, from the first resumed step on: `weight_decay`,
+//!   `grad_accum`, `seed`, `lr`, `warmup`, `min_lr_ratio`, `val_fraction`, and AdamW's
+//!   `beta1`, `beta2`, `eps` (the saved moments are averages under those);
+//! - **applied, with a note** on stderr, from the first resumed step on: `steps` (a run is
+//!   extended, or shortened to no fewer steps than it has done: steps after the resume point
+//!   take the learning rate of the schedule for the new total, those before keep theirs),
+//!   `weight_decay`,
 //!   `max_grad_norm`, `attention` (flash and naive compute the same function), `zero`,
 //!   `checkpoint_activations`, `skip_nonfinite`, `max_consecutive_skips`, `val_every`, `checkpoint_every`, `keep_checkpoints`,
 //!   `reduce_bucket_size`, `rank_timeout_s`, `precision` (the master weights and moments are
@@ -45,7 +48,6 @@ pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
         batch_size,
         grad_accum,
         seed,
-        steps,
         lr,
         warmup,
         min_lr_ratio,
@@ -71,6 +73,15 @@ pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
         rank_timeout_s,
         precision
     );
+    // A different length extends (or shortens) the run: the schedule is recomputed for the
+    // new total from the next step on; check_state refuses a total the run has passed.
+    if old.steps != new.steps {
+        applied.push(format!(
+            "steps (checkpoint {}, now {}): the learning-rate schedule is recomputed for a run \
+             of {} steps",
+            old.steps, new.steps, new.steps
+        ));
+    }
     match &saved.config {
         Some(c) => {
             let (a, b): (&ModelConfig, &ModelConfig) = (&c.model, &cfg.model);
@@ -125,7 +136,8 @@ pub fn check_state(s: &TrainerState, t: &TrainConfig, dir: &Path) -> Result<()> 
     }
     if s.step == t.steps {
         return bad(format!(
-            "the run already finished all {} steps; raise --steps only in a new run directory",
+            "the run already finished all {} steps; pass a larger --steps with --resume to \
+             extend it",
             t.steps
         ));
     }

@@ -1,7 +1,14 @@
-//! `genslm bench ingest`: end-to-end FASTA → parquet throughput on synthetic genomes.
+//! `genslm bench`: ingest (FASTA → parquet throughput on synthetic genomes), training steps,
+//! and the attention op alone (attention.rs, with cubek-attention's baseline in cubek.rs).
 //!
-//! Writes random DNA as 60-column FASTA (plain and gzip) into a scratch directory, runs the
-//! same pipeline as `genslm tokenize`, and reports MB/s. Single-threaded like the pipeline.
+//! Ingest writes random DNA as 60-column FASTA (plain and gzip) into a scratch directory, runs
+//! the same pipeline as `genslm tokenize`, and reports MB/s.
+
+mod attention;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod cubek;
+
+pub use attention::{attention_op, AttnBench, AttnBenchCase, AttnImpl};
 
 use std::io::Write;
 use std::path::Path;
@@ -224,106 +231,4 @@ fn matmul_rate(device: &burn::tensor::Device) -> f64 {
             2.0 * (n * n * n) as f64 / t.elapsed().as_secs_f64() / 1e9
         })
         .fold(0.0, f64::max)
-}
-
-/// What `genslm bench attention --seq N` measured: the attention op alone.
-#[derive(Debug, Clone)]
-pub struct AttnBench {
-    /// Seconds per forward (best of the timed iterations).
-    pub fwd_s: f64,
-    /// Seconds per forward + backward (best of the timed iterations).
-    pub fwd_bwd_s: f64,
-    pub tflops_fwd: f64,
-    pub tflops_fwd_bwd: f64,
-    /// Peak memory in MiB: the device's memory pools on GPU backends, peak RSS on CPU.
-    pub peak_mib: f64,
-    pub peak_of: &'static str,
-}
-
-/// The attention shape and options `bench attention --seq` times.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnBenchCase {
-    pub batch: usize,
-    pub heads: usize,
-    pub seq: usize,
-    pub head_dim: usize,
-    pub dtype: burn::tensor::DType,
-    pub causal: bool,
-    pub iters: usize,
-}
-
-impl AttnBenchCase {
-    /// FlashAttention's convention: 4·b·h·s²·d for the forward, halved when causal.
-    pub fn fwd_flops(&self) -> f64 {
-        let f = 4.0 * (self.batch * self.heads) as f64 * (self.seq as f64).powi(2);
-        f * self.head_dim as f64 * if self.causal { 0.5 } else { 1.0 }
-    }
-}
-
-/// Times FlashAttention's forward and forward+backward on `compute`'s device (the fused
-/// kernels on cuda/wgpu, the tiled CPU op on cpu), on random inputs.
-pub fn attention_op(compute: &crate::backend::Compute, c: &AttnBenchCase) -> Result<AttnBench> {
-    use crate::model::attention::AttnOptions;
-    use crate::model::flash::{
-        flash_attention_backward, flash_attention_forward, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q,
-    };
-    use crate::model::neox::tensor_to_vec;
-    use burn::tensor::{Distribution, Tensor};
-    if c.seq == 0 || c.head_dim == 0 || c.batch == 0 || c.heads == 0 || c.iters == 0 {
-        return Err(Error::Invalid(format!("bench attention: empty case {c:?}")));
-    }
-    let device = compute.open()?;
-    let shape = [c.batch, c.heads, c.seq, c.head_dim];
-    let rand = || Tensor::<4>::random(shape, Distribution::Default, &device).cast(c.dtype);
-    let (q, k, v, d_o) = (rand(), rand(), rand(), rand());
-    let opts = AttnOptions {
-        causal: c.causal,
-        ..Default::default()
-    };
-    let (bq, bk) = (DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K);
-    let (mut fwd, mut both) = (f64::INFINITY, f64::INFINITY);
-    // One untimed warm-up (kernel compilation), then `iters` timed runs; reading one value
-    // back waits for the device.
-    for i in 0..=c.iters {
-        let t = std::time::Instant::now();
-        let (o, lse) = flash_attention_forward(q.clone(), k.clone(), v.clone(), &opts, bq, bk);
-        let _ = tensor_to_vec(
-            &o.clone()
-                .slice([0..1, 0..1, 0..1, 0..1])
-                .cast(burn::tensor::DType::F32),
-        );
-        let f = t.elapsed().as_secs_f64();
-        let (dq, _, _) = flash_attention_backward(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            o,
-            lse,
-            d_o.clone(),
-            &opts,
-            bq,
-            bk,
-        );
-        let _ = tensor_to_vec(
-            &dq.slice([0..1, 0..1, 0..1, 0..1])
-                .cast(burn::tensor::DType::F32),
-        );
-        if i > 0 {
-            fwd = fwd.min(f);
-            both = both.min(t.elapsed().as_secs_f64());
-        }
-    }
-    let (peak_mib, peak_of) = match crate::backend::device_reserved_bytes(&q) {
-        Some(b) => (b as f64 / (1 << 20) as f64, "device memory pools"),
-        None => (crate::train::metrics::peak_rss_mib(), "peak RSS"),
-    };
-    let flops = c.fwd_flops();
-    Ok(AttnBench {
-        fwd_s: fwd,
-        fwd_bwd_s: both,
-        tflops_fwd: flops / fwd / 1e12,
-        tflops_fwd_bwd: 3.5 * flops / both / 1e12,
-        peak_mib,
-        peak_of,
-    })
 }
