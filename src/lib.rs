@@ -6,6 +6,7 @@
 pub mod atomic;
 pub mod backend;
 pub mod bench;
+pub mod checksum;
 pub mod config;
 pub mod data;
 pub mod error;

@@ -145,6 +145,15 @@ fn a_forged_trainer_state_is_refused() {
     assert!(ok, "{err}");
     let state = out.join("checkpoints/step-1/trainer_state.json");
     let text = std::fs::read_to_string(&state).unwrap();
+    // genslm's own checkpoint: its sha256 manifest no longer matches the edited file.
+    std::fs::write(&state, text.replace("\"step\": 1,", "\"step\": 99999,")).unwrap();
+    let (ok, err) = train(&out, &["--steps", "4", "--resume"]);
+    assert!(
+        !ok && err.contains("trainer_state.json") && err.contains("sha256"),
+        "{err}"
+    );
+    // Without a manifest (older genslm, hand-made) the state's own consistency checks apply.
+    std::fs::remove_file(out.join("checkpoints/step-1/checksums.sha256")).unwrap();
     for (from, to, want) in [
         ("\"step\": 1,", "\"step\": 99999,", "outside this run"),
         (

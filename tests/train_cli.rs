@@ -247,6 +247,82 @@ fn resume_refuses_changed_settings_and_missing_checkpoints() {
     assert!(!ok && err.contains("seq_len"), "{err}");
 }
 
+/// One flipped byte inside tensor data still parses as safetensors; the checkpoint's
+/// sha256 manifest catches it on `score` and on `--resume`, naming the file. The manifest is
+/// checked independently by coreutils' `sha256sum -c`.
+#[test]
+fn a_flipped_byte_inside_a_tensor_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    train(&out, &["--steps", "2"]);
+    let ckpt = out.join("checkpoints/step-2");
+    let check = std::process::Command::new("sha256sum")
+        .args(["-c", "--quiet", "checksums.sha256"])
+        .current_dir(&ckpt)
+        .status()
+        .expect("sha256sum (coreutils) runs");
+    assert!(check.success(), "sha256sum -c rejects genslm's manifest");
+    let score = || {
+        run(&[
+            "score",
+            "--model",
+            out.to_str().unwrap(),
+            "--fasta",
+            &data(),
+        ])
+    };
+    let resume = || {
+        run(&[
+            "train",
+            "--fasta",
+            &data(),
+            "--config",
+            &tiny(),
+            "--out",
+            out.to_str().unwrap(),
+            "--resume",
+            "--quiet",
+            "--steps",
+            "4",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "4",
+        ])
+    };
+    // Flips a byte in the middle of the tensor data (past the JSON header).
+    let flip = |file: &str| {
+        let path = ckpt.join(file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let at = header + (bytes.len() - header) / 2;
+        bytes[at] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
+    };
+    for (file, commands) in [("model.safetensors", 2), ("optimizer.safetensors", 1)] {
+        flip(file);
+        let mut outcomes = vec![resume()];
+        if commands == 2 {
+            outcomes.push(score());
+        }
+        for (ok, _, err) in outcomes {
+            assert!(!ok, "a flipped byte in {file} was accepted");
+            assert!(
+                err.contains(file) && err.contains("corrupt checkpoint") && err.contains("sha256"),
+                "{err}"
+            );
+            assert!(!err.contains("panicked"), "{err}");
+        }
+        flip(file);
+    }
+    // Without the manifest (a foreign directory) the same flipped file loads: safetensors
+    // alone cannot tell.
+    flip("model.safetensors");
+    std::fs::remove_file(ckpt.join("checksums.sha256")).unwrap();
+    let (ok, _, err) = score();
+    assert!(ok, "{err}");
+}
+
 #[test]
 fn corrupt_checkpoint_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

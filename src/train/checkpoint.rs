@@ -1,7 +1,8 @@
 //! Checkpoints (docs/ARCHITECTURE.md §7): `RUN/checkpoints/step-N/` is a Hugging Face model directory
 //! (`config.json`, `model.safetensors`) with the optimizer (`optimizer.safetensors`, moments by
 //! HF parameter name and shape) and the trainer state (`trainer_state.json`: step, data
-//! position, seed, settings) beside it, plus the resolved `genslm.toml`.
+//! position, seed, settings) beside it, plus the resolved `genslm.toml`, and last
+//! `checksums.sha256` (every file's sha256, checked when genslm loads the checkpoint).
 //!
 //! A checkpoint is written into a temporary directory and renamed into place when complete;
 //! only then is `RUN/checkpoints/latest` (a one-line file naming the directory) replaced,
@@ -14,7 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, TrainConfig};
 use crate::error::{Error, Result};
-use crate::model::io::{from_hf_tensors, hf_streamed, load_model_dir, save_model_dir};
+use crate::model::io::{
+    from_hf_tensors, hf_streamed, load_model_dir, save_model_dir, CONFIG_FILE, WEIGHTS_FILE,
+};
 use crate::model::neox::tensor_to_vec;
 use crate::model::tensors::{read_safetensors, write_safetensors_streamed, HostTensor};
 use crate::model::GenSlm;
@@ -75,6 +78,17 @@ pub fn save_checkpoint(
         crate::atomic::write_bytes(&tmp.join(STATE_FILE), json.as_bytes())?;
         let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
         crate::atomic::write_bytes(&tmp.join(GENSLM_CONFIG_FILE), toml.as_bytes())?;
+        // Last, so it covers every file above; loads check it (`crate::checksum`).
+        crate::checksum::write_manifest(
+            &tmp,
+            &[
+                CONFIG_FILE,
+                WEIGHTS_FILE,
+                OPTIMIZER_FILE,
+                STATE_FILE,
+                GENSLM_CONFIG_FILE,
+            ],
+        )?;
         if final_dir.exists() {
             // Left by an interrupted run that got further than the checkpoint we resumed from.
             std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
@@ -101,6 +115,7 @@ pub fn load_latest(run: &Path, device: &burn::tensor::Device) -> Result<Loaded> 
     let dir = saved.dir.clone();
     let model = load_model_dir(&dir, device)?;
     let opt_path = dir.join(OPTIMIZER_FILE);
+    crate::checksum::verify(&dir, &[OPTIMIZER_FILE])?;
     let (mut tensors, _) = read_safetensors(&opt_path)?;
     let mut moments = Vec::new();
     for suffix in ["exp_avg", "exp_avg_sq"] {
@@ -149,6 +164,7 @@ pub fn read_saved(run: &Path) -> Result<Saved> {
         ))
     })?;
     let dir = root.join(name.trim());
+    crate::checksum::verify(&dir, &[STATE_FILE, GENSLM_CONFIG_FILE])?;
     let state_path = dir.join(STATE_FILE);
     let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
     let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
