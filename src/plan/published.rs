@@ -306,7 +306,7 @@ pub const COMMON: &[&str] = &[
 /// Why the cells that miss cannot be matched by a memory model of the stated layouts.
 pub const MISSES: &[&str] = &[
     "(c) is bounded by the authors' own logs: job 10143818 (\"GPT25B\": 64 layers, hidden \
-     6144, 64 heads; TP = 32 on 32 GPUs, this column's layout) trained 272K tokens with 29,299 \
+     6144, 128 heads; TP = 32 on 32 GPUs, this column's layout) trained 272K tokens with 29,299 \
      MiB max allocated (37,136 MiB reserved), and this model predicts those logged peaks within ±7%; \
      so the published 128K (25B, 32 GPUs) and the other (c) cells are not this layout's \
      memory limits. The published sweep steps (…, 128K, 192K, 256K, …) and settings that \
