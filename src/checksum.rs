@@ -7,6 +7,7 @@
 //! A directory without a manifest (a foreign model, or a checkpoint from an older genslm)
 //! loads as before.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
@@ -16,6 +17,10 @@ use crate::error::{Error, Result};
 
 /// The manifest's file name inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "checksums.sha256";
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// Hex sha256 of a file, read in 1 MiB pieces.
 pub fn sha256_file(path: &Path) -> Result<String> {
@@ -29,11 +34,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hex(&hasher.finalize()))
 }
 
 /// Writes the manifest of `files` (names inside `dir`), atomically.
@@ -45,16 +46,15 @@ pub fn write_manifest(dir: &Path, files: &[&str]) -> Result<()> {
     crate::atomic::write_bytes(&dir.join(MANIFEST_FILE), text.as_bytes())
 }
 
-/// Checks `files` (names inside `dir`) against `dir`'s manifest. No manifest: nothing to
-/// check. A file the manifest lists whose content differs is an error naming the file.
-pub fn verify(dir: &Path, files: &[&str]) -> Result<()> {
-    let manifest = dir.join(MANIFEST_FILE);
-    let text = match std::fs::read_to_string(&manifest) {
+/// `dir`'s manifest as file name → hex sha256; `None` when it has none.
+fn manifest(dir: &Path) -> Result<Option<HashMap<String, String>>> {
+    let path = dir.join(MANIFEST_FILE);
+    let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(&manifest, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&path, e)),
     };
-    let mut listed = std::collections::HashMap::new();
+    let mut listed = HashMap::new();
     for (i, line) in text.lines().enumerate() {
         let entry = line.split_once("  ").filter(|(h, n)| {
             h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) && !n.is_empty()
@@ -62,14 +62,32 @@ pub fn verify(dir: &Path, files: &[&str]) -> Result<()> {
         let Some((hash, name)) = entry else {
             return Err(Error::Invalid(format!(
                 "{}: line {}: not a sha256sum line ('<64 hex digits>  <file>')",
-                manifest.display(),
+                path.display(),
                 i + 1
             )));
         };
-        listed.insert(name, hash.to_ascii_lowercase());
+        listed.insert(name.to_string(), hash.to_ascii_lowercase());
     }
+    Ok(Some(listed))
+}
+
+fn mismatch(path: &Path, got: &str, want: &str) -> Error {
+    Error::Invalid(format!(
+        "{}: corrupt checkpoint: its sha256 is {got}, but {MANIFEST_FILE} (written with the \
+         checkpoint) records {want}; the file changed after genslm wrote it",
+        path.display()
+    ))
+}
+
+/// Checks `files` (names inside `dir`) against `dir`'s manifest, reading each from disk. No
+/// manifest: nothing to check. A file the manifest lists whose content differs is an error
+/// naming the file.
+pub fn verify(dir: &Path, files: &[&str]) -> Result<()> {
+    let Some(listed) = manifest(dir)? else {
+        return Ok(());
+    };
     for name in files {
-        let Some(want) = listed.get(name) else {
+        let Some(want) = listed.get(*name) else {
             continue;
         };
         let path = dir.join(name);
@@ -81,12 +99,25 @@ pub fn verify(dir: &Path, files: &[&str]) -> Result<()> {
         }
         let got = sha256_file(&path)?;
         if &got != want {
-            return Err(Error::Invalid(format!(
-                "{}: corrupt checkpoint: its sha256 is {got}, but {MANIFEST_FILE} (written \
-                 with the checkpoint) records {want}; the file changed after genslm wrote it",
-                path.display()
-            )));
+            return Err(mismatch(&path, &got, want));
         }
+    }
+    Ok(())
+}
+
+/// Checks the `bytes` just read from `path` against the manifest beside it, so a large file
+/// is hashed from memory rather than read a second time. No manifest, or a file it does not
+/// list: nothing to check.
+pub fn verify_read(path: &Path, bytes: &[u8]) -> Result<()> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Ok(());
+    };
+    let Some(want) = manifest(dir)?.and_then(|mut m| m.remove(name)) else {
+        return Ok(());
+    };
+    let got = hex(&Sha256::digest(bytes));
+    if got != want {
+        return Err(mismatch(path, &got, &want));
     }
     Ok(())
 }
@@ -120,7 +151,16 @@ mod tests {
         bytes[2 << 20] ^= 1;
         std::fs::write(d.join("a.bin"), bytes).unwrap();
         verify(d, &["b.txt"]).unwrap();
+        verify_read(&d.join("b.txt"), b"hello").unwrap();
         let e = verify(d, &["a.bin"]).unwrap_err().to_string();
+        assert!(
+            e.contains("a.bin") && e.contains("corrupt checkpoint"),
+            "{e}"
+        );
+        let bytes = std::fs::read(d.join("a.bin")).unwrap();
+        let e = verify_read(&d.join("a.bin"), &bytes)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("a.bin") && e.contains("corrupt checkpoint"),
             "{e}"

@@ -102,11 +102,14 @@ pub fn write_safetensors_streamed(
     guard.commit(file)
 }
 
-/// Reads every tensor of a safetensors file as f32, with the file's metadata.
+/// Reads every tensor of a safetensors file as f32, with the file's metadata; checked against
+/// the sha256 manifest beside it when there is one (`crate::checksum`).
 pub fn read_safetensors(
     path: &Path,
 ) -> Result<(HashMap<String, HostTensor>, HashMap<String, String>)> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    // A genslm checkpoint's manifest catches what parses but changed (a flipped data byte).
+    crate::checksum::verify_read(path, &bytes)?;
     let corrupt =
         |msg: String| Error::Invalid(format!("{}: corrupt checkpoint: {msg}", path.display()));
     let st = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
