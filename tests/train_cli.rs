@@ -15,23 +15,11 @@ fn data() -> String {
     repo().join("data").display().to_string()
 }
 
-/// Trains into `out` with `extra` flags; panics with stderr on failure.
+/// Trains into `out` with `extra` flags (quietly, through `try_train`); panics with stderr on
+/// failure.
 fn train(out: &Path, extra: &[&str]) -> String {
-    let mut args: Vec<String> = vec![
-        "train".into(),
-        "--fasta".into(),
-        data(),
-        "--config".into(),
-        tiny(),
-    ];
-    args.extend(["--out".into(), out.display().to_string()]);
-    for a in ["--quiet", "--seq-len", "64", "--batch-size", "4"]
-        .iter()
-        .chain(extra)
-    {
-        args.push(a.to_string());
-    }
-    let (ok, _, err) = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let args: Vec<&str> = ["--quiet"].iter().chain(extra).copied().collect();
+    let (ok, err) = try_train(out, &data(), &args);
     assert!(ok, "train failed: {err}");
     err
 }
@@ -184,29 +172,7 @@ fn a_finished_run_extends_with_resume_and_more_steps() {
     }
     assert!(m.iter().all(|m| m.loss.is_finite()));
     // Finished again: a resume without a larger --steps says how to extend.
-    let (ok, _, err) = run(&[
-        "train",
-        "--fasta",
-        &data(),
-        "--config",
-        &tiny(),
-        "--out",
-        out.to_str().unwrap(),
-        "--quiet",
-        "--seq-len",
-        "64",
-        "--batch-size",
-        "4",
-        "--warmup",
-        "2",
-        "--lr",
-        "1e-3",
-        "--val-every",
-        "0",
-        "--steps",
-        "8",
-        "--resume",
-    ]);
+    let (ok, err) = try_train(&out, &data(), &eight);
     assert!(!ok && err.contains("larger --steps"), "{err}");
 }
 
@@ -263,33 +229,16 @@ fn a_flipped_byte_inside_a_tensor_is_refused() {
         .expect("sha256sum (coreutils) runs");
     assert!(check.success(), "sha256sum -c rejects genslm's manifest");
     let score = || {
-        run(&[
+        let (ok, _, err) = run(&[
             "score",
             "--model",
             out.to_str().unwrap(),
             "--fasta",
             &data(),
-        ])
+        ]);
+        (ok, err)
     };
-    let resume = || {
-        run(&[
-            "train",
-            "--fasta",
-            &data(),
-            "--config",
-            &tiny(),
-            "--out",
-            out.to_str().unwrap(),
-            "--resume",
-            "--quiet",
-            "--steps",
-            "4",
-            "--seq-len",
-            "64",
-            "--batch-size",
-            "4",
-        ])
-    };
+    let resume = || try_train(&out, &data(), &["--resume", "--steps", "4"]);
     // Flips a byte in the middle of the tensor data (past the JSON header).
     let flip = |file: &str| {
         let path = ckpt.join(file);
@@ -305,7 +254,7 @@ fn a_flipped_byte_inside_a_tensor_is_refused() {
         if commands == 2 {
             outcomes.push(score());
         }
-        for (ok, _, err) in outcomes {
+        for (ok, err) in outcomes {
             assert!(!ok, "a flipped byte in {file} was accepted");
             assert!(
                 err.contains(file) && err.contains("corrupt checkpoint") && err.contains("sha256"),
@@ -319,7 +268,7 @@ fn a_flipped_byte_inside_a_tensor_is_refused() {
     // alone cannot tell.
     flip("model.safetensors");
     std::fs::remove_file(ckpt.join("checksums.sha256")).unwrap();
-    let (ok, _, err) = score();
+    let (ok, err) = score();
     assert!(ok, "{err}");
 }
 
@@ -344,23 +293,7 @@ fn corrupt_checkpoint_is_a_clear_error() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
-    let (ok, _, err) = run(&[
-        "train",
-        "--fasta",
-        &data(),
-        "--config",
-        &tiny(),
-        "--out",
-        out.to_str().unwrap(),
-        "--resume",
-        "--quiet",
-        "--steps",
-        "2",
-        "--seq-len",
-        "64",
-        "--batch-size",
-        "4",
-    ]);
+    let (ok, err) = try_train(&out, &data(), &["--resume", "--steps", "2"]);
     assert!(!ok && err.contains("corrupt checkpoint"), "{err}");
     let (ok, _, err) = run(&[
         "score",
