@@ -4,8 +4,9 @@
 
 use crate::error::{Error, Result};
 
-/// One timed call: forward seconds, and forward+backward seconds when asked (and available).
-type Step<'a> = Box<dyn FnMut(bool) -> Result<(f64, Option<f64>)> + 'a>;
+/// One timed call: forward seconds, and forward+backward seconds where the implementation
+/// has a backward for the case.
+type Step<'a> = Box<dyn FnMut() -> Result<(f64, Option<f64>)> + 'a>;
 
 /// Which attention the op bench times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,15 +86,12 @@ pub fn attention_op(compute: &crate::backend::Compute, c: &AttnBenchCase) -> Res
     let genslm_fwd = || flash_attention_forward(q.clone(), k.clone(), v.clone(), &opts, bq, bk);
     let (routine, mut step): (String, Step) = match c.imp {
         AttnImpl::Genslm => (
-            "genslm fused kernels".into(),
-            Box::new(|backward| {
+            "genslm FlashAttention (fused kernels on cuda/wgpu, tiled on cpu)".into(),
+            Box::new(|| {
                 let t = std::time::Instant::now();
                 let (o, lse) = genslm_fwd();
                 wait(&o);
                 let f = t.elapsed().as_secs_f64();
-                if !backward {
-                    return Ok((f, None));
-                }
                 let (dq, _, _) = flash_attention_backward(
                     q.clone(),
                     k.clone(),
@@ -116,7 +114,7 @@ pub fn attention_op(compute: &crate::backend::Compute, c: &AttnBenchCase) -> Res
     let (mut fwd, mut both) = (f64::INFINITY, None::<f64>);
     // One untimed warm-up (kernel compilation), then `iters` timed runs.
     for i in 0..=c.iters {
-        let (f, b) = step(true)?;
+        let (f, b) = step()?;
         if i > 0 {
             fwd = fwd.min(f);
             both = b.map(|b| both.map_or(b, |x: f64| x.min(b)));
@@ -155,7 +153,11 @@ fn cubek_step<'a>(
         match cubek::forward(q, k, v, causal, &r) {
             Ok(o) => wait(&o),
             Err(e) => {
-                refused.push(format!("{e}"));
+                // A backend without CubeCL refuses every routine with the same words.
+                let e = e.to_string();
+                if !refused.contains(&e) {
+                    refused.push(e);
+                }
                 continue;
             }
         }
@@ -181,12 +183,12 @@ fn cubek_step<'a>(
             routine.name
         )
     };
-    let step = move |backward: bool| {
+    let step = move || {
         let t = std::time::Instant::now();
         let o = cubek::forward(q, k, v, causal, &routine)?;
         wait(&o);
         let f = t.elapsed().as_secs_f64();
-        if !backward || !has_backward {
+        if !has_backward {
             return Ok((f, None));
         }
         let [dq, _, _] = cubek::backward([q, k, v, &o, d_o], &lse, causal)?;
