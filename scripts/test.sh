@@ -48,6 +48,10 @@ for f in data/lambda_virus.fa data/dwv.fasta.gz; do
   python3 scripts/check_hf_roundtrip.py "$TMP/run/checkpoints/step-20" "$f" 64 "$TMP/scores.tsv"
 done
 
+echo "== genslm convert: GenSLM's released checkpoint layout (torch-written) gives PyTorch's loss"
+cargo build --locked --quiet
+python3 scripts/check_convert.py "${CARGO_TARGET_DIR:-target}/debug/genslm" data/dwv.fasta.gz
+
 echo "== the same run with bf16 compute (fp32 master weights): its checkpoint loads in transformers"
 cargo run --locked --quiet -- train --fasta data/ --config configs/tiny.toml --out "$TMP/run16" \
   --steps 20 --seq-len 64 --batch-size 4 --lr 3e-3 --quiet --precision bf16

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod bench;
 pub mod checksum;
 pub mod config;
+pub mod convert;
 pub mod data;
 pub mod error;
 pub mod infer;

@@ -81,6 +81,19 @@ enum Command {
         #[command(flatten)]
         device: cli::device::DeviceArgs,
     },
+    /// Convert GPT-NeoX weights (GenSLM's Lightning .pt, pytorch_model.bin, safetensors) into
+    /// a model directory every genslm command loads. Pickles are read without running code.
+    Convert {
+        /// A `.pt` checkpoint, `pytorch_model.bin`, `.safetensors` file, or a directory of one.
+        input: PathBuf,
+        /// New model directory (written whole or not at all).
+        #[arg(long)]
+        out: PathBuf,
+        /// The model's shape: a genslm config TOML (e.g. configs/genslm-25m.toml) or a
+        /// config.json. Default: the config.json beside INPUT.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Print a model config's shape, parameter count and training memory.
     Info {
         /// Model config (TOML), e.g. configs/genslm-25m.toml.
@@ -161,6 +174,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             genslm::infer::score::score_fasta(
                 &model, &fasta, seq_len, batch_size, &compute, &mut out,
             )?;
+        }
+        Command::Convert { input, out, config } => {
+            let c = genslm::convert::convert(&input, &out, config.as_deref())?;
+            if !cli.quiet {
+                eprintln!(
+                    "converted {} ({}): {} tensors, {} parameters, {} layers × hidden {}, \
+                     {} positions{}",
+                    input.display(),
+                    c.format,
+                    c.tensors,
+                    c.parameters,
+                    c.config.num_layers,
+                    c.config.hidden_size,
+                    c.config.position,
+                    if c.dropped > 0 {
+                        format!("; dropped {} attention-mask/rotary buffers", c.dropped)
+                    } else {
+                        String::new()
+                    }
+                );
+                eprintln!("wrote {}", out.display());
+            }
         }
         Command::Info { config } => {
             let cfg = genslm::config::Config::load(&config)?;

@@ -81,11 +81,21 @@ pub fn from_hf_tensors(
 
 /// Writes `config.json` and `model.safetensors` into `dir` (which must exist).
 pub fn save_model_dir(model: &GenSlm, dir: &Path) -> Result<()> {
-    let cfg = serde_json::to_string_pretty(&config_to_hf(&model.cfg))
-        .map_err(|e| Error::Invalid(e.to_string()))?;
-    crate::atomic::write_bytes(&dir.join(CONFIG_FILE), cfg.as_bytes())?;
     let value = |i: usize| tensor_to_vec(&model.params[i]);
-    let tensors = hf_streamed(&model.layout, "", &value);
+    write_model_dir(&model.cfg, &model.layout, &value, dir)
+}
+
+/// [`save_model_dir`] from host values: parameter `i` of `layout` in our layout is `value(i)`.
+pub fn write_model_dir(
+    cfg: &ModelConfig,
+    layout: &Layout,
+    value: &dyn Fn(usize) -> Vec<f32>,
+    dir: &Path,
+) -> Result<()> {
+    let text = serde_json::to_string_pretty(&config_to_hf(cfg))
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    crate::atomic::write_bytes(&dir.join(CONFIG_FILE), text.as_bytes())?;
+    let tensors = hf_streamed(layout, "", value);
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
     write_safetensors_streamed(&dir.join(WEIGHTS_FILE), &tensors, meta)
 }

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""`genslm convert` reads GenSLM's released checkpoint layout and gives PyTorch's loss.
+
+Builds a GPT-NeoX model of the genslm-25m shape in transformers (seeded random weights, biases
+and layer norms perturbed so nothing passes by accident) and writes it the ways users have it:
+  - a PyTorch Lightning checkpoint as GenSLM released them: torch.save of a dict whose
+    `state_dict` holds the Hugging Face names prefixed with `model.`, beside epoch/optimizer/
+    hyper-parameter entries (these hold Python objects, one of which would run a shell command
+    if unpickled by Python: convert must never execute it), without the attention buffers
+    ("bias_removed") and with them (causal mask, masked_bias, rotary inv_freq);
+  - a Hugging Face `pytorch_model.bin` directory (config.json beside it).
+Each is converted with `genslm convert`, scored with `genslm score` on a real genome, and the
+mean NLL per record compared with the PyTorch model's (≤ 1e-4 relative). Then the bad inputs:
+a state dict holding a non-tensor object, a tensor of the wrong shape, a pickle of a plain
+object, and a truncated file must each fail with a clear message naming the problem (no panic).
+
+Usage: python3 scripts/check_convert.py GENSLM_BINARY FASTA
+"""
+import argparse
+import collections
+import csv
+import io
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import tomllib
+
+import torch
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from check_hf_roundtrip import read_fasta  # noqa: E402
+
+from tokenizers import Tokenizer  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SEQ_LEN = 256
+
+
+class RunsAShellCommand:
+    """Unpickled by Python, this would run `touch MARKER`; convert must leave it inert."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def model_25m():
+    m = tomllib.load(open(ROOT / "configs" / "genslm-25m.toml", "rb"))["model"]
+    cfg = GPTNeoXConfig(
+        vocab_size=m["vocab_size"], hidden_size=m["hidden_size"], num_hidden_layers=m["num_layers"],
+        num_attention_heads=m["num_heads"], intermediate_size=m["intermediate_size"],
+        max_position_embeddings=m["max_position_embeddings"], rotary_pct=m["rotary_pct"],
+        rotary_emb_base=m["rotary_base"], layer_norm_eps=m["layer_norm_eps"], hidden_act="gelu_fast",
+        use_parallel_residual=True, tie_word_embeddings=False, attention_bias=True,
+    )
+    torch.manual_seed(25)
+    model = GPTNeoXForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # biases and layer norms: away from their 0/1 initial values
+                p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def nll_per_record(model, fasta):
+    tok = Tokenizer.from_file(str(ROOT / "tokenizers" / "genslm69.json"))
+    out = {}
+    for rid, seq in read_fasta(fasta):
+        ids = tok.encode(" ".join(seq[i : i + 3] for i in range(0, len(seq), 3))).ids
+        total, n = 0.0, 0
+        for start in range(0, len(ids), SEQ_LEN):
+            w = ids[start : start + SEQ_LEN]
+            if len(w) < 2:
+                continue
+            x = torch.tensor([w])
+            with torch.no_grad():
+                lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].double(), -1)
+            total -= lp.gather(1, x[0, 1:, None]).sum().item()
+            n += len(w) - 1
+        out[rid] = (total / n, n)
+    return out
+
+
+def released_names(model):
+    """The state dict under transformers 4's names (GenSLM's era): its output head is
+    `embed_out`, which transformers 5 calls `lm_head` in memory."""
+    return collections.OrderedDict(
+        ("embed_out.weight" if k == "lm_head.weight" else k, v) for k, v in model.state_dict().items()
+    )
+
+
+def lightning_checkpoint(model, path, marker, buffers):
+    sd = collections.OrderedDict(("model." + k, v) for k, v in released_names(model).items())
+    if buffers:  # what transformers < 4.31 kept in GPT-NeoX state dicts
+        cfg = model.config
+        n, d = cfg.max_position_embeddings, cfg.hidden_size // cfg.num_attention_heads
+        pct = tomllib.load(open(ROOT / "configs" / "genslm-25m.toml", "rb"))["model"]["rotary_pct"]
+        rot = int(d * pct)
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.gpt_neox.layers.{i}.attention."
+            sd[p + "bias"] = torch.tril(torch.ones(n, n, dtype=torch.bool)).view(1, 1, n, n)
+            sd[p + "masked_bias"] = torch.tensor(-1e9)
+            sd[p + "rotary_emb.inv_freq"] = 1.0 / 10000 ** (torch.arange(0, rot, 2).float() / rot)
+    torch.save({
+        "epoch": 0,
+        "global_step": 1234,
+        "pytorch-lightning_version": "1.6.5",
+        "state_dict": sd,
+        "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"current": {"completed": 0}}}},
+        "callbacks": {"ModelCheckpoint": {"best_model_path": "/lus/x.pt"}},
+        "optimizer_states": [{"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 5e-5}]}],
+        "lr_schedulers": [],
+        "hparams_name": "cfg",
+        "hyper_parameters": {"cfg": argparse.Namespace(lr=5e-5), "hook": RunsAShellCommand(marker)},
+    }, path)
+
+
+def run(cmd):
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+
+
+def convert_and_score(genslm, src, out, fasta, expect, extra=()):
+    r = run([genslm, "--quiet", "convert", src, "--out", out, *extra])
+    assert r.returncode == 0, f"convert {src} failed:\n{r.stderr}"
+    r = run([genslm, "score", "--model", out, "--fasta", fasta, "--seq-len", SEQ_LEN])
+    assert r.returncode == 0, f"score {out} failed:\n{r.stderr}"
+    worst = 0.0
+    for row in csv.DictReader(io.StringIO(r.stdout), delimiter="\t"):
+        ref, n = expect[row["id"]]
+        assert int(row["n_tokens"]) == n, (row["id"], row["n_tokens"], n)
+        rel = abs(float(row["mean_nll"]) - ref) / ref
+        worst = max(worst, rel)
+    assert worst <= 1e-4, f"{src}: genslm's NLL differs from PyTorch's by {worst:.2e} relative"
+    print(f"  {pathlib.Path(src).name}: genslm score = PyTorch NLL (worst rel. diff {worst:.1e})")
+
+
+def must_fail(genslm, src, out, needles, extra=()):
+    r = run([genslm, "convert", src, "--out", out, *extra])
+    msg = r.stderr.strip()
+    assert r.returncode != 0, f"convert {src} should fail but exited 0"
+    assert "panicked" not in msg and "internal error" not in msg, msg
+    for n in needles:
+        assert n in msg, f"convert {src}: message lacks {n!r}: {msg}"
+    assert not pathlib.Path(out).exists(), f"{out} exists after a failed convert"
+    print(f"  refused {pathlib.Path(src).name}: {msg.splitlines()[-1]}")
+
+
+def main():
+    genslm, fasta = pathlib.Path(sys.argv[1]).resolve(), pathlib.Path(sys.argv[2])
+    cfg25 = ROOT / "configs" / "genslm-25m.toml"
+    model = model_25m()
+    expect = nll_per_record(model, fasta)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = pathlib.Path(tmp)
+        marker = t / "pickle-code-ran"
+        for buffers, name in [(False, "patric_25m_bias_removed.pt"), (True, "patric_25m_with_buffers.pt")]:
+            lightning_checkpoint(model, t / name, marker, buffers)
+            convert_and_score(genslm, t / name, t / (name + ".out"), fasta, expect, ["--config", cfg25])
+        assert not marker.exists(), "convert executed code from the pickle"
+        print("  the pickled os.system call was not executed")
+        # transformers 5 writes only safetensors: the .bin of older releases is written here.
+        model.save_pretrained(t / "hf_bin")
+        (t / "hf_bin" / "model.safetensors").unlink()
+        torch.save(released_names(model), t / "hf_bin" / "pytorch_model.bin")
+        convert_and_score(genslm, t / "hf_bin", t / "hf_bin.out", fasta, expect)
+
+        sd = {"state_dict": collections.OrderedDict(("model." + k, v) for k, v in released_names(model).items())}
+        sd["state_dict"]["model.gpt_neox.embed_in.weight"] = argparse.Namespace(x=1)
+        torch.save(sd, t / "object.pt")
+        must_fail(genslm, t / "object.pt", t / "o1", ["model.gpt_neox.embed_in.weight", "argparse.Namespace", "not a tensor"], ["--config", cfg25])
+        sd["state_dict"]["model.gpt_neox.embed_in.weight"] = torch.zeros(68, 512)
+        torch.save(sd, t / "shape.pt")
+        must_fail(genslm, t / "shape.pt", t / "o2", ["model.gpt_neox.embed_in.weight", "[68, 512]", "[69, 512]"], ["--config", cfg25])
+        torch.save(argparse.Namespace(x=1), t / "plain_object.pt")
+        must_fail(genslm, t / "plain_object.pt", t / "o3", ["argparse.Namespace", "not a checkpoint"], ["--config", cfg25])
+        data = (t / "patric_25m_bias_removed.pt").read_bytes()
+        (t / "truncated.pt").write_bytes(data[: len(data) // 2])
+        must_fail(genslm, t / "truncated.pt", t / "o4", ["truncated.pt"], ["--config", cfg25])
+        must_fail(genslm, t / "patric_25m_bias_removed.pt", t / "o5", ["--config"])
+    print("check_convert: GenSLM-layout checkpoints convert faithfully; bad inputs are refused")
+
+
+if __name__ == "__main__":
+    main()

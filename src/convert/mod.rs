@@ -1,0 +1,294 @@
+//! `genslm convert`: other people's GPT-NeoX weights → a genslm model directory.
+//!
+//! Accepted inputs: GenSLM's released PyTorch Lightning checkpoints (`torch.save` of a dict
+//! whose `state_dict` holds the Hugging Face names prefixed with `model.`, sometimes with the
+//! attention buffers), a Hugging Face `pytorch_model.bin`, a `.safetensors` file, or a model
+//! directory holding either (sharded safetensors included). Pickles are read by
+//! [`pickle`], which executes nothing. The shape comes from `--config` (a genslm TOML such as
+//! configs/genslm-25m.toml, or a config.json), else from the config.json beside the input, and
+//! every tensor is checked against it.
+
+pub mod pickle;
+pub mod torch;
+pub mod zip;
+
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::config::{Config, ModelConfig};
+use crate::error::{Error, Result};
+use crate::model::hf::config_from_hf;
+use crate::model::io::{from_hf_tensors, load_config, write_model_dir, CONFIG_FILE, WEIGHTS_FILE};
+use crate::model::params::Layout;
+use crate::model::tensors::{read_safetensors, HostTensor};
+
+/// What `convert` did, for the command's summary.
+#[derive(Debug)]
+pub struct Converted {
+    pub format: &'static str,
+    pub config: ModelConfig,
+    pub tensors: usize,
+    /// Buffers of transformers' GPT-NeoX that are not parameters (causal mask, rotary
+    /// frequencies), dropped.
+    pub dropped: usize,
+    pub parameters: u64,
+}
+
+/// Transformers' non-parameter buffers that old GPT-NeoX checkpoints carry: the causal mask
+/// (`attention.bias`, `attention.masked_bias`) and rotary frequencies, recomputed by genslm.
+fn is_buffer(name: &str) -> bool {
+    (name.starts_with("gpt_neox.layers.")
+        && (name.ends_with(".attention.bias") || name.ends_with(".attention.masked_bias")))
+        || name.ends_with("rotary_emb.inv_freq")
+}
+
+/// The Hugging Face name of a checkpoint key: Lightning's `model.` (or DDP/DeepSpeed's
+/// `module.`) wrapper prefix removed, and transformers 5's in-memory `lm_head` called by the
+/// `embed_out` name its files use.
+fn hf_name(key: &str) -> &str {
+    let mut name = key;
+    for prefix in ["model.", "module."] {
+        if let Some(rest) = key.strip_prefix(prefix) {
+            if ["gpt_neox.", "embed_out.", "lm_head."]
+                .iter()
+                .any(|p| rest.starts_with(p))
+            {
+                name = rest;
+            }
+        }
+    }
+    if name == "lm_head.weight" {
+        "embed_out.weight"
+    } else {
+        name
+    }
+}
+
+fn model_config(input: &Path, config: Option<&Path>) -> Result<ModelConfig> {
+    if let Some(c) = config {
+        if c.extension().is_some_and(|e| e == "json") {
+            let text = std::fs::read_to_string(c).map_err(|e| Error::io(c, e))?;
+            return config_from_hf(&text).map_err(|msg| Error::Config {
+                file: c.to_path_buf(),
+                msg,
+            });
+        }
+        return Ok(Config::load(c)?.model);
+    }
+    let dir = if input.is_dir() {
+        input
+    } else {
+        input.parent().unwrap_or(Path::new("."))
+    };
+    if dir.join(CONFIG_FILE).is_file() {
+        return load_config(dir);
+    }
+    Err(Error::Invalid(format!(
+        "{}: no config.json beside it; pass --config with the model's shape (GenSLM's \
+         presets: configs/genslm-25m.toml, genslm-250m, genslm-2.5b, genslm-25b)",
+        input.display()
+    )))
+}
+
+/// The weight files of a model directory, in the order to read them.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Config {
+            file: index.clone(),
+            msg: e.to_string(),
+        })?;
+        let map = v["weight_map"].as_object().ok_or_else(|| Error::Config {
+            file: index.clone(),
+            msg: "no weight_map".into(),
+        })?;
+        let mut files: Vec<PathBuf> = map
+            .values()
+            .filter_map(|f| f.as_str())
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .map(|f| dir.join(f))
+            .collect();
+        files.sort();
+        return Ok(files);
+    }
+    for name in [WEIGHTS_FILE, "pytorch_model.bin"] {
+        if dir.join(name).is_file() {
+            return Ok(vec![dir.join(name)]);
+        }
+    }
+    Err(Error::Invalid(format!(
+        "{}: holds no {WEIGHTS_FILE}, model.safetensors.index.json or pytorch_model.bin",
+        dir.display()
+    )))
+}
+
+/// Reads every tensor of `file` that the model needs (HF names), checking each shape against
+/// `layout` before its data is read. Returns the format's name and the number of buffers dropped.
+fn read_weights(
+    file: &Path,
+    layout: &Layout,
+    out: &mut HashMap<String, HostTensor>,
+) -> Result<(&'static str, usize)> {
+    let shapes: HashMap<&str, Vec<usize>> = layout
+        .specs
+        .iter()
+        .map(|s| (s.name.as_str(), s.hf_shape()))
+        .collect();
+    let mut dropped = 0;
+    let mut keep = |key: &str, shape: &[usize]| -> Result<Option<String>> {
+        let name = hf_name(key);
+        if is_buffer(name) {
+            dropped += 1;
+            return Ok(None);
+        }
+        match shapes.get(name) {
+            None => Err(Error::Invalid(format!(
+                "{}: tensor '{key}' is not a parameter of the config's GPT-NeoX model (does \
+                 --config match the checkpoint?)",
+                file.display()
+            ))),
+            Some(want) if want.as_slice() != shape => Err(Error::Invalid(format!(
+                "{}: tensor '{key}' has shape {shape:?}, the config needs {want:?}",
+                file.display()
+            ))),
+            Some(_) => Ok(Some(name.to_string())),
+        }
+    };
+    if let Some(mut pt) = torch::TorchFile::open(file)? {
+        let format = if file.extension().is_some_and(|e| e == "bin") {
+            "PyTorch state dict"
+        } else {
+            "PyTorch checkpoint"
+        };
+        for (key, t) in pt.state_dict()? {
+            if let Some(name) = keep(&key, &t.shape)? {
+                let data = pt.load(&key, &t)?;
+                out.insert(
+                    name.clone(),
+                    HostTensor {
+                        name,
+                        shape: t.shape,
+                        data,
+                    },
+                );
+            }
+        }
+        return Ok((format, dropped));
+    }
+    let mut head = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(9).read_to_end(&mut head))
+        .map_err(|e| Error::io(file, e))?;
+    if head.len() == 9 && head[8] == b'{' {
+        let (tensors, _) = read_safetensors(file)?;
+        for (key, t) in tensors {
+            if let Some(name) = keep(&key, &t.shape)? {
+                out.insert(name.clone(), HostTensor { name, ..t });
+            }
+        }
+        return Ok(("safetensors", dropped));
+    }
+    let why = if head.starts_with(b"PK\x03\x04") {
+        "a ZIP archive whose central directory is missing (truncated or still being copied?)"
+    } else if head.first() == Some(&0x80) {
+        "a pickle without the ZIP container: PyTorch < 1.6's legacy torch.save format is not \
+         read; load and re-save it with torch.save in a current PyTorch"
+    } else {
+        "neither a torch.save archive nor a safetensors file"
+    };
+    Err(Error::Invalid(format!("{}: {why}", file.display())))
+}
+
+/// Converts `input` into a new model directory `out` (written whole or not at all).
+pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Converted> {
+    if !input.exists() {
+        return Err(Error::Invalid(format!(
+            "{}: no such file or directory",
+            input.display()
+        )));
+    }
+    if out.exists()
+        && std::fs::read_dir(out)
+            .map_err(|e| Error::io(out, e))?
+            .next()
+            .is_some()
+    {
+        return Err(Error::Invalid(format!(
+            "{}: exists and is not empty; choose a new output directory",
+            out.display()
+        )));
+    }
+    let cfg = model_config(input, config)?;
+    let layout = Layout::new(&cfg);
+    let files = if input.is_dir() {
+        weight_files(input)?
+    } else {
+        vec![input.to_path_buf()]
+    };
+    let mut tensors = HashMap::new();
+    let (mut format, mut dropped) = ("", 0);
+    for f in &files {
+        let (fmt, d) = read_weights(f, &layout, &mut tensors)?;
+        format = fmt;
+        dropped += d;
+    }
+    let count = tensors.len();
+    let values = from_hf_tensors(&layout, &mut tensors, &files[0])?;
+    // Written beside `out` and renamed into place, so a failure leaves no half directory.
+    let tmp = out.with_file_name(format!(
+        ".{}.partial-{}",
+        out.file_name().and_then(|n| n.to_str()).unwrap_or("model"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let written = write_model_dir(&cfg, &layout, &|i| values[i].clone(), &tmp)
+        .and_then(|_| crate::checksum::write_manifest(&tmp, &[CONFIG_FILE, WEIGHTS_FILE]));
+    if let Err(e) = written {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if out.exists() {
+        std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
+    }
+    std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
+    Ok(Converted {
+        format,
+        parameters: values.iter().map(|v| v.len() as u64).sum(),
+        config: cfg,
+        tensors: count,
+        dropped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lightning_names_and_buffers() {
+        assert_eq!(
+            hf_name("model.gpt_neox.embed_in.weight"),
+            "gpt_neox.embed_in.weight"
+        );
+        assert_eq!(hf_name("model.embed_out.weight"), "embed_out.weight");
+        assert_eq!(hf_name("lm_head.weight"), "embed_out.weight");
+        assert_eq!(
+            hf_name("module.gpt_neox.final_layer_norm.bias"),
+            "gpt_neox.final_layer_norm.bias"
+        );
+        // Only the wrapper prefix goes; other keys are left to fail the parameter check.
+        assert_eq!(hf_name("model.other.weight"), "model.other.weight");
+        assert!(is_buffer("gpt_neox.layers.3.attention.bias"));
+        assert!(is_buffer("gpt_neox.layers.3.attention.masked_bias"));
+        assert!(is_buffer("gpt_neox.layers.0.attention.rotary_emb.inv_freq"));
+        assert!(is_buffer("gpt_neox.rotary_emb.inv_freq"));
+        assert!(!is_buffer(
+            "gpt_neox.layers.3.attention.query_key_value.bias"
+        ));
+        assert!(!is_buffer("gpt_neox.layers.3.attention.dense.bias"));
+    }
+}

@@ -1,0 +1,561 @@
+//! A pickle reader that never runs code. Python's unpickler imports whatever module a pickle
+//! names and calls it, which is why a downloaded `.pt` can execute anything. This one builds
+//! only data: numbers, strings, bytes, lists, tuples, dicts, and — for everything that would be
+//! a call — an inert [`Object`] recording which global it names and the arguments it would get.
+//! The caller decides what those mean (torch.rs turns `_rebuild_tensor_v2` records into
+//! tensors) and everything else stays an opaque record.
+//!
+//! Lists, dicts and objects are shared through the memo exactly as in Python (a later `BINGET`
+//! sees the items added after the `BINPUT`), hence `Rc<RefCell<…>>`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+pub type Shared<T> = Rc<RefCell<T>>;
+
+/// A call that Python would have made: `module.name(*args)`, then `BUILD` state and items.
+#[derive(Debug, Default)]
+pub struct Object {
+    pub module: String,
+    pub name: String,
+    pub args: Vec<Value>,
+    pub state: Option<Value>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+    Tuple(Rc<Vec<Value>>),
+    List(Shared<Vec<Value>>),
+    Dict(Shared<Vec<(Value, Value)>>),
+    /// A reference to a global (`module.name`) that has not been called.
+    Global(Rc<(String, String)>),
+    Object(Shared<Object>),
+    /// A persistent id: the pickle's reference to data stored outside it (torch: a storage).
+    PersId(Rc<Value>),
+    /// Internal: the stack marker.
+    Mark,
+}
+
+impl Value {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Value::Int(i) => Some(*i),
+            Value::Bool(b) => Some(*b as i64),
+            _ => None,
+        }
+    }
+    /// Items of a tuple or list.
+    pub fn items(&self) -> Option<Vec<Value>> {
+        match self {
+            Value::Tuple(t) => Some(t.to_vec()),
+            Value::List(l) => Some(l.borrow().clone()),
+            _ => None,
+        }
+    }
+    /// What the value is, for error messages.
+    pub fn kind(&self) -> String {
+        match self {
+            Value::None => "None".into(),
+            Value::Bool(_) => "a bool".into(),
+            Value::Int(_) => "an int".into(),
+            Value::Float(_) => "a float".into(),
+            Value::Str(_) => "a string".into(),
+            Value::Bytes(_) => "bytes".into(),
+            Value::Tuple(_) => "a tuple".into(),
+            Value::List(_) => "a list".into(),
+            Value::Dict(_) => "a dict".into(),
+            Value::Global(g) => format!("the global {}.{}", g.0, g.1),
+            Value::Object(o) => {
+                let o = o.borrow();
+                format!("a Python object {}.{}", o.module, o.name)
+            }
+            Value::PersId(_) => "a persistent reference".into(),
+            Value::Mark => "a mark".into(),
+        }
+    }
+}
+
+fn dict() -> Value {
+    Value::Dict(Rc::new(RefCell::new(Vec::new())))
+}
+fn list(v: Vec<Value>) -> Value {
+    Value::List(Rc::new(RefCell::new(v)))
+}
+fn tuple(v: Vec<Value>) -> Value {
+    Value::Tuple(Rc::new(v))
+}
+
+struct Vm<'a> {
+    data: &'a [u8],
+    at: usize,
+    stack: Vec<Value>,
+    memo: std::collections::HashMap<u64, Value>,
+}
+
+impl<'a> Vm<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.data.len());
+        let end = end.ok_or_else(|| format!("ends inside an opcode at byte {}", self.at))?;
+        let s = &self.data[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn uint(&mut self, n: usize) -> Result<u64, String> {
+        let b = self.take(n)?;
+        Ok(b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | x as u64))
+    }
+    fn line(&mut self) -> Result<&'a str, String> {
+        let rest = &self.data[self.at..];
+        let n = rest
+            .iter()
+            .position(|&c| c == b'\n')
+            .ok_or("a text opcode has no end of line")?;
+        let s = std::str::from_utf8(&rest[..n]).map_err(|_| "a text opcode is not UTF-8")?;
+        self.at += n + 1;
+        Ok(s)
+    }
+    fn pop(&mut self) -> Result<Value, String> {
+        self.stack.pop().ok_or_else(|| "pops an empty stack".into())
+    }
+    fn top(&mut self) -> Result<&mut Value, String> {
+        self.stack
+            .last_mut()
+            .ok_or_else(|| "reads an empty stack".into())
+    }
+    /// Everything above the topmost mark (the mark is removed).
+    fn pop_mark(&mut self) -> Result<Vec<Value>, String> {
+        let m = self
+            .stack
+            .iter()
+            .rposition(|v| matches!(v, Value::Mark))
+            .ok_or("no mark on the stack")?;
+        let items = self.stack.split_off(m + 1);
+        self.stack.pop();
+        Ok(items)
+    }
+    fn text(&mut self, n: usize) -> Result<String, String> {
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| "a string is not UTF-8".into())
+    }
+    fn memo_get(&self, i: u64) -> Result<Value, String> {
+        self.memo
+            .get(&i)
+            .cloned()
+            .ok_or_else(|| format!("memo entry {i} was never stored"))
+    }
+    fn memo_put(&mut self, i: u64) -> Result<(), String> {
+        let v = self
+            .stack
+            .last()
+            .cloned()
+            .ok_or("memoizes an empty stack")?;
+        self.memo.insert(i, v);
+        Ok(())
+    }
+
+    /// What calling `callable(*args)` yields: plain containers for the few harmless
+    /// constructors pickles use for them, an inert record for anything else.
+    fn call(callable: Value, args: Vec<Value>) -> Result<Value, String> {
+        let (module, name) = match &callable {
+            Value::Global(g) => (g.0.clone(), g.1.clone()),
+            other => return Err(format!("calls {}, which is not a global", other.kind())),
+        };
+        let v = match (module.as_str(), name.as_str(), args.as_slice()) {
+            ("collections", "OrderedDict", []) | ("builtins", "dict", []) => dict(),
+            ("builtins", "list", []) => list(Vec::new()),
+            _ => Value::Object(Rc::new(RefCell::new(Object {
+                module,
+                name,
+                args,
+                state: None,
+            }))),
+        };
+        Ok(v)
+    }
+
+    fn set_items(target: &Value, items: Vec<Value>) -> Result<(), String> {
+        if !items.len().is_multiple_of(2) {
+            return Err("SETITEMS with an odd number of items".into());
+        }
+        let mut it = items.into_iter();
+        match target {
+            Value::Dict(d) => {
+                let mut d = d.borrow_mut();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    // Python keeps the last value of a repeated key, in its first place.
+                    match d.iter_mut().find(|(old, _)| same_key(old, &k)) {
+                        Some(slot) => slot.1 = v,
+                        None => d.push((k, v)),
+                    }
+                }
+                Ok(())
+            }
+            // A dict subclass (defaultdict, ...) outside the tensors: its items are not needed.
+            Value::Object(_) => Ok(()),
+            other => Err(format!("sets items on {}", other.kind())),
+        }
+    }
+
+    fn append(target: &Value, items: Vec<Value>) -> Result<(), String> {
+        match target {
+            Value::List(l) => {
+                l.borrow_mut().extend(items);
+                Ok(())
+            }
+            Value::Object(_) => Ok(()),
+            other => Err(format!("appends to {}", other.kind())),
+        }
+    }
+
+    fn run(&mut self) -> Result<Value, String> {
+        loop {
+            let op = self.take(1)?[0];
+            match op {
+                0x80 => {
+                    let p = self.uint(1)?;
+                    if p > 5 {
+                        return Err(format!("pickle protocol {p} is newer than 5"));
+                    }
+                }
+                0x95 => drop(self.uint(8)?), // FRAME: a length hint only
+                b'.' => return self.pop(),
+                b'(' => self.stack.push(Value::Mark),
+                b'0' => drop(self.pop()?),
+                b'1' => drop(self.pop_mark()?),
+                b'2' => {
+                    let v = self.top()?.clone();
+                    self.stack.push(v)
+                }
+                b'N' => self.stack.push(Value::None),
+                0x88 => self.stack.push(Value::Bool(true)),
+                0x89 => self.stack.push(Value::Bool(false)),
+                b'K' => {
+                    let v = self.uint(1)? as i64;
+                    self.stack.push(Value::Int(v))
+                }
+                b'M' => {
+                    let v = self.uint(2)? as i64;
+                    self.stack.push(Value::Int(v))
+                }
+                b'J' => {
+                    let v = self.uint(4)? as u32 as i32 as i64;
+                    self.stack.push(Value::Int(v))
+                }
+                0x8a | 0x8b => {
+                    let n = self.uint(if op == 0x8a { 1 } else { 4 })? as usize;
+                    let b = self.take(n)?;
+                    self.stack.push(long(b)?)
+                }
+                b'I' | b'L' => {
+                    let s = self.line()?.trim_end_matches('L');
+                    let v = match s {
+                        "00" => Value::Bool(false),
+                        "01" => Value::Bool(true),
+                        _ => Value::Int(s.parse().map_err(|_| format!("bad integer '{s}'"))?),
+                    };
+                    self.stack.push(v)
+                }
+                b'G' => {
+                    let b = self.take(8)?;
+                    self.stack
+                        .push(Value::Float(f64::from_be_bytes(b.try_into().unwrap())))
+                }
+                b'F' => {
+                    let s = self.line()?;
+                    let f = s.parse().map_err(|_| format!("bad float '{s}'"))?;
+                    self.stack.push(Value::Float(f))
+                }
+                b'X' | 0x8c | 0x8d | b'T' | b'U' => {
+                    let n = match op {
+                        0x8c | b'U' => self.uint(1)?,
+                        0x8d => self.uint(8)?,
+                        _ => self.uint(4)?,
+                    } as usize;
+                    let s = self.text(n)?;
+                    self.stack.push(Value::Str(s))
+                }
+                b'V' | b'S' => {
+                    let s = self.line()?.trim_matches(|c| c == '\'' || c == '"');
+                    self.stack.push(Value::Str(s.to_string()))
+                }
+                b'B' | b'C' | 0x8e | 0x96 => {
+                    let n = match op {
+                        b'C' => self.uint(1)?,
+                        b'B' => self.uint(4)?,
+                        _ => self.uint(8)?,
+                    } as usize;
+                    let b = self.take(n)?.to_vec();
+                    self.stack.push(Value::Bytes(b))
+                }
+                b']' => self.stack.push(list(Vec::new())),
+                b'l' => {
+                    let items = self.pop_mark()?;
+                    self.stack.push(list(items))
+                }
+                b'a' => {
+                    let v = self.pop()?;
+                    Self::append(self.top()?, vec![v])?
+                }
+                b'e' => {
+                    let items = self.pop_mark()?;
+                    Self::append(self.top()?, items)?
+                }
+                b')' => self.stack.push(tuple(Vec::new())),
+                b't' => {
+                    let items = self.pop_mark()?;
+                    self.stack.push(tuple(items))
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    if self.stack.len() < n {
+                        return Err("a tuple opcode pops an empty stack".into());
+                    }
+                    let items = self.stack.split_off(self.stack.len() - n);
+                    self.stack.push(tuple(items))
+                }
+                b'}' => self.stack.push(dict()),
+                b'd' => {
+                    let items = self.pop_mark()?;
+                    let d = dict();
+                    Self::set_items(&d, items)?;
+                    self.stack.push(d)
+                }
+                b's' => {
+                    let v = self.pop()?;
+                    let k = self.pop()?;
+                    Self::set_items(self.top()?, vec![k, v])?
+                }
+                b'u' => {
+                    let items = self.pop_mark()?;
+                    Self::set_items(self.top()?, items)?
+                }
+                // Sets: only their members matter, kept as a list.
+                0x8f => self.stack.push(list(Vec::new())),
+                0x90 => {
+                    let items = self.pop_mark()?;
+                    Self::append(self.top()?, items)?
+                }
+                0x91 => {
+                    let items = self.pop_mark()?;
+                    self.stack.push(list(items))
+                }
+                b'c' => {
+                    let module = self.line()?.to_string();
+                    let name = self.line()?.to_string();
+                    self.stack.push(Value::Global(Rc::new((module, name))))
+                }
+                0x93 => {
+                    let name = self.pop()?;
+                    let module = self.pop()?;
+                    match (module, name) {
+                        (Value::Str(m), Value::Str(n)) => {
+                            self.stack.push(Value::Global(Rc::new((m, n))))
+                        }
+                        _ => return Err("STACK_GLOBAL without two strings".into()),
+                    }
+                }
+                b'R' | 0x81 => {
+                    let args = self.pop()?;
+                    let callable = self.pop()?;
+                    let args = args.items().ok_or("call arguments are not a tuple")?;
+                    self.stack.push(Self::call(callable, args)?)
+                }
+                0x92 => {
+                    let _kwargs = self.pop()?;
+                    let args = self.pop()?;
+                    let callable = self.pop()?;
+                    let args = args.items().ok_or("call arguments are not a tuple")?;
+                    self.stack.push(Self::call(callable, args)?)
+                }
+                b'b' => {
+                    let state = self.pop()?;
+                    match self.top()? {
+                        Value::Object(o) => o.borrow_mut().state = Some(state),
+                        // An OrderedDict with attributes (a state_dict's `_metadata`):
+                        // the attributes are not part of the mapping.
+                        Value::Dict(_) | Value::List(_) => {}
+                        other => return Err(format!("BUILD on {}", other.kind())),
+                    }
+                }
+                b'P' => {
+                    let pid = self.line()?.to_string();
+                    self.stack.push(Value::PersId(Rc::new(Value::Str(pid))))
+                }
+                b'Q' => {
+                    let pid = self.pop()?;
+                    self.stack.push(Value::PersId(Rc::new(pid)))
+                }
+                b'p' => {
+                    let i = self.line()?.parse().map_err(|_| "bad PUT index")?;
+                    self.memo_put(i)?
+                }
+                b'q' | b'r' => {
+                    let i = self.uint(if op == b'q' { 1 } else { 4 })?;
+                    self.memo_put(i)?
+                }
+                0x94 => {
+                    let i = self.memo.len() as u64;
+                    self.memo_put(i)?
+                }
+                b'g' => {
+                    let i = self.line()?.parse().map_err(|_| "bad GET index")?;
+                    let v = self.memo_get(i)?;
+                    self.stack.push(v)
+                }
+                b'h' | b'j' => {
+                    let i = self.uint(if op == b'h' { 1 } else { 4 })?;
+                    let v = self.memo_get(i)?;
+                    self.stack.push(v)
+                }
+                other => {
+                    return Err(format!(
+                        "opcode 0x{other:02x} at byte {} is not supported (extension registry, \
+                         out-of-band buffers or old-style instances)",
+                        self.at - 1
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// Python's key equality for the keys state dicts use (strings and ints).
+fn same_key(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Str(x), Value::Str(y)) => x == y,
+        (Value::Int(x), Value::Int(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// LONG1/LONG4: little-endian two's complement of any length; genslm needs no more than i64.
+fn long(b: &[u8]) -> Result<Value, String> {
+    if b.is_empty() {
+        return Ok(Value::Int(0));
+    }
+    if b.len() > 8 {
+        return Err(format!(
+            "an integer of {} bytes does not fit 64 bits",
+            b.len()
+        ));
+    }
+    let neg = b[b.len() - 1] & 0x80 != 0;
+    let mut buf = [if neg { 0xff } else { 0 }; 8];
+    buf[..b.len()].copy_from_slice(b);
+    Ok(Value::Int(i64::from_le_bytes(buf)))
+}
+
+/// Runs the pickle in `data` and returns the value it builds. Nothing is imported or called.
+pub fn load(data: &[u8]) -> Result<Value, String> {
+    let mut vm = Vm {
+        data,
+        at: 0,
+        stack: Vec::new(),
+        memo: Default::default(),
+    };
+    vm.run()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Bytes printed by CPython 3.11's `pickle.dumps`, so the reader is checked against
+    // Python's own encoder.
+    #[test]
+    fn reads_python_protocol_2() {
+        // pickle.dumps({'a': [1, -2, 300, 2**40], 'b': (None, True, 1.5)}, protocol=2)
+        let p: &[u8] = b"\x80\x02}q\x00(X\x01\x00\x00\x00aq\x01]q\x02(K\x01J\xfe\xff\xff\xffM,\x01\x8a\x06\x00\x00\x00\x00\x00\x01eX\x01\x00\x00\x00bq\x03N\x88G?\xf8\x00\x00\x00\x00\x00\x00\x87q\x04u.";
+        let v = load(p).unwrap();
+        let Value::Dict(d) = v else { panic!("{v:?}") };
+        let d = d.borrow();
+        assert_eq!(d[0].0.as_str(), Some("a"));
+        let a: Vec<i64> = d[0]
+            .1
+            .items()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_int().unwrap())
+            .collect();
+        assert_eq!(a, vec![1, -2, 300, 1 << 40]);
+        let b = d[1].1.items().unwrap();
+        assert!(matches!(b[0], Value::None));
+        assert!(matches!(b[1], Value::Bool(true)));
+        assert!(matches!(b[2], Value::Float(f) if f == 1.5));
+    }
+
+    #[test]
+    fn reads_python_protocol_4() {
+        // pickle.dumps({'k': [1.5, 'é', b'\x00\x01', {2, 3}]}, protocol=4) (then `K\x00` for 0)
+        let p: &[u8] = b"\x80\x04\x95)\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x01k\x94]\x94(G?\xf8\x00\x00\x00\x00\x00\x00\x8c\x02\xc3\xa9\x94C\x02\x00\x01\x94\x8f\x94(K\x02K\x03\x90K\x00es.";
+        let Value::Dict(d) = load(p).unwrap() else {
+            panic!()
+        };
+        let d = d.borrow();
+        assert_eq!(d[0].0.as_str(), Some("k"));
+        let k = d[0].1.items().unwrap();
+        assert_eq!(k[1].as_str(), Some("é"));
+        assert!(matches!(&k[2], Value::Bytes(b) if b == &[0, 1]));
+        let set: Vec<i64> = k[3]
+            .items()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_int().unwrap())
+            .collect();
+        assert_eq!(set, vec![2, 3]);
+        assert_eq!(k[4].as_int(), Some(0));
+    }
+
+    #[test]
+    fn a_global_call_is_recorded_not_run() {
+        // An object whose __reduce__ returns (os.system, ('x',)): Python would run `x`.
+        let p: &[u8] = b"\x80\x02cposix\nsystem\nq\x00X\x01\x00\x00\x00xq\x01\x85q\x02Rq\x03.";
+        let v = load(p).unwrap();
+        let Value::Object(o) = v else { panic!() };
+        let o = o.borrow();
+        assert_eq!((o.module.as_str(), o.name.as_str()), ("posix", "system"));
+        assert_eq!(o.args[0].as_str(), Some("x"));
+    }
+
+    #[test]
+    fn shared_containers_are_one_object() {
+        // x = [7]; pickle.dumps([x, x], protocol=2): the second item is a memo reference.
+        let p: &[u8] = b"\x80\x02]q\x00(]q\x01K\x07ah\x01e.";
+        let Value::List(outer) = load(p).unwrap() else {
+            panic!()
+        };
+        let outer = outer.borrow();
+        let (Value::List(a), Value::List(b)) = (&outer[0], &outer[1]) else {
+            panic!()
+        };
+        assert_eq!(b.borrow()[0].as_int(), Some(7));
+        a.borrow_mut().push(Value::Int(8));
+        assert_eq!(b.borrow().len(), 2, "one list, two references");
+    }
+
+    #[test]
+    fn damaged_pickles_are_errors_not_panics() {
+        for p in [
+            &b""[..],
+            b"\x80\x02",
+            b"\x80\x02X\xff\xff\x00\x00ab.",
+            b"\x80\x02h\x05.",
+            b"\x80\x02u.",
+            b"\x80\x09N.",
+        ] {
+            assert!(load(p).is_err(), "{p:?}");
+        }
+    }
+}
