@@ -48,6 +48,23 @@ for f in data/lambda_virus.fa data/dwv.fasta.gz; do
   python3 scripts/check_hf_roundtrip.py "$TMP/run/checkpoints/step-20" "$f" 64 "$TMP/scores.tsv"
 done
 
+echo "== learned/ALiBi checkpoints: transformers runs them faithfully with trust_remote_code, refuses them without"
+for pos in learned alibi; do
+  sed "s/^position = .*/position = \"$pos\"/" configs/tiny.toml > "$TMP/tiny-$pos.toml"
+  cargo run --locked --quiet -- train --fasta data/ --config "$TMP/tiny-$pos.toml" --out "$TMP/run-$pos" \
+    --steps 20 --seq-len 64 --batch-size 4 --lr 3e-3 --quiet
+  cargo run --locked --quiet -- score --model "$TMP/run-$pos" --fasta data/lambda_virus.fa \
+    --seq-len 64 > "$TMP/scores-$pos.tsv"
+  python3 scripts/check_hf_positions.py check "$TMP/run-$pos" data/lambda_virus.fa 64 "$TMP/scores-$pos.tsv"
+done
+echo "== and the other way: models written by transformers (all three positions) score the same in genslm"
+for pos in rotary learned alibi; do
+  python3 scripts/check_hf_positions.py make $pos "$TMP/hf-$pos"
+  cargo run --locked --quiet -- score --model "$TMP/hf-$pos" --fasta data/lambda_virus.fa \
+    --seq-len 64 > "$TMP/hf-scores-$pos.tsv"
+  python3 scripts/check_hf_positions.py check "$TMP/hf-$pos" data/lambda_virus.fa 64 "$TMP/hf-scores-$pos.tsv"
+done
+
 echo "== genslm convert: GenSLM's released checkpoint layout (torch-written) gives PyTorch's loss"
 cargo build --locked --quiet
 python3 scripts/check_convert.py "${CARGO_TARGET_DIR:-target}/debug/genslm" data/dwv.fasta.gz

@@ -274,7 +274,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             ..
         } => {
             let exe = std::env::current_exe().context("locating the genslm binary")?;
-            println!("seq_len  attention   step_s  tokens/s  peak_MiB");
+            println!("seq_len  attention     step_s  tokens/s  peak_MiB");
             let cases: &[&str] = if checkpoint_activations {
                 &["flash", "flash+ckpt", "naive"]
             } else {
@@ -310,8 +310,9 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                         );
                         continue;
                     }
+                    // Four decimals: short test sequences step in milliseconds.
                     println!(
-                        "{s:>7}  {case:<10}  {:>6.2}  {:>8.0}  {:>8.0}",
+                        "{s:>7}  {case:<10}  {:>8.4}  {:>8.0}  {:>8.0}",
                         v[0],
                         s as f64 / v[0],
                         v[1]

@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use crate::config::{Config, ModelConfig};
 use crate::error::{Error, Result};
 use crate::model::hf::config_from_hf;
-use crate::model::io::{from_hf_tensors, load_config, write_model_dir, CONFIG_FILE, WEIGHTS_FILE};
+use crate::model::io::{
+    from_hf_tensors, load_config, model_files, write_model_dir, CONFIG_FILE, WEIGHTS_FILE,
+};
 use crate::model::params::Layout;
 use crate::model::tensors::{read_safetensors, HostTensor};
 
@@ -246,7 +248,7 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let written = write_model_dir(&cfg, &layout, &|i| values[i].clone(), &tmp)
-        .and_then(|_| crate::checksum::write_manifest(&tmp, &[CONFIG_FILE, WEIGHTS_FILE]));
+        .and_then(|_| crate::checksum::write_manifest(&tmp, &model_files(&cfg)));
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);

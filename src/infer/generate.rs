@@ -210,7 +210,8 @@ pub fn generate(
             .collect();
         let mut seqs: Vec<Vec<u32>> = vec![prompt.clone(); nb];
         let mut ended: Vec<Option<(usize, StopReason)>> = vec![None; nb];
-        let mut cache = KvCache::new();
+        // Room for every token a sample can reach, so decoding never reallocates the cache.
+        let mut cache = KvCache::with_capacity(prompt.len() + new_per_sample);
         let flat: Vec<u32> = seqs.concat();
         let mut input = tokens_tensor(&flat, nb, prompt.len(), &model.device);
         while ended.iter().any(Option::is_none) {

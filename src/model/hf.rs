@@ -55,9 +55,10 @@ struct HfConfigIn {
 pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
     let c: HfConfigIn = serde_json::from_str(text).map_err(|e| e.to_string())?;
     if let Some(t) = &c.model_type {
-        if t != "gpt_neox" {
+        if t != "gpt_neox" && t != REMOTE_MODEL_TYPE {
             return Err(format!(
-                "model_type is '{t}'; genslm reads GPT-NeoX (gpt_neox) models"
+                "model_type is '{t}'; genslm reads GPT-NeoX (gpt_neox, or {REMOTE_MODEL_TYPE} \
+                 for learned/ALiBi positions) models"
             ));
         }
     }
@@ -123,7 +124,23 @@ pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
     Ok(cfg)
 }
 
-/// A `config.json` that `GPTNeoXConfig.from_pretrained` accepts, old and new transformers.
+/// `model_type` of checkpoints with learned or ALiBi positions: transformers' GPT-NeoX knows
+/// only rotary and would run them as rotary models (wrong logits, no warning), so they name
+/// their own type, which transformers loads only through the modeling file they carry
+/// ([`MODELING_PY`]) and only with `trust_remote_code=True`.
+pub const REMOTE_MODEL_TYPE: &str = "genslm_neox";
+/// The modeling file such checkpoints carry (`modeling_genslm.py`): genslm's forward for all
+/// three positions under GPT-NeoX's parameter names.
+pub const MODELING_PY: &str = include_str!("modeling_genslm.py");
+pub const MODELING_FILE: &str = "modeling_genslm.py";
+
+/// Whether a model of this config needs the modeling file (anything but rotary).
+pub fn needs_remote_code(m: &ModelConfig) -> bool {
+    m.position != Position::Rotary
+}
+
+/// A `config.json` that `GPTNeoXConfig.from_pretrained` accepts, old and new transformers
+/// (rotary models), or that points transformers at [`MODELING_PY`] (learned/ALiBi).
 ///
 /// The special-token ids are the vocabulary's own, so transformers' `generate()` starts and
 /// stops where genslm does: genslm71's `[BOS]`/`[EOS]`; genslm69 has neither (null: generation
@@ -133,7 +150,7 @@ pub fn config_to_hf(m: &ModelConfig) -> Value {
     let bos = tok.as_ref().and_then(|t| t.bos_id());
     let eos = tok.as_ref().and_then(|t| t.eos_id());
     let pad = tok.as_ref().map(|t| t.pad_id());
-    json!({
+    let mut v = json!({
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",
         "hidden_size": m.hidden_size,
@@ -165,7 +182,17 @@ pub fn config_to_hf(m: &ModelConfig) -> Value {
         "genslm_position": m.position,
         "genslm_vocab": m.vocab,
         "genslm_name": m.name,
-    })
+    });
+    if needs_remote_code(m) {
+        let module = MODELING_FILE.trim_end_matches(".py");
+        v["model_type"] = json!(REMOTE_MODEL_TYPE);
+        v["architectures"] = json!(["GenSlmNeoXForCausalLM"]);
+        v["auto_map"] = json!({
+            "AutoConfig": format!("{module}.GenSlmNeoXConfig"),
+            "AutoModelForCausalLM": format!("{module}.GenSlmNeoXForCausalLM"),
+        });
+    }
+    v
 }
 
 #[cfg(test)]
@@ -199,6 +226,34 @@ mod tests {
     }
 
     /// The ids come from the vocabulary files (tokenizers/*.json), not from this module.
+    #[test]
+    fn learned_and_alibi_models_name_their_own_type() {
+        let tiny = include_str!("../../tests/fixtures/hf_neox_tiny/config.json");
+        let mut c = config_from_hf(tiny).unwrap();
+        for pos in [Position::Rotary, Position::Learned, Position::Alibi] {
+            c.position = pos;
+            let hf = config_to_hf(&c);
+            let remote = pos != Position::Rotary;
+            let want = if remote {
+                REMOTE_MODEL_TYPE
+            } else {
+                "gpt_neox"
+            };
+            assert_eq!(hf["model_type"], json!(want), "{pos}");
+            assert_eq!(hf.get("auto_map").is_some(), remote, "{pos}");
+            if remote {
+                // The auto_map names classes that the carried file defines.
+                for class in ["GenSlmNeoXConfig", "GenSlmNeoXForCausalLM"] {
+                    assert!(hf["auto_map"].to_string().contains(class));
+                    assert!(MODELING_PY.contains(&format!("class {class}(")), "{class}");
+                }
+                assert!(MODELING_PY.contains(&format!("model_type = \"{REMOTE_MODEL_TYPE}\"")));
+            }
+            // genslm reads back what it wrote.
+            assert_eq!(config_from_hf(&hf.to_string()).unwrap(), c, "{pos}");
+        }
+    }
+
     #[test]
     fn special_token_ids_are_the_vocabularys() {
         let tiny = include_str!("../../tests/fixtures/hf_neox_tiny/config.json");

@@ -10,7 +10,9 @@ use burn::tensor::Device;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::model::hf::{config_from_hf, config_to_hf};
+use crate::model::hf::{
+    config_from_hf, config_to_hf, needs_remote_code, MODELING_FILE, MODELING_PY,
+};
 use crate::model::neox::tensor_to_vec;
 use crate::model::params::{transpose, Layout};
 use crate::model::tensors::{read_safetensors, write_safetensors_streamed, HostTensor, Streamed};
@@ -95,9 +97,21 @@ pub fn write_model_dir(
     let text = serde_json::to_string_pretty(&config_to_hf(cfg))
         .map_err(|e| Error::Invalid(e.to_string()))?;
     crate::atomic::write_bytes(&dir.join(CONFIG_FILE), text.as_bytes())?;
+    if needs_remote_code(cfg) {
+        crate::atomic::write_bytes(&dir.join(MODELING_FILE), MODELING_PY.as_bytes())?;
+    }
     let tensors = hf_streamed(layout, "", value);
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
     write_safetensors_streamed(&dir.join(WEIGHTS_FILE), &tensors, meta)
+}
+
+/// The files [`write_model_dir`] writes for a model of `cfg`.
+pub fn model_files(cfg: &ModelConfig) -> Vec<&'static str> {
+    let mut files = vec![CONFIG_FILE, WEIGHTS_FILE];
+    if needs_remote_code(cfg) {
+        files.push(MODELING_FILE);
+    }
+    files
 }
 
 /// Reads a model config from `dir/config.json`.

@@ -11,8 +11,8 @@ use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::config::{ModelConfig, Position, Precision};
 use crate::error::{Error, Result};
-use crate::model::attention::{attention, AttnOptions};
-use crate::model::cache::KvCache;
+use crate::model::attention::{attention, naive_attention, AttnOptions};
+use crate::model::cache::{KvCache, LayerKv};
 use crate::model::params::{Layout, ParamSpec};
 use crate::model::position::{alibi_slopes, apply_rotary, rotary_tables};
 use crate::parallel::ulysses::{ulysses_attention, SpGroup};
@@ -32,6 +32,10 @@ pub struct GenSlm {
     pub precision: Precision,
 }
 
+/// New tokens per cached decoding call up to which attention over the cache materialises its
+/// scores (`[b, heads, rows, cached]`, at most 64 KiB per head per 1K cached tokens).
+const DECODE_DIRECT_ROWS: usize = 16;
+
 /// What a forward pass returns besides the final hidden states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ForwardOptions {
@@ -42,12 +46,16 @@ pub struct ForwardOptions {
 }
 
 /// A layer's keys and values from earlier calls (incremental decoding).
-#[derive(Debug, Clone, Copy)]
-pub enum Past<'a> {
+// One value per layer call, moved straight into the layer: boxing the large variant would only
+// add an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Past {
     /// No cache: attention over this call's tokens only.
     None,
-    /// Decoding with a cache: this layer's cached `(k, v)`, none before the first call.
-    Cache(Option<&'a (Tensor<4>, Tensor<4>)>),
+    /// Decoding with a cache: this layer's buffers (none before the first call), taken out of
+    /// the cache so the layer can write into them in place, and the rows to reserve.
+    Cache(Option<LayerKv>, usize),
 }
 
 /// What the layers of one forward share (see [`GenSlm::layer_context`]).
@@ -233,19 +241,25 @@ impl GenSlm {
         &self,
         tokens: Tensor<2, Int>,
         opts: ForwardOptions,
-        cache: Option<&mut KvCache>,
+        mut cache: Option<&mut KvCache>,
     ) -> Result<(Tensor<3>, Vec<Tensor<3>>)> {
         let s = tokens.dims()[1];
         let mut x = self.embed(tokens, opts.offset)?;
         let ctx = self.layer_context(opts.offset, s);
         let mut collected = Vec::new();
         let mut new_cache = Vec::new();
+        let reserve = cache.as_ref().map(|kv| kv.reserve);
+        let mut pasts = cache
+            .as_deref_mut()
+            .map(|kv| std::mem::take(&mut kv.layers))
+            .unwrap_or_default()
+            .into_iter();
         for li in 0..self.layout.layers.len() {
             if opts.collect_hidden {
                 collected.push(x.clone());
             }
-            let past = match cache.as_deref() {
-                Some(kv) => Past::Cache(kv.layers.get(li)),
+            let past = match reserve {
+                Some(r) => Past::Cache(pasts.next(), r),
                 None => Past::None,
             };
             let (out, kv) = self.layer(li, x, &ctx, past);
@@ -320,8 +334,8 @@ impl GenSlm {
         li: usize,
         x: Tensor<3>,
         ctx: &LayerContext,
-        past: Past<'_>,
-    ) -> (Tensor<3>, Option<(Tensor<4>, Tensor<4>)>) {
+        past: Past,
+    ) -> (Tensor<3>, Option<LayerKv>) {
         let c = &self.cfg;
         let l = &self.layout.layers[li];
         let [b, s, h] = x.dims();
@@ -344,21 +358,21 @@ impl GenSlm {
             (Some(group), _) => ulysses_attention(q, k, v, &ctx.attn, group, |q, k, v, o| {
                 attention(q, k, v, o, c.attention)
             }),
-            (None, Past::Cache(past)) => {
+            (None, Past::Cache(past, reserve)) => {
                 // Keys start at position 0 of the cache; queries at the context's offset.
-                let (k, v) = match past {
-                    Some((kc, vc)) => (
-                        Tensor::cat(vec![kc.clone(), k], 2),
-                        Tensor::cat(vec![vc.clone(), v], 2),
-                    ),
-                    None => (k, v),
-                };
-                kv_out = Some((k.clone(), v.clone()));
+                let (kv, k, v) = LayerKv::append(past, k, v, ctx.attn.q_offset, reserve);
+                kv_out = Some(kv);
                 let o = AttnOptions {
                     k_offset: 0,
                     ..ctx.attn.clone()
                 };
-                attention(q, k, v, &o, c.attention)
+                // A decoding step's scores are [b, h, s, len] with s a few tokens: small, so the
+                // direct form (two matmuls) beats FlashAttention's per-tile ops over the cache.
+                if s <= DECODE_DIRECT_ROWS {
+                    naive_attention(q, k, v, &o)
+                } else {
+                    attention(q, k, v, &o, c.attention)
+                }
             }
             (None, Past::None) => attention(q, k, v, &ctx.attn, c.attention),
         };

@@ -15,9 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, TrainConfig};
 use crate::error::{Error, Result};
-use crate::model::io::{
-    from_hf_tensors, hf_streamed, load_model_dir, save_model_dir, CONFIG_FILE, WEIGHTS_FILE,
-};
+use crate::model::io::{from_hf_tensors, hf_streamed, load_model_dir, model_files, save_model_dir};
 use crate::model::neox::tensor_to_vec;
 use crate::model::tensors::{read_safetensors, write_safetensors_streamed, HostTensor};
 use crate::model::GenSlm;
@@ -79,16 +77,9 @@ pub fn save_checkpoint(
         let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
         crate::atomic::write_bytes(&tmp.join(GENSLM_CONFIG_FILE), toml.as_bytes())?;
         // Last, so it covers every file above; loads check it (`crate::checksum`).
-        crate::checksum::write_manifest(
-            &tmp,
-            &[
-                CONFIG_FILE,
-                WEIGHTS_FILE,
-                OPTIMIZER_FILE,
-                STATE_FILE,
-                GENSLM_CONFIG_FILE,
-            ],
-        )?;
+        let mut files = model_files(&model.cfg);
+        files.extend([OPTIMIZER_FILE, STATE_FILE, GENSLM_CONFIG_FILE]);
+        crate::checksum::write_manifest(&tmp, &files)?;
         if final_dir.exists() {
             // Left by an interrupted run that got further than the checkpoint we resumed from.
             std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
