@@ -31,6 +31,9 @@ use crate::error::{Error, Result};
 use crate::tokenizer::VocabKind;
 
 const VOCAB_KEY: &str = "genslm.vocab";
+/// Token ids converted at a time on their way into the arrow builder.
+const SCRATCH_TOKENS: usize = 1 << 16;
+
 /// Rows per in-memory batch handed to the parquet writer.
 const BATCH_ROWS: usize = 1024;
 /// Tokens per in-memory batch (long genomes flush sooner).
@@ -159,9 +162,13 @@ impl DatasetWriter {
         self.gc.append_value(row.gc_content);
         self.md5.append_value(row.md5);
         // Bulk copy (ids are tiny, so `as i32` is exact); per-value appends were measurably slow.
-        self.scratch.clear();
-        self.scratch.extend(row.tokens.iter().map(|&t| t as i32));
-        self.tokens.values().append_slice(&self.scratch);
+        // Through a small scratch, chunk by chunk: a whole-record scratch stayed allocated at the
+        // size of the longest record seen (4 bytes per codon).
+        for chunk in row.tokens.chunks(SCRATCH_TOKENS) {
+            self.scratch.clear();
+            self.scratch.extend(chunk.iter().map(|&t| t as i32));
+            self.tokens.values().append_slice(&self.scratch);
+        }
         self.tokens.append(true);
         self.rows += 1;
         self.total_rows += 1;
