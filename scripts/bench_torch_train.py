@@ -11,10 +11,11 @@ Usage: python3 scripts/bench_torch_train.py CONFIG.toml SEQ_LEN [STEPS] [THREADS
 import resource
 import sys
 import time
-import tomllib
 
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers import GPTNeoXForCausalLM
+
+from neox_toml import model_table, neox_config
 
 
 def main():
@@ -22,21 +23,9 @@ def main():
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     threads = int(sys.argv[4]) if len(sys.argv) > 4 else torch.get_num_threads()
     torch.set_num_threads(threads)
-    m = tomllib.load(open(cfg_path, "rb"))["model"]
-    cfg = GPTNeoXConfig(
-        vocab_size=m["vocab_size"],
-        hidden_size=m["hidden_size"],
-        num_hidden_layers=m["num_layers"],
-        num_attention_heads=m["num_heads"],
-        intermediate_size=m["intermediate_size"],
-        max_position_embeddings=max(m["max_position_embeddings"], seq),
-        rotary_pct=m.get("rotary_pct", 0.25),
-        rotary_emb_base=m.get("rotary_base", 10000.0),
-        layer_norm_eps=m.get("layer_norm_eps", 1e-5),
-        hidden_act="gelu_fast",
-        use_parallel_residual=True,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
+    m = model_table(cfg_path)
+    cfg = neox_config(
+        m, max_position_embeddings=max(m["max_position_embeddings"], seq), attn_implementation="sdpa"
     )
     torch.manual_seed(0)
     model = GPTNeoXForCausalLM(cfg).train()

@@ -25,18 +25,19 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-import tomllib
 
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers import GPTNeoXForCausalLM
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from check_hf_roundtrip import read_fasta  # noqa: E402
+from check_hf_roundtrip import read_fasta, record_nll  # noqa: E402
+from neox_toml import model_table, neox_config  # noqa: E402
 
 from tokenizers import Tokenizer  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SEQ_LEN = 256
+CONFIG_25M = ROOT / "configs" / "genslm-25m.toml"
 
 
 class RunsAShellCommand:
@@ -50,14 +51,7 @@ class RunsAShellCommand:
 
 
 def model_25m():
-    m = tomllib.load(open(ROOT / "configs" / "genslm-25m.toml", "rb"))["model"]
-    cfg = GPTNeoXConfig(
-        vocab_size=m["vocab_size"], hidden_size=m["hidden_size"], num_hidden_layers=m["num_layers"],
-        num_attention_heads=m["num_heads"], intermediate_size=m["intermediate_size"],
-        max_position_embeddings=m["max_position_embeddings"], rotary_pct=m["rotary_pct"],
-        rotary_emb_base=m["rotary_base"], layer_norm_eps=m["layer_norm_eps"], hidden_act="gelu_fast",
-        use_parallel_residual=True, tie_word_embeddings=False, attention_bias=True,
-    )
+    cfg = neox_config(model_table(CONFIG_25M))
     torch.manual_seed(25)
     model = GPTNeoXForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -71,17 +65,7 @@ def nll_per_record(model, fasta):
     tok = Tokenizer.from_file(str(ROOT / "tokenizers" / "genslm69.json"))
     out = {}
     for rid, seq in read_fasta(fasta):
-        ids = tok.encode(" ".join(seq[i : i + 3] for i in range(0, len(seq), 3))).ids
-        total, n = 0.0, 0
-        for start in range(0, len(ids), SEQ_LEN):
-            w = ids[start : start + SEQ_LEN]
-            if len(w) < 2:
-                continue
-            x = torch.tensor([w])
-            with torch.no_grad():
-                lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].double(), -1)
-            total -= lp.gather(1, x[0, 1:, None]).sum().item()
-            n += len(w) - 1
+        total, n = record_nll(model, tok, seq, SEQ_LEN)
         out[rid] = (total / n, n)
     return out
 
@@ -99,8 +83,7 @@ def lightning_checkpoint(model, path, marker, buffers):
     if buffers:  # what transformers < 4.31 kept in GPT-NeoX state dicts
         cfg = model.config
         n, d = cfg.max_position_embeddings, cfg.hidden_size // cfg.num_attention_heads
-        pct = tomllib.load(open(ROOT / "configs" / "genslm-25m.toml", "rb"))["model"]["rotary_pct"]
-        rot = int(d * pct)
+        rot = int(d * model_table(CONFIG_25M)["rotary_pct"])
         for i in range(cfg.num_hidden_layers):
             p = f"model.gpt_neox.layers.{i}.attention."
             sd[p + "bias"] = torch.tril(torch.ones(n, n, dtype=torch.bool)).view(1, 1, n, n)
@@ -152,7 +135,6 @@ def must_fail(genslm, src, out, needles, extra=()):
 
 def main():
     genslm, fasta = pathlib.Path(sys.argv[1]).resolve(), pathlib.Path(sys.argv[2])
-    cfg25 = ROOT / "configs" / "genslm-25m.toml"
     model = model_25m()
     expect = nll_per_record(model, fasta)
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,7 +142,7 @@ def main():
         marker = t / "pickle-code-ran"
         for buffers, name in [(False, "patric_25m_bias_removed.pt"), (True, "patric_25m_with_buffers.pt")]:
             lightning_checkpoint(model, t / name, marker, buffers)
-            convert_and_score(genslm, t / name, t / (name + ".out"), fasta, expect, ["--config", cfg25])
+            convert_and_score(genslm, t / name, t / (name + ".out"), fasta, expect, ["--config", CONFIG_25M])
         assert not marker.exists(), "convert executed code from the pickle"
         print("  the pickled os.system call was not executed")
         # transformers 5 writes only safetensors: the .bin of older releases is written here.
@@ -172,15 +154,15 @@ def main():
         sd = {"state_dict": collections.OrderedDict(("model." + k, v) for k, v in released_names(model).items())}
         sd["state_dict"]["model.gpt_neox.embed_in.weight"] = argparse.Namespace(x=1)
         torch.save(sd, t / "object.pt")
-        must_fail(genslm, t / "object.pt", t / "o1", ["model.gpt_neox.embed_in.weight", "argparse.Namespace", "not a tensor"], ["--config", cfg25])
+        must_fail(genslm, t / "object.pt", t / "o1", ["model.gpt_neox.embed_in.weight", "argparse.Namespace", "not a tensor"], ["--config", CONFIG_25M])
         sd["state_dict"]["model.gpt_neox.embed_in.weight"] = torch.zeros(68, 512)
         torch.save(sd, t / "shape.pt")
-        must_fail(genslm, t / "shape.pt", t / "o2", ["model.gpt_neox.embed_in.weight", "[68, 512]", "[69, 512]"], ["--config", cfg25])
+        must_fail(genslm, t / "shape.pt", t / "o2", ["model.gpt_neox.embed_in.weight", "[68, 512]", "[69, 512]"], ["--config", CONFIG_25M])
         torch.save(argparse.Namespace(x=1), t / "plain_object.pt")
-        must_fail(genslm, t / "plain_object.pt", t / "o3", ["argparse.Namespace", "not a checkpoint"], ["--config", cfg25])
+        must_fail(genslm, t / "plain_object.pt", t / "o3", ["argparse.Namespace", "not a checkpoint"], ["--config", CONFIG_25M])
         data = (t / "patric_25m_bias_removed.pt").read_bytes()
         (t / "truncated.pt").write_bytes(data[: len(data) // 2])
-        must_fail(genslm, t / "truncated.pt", t / "o4", ["truncated.pt"], ["--config", cfg25])
+        must_fail(genslm, t / "truncated.pt", t / "o4", ["truncated.pt"], ["--config", CONFIG_25M])
         must_fail(genslm, t / "patric_25m_bias_removed.pt", t / "o5", ["--config"])
     print("check_convert: GenSLM-layout checkpoints convert faithfully; bad inputs are refused")
 

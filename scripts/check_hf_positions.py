@@ -36,7 +36,7 @@ from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from check_hf_roundtrip import read_fasta  # noqa: E402
+from check_hf_roundtrip import encode, read_fasta, record_nll, window_nll, windows  # noqa: E402
 MODELING = ROOT / "src" / "model" / "modeling_genslm.py"
 TOLERANCE = 1e-4
 # The keys genslm writes for learned/ALiBi checkpoints beside those of config_to_hf.
@@ -130,27 +130,6 @@ def make(position, out):
     print(f"make: {position} model ({type(back).__name__}, model_type {model_type}) in {out}")
 
 
-def encode(tok, seq):
-    """GenSLM's tokenization: space-separated codons through the vocabulary's tokenizers file."""
-    return tok.encode(" ".join(seq[i : i + 3] for i in range(0, len(seq), 3))).ids
-
-
-def windows(ids, seq_len):
-    """genslm score's windows: consecutive, non-overlapping, each predicting from its own start."""
-    for start in range(0, len(ids), seq_len):
-        w = ids[start : start + seq_len]
-        if len(w) >= 2:
-            yield torch.tensor([w])
-
-
-def window_nll(model, x):
-    """Sum of -log p(next token) over one window, in float64, and the window's logits."""
-    with torch.no_grad():
-        logits = model(input_ids=x).logits[0]
-    lp = torch.log_softmax(logits[:-1].double(), -1)
-    return -lp.gather(1, x[0, 1:, None]).sum().item(), logits
-
-
 def resolve_model_dir(path):
     """A model directory, or a genslm run directory (its checkpoints/latest), as genslm takes."""
     if (path / "config.json").is_file():
@@ -199,10 +178,7 @@ def check(model_dir, fasta, seq_len, tsv):
     for rid, seq in records:
         if rid not in ours:
             fail(f"record {rid} is not in {tsv}")
-        total, n = 0.0, 0
-        for x in windows(encode(tok, seq), seq_len):
-            total += window_nll(model, x)[0]
-            n += x.shape[1] - 1
+        total, n = record_nll(model, tok, seq, seq_len)
         if int(ours[rid]["n_tokens"]) != n:
             fail(f"{rid}: genslm predicted {ours[rid]['n_tokens']} tokens, transformers {n}")
         mine, theirs = float(ours[rid]["mean_nll"]), total / n

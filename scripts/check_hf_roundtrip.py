@@ -35,6 +35,36 @@ def read_fasta(path):
     return [(i, "".join(p)) for i, p in recs]
 
 
+def encode(tok, seq):
+    """GenSLM's tokenization: space-separated codons through the vocabulary's tokenizers file."""
+    return tok.encode(" ".join(seq[i : i + 3] for i in range(0, len(seq), 3))).ids
+
+
+def windows(ids, seq_len):
+    """genslm score's windows: consecutive, non-overlapping, each predicting from its own start."""
+    for start in range(0, len(ids), seq_len):
+        w = ids[start : start + seq_len]
+        if len(w) >= 2:
+            yield torch.tensor([w])
+
+
+def window_nll(model, x):
+    """Sum of -log p(next token) over one window, in float64, and the window's logits."""
+    with torch.no_grad():
+        logits = model(input_ids=x).logits[0]
+    lp = torch.log_softmax(logits[:-1].double(), -1)
+    return -lp.gather(1, x[0, 1:, None]).sum().item(), logits
+
+
+def record_nll(model, tok, seq, seq_len):
+    """Summed next-token NLL of one record over genslm score's windows, and the tokens predicted."""
+    total, n = 0.0, 0
+    for x in windows(encode(tok, seq), seq_len):
+        total += window_nll(model, x)[0]
+        n += x.shape[1] - 1
+    return total, n
+
+
 def main():
     ckpt, fasta, seq_len, tsv = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     # Master weights: every tensor of the checkpoint is fp32, whatever precision trained it.
@@ -47,18 +77,7 @@ def main():
     ours = {r["id"]: r for r in csv.DictReader(open(tsv), delimiter="\t")}
     worst = 0.0
     for rid, seq in read_fasta(fasta):
-        ids = tok.encode(" ".join(seq[i : i + 3] for i in range(0, len(seq), 3))).ids
-        total, n = 0.0, 0
-        for start in range(0, len(ids), seq_len):
-            w = ids[start : start + seq_len]
-            if len(w) < 2:
-                continue
-            x = torch.tensor([w])
-            with torch.no_grad():
-                logits = model(input_ids=x).logits[0, :-1].double()
-            lp = torch.log_softmax(logits, -1)
-            total -= lp.gather(1, x[0, 1:, None]).sum().item()
-            n += len(w) - 1
+        total, n = record_nll(model, tok, seq, seq_len)
         mine = float(ours[rid]["mean_nll"])
         assert int(ours[rid]["n_tokens"]) == n, (rid, ours[rid]["n_tokens"], n)
         rel = abs(mine - total / n) / (total / n)

@@ -7,25 +7,16 @@ parameters with PyTorch; `genslm info` must print the same numbers (tests/info_c
 Usage: python3 scripts/hf_param_counts.py      (needs torch and transformers)
 """
 import pathlib
-import tomllib
 
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers import GPTNeoXForCausalLM
+
+from neox_toml import model_table, neox_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 for path in sorted((ROOT / "configs").glob("*.toml")):
-    m = tomllib.loads(path.read_text())["model"]
-    cfg = GPTNeoXConfig(
-        vocab_size=m["vocab_size"],
-        hidden_size=m["hidden_size"],
-        num_hidden_layers=m["num_layers"],
-        num_attention_heads=m["num_heads"],
-        intermediate_size=m["intermediate_size"],
-        max_position_embeddings=m["max_position_embeddings"],
-        rotary_pct=m["rotary_pct"],
-        tie_word_embeddings=False,
-    )
+    cfg = neox_config(model_table(path))
     with torch.device("meta"):
         model = GPTNeoXForCausalLM(cfg)
     n = sum(p.numel() for p in model.parameters())
