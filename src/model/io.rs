@@ -81,7 +81,7 @@ pub fn from_hf_tensors(
     Ok(out)
 }
 
-/// Writes `config.json` and `model.safetensors` into `dir` (which must exist).
+/// Writes the model directory's files ([`model_files`]) into `dir` (which must exist).
 pub fn save_model_dir(model: &GenSlm, dir: &Path) -> Result<()> {
     let value = |i: usize| tensor_to_vec(&model.params[i]);
     write_model_dir(&model.cfg, &model.layout, &value, dir)
@@ -162,7 +162,7 @@ pub fn load_model_dir(path: &Path, device: &Device) -> Result<GenSlm> {
     let weights = dir.join(WEIGHTS_FILE);
     if !weights.is_file() {
         let hint = if dir.join("pytorch_model.bin").is_file() {
-            " (found pytorch_model.bin: re-save it with save_pretrained(dir, safe_serialization=True))"
+            " (found pytorch_model.bin: convert it with `genslm convert DIR --out NEW_DIR`)"
         } else {
             ""
         };
