@@ -213,9 +213,16 @@ impl CodonTokenizer {
     /// Appends the token ids of `seq` (bases in any case) to `out`.
     pub fn encode_into(&self, seq: &[u8], out: &mut Vec<u32>) {
         out.reserve(self.n_tokens(seq.len()));
-        if let Some(b) = self.bos {
-            out.push(b);
+        out.extend(self.bos);
+        let rest = self.encode_codons(seq, |id| out.push(id));
+        if !rest.is_empty() && self.trailing == Trailing::Unk {
+            out.push(self.unk);
         }
+        out.extend(self.eos);
+    }
+
+    /// Calls `push` with the id of every whole codon of `seq`; returns the 0–2 bases left over.
+    fn encode_codons<'s>(&self, seq: &'s [u8], mut push: impl FnMut(u32)) -> &'s [u8] {
         let mut chunks = seq.chunks_exact(3);
         for c in &mut chunks {
             let code = (BASE_CODE[c[0] as usize] as u32) << 16
@@ -223,18 +230,31 @@ impl CodonTokenizer {
                 | BASE_CODE[c[2] as usize] as u32;
             // Any NOT_ACGT byte sets a high bit of its lane.
             if code & 0x00FC_FCFC != 0 {
-                out.push(self.unk);
+                push(self.unk);
             } else {
                 let idx = ((code >> 12) & 0x30) | ((code >> 6) & 0x0C) | (code & 0x03);
-                out.push(self.codon_id[idx as usize]);
+                push(self.codon_id[idx as usize]);
             }
         }
-        if !chunks.remainder().is_empty() && self.trailing == Trailing::Unk {
-            out.push(self.unk);
+        chunks.remainder()
+    }
+
+    /// Starts encoding a sequence that arrives in pieces into one-byte ids (the GenSLM
+    /// vocabularies have fewer than 256 tokens; a larger one is refused).
+    pub fn stream(&self) -> Result<CodonStream<'_>> {
+        if self.vocab_size() > 256 {
+            return Err(Error::Invalid(format!(
+                "vocabulary {} has {} tokens: too many for one-byte ids",
+                self.kind,
+                self.vocab_size()
+            )));
         }
-        if let Some(e) = self.eos {
-            out.push(e);
-        }
+        Ok(CodonStream {
+            tok: self,
+            carry: [0; 3],
+            n_carry: 0,
+            started: false,
+        })
     }
 
     pub fn encode(&self, seq: &[u8]) -> Vec<u32> {
@@ -261,6 +281,50 @@ impl CodonTokenizer {
     }
 }
 
+/// Encodes one sequence handed over in pieces of any length (codons may straddle them), into
+/// one-byte ids: [`CodonTokenizer::encode`]'s output without a whole-sequence buffer.
+pub struct CodonStream<'t> {
+    tok: &'t CodonTokenizer,
+    carry: [u8; 3],
+    n_carry: usize,
+    started: bool,
+}
+
+impl CodonStream<'_> {
+    /// Appends the ids of the next piece's complete codons.
+    pub fn push(&mut self, mut bases: &[u8], out: &mut Vec<u8>) {
+        if !self.started {
+            self.started = true;
+            out.extend(self.tok.bos.map(|b| b as u8));
+        }
+        // Complete a codon begun in the previous piece.
+        while self.n_carry > 0 && !bases.is_empty() {
+            self.carry[self.n_carry] = bases[0];
+            bases = &bases[1..];
+            self.n_carry += 1;
+            if self.n_carry == 3 {
+                out.push(self.tok.codon_to_id(&self.carry) as u8);
+                self.n_carry = 0;
+            }
+        }
+        if self.n_carry > 0 {
+            return; // the piece ended inside that codon
+        }
+        let rest = self.tok.encode_codons(bases, |id| out.push(id as u8));
+        self.carry[..rest.len()].copy_from_slice(rest);
+        self.n_carry = rest.len();
+    }
+
+    /// Appends the trailing partial codon's id (per [`Trailing`]) and EOS.
+    pub fn finish(mut self, out: &mut Vec<u8>) {
+        self.push(&[], out);
+        if self.n_carry > 0 && self.tok.trailing == Trailing::Unk {
+            out.push(self.tok.unk as u8);
+        }
+        out.extend(self.tok.eos.map(|e| e as u8));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,5 +346,44 @@ mod tests {
             .with_trailing(Trailing::Drop);
         assert_eq!(t.encode(b"ATGAT"), vec![10]);
         assert_eq!(t.n_tokens(5), 1);
+    }
+
+    /// Pieces of any size give the ids of the whole sequence, checked against a naive
+    /// codon-by-codon reference, for both vocabularies and both trailing rules.
+    #[test]
+    fn streamed_pieces_equal_the_whole_sequence() {
+        let mut rng = crate::rng::SplitMix64::new(7);
+        let alphabet = b"ACGTNacgtRY";
+        for kind in [VocabKind::Genslm69, VocabKind::Genslm71] {
+            for trailing in [Trailing::Unk, Trailing::Drop] {
+                let t = CodonTokenizer::new(kind).unwrap().with_trailing(trailing);
+                for len in [0usize, 1, 2, 3, 4, 5, 17, 100, 1001] {
+                    let seq: Vec<u8> = (0..len)
+                        .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
+                        .collect();
+                    let mut want: Vec<u32> = t.bos.into_iter().collect();
+                    for c in seq.chunks(3) {
+                        match c {
+                            [a, b, c] => want.push(t.codon_to_id(&[*a, *b, *c])),
+                            _ if trailing == Trailing::Unk => want.push(t.unk),
+                            _ => {}
+                        }
+                    }
+                    want.extend(t.eos);
+                    let mut got = Vec::new();
+                    let mut s = t.stream().unwrap();
+                    let mut rest = &seq[..];
+                    while !rest.is_empty() {
+                        let n = 1 + rng.below(rest.len().min(7) as u64) as usize;
+                        s.push(&rest[..n], &mut got);
+                        rest = &rest[n..];
+                    }
+                    s.finish(&mut got);
+                    let got: Vec<u32> = got.into_iter().map(u32::from).collect();
+                    assert_eq!(got, want, "{kind} {trailing:?} len {len}");
+                    assert_eq!(t.encode(&seq), want);
+                }
+            }
+        }
     }
 }

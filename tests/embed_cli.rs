@@ -317,7 +317,7 @@ fn embed_refuses_foreign_datasets() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("foreign.parquet");
     let mut w = DatasetWriter::create(&bad, genslm::tokenizer::VocabKind::Genslm69).unwrap();
-    for (id, tokens) in [("fine", vec![5u32, 6, 7]), ("alien", vec![5, 200, 7])] {
+    for (id, tokens) in [("fine", vec![5u8, 6, 7]), ("alien", vec![5, 200, 7])] {
         w.push(&Row {
             id,
             description: "",

@@ -100,6 +100,29 @@ pub struct Record<'a> {
     pub gc: u64,
 }
 
+/// One record before its sequence is cleaned: for callers that stream the bases (see
+/// [`read_raw`]) instead of holding a cleaned copy.
+#[derive(Debug)]
+pub struct RawRecord<'a> {
+    pub id: &'a str,
+    pub description: &'a str,
+    /// The sequence lines as stored (line breaks included).
+    pub raw: &'a [u8],
+    /// File line of the first sequence line.
+    pub first_line: u64,
+}
+
+impl RawRecord<'_> {
+    /// Cleans the sequence piece by piece into `sink` (see [`clean_chunks`]).
+    pub fn clean_chunks(
+        &self,
+        scratch: &mut Vec<u8>,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> std::result::Result<Cleaned, SeqProblem> {
+        clean_chunks(self.raw, self.first_line, scratch, sink)
+    }
+}
+
 /// Byte classes for the validation pass.
 const SKIP: u8 = 0; // line breaks and blanks: formatting, not sequence
 const BAD: u8 = 1; // outside the IUPAC nucleotide alphabet
@@ -139,11 +162,17 @@ pub struct SeqProblem {
 /// What cleaning a sequence found besides the bases.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cleaned {
+    /// Bases kept.
+    pub bases: u64,
     /// Count of G and C bases.
     pub gc: u64,
     /// Alignment gaps ('-', '.') removed.
     pub gaps: u64,
 }
+
+/// Raw sequence bytes cleaned at a time: the cleaned copy of a record never exceeds this, so
+/// a chromosome-sized record costs no second copy of itself.
+const CLEAN_BLOCK: usize = 1 << 16;
 
 /// Upper-cases `raw` into `out` (cleared first), dropping line breaks and blanks, reading U as
 /// T and removing alignment gaps. `first_line` is the file line of the first sequence line,
@@ -155,12 +184,67 @@ pub fn clean_sequence(
 ) -> std::result::Result<Cleaned, SeqProblem> {
     out.clear();
     out.reserve(raw.len());
+    let mut scratch = Vec::new();
+    clean_chunks(raw, first_line, &mut scratch, &mut |c| {
+        out.extend_from_slice(c)
+    })
+}
+
+/// Cleans `raw` as [`clean_sequence`] does, handing the bases to `sink` in pieces of at most
+/// [`CLEAN_BLOCK`] bytes (`scratch` holds the piece). On a problem, `sink` may already have seen
+/// the bases before it.
+pub fn clean_chunks(
+    raw: &[u8],
+    first_line: u64,
+    scratch: &mut Vec<u8>,
+    sink: &mut dyn FnMut(&[u8]),
+) -> std::result::Result<Cleaned, SeqProblem> {
+    let mut c = Cleaned::default();
+    let mut line = first_line;
+    for (k, block) in raw.chunks(CLEAN_BLOCK).enumerate() {
+        scratch.clear();
+        match clean_fast(block, scratch) {
+            Some(newlines) => line += newlines,
+            None => {
+                let at = Position {
+                    line,
+                    base: c.bases,
+                    byte: (k * CLEAN_BLOCK) as u64,
+                };
+                scratch.clear();
+                line = clean_slow(block, at, &mut c.gaps, scratch)?;
+            }
+        }
+        c.gc += scratch.iter().filter(|&&b| b == b'G' || b == b'C').count() as u64;
+        c.bases += scratch.len() as u64;
+        sink(scratch);
+    }
+    if c.bases == 0 {
+        return Err(SeqProblem {
+            msg: if c.gaps > 0 {
+                "record holds only alignment gaps, no bases".into()
+            } else {
+                "record has a header but no sequence".into()
+            },
+        });
+    }
+    Ok(c)
+}
+
+/// Where a block starts within its record, for messages.
+struct Position {
+    line: u64,
+    base: u64,
+    byte: u64,
+}
+
+/// Translates a block line by line; `None` when anything besides IUPAC letters and line ends
+/// (blanks inside a line, gaps, bad bytes, or a CR cut from its LF by the block edge) sends it
+/// to [`clean_slow`]. Returns the line breaks passed.
+fn clean_fast(block: &[u8], out: &mut Vec<u8>) -> Option<u64> {
     let mut flags = 0u8;
-    let mut gaps = 0u64;
-    // Fast pass, line by line: translate every byte; remember whether anything was not a
-    // plain IUPAC letter (blanks inside a line, gaps, bad bytes), which sends us to the slow
-    // pass.
-    let mut rest = raw;
+    let mut newlines = 0;
+    let mut rest = block;
     loop {
         let (line, next) = match memchr::memchr(b'\n', rest) {
             Some(i) => (&rest[..i], Some(&rest[i + 1..])),
@@ -173,57 +257,58 @@ pub fn clean_sequence(
             c
         }));
         match next {
-            Some(n) => rest = n,
+            Some(n) => {
+                rest = n;
+                newlines += 1;
+            }
             None => break,
         }
     }
-    if flags != 0 {
-        // Slow pass, only for records with blanks inside lines or bad bytes.
-        out.clear();
-        let mut line = first_line;
-        for (i, &b) in raw.iter().enumerate() {
-            match CLASS[b as usize] {
-                SKIP => line += u64::from(b == b'\n'),
-                GAP => gaps += 1,
-                NUL => {
-                    return Err(SeqProblem {
-                        msg: format!(
-                            "NUL byte at base {} (line {line}): the file looks binary or corrupt",
-                            out.len() + 1
-                        ),
-                    })
-                }
-                BAD => {
-                    let shown = if b.is_ascii_graphic() {
-                        format!("'{}'", b as char)
-                    } else {
-                        format!("byte 0x{b:02x}")
-                    };
-                    return Err(SeqProblem {
-                        msg: format!(
-                            "invalid character {shown} at base {} (line {line}, byte {} of the sequence): \
-                             not an IUPAC nucleotide code (ACGTURYSWKMBDHVN, gaps - .)",
-                            out.len() + 1,
-                            i + 1
-                        ),
-                    });
-                }
-                c => out.push(c),
+    (flags == 0).then_some(newlines)
+}
+
+/// Byte-by-byte cleaning of a block that needs it; returns the line after the block.
+fn clean_slow(
+    block: &[u8],
+    at: Position,
+    gaps: &mut u64,
+    out: &mut Vec<u8>,
+) -> std::result::Result<u64, SeqProblem> {
+    let mut line = at.line;
+    for (i, &b) in block.iter().enumerate() {
+        let base = at.base + out.len() as u64 + 1;
+        match CLASS[b as usize] {
+            SKIP => line += u64::from(b == b'\n'),
+            GAP => *gaps += 1,
+            NUL => {
+                return Err(SeqProblem {
+                    msg: format!(
+                        "NUL byte at base {base} (line {line}): the file looks binary or corrupt"
+                    ),
+                })
             }
+            BAD => {
+                let shown = if b.is_ascii_graphic() {
+                    format!("'{}'", b as char)
+                } else {
+                    format!("byte 0x{b:02x}")
+                };
+                return Err(SeqProblem {
+                    msg: format!(
+                        "invalid character {shown} at base {base} (line {line}, byte {} of the \
+                         sequence): not an IUPAC nucleotide code (ACGTURYSWKMBDHVN, gaps - .)",
+                        at.byte + i as u64 + 1
+                    ),
+                });
+            }
+            c => out.push(c),
         }
     }
-    if out.is_empty() {
-        return Err(SeqProblem {
-            msg: if gaps > 0 {
-                "record holds only alignment gaps, no bases".into()
-            } else {
-                "record has a header but no sequence".into()
-            },
-        });
-    }
-    let gc = out.iter().filter(|&&b| b == b'G' || b == b'C').count() as u64;
-    Ok(Cleaned { gc, gaps })
+    Ok(line)
 }
+
+/// What a [`read_raw`] callback found in a record's sequence.
+pub type Cleaning = std::result::Result<Cleaned, SeqProblem>;
 
 /// Per-file outcome.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -236,7 +321,7 @@ pub struct FileStats {
     pub gaps: u64,
 }
 
-/// Streams the valid records of one FASTA file into `f`.
+/// Streams the valid records of one FASTA file into `f`, cleaned (upper-cased, one line).
 ///
 /// With [`OnInvalid::Error`] the first problem is returned as an error naming the file, the
 /// record and the position; with [`OnInvalid::Skip`] bad records are reported through `warn`
@@ -246,6 +331,34 @@ pub fn read_file(
     on_invalid: OnInvalid,
     warn: &mut dyn FnMut(String),
     f: &mut dyn FnMut(&Record<'_>, u64) -> Result<()>,
+) -> Result<FileStats> {
+    let (mut buf, mut scratch) = (Vec::new(), Vec::new());
+    read_raw(path, on_invalid, warn, &mut |raw, pos| {
+        buf.clear();
+        let c = match raw.clean_chunks(&mut scratch, &mut |c| buf.extend_from_slice(c)) {
+            Ok(c) => c,
+            Err(p) => return Ok(Err(p)),
+        };
+        let record = Record {
+            id: raw.id,
+            description: raw.description,
+            seq: &buf,
+            gc: c.gc,
+        };
+        f(&record, pos)?;
+        Ok(Ok(c))
+    })
+}
+
+/// Streams the records of one FASTA file into `f` uncleaned; `f` cleans the sequence (e.g.
+/// with [`RawRecord::clean_chunks`]) and returns what cleaning found, or the problem that makes
+/// the record invalid, which is then handled as [`read_file`] describes. `f` also gets the
+/// reader's byte position, for progress.
+pub fn read_raw(
+    path: &Path,
+    on_invalid: OnInvalid,
+    warn: &mut dyn FnMut(String),
+    f: &mut dyn FnMut(&RawRecord<'_>, u64) -> Result<Cleaning>,
 ) -> Result<FileStats> {
     let mut stats = FileStats::default();
     let file_err = |msg: String| Error::Fasta {
@@ -262,7 +375,6 @@ pub fn read_file(
                 return skip_or_fail(on_invalid, err, warn, stats);
             }
         };
-    let mut buf = Vec::new();
     let mut last_id = String::new();
     while let Some(rec) = reader.next() {
         let rec = match rec {
@@ -297,20 +409,18 @@ pub fn read_file(
         };
         last_id.clear();
         last_id.push_str(id);
-        let raw = rec.raw_seq();
-        match clean_sequence(raw, rec.start_line_number() + 1, &mut buf) {
+        let raw = RawRecord {
+            id,
+            description,
+            raw: rec.raw_seq(),
+            first_line: rec.start_line_number() + 1,
+        };
+        match f(&raw, rec.position().byte())? {
             Ok(c) => {
-                let record = Record {
-                    id,
-                    description,
-                    seq: &buf,
-                    gc: c.gc,
-                };
                 stats.records += 1;
                 stats.gaps += c.gaps;
                 stats.gapped_records += u64::from(c.gaps > 0);
-                stats.bases += buf.len() as u64;
-                f(&record, rec.position().byte())?;
+                stats.bases += c.bases;
             }
             Err(p) => {
                 let err = Error::Fasta {
@@ -404,7 +514,14 @@ mod tests {
         let mut out = Vec::new();
         let c = clean_sequence(b"acgT\r\nNNgc\n", 2, &mut out).unwrap();
         assert_eq!(out, b"ACGTNNGC");
-        assert_eq!(c, Cleaned { gc: 4, gaps: 0 });
+        assert_eq!(
+            c,
+            Cleaned {
+                bases: 8,
+                gc: 4,
+                gaps: 0
+            }
+        );
         let err = clean_sequence(b"ACGT\nAC*T", 2, &mut out).unwrap_err();
         assert!(err.msg.contains("'*' at base 7 (line 3"), "{}", err.msg);
     }
@@ -419,8 +536,60 @@ mod tests {
         assert_eq!(c.gaps, 0);
         let c = clean_sequence(b"ATG--GC.T\nT-AA", 2, &mut out).unwrap();
         assert_eq!(out, b"ATGGCTTAA");
-        assert_eq!(c, Cleaned { gc: 3, gaps: 4 });
+        assert_eq!(
+            c,
+            Cleaned {
+                bases: 9,
+                gc: 3,
+                gaps: 4
+            }
+        );
         let e = clean_sequence(b"---\n..", 2, &mut out).unwrap_err();
         assert!(e.msg.contains("only alignment gaps"), "{}", e.msg);
+    }
+
+    /// Records longer than a cleaning block: CRLF cut by a block edge, lower case, gaps and U
+    /// in later blocks, against a naive byte filter; an error in a later block names the
+    /// global base, line and byte.
+    #[test]
+    fn long_records_clean_across_blocks() {
+        let mut raw = Vec::new();
+        let mut line = 0u64;
+        while raw.len() < 3 * CLEAN_BLOCK {
+            // A first line of 21 letters, then 59, each with CRLF: the first block ends between
+            // a CR and its LF.
+            let n = if line == 0 { 21 } else { 59 };
+            let l: Vec<u8> = (0..n)
+                .map(|i| b"acgtUGCA-N"[(i + line as usize) % 10])
+                .collect();
+            raw.extend_from_slice(&l);
+            raw.extend_from_slice(b"\r\n");
+            line += 1;
+        }
+        assert_eq!(raw[CLEAN_BLOCK - 1], b'\r');
+        let want: Vec<u8> = raw
+            .iter()
+            .filter(|b| !b"\r\n-".contains(b))
+            .map(|b| match b.to_ascii_uppercase() {
+                b'U' => b'T',
+                u => u,
+            })
+            .collect();
+        let mut out = Vec::new();
+        let c = clean_sequence(&raw, 5, &mut out).unwrap();
+        assert!(out == want);
+        assert_eq!(c.bases, want.len() as u64);
+        assert_eq!(c.gaps, raw.iter().filter(|&&b| b == b'-').count() as u64);
+        let gc = want.iter().filter(|&&b| b == b'G' || b == b'C').count();
+        assert_eq!(c.gc, gc as u64);
+
+        let at = 2 * CLEAN_BLOCK + 100;
+        let mut bad = raw.clone();
+        bad[at] = b'*';
+        let line = 5 + bad[..at].iter().filter(|&&b| b == b'\n').count();
+        let base = bad[..at].iter().filter(|b| !b"\r\n-".contains(b)).count() + 1;
+        let e = clean_sequence(&bad, 5, &mut out).unwrap_err();
+        let expect = format!("'*' at base {base} (line {line}, byte {} of", at + 1);
+        assert!(e.msg.contains(&expect), "{} vs {expect}", e.msg);
     }
 }

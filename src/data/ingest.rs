@@ -184,8 +184,8 @@ pub fn tokenize_to_parquet(
     Ok(summary)
 }
 
-/// Tokens in flight between the reader and the parquet writer (128 MiB of ids); a single
-/// larger record still passes, alone.
+/// Tokens in flight between the reader and the parquet writer (32 MiB of one-byte ids); a
+/// single larger record still passes, alone.
 const QUEUE_TOKENS: usize = 32 << 20;
 
 /// Tokens queued for the writer, with a cap the reader waits on.
@@ -234,7 +234,7 @@ struct OwnedRow {
     length: u64,
     gc_content: f64,
     md5: String,
-    tokens: Vec<u32>,
+    tokens: Vec<u8>,
 }
 
 impl OwnedRow {
@@ -268,6 +268,9 @@ fn read_all(
     let mut warnings = Vec::new();
     let mut n_warnings = 0u64;
     let mut done_bytes = 0u64;
+    let mut scratch = Vec::new();
+    // One-byte ids (checked by `stream` below).
+    let unk = tokenizer.unk_id() as u8;
     for file in files {
         let source: std::sync::Arc<str> = file.display().to_string().into();
         let file_bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
@@ -280,7 +283,22 @@ fn read_all(
         };
         let mut dup_warnings = Vec::new();
         let (codons_before, unk_before) = (summary.codons, summary.unk);
-        let stats = fasta::read_file(file, opts.on_invalid, &mut warn, &mut |rec, pos| {
+        // One streaming pass per record: cleaned pieces go to the hash, GC count and
+        // tokenizer at once, so no cleaned copy of a chromosome is ever held.
+        let stats = fasta::read_raw(file, opts.on_invalid, &mut warn, &mut |rec, pos| {
+            let mut md5 = Md5::new();
+            // Cleaning only drops bytes: the raw length bounds the tokens.
+            let mut tokens = Vec::with_capacity(tokenizer.n_tokens(rec.raw.len()));
+            let mut codons = tokenizer.stream()?;
+            let cleaned = rec.clean_chunks(&mut scratch, &mut |piece| {
+                md5.update(piece);
+                codons.push(piece, &mut tokens);
+            });
+            let cleaned = match cleaned {
+                Ok(c) => c,
+                Err(problem) => return Ok(Err(problem)),
+            };
+            codons.finish(&mut tokens);
             if !seen.insert(hasher.hash_one(rec.id)) {
                 summary.duplicate_ids += 1;
                 dup_warnings.push(format!(
@@ -289,24 +307,21 @@ fn read_all(
                     rec.id
                 ));
             }
-            let md5 = hex(&Md5::digest(rec.seq));
-            let mut tokens = Vec::with_capacity(rec.seq.len() / 3 + 3);
-            tokenizer.encode_into(rec.seq, &mut tokens);
             summary.codons += tokens.len() as u64 - specials;
-            summary.unk += tokens.iter().filter(|&&t| t == tokenizer.unk_id()).count() as u64;
+            summary.unk += tokens.iter().filter(|&&t| t == unk).count() as u64;
             let row = OwnedRow {
                 id: rec.id.to_string(),
                 description: rec.description.to_string(),
                 source: source.clone(),
-                length: rec.seq.len() as u64,
-                gc_content: rec.gc as f64 / rec.seq.len() as f64,
-                md5,
+                length: cleaned.bases,
+                gc_content: cleaned.gc as f64 / cleaned.bases as f64,
+                md5: hex(&md5.finalize()),
                 tokens,
             };
             // A closed queue means the writer failed; its error is reported instead.
             send(row)?;
             bar.set_position(done_bytes + pos.min(file_bytes));
-            Ok(())
+            Ok(Ok(cleaned))
         })?;
         for w in dup_warnings {
             warn(w);

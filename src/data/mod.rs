@@ -4,3 +4,4 @@ pub mod dataset;
 pub mod fasta;
 pub mod ingest;
 pub mod loader;
+mod token_pages;
