@@ -17,8 +17,13 @@ use crate::data::ingest::{tokenize_to_parquet, IngestOptions, IngestSummary};
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
 
-/// Writes about `mb` megabytes of FASTA (records of 1 Mb, 60 bases per line) to `w`.
-pub fn write_synthetic_fasta(w: &mut dyn Write, mb: usize, seed: u64) -> std::io::Result<()> {
+/// Writes about `mb` megabytes of FASTA (records of `record_mb` Mb, 60 bases per line) to `w`.
+pub fn write_synthetic_fasta(
+    w: &mut dyn Write,
+    mb: usize,
+    record_mb: usize,
+    seed: u64,
+) -> std::io::Result<()> {
     let mut rng = SplitMix64::new(seed);
     let target = mb * 1_000_000;
     let mut written = 0usize;
@@ -29,7 +34,7 @@ pub fn write_synthetic_fasta(w: &mut dyn Write, mb: usize, seed: u64) -> std::io
         let header = format!(">synthetic_{rec} random genome\n");
         w.write_all(header.as_bytes())?;
         written += header.len();
-        for _ in 0..(1_000_000 / 60) {
+        for _ in 0..(record_mb * 1_000_000 / 60) {
             let mut bits = 0u64;
             for (i, b) in line[..60].iter_mut().enumerate() {
                 if i % 32 == 0 {
@@ -52,27 +57,37 @@ pub struct BenchCase {
     pub summary: IngestSummary,
     /// Uncompressed FASTA bytes.
     pub fasta_bytes: u64,
+    /// Peak resident memory during the case (MiB), where the kernel lets us reset the peak;
+    /// `None` elsewhere.
+    pub peak_mib: Option<f64>,
+}
+
+/// Resets this process's peak-RSS mark (Linux `clear_refs` 5); false where unsupported.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 fn io(p: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::io(p, e)
 }
 
-/// Runs the plain and gzip cases with `mb` megabytes of FASTA in `dir`.
-pub fn ingest(dir: &Path, mb: usize) -> Result<Vec<BenchCase>> {
+/// Runs the plain and gzip cases with `mb` megabytes of FASTA, in records of `record_mb`
+/// megabases, in `dir`.
+pub fn ingest(dir: &Path, mb: usize, record_mb: usize) -> Result<Vec<BenchCase>> {
     let plain = dir.join("bench.fa");
     let gz = dir.join("bench.fa.gz");
     {
         let f = std::fs::File::create(&plain).map_err(io(&plain))?;
         let mut w = std::io::BufWriter::new(f);
-        write_synthetic_fasta(&mut w, mb, 42).map_err(io(&plain))?;
+        write_synthetic_fasta(&mut w, mb, record_mb, 42).map_err(io(&plain))?;
         w.flush().map_err(io(&plain))?;
     }
     {
-        let data = std::fs::read(&plain).map_err(io(&plain))?;
+        // Streamed, so the cases' peak memory is ingest's own.
+        let mut data = std::fs::File::open(&plain).map_err(io(&plain))?;
         let f = std::fs::File::create(&gz).map_err(io(&gz))?;
         let mut enc = flate2::write::GzEncoder::new(f, flate2::Compression::new(6));
-        enc.write_all(&data).map_err(io(&gz))?;
+        std::io::copy(&mut data, &mut enc).map_err(io(&gz))?;
         enc.finish().map_err(io(&gz))?;
     }
     let fasta_bytes = std::fs::metadata(&plain).map_err(io(&plain))?.len();
@@ -80,11 +95,13 @@ pub fn ingest(dir: &Path, mb: usize) -> Result<Vec<BenchCase>> {
     let mut cases = Vec::new();
     for (name, input) in [("plain", &plain), ("gzip", &gz)] {
         let out = dir.join(format!("bench-{name}.parquet"));
+        let reset = reset_peak_rss();
         let summary = tokenize_to_parquet(std::slice::from_ref(input), &out, &opts)?;
         cases.push(BenchCase {
             name,
             summary,
             fasta_bytes,
+            peak_mib: reset.then(crate::train::metrics::peak_rss_mib),
         });
     }
     Ok(cases)

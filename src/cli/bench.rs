@@ -129,6 +129,9 @@ pub enum BenchCmd {
         /// Megabytes of FASTA to generate.
         #[arg(long, default_value_t = 256)]
         mb: usize,
+        /// Megabases per record (one record of 200 shows the memory a chromosome takes).
+        #[arg(long, default_value_t = 1)]
+        record_mb: usize,
         /// Scratch directory (default: a temporary directory, removed afterwards).
         #[arg(long)]
         dir: Option<PathBuf>,
@@ -181,7 +184,13 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             at_most("--codons", *codons, max)?;
             at_most("--samples", *samples, max)?;
         }
-        BenchCmd::Ingest { mb, .. } => at_most("--mb", *mb, 1 << 20)?,
+        BenchCmd::Ingest { mb, record_mb, .. } => {
+            at_most("--mb", *mb, 1 << 20)?;
+            at_most("--record-mb", *record_mb, 1 << 16)?;
+            if *record_mb == 0 {
+                anyhow::bail!("--record-mb must be at least 1");
+            }
+        }
     }
     match which {
         BenchCmd::Train {
@@ -364,7 +373,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                 );
             }
         }
-        BenchCmd::Ingest { mb, dir } => {
+        BenchCmd::Ingest { mb, record_mb, dir } => {
             let tmp;
             let dir = match dir {
                 Some(d) => {
@@ -377,19 +386,23 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     tmp.path().to_path_buf()
                 }
             };
-            println!("case   fasta_MB  input_MB  seconds  MB/s(fasta)  MB/s(input)  Mbases/s");
-            for c in genslm::bench::ingest(&dir, mb)? {
+            println!(
+                "case   fasta_MB  input_MB  seconds  MB/s(fasta)  MB/s(input)  Mbases/s  peak_MiB"
+            );
+            for c in genslm::bench::ingest(&dir, mb, record_mb)? {
                 let s = &c.summary;
                 let secs = s.elapsed.as_secs_f64();
+                let peak = c.peak_mib.map_or("-".into(), |p| format!("{p:.0}"));
                 println!(
-                    "{:<6} {:>8.1}  {:>8.1}  {:>7.3}  {:>11.1}  {:>11.1}  {:>8.1}",
+                    "{:<6} {:>8.1}  {:>8.1}  {:>7.3}  {:>11.1}  {:>11.1}  {:>8.1}  {:>8}",
                     c.name,
                     c.fasta_bytes as f64 / 1e6,
                     s.input_bytes as f64 / 1e6,
                     secs,
                     c.fasta_bytes as f64 / 1e6 / secs,
                     s.mb_per_s(),
-                    s.mbases_per_s()
+                    s.mbases_per_s(),
+                    peak
                 );
             }
         }
