@@ -97,6 +97,9 @@ pub struct CodonTokenizer {
     kind: VocabKind,
     /// Token id of codon `16·b0 + 4·b1 + b2` (bases coded A=0, C=1, G=2, T=3).
     codon_id: [u32; 64],
+    /// The same ids as bytes, then 64 times `[UNK]`: index 64 + anything is a codon with a
+    /// base outside ACGT, so one lookup serves every codon without a branch.
+    byte_id: [u8; 128],
     /// Text of every token id.
     tokens: Vec<String>,
     unk: u32,
@@ -150,11 +153,17 @@ impl CodonTokenizer {
             VocabKind::Genslm69 => (None, None),
             VocabKind::Genslm71 => (Some(get("[BOS]")?), Some(get("[EOS]")?)),
         };
+        let unk = get("[UNK]")?;
+        let mut byte_id = [unk as u8; 128];
+        for (b, &id) in byte_id.iter_mut().zip(&codon_id) {
+            *b = id as u8;
+        }
         Ok(Self {
             kind,
             codon_id,
+            byte_id,
             tokens,
-            unk: get("[UNK]")?,
+            unk,
             pad: get("[PAD]")?,
             bos,
             eos,
@@ -281,6 +290,19 @@ impl CodonTokenizer {
     }
 }
 
+/// Index into `byte_id` of a codon: its 6-bit code, plus 64 when any base is not ACGT
+/// (`NOT_ACGT` has the top bit set).
+#[inline]
+fn byte_index(c: &[u8]) -> usize {
+    let (a, b, c) = (
+        BASE_CODE[c[0] as usize],
+        BASE_CODE[c[1] as usize],
+        BASE_CODE[c[2] as usize],
+    );
+    let code = ((a & 3) << 4) | ((b & 3) << 2) | (c & 3);
+    (code | (((a | b | c) >> 7) << 6)) as usize
+}
+
 /// Encodes one sequence handed over in pieces of any length (codons may straddle them), into
 /// one-byte ids: [`CodonTokenizer::encode`]'s output without a whole-sequence buffer.
 pub struct CodonStream<'t> {
@@ -310,7 +332,10 @@ impl CodonStream<'_> {
         if self.n_carry > 0 {
             return; // the piece ended inside that codon
         }
-        let rest = self.tok.encode_codons(bases, |id| out.push(id as u8));
+        let codons = bases.chunks_exact(3);
+        let rest = codons.remainder();
+        // `extend` over an exact-size map writes without a capacity check per id.
+        out.extend(codons.map(|c| self.tok.byte_id[byte_index(c)]));
         self.carry[..rest.len()].copy_from_slice(rest);
         self.n_carry = rest.len();
     }

@@ -204,7 +204,10 @@ pub fn clean_chunks(
     for (k, block) in raw.chunks(CLEAN_BLOCK).enumerate() {
         scratch.clear();
         match clean_fast(block, scratch) {
-            Some(newlines) => line += newlines,
+            Some((newlines, gc)) => {
+                line += newlines;
+                c.gc += gc;
+            }
             None => {
                 let at = Position {
                     line,
@@ -213,9 +216,9 @@ pub fn clean_chunks(
                 };
                 scratch.clear();
                 line = clean_slow(block, at, &mut c.gaps, scratch)?;
+                c.gc += scratch.iter().filter(|&&b| b == b'G' || b == b'C').count() as u64;
             }
         }
-        c.gc += scratch.iter().filter(|&&b| b == b'G' || b == b'C').count() as u64;
         c.bases += scratch.len() as u64;
         sink(scratch);
     }
@@ -240,10 +243,10 @@ struct Position {
 
 /// Translates a block line by line; `None` when anything besides IUPAC letters and line ends
 /// (blanks inside a line, gaps, bad bytes, or a CR cut from its LF by the block edge) sends it
-/// to [`clean_slow`]. Returns the line breaks passed.
-fn clean_fast(block: &[u8], out: &mut Vec<u8>) -> Option<u64> {
+/// to [`clean_slow`]. Returns the line breaks passed and the G/C count.
+fn clean_fast(block: &[u8], out: &mut Vec<u8>) -> Option<(u64, u64)> {
     let mut flags = 0u8;
-    let mut newlines = 0;
+    let (mut newlines, mut gc) = (0, 0);
     let mut rest = block;
     loop {
         let (line, next) = match memchr::memchr(b'\n', rest) {
@@ -251,11 +254,21 @@ fn clean_fast(block: &[u8], out: &mut Vec<u8>) -> Option<u64> {
             None => (rest, None),
         };
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        out.extend(line.iter().map(|&b| {
-            let c = CLASS[b as usize];
-            flags |= u8::from(c < b'-');
-            c
-        }));
+        let start = out.len();
+        if upper_acgt(line) {
+            // The common line needs no translation: a copy and a count, both vectorised.
+            out.extend_from_slice(line);
+        } else {
+            out.extend(line.iter().map(|&b| {
+                let c = CLASS[b as usize];
+                flags |= u8::from(c < b'-');
+                c
+            }));
+        }
+        gc += out[start..]
+            .iter()
+            .filter(|&&b| b == b'G' || b == b'C')
+            .count() as u64;
         match next {
             Some(n) => {
                 rest = n;
@@ -264,7 +277,13 @@ fn clean_fast(block: &[u8], out: &mut Vec<u8>) -> Option<u64> {
             None => break,
         }
     }
-    (flags == 0).then_some(newlines)
+    (flags == 0).then_some((newlines, gc))
+}
+
+/// True when `line` holds only upper-case A, C, G and T (no early exit, so it vectorises).
+fn upper_acgt(line: &[u8]) -> bool {
+    line.iter()
+        .fold(true, |ok, &b| ok & matches!(b, b'A' | b'C' | b'G' | b'T'))
 }
 
 /// Byte-by-byte cleaning of a block that needs it; returns the line after the block.

@@ -9,6 +9,7 @@ use md5::{Digest, Md5};
 
 use crate::data::dataset::{DatasetWriter, Row};
 use crate::data::fasta::{self, OnInvalid};
+use crate::data::ingest_queue::{self, Budget, Item};
 use crate::error::{Error, Result};
 use crate::tokenizer::{CodonTokenizer, Trailing, VocabKind};
 
@@ -125,25 +126,29 @@ pub fn tokenize_to_parquet(
         "tokenize {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
     );
     let writer = DatasetWriter::create(out, opts.vocab)?;
-    // Parquet encoding runs on its own thread, fed rows through a bounded queue, while this
-    // thread parses, validates, hashes and tokenizes the next records (about half of the work
-    // each). On any error the writer is dropped unfinished, which removes its temporary file.
-    // The queue is bounded by tokens, not rows: the writer encodes in bursts (a parquet batch
-    // at a time), so the reader needs a deep queue to keep going, yet a few chromosome-sized
-    // records must not pile up.
-    let (tx, rx) = std::sync::mpsc::channel::<OwnedRow>();
-    let budget = &TokenBudget::new(QUEUE_TOKENS);
+    // Two threads (see ingest_queue): this one parses, validates and tokenizes; the other
+    // hashes and encodes parquet. On any error the writer is dropped unfinished, which removes
+    // its temporary file.
+    let budget = Budget::default();
+    let (mut tx, rx) = ingest_queue::queue::<OwnedRow>(&budget);
     std::thread::scope(|scope| {
         let writing = scope.spawn(move || -> Result<DatasetWriter> {
             let mut writer = writer;
-            let result = rx.iter().try_for_each(|r| {
-                writer.push(&r.row())?;
-                budget.release(r.tokens.len());
+            let mut md5 = Md5::new();
+            rx.drain(|item| {
+                match item {
+                    Item::Bases(b) => md5.update(b),
+                    Item::End(row) => {
+                        let digest = md5.finalize_reset();
+                        if let Some(mut row) = row {
+                            row.md5 = hex(&digest);
+                            writer.push(&row.row())?;
+                        }
+                    }
+                }
                 Ok(())
-            });
-            // The reader may be waiting for room: wake it whatever happened.
-            budget.close();
-            result.map(|()| writer)
+            })?;
+            Ok(writer)
         });
         let read = read_all(
             &files,
@@ -152,12 +157,9 @@ pub fn tokenize_to_parquet(
             opts,
             &bar,
             &mut summary,
-            |row| {
-                budget.acquire(row.tokens.len());
-                tx.send(row)
-                    .map_err(|_| Error::Invalid("the parquet writer stopped".into()))
-            },
-        );
+            &mut tx,
+        )
+        .and_then(|()| tx.flush());
         drop(tx);
         // The writer's own error explains a closed queue better than the reader's.
         let writer = writing.join().map_err(|p| {
@@ -182,48 +184,6 @@ pub fn tokenize_to_parquet(
     bar.finish_and_clear();
     summary.elapsed = start.elapsed();
     Ok(summary)
-}
-
-/// Tokens in flight between the reader and the parquet writer (32 MiB of one-byte ids); a
-/// single larger record still passes, alone.
-const QUEUE_TOKENS: usize = 32 << 20;
-
-/// Tokens queued for the writer, with a cap the reader waits on.
-struct TokenBudget {
-    state: std::sync::Mutex<(usize, bool)>,
-    room: std::sync::Condvar,
-    cap: usize,
-}
-
-impl TokenBudget {
-    fn new(cap: usize) -> Self {
-        Self {
-            state: std::sync::Mutex::new((0, false)),
-            room: std::sync::Condvar::new(),
-            cap,
-        }
-    }
-
-    /// Waits until `n` more tokens fit (or nothing is queued, or the writer is gone).
-    fn acquire(&self, n: usize) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while s.0 > 0 && s.0 + n > self.cap && !s.1 {
-            s = self.room.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
-        s.0 += n;
-    }
-
-    fn release(&self, n: usize) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.0 = s.0.saturating_sub(n);
-        self.room.notify_one();
-    }
-
-    /// The writer stopped: nobody waits for room any more.
-    fn close(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
-        self.room.notify_all();
-    }
 }
 
 /// A record's row, owned so it can cross to the writer thread.
@@ -260,7 +220,7 @@ fn read_all(
     opts: &IngestOptions,
     bar: &indicatif::ProgressBar,
     summary: &mut IngestSummary,
-    mut send: impl FnMut(OwnedRow) -> Result<()>,
+    queue: &mut ingest_queue::Sender<'_, OwnedRow>,
 ) -> Result<()> {
     // Ids are remembered by 64-bit hash: 8 bytes per record, enough to warn on duplicates.
     let hasher = std::collections::hash_map::RandomState::new();
@@ -283,20 +243,22 @@ fn read_all(
         };
         let mut dup_warnings = Vec::new();
         let (codons_before, unk_before) = (summary.codons, summary.unk);
-        // One streaming pass per record: cleaned pieces go to the hash, GC count and
-        // tokenizer at once, so no cleaned copy of a chromosome is ever held.
+        // One streaming pass per record: cleaned pieces go to the tokenizer and, through the
+        // queue, to the hash on the writer thread, so no cleaned copy of a chromosome is held.
         let stats = fasta::read_raw(file, opts.on_invalid, &mut warn, &mut |rec, pos| {
-            let mut md5 = Md5::new();
             // Cleaning only drops bytes: the raw length bounds the tokens.
             let mut tokens = Vec::with_capacity(tokenizer.n_tokens(rec.raw.len()));
             let mut codons = tokenizer.stream()?;
             let cleaned = rec.clean_chunks(&mut scratch, &mut |piece| {
-                md5.update(piece);
+                queue.bases(piece);
                 codons.push(piece, &mut tokens);
             });
             let cleaned = match cleaned {
                 Ok(c) => c,
-                Err(problem) => return Ok(Err(problem)),
+                Err(problem) => {
+                    queue.end(None, 0)?;
+                    return Ok(Err(problem));
+                }
             };
             codons.finish(&mut tokens);
             if !seen.insert(hasher.hash_one(rec.id)) {
@@ -315,11 +277,12 @@ fn read_all(
                 source: source.clone(),
                 length: cleaned.bases,
                 gc_content: cleaned.gc as f64 / cleaned.bases as f64,
-                md5: hex(&md5.finalize()),
+                md5: String::new(), // hashed on the writer thread
                 tokens,
             };
             // A closed queue means the writer failed; its error is reported instead.
-            send(row)?;
+            let cost = row.tokens.len();
+            queue.end(Some(row), cost)?;
             bar.set_position(done_bytes + pos.min(file_bytes));
             Ok(Ok(cleaned))
         })?;
@@ -360,36 +323,4 @@ pub fn hex(bytes: &[u8]) -> String {
         s.push(DIGITS[(b & 15) as usize] as char);
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::TokenBudget;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Duration;
-
-    /// The reader waits for room, a record larger than the cap passes alone, and a writer that
-    /// stops (release or close) wakes it.
-    #[test]
-    fn token_budget_blocks_until_room_or_close() {
-        for wake_by_close in [false, true] {
-            let budget = TokenBudget::new(10);
-            budget.acquire(25); // larger than the cap, but nothing queued: passes
-            let got = AtomicBool::new(false);
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    budget.acquire(1);
-                    got.store(true, Ordering::SeqCst);
-                });
-                std::thread::sleep(Duration::from_millis(50));
-                assert!(!got.load(Ordering::SeqCst), "acquired past the cap");
-                if wake_by_close {
-                    budget.close();
-                } else {
-                    budget.release(25);
-                }
-            });
-            assert!(got.load(Ordering::SeqCst));
-        }
-    }
 }

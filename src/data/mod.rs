@@ -3,5 +3,6 @@
 pub mod dataset;
 pub mod fasta;
 pub mod ingest;
+mod ingest_queue;
 pub mod loader;
 mod token_pages;
