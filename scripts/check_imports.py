@@ -88,7 +88,6 @@ def cycles(g):
 KNOWN = {
     "import cycle: model/attention <-> model/flash <-> model/flash_backward",
     "import cycle: plan/cli <-> plan/report",
-    "src/model/neox.rs imports src/parallel/ulysses",
 }
 
 

@@ -1,7 +1,9 @@
-//! Scaled dot-product attention: the one function the model calls.
+//! Scaled dot-product attention: the one function the model calls, and the one trait through
+//! which parallelism reaches it.
 //!
 //! Its inside is replaceable (FlashAttention, sequence-parallel exchanges) without touching the
-//! model. This file holds the naive path: scores materialised as `[b, h, sq, sk]`, which is the
+//! model: a model sharded over the sequence holds a [`SequenceParallel`] that `parallel/`
+//! implements (Ulysses today), so the model names no strategy. This file holds the naive path: scores materialised as `[b, h, sq, sk]`, which is the
 //! reference the faster paths are tested against.
 //!
 //! Positions are global: query i sits at `q_offset + i`, key j at `k_offset + j` (a KV cache or a
@@ -22,6 +24,33 @@ pub struct AttnOptions {
     pub alibi: Option<Vec<f64>>,
     pub q_offset: usize,
     pub k_offset: usize,
+}
+
+/// The single-device attention a [`SequenceParallel`] strategy runs on what it gathered.
+pub type LocalAttention<'a> =
+    &'a dyn Fn(Tensor<4>, Tensor<4>, Tensor<4>, &AttnOptions) -> Tensor<4>;
+
+/// How attention runs when each rank holds a shard of every sequence. Applied to the model from
+/// outside (`train::shard`); implemented in `parallel/`.
+pub trait SequenceParallel: std::fmt::Debug + Send + Sync {
+    /// Attention output `[b, h, s_local, d]` for this rank's queries, given this rank's `q, k, v`
+    /// (`[b, h, s_local, d]`, positions global through `opts`), running `local` where the
+    /// strategy computes attention itself.
+    fn attention(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        opts: &AttnOptions,
+        local: LocalAttention<'_>,
+    ) -> Tensor<4>;
+
+    /// With learned positions: the first row of the table shard this rank holds.
+    fn position_first_row(&self) -> usize;
+
+    /// Tensor elements this rank has sent in forward exchanges so far (all layers): the
+    /// communication volume the run logs.
+    fn elements_sent(&self) -> u64;
 }
 
 /// Attention over `q: [b, h, sq, d]`, `k, v: [b, h, sk, d]` → `[b, h, sq, d]`, with the

@@ -11,11 +11,10 @@ use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::config::{ModelConfig, Position, Precision};
 use crate::error::{Error, Result};
-use crate::model::attention::{attention, naive_attention, AttnOptions};
+use crate::model::attention::{attention, naive_attention, AttnOptions, SequenceParallel};
 use crate::model::cache::{KvCache, LayerKv};
 use crate::model::params::{Layout, ParamSpec};
 use crate::model::position::{alibi_slopes, apply_rotary, rotary_tables};
-use crate::parallel::ulysses::{ulysses_attention, SpGroup};
 
 /// A GPT-NeoX model on one device.
 #[derive(Debug, Clone)]
@@ -25,9 +24,10 @@ pub struct GenSlm {
     /// One flat tensor per `layout.specs` entry.
     pub params: Vec<Tensor<1>>,
     pub device: Device,
-    /// The sequence-parallel group when this rank holds one shard of each sequence (Ulysses);
-    /// with learned positions the table parameter is then this rank's rows only.
-    pub sp: Option<SpGroup>,
+    /// How attention spans ranks when this rank holds one shard of each sequence (set from
+    /// outside, by `train::shard`); with learned positions the table parameter is then this
+    /// rank's rows only.
+    pub sp: Option<std::sync::Arc<dyn SequenceParallel>>,
     /// Compute dtype of the forward (the parameters stay fp32 whatever it is).
     pub precision: Precision,
 }
@@ -293,7 +293,7 @@ impl GenSlm {
             }
             // Under SP the parameter holds this rank's rows of the table only.
             let rows = self.layout.specs[pos].shape[0];
-            let first = self.sp.as_ref().map_or(0, |g| g.pos_first_row);
+            let first = self.sp.as_ref().map_or(0, |g| g.position_first_row());
             if offset < first || offset + s > first + rows {
                 return Err(Error::Invalid(format!(
                     "positions {}..{} are not in this rank's learned-position shard {}..{}",
@@ -355,7 +355,7 @@ impl GenSlm {
         }
         let mut kv_out = None;
         let o = match (&self.sp, past) {
-            (Some(group), _) => ulysses_attention(q, k, v, &ctx.attn, group, |q, k, v, o| {
+            (Some(sp), _) => sp.attention(q, k, v, &ctx.attn, &|q, k, v, o| {
                 attention(q, k, v, o, c.attention)
             }),
             (None, Past::Cache(past, reserve)) => {

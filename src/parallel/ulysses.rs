@@ -21,7 +21,7 @@ use burn::backend::autodiff::{
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
 use burn::tensor::Tensor;
 
-use crate::model::attention::AttnOptions;
+use crate::model::attention::{AttnOptions, LocalAttention, SequenceParallel};
 use crate::parallel::comm::Communicator;
 
 /// The SP group of one rank, shared by every layer's exchanges.
@@ -195,7 +195,7 @@ pub fn ulysses_attention(
     v: Tensor<4>,
     opts: &AttnOptions,
     group: &SpGroup,
-    attend: impl Fn(Tensor<4>, Tensor<4>, Tensor<4>, &AttnOptions) -> Tensor<4>,
+    attend: LocalAttention<'_>,
 ) -> Tensor<4> {
     let p = group.degree();
     let heads = q.dims()[1];
@@ -216,4 +216,25 @@ pub fn ulysses_attention(
     };
     let o = attend(q, k, v, &local);
     exchange_op(o, group, Direction::HeadsToSeq)
+}
+
+impl SequenceParallel for SpGroup {
+    fn attention(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        opts: &AttnOptions,
+        local: LocalAttention<'_>,
+    ) -> Tensor<4> {
+        ulysses_attention(q, k, v, opts, self, local)
+    }
+
+    fn position_first_row(&self) -> usize {
+        self.pos_first_row
+    }
+
+    fn elements_sent(&self) -> u64 {
+        self.sent_forward.load(Ordering::Relaxed)
+    }
 }

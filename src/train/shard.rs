@@ -209,7 +209,7 @@ pub fn shard_model(
         model.layout.specs[pos].shape = vec![count, h];
         group.pos_first_row = first;
     }
-    model.sp = Some(group);
+    model.sp = Some(std::sync::Arc::new(group));
     Ok(model)
 }
 

@@ -6,7 +6,6 @@
 //! reproduces the uninterrupted run's losses step for step on CPU.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -324,10 +323,7 @@ pub fn train_rank(
             .map(|_| loader.next_batch(corpus, t.batch_size))
             .collect();
         let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
-        let sent_before = model
-            .sp
-            .as_ref()
-            .map_or(0, |g| g.sent_forward.load(Ordering::Relaxed));
+        let sent_before = model.sp.as_ref().map_or(0, |g| g.elements_sent());
         let (local_loss, grads) = loss_and_grads(
             &model,
             &batches,
@@ -336,7 +332,7 @@ pub fn train_rank(
             t.checkpoint_activations,
         )?;
         let sent_per_layer = model.sp.as_ref().map(|g| {
-            let sent = g.sent_forward.load(Ordering::Relaxed) - sent_before;
+            let sent = g.elements_sent() - sent_before;
             // Checkpointing runs each layer's forward (and its exchange) twice.
             let forwards = if t.checkpoint_activations { 2 } else { 1 };
             sent / (forwards * cfg.model.num_layers * batches.len()) as u64
