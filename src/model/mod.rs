@@ -7,6 +7,7 @@ pub mod flash;
 pub mod flash_backward;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod flash_cube;
+pub mod gelu;
 pub mod hf;
 pub mod io;
 pub mod neox;

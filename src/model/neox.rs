@@ -13,6 +13,7 @@ use crate::config::{ModelConfig, Position, Precision};
 use crate::error::{Error, Result};
 use crate::model::attention::{attention, naive_attention, AttnOptions, SequenceParallel};
 use crate::model::cache::{KvCache, LayerKv};
+use crate::model::gelu::gelu_fast;
 use crate::model::params::{Layout, ParamSpec};
 use crate::model::position::{alibi_slopes, apply_rotary, rotary_tables};
 
@@ -64,12 +65,6 @@ pub struct LayerContext {
     /// Rotary cos/sin tables for the forward's positions.
     pub rope: Option<(Tensor<4>, Tensor<4>)>,
     pub attn: AttnOptions,
-}
-
-/// `gelu_fast`: 0.5·x·(1 + tanh(0.7978845608·x·(1 + 0.044715·x²))), as transformers defines it.
-pub fn gelu_fast(x: Tensor<3>) -> Tensor<3> {
-    let inner = (x.clone() * x.clone() * 0.044715 + 1.0) * x.clone() * 0.797_884_560_8;
-    x * 0.5 * (inner.tanh() + 1.0)
 }
 
 impl GenSlm {

@@ -85,7 +85,7 @@ impl System {
             System::Genslm => {
                 "Ulysses SP = min(GPUs, 64 heads), DP = rest, ZeRO-3 over DP×SP, genslm's own \
                  flash attention, learned positions sharded over SP, bf16 mixed precision, \
-                 genslm's GPT-NeoX layer under burn autodiff (37·h saved elements per token per \
+                 genslm's GPT-NeoX layer under burn autodiff (21·h saved elements per token per \
                  layer), no activation checkpointing, codon vocabulary (69)"
             }
             System::GenslmCheckpointed => {

@@ -99,17 +99,16 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
                 // its output (the QKV matmul's input); the attention output reshaped for the
                 // dense matmul; LN2's two and its output (fc1's input): 7·h elements.
                 seq: 7.0 * e * h,
-                // fc1 output (gelu_fast's input), gelu_fast's four kept intermediates
-                // (1 + 0.044715·x², tanh(·), 0.5·x, 1 + tanh(·)) and its output (fc2's
-                // input): 6·i elements; with qkvo, 37·h for i = 4h and rotary at p = 1.
-                head: qkvo * e + 6.0 * e * i,
+                // fc1 output (the fused gelu_fast keeps only its input) and gelu's output
+                // (fc2's input): 2·i elements; with qkvo, 14·h for i = 4h and rotary at p = 1.
+                head: qkvo * e + 2.0 * e * i,
                 // softmax keeps exp(x − max) and the probabilities (the matmul with V).
                 scores: if naive { 2.0 * e } else { 0.0 },
                 buffer: 0.0,
                 // Each naive call builds a bool [1, 1, s, s] causal mask that mask_fill keeps.
                 layer_mask: if naive { 1.0 } else { 0.0 },
                 lse: if naive { 0.0 } else { 4.0 },
-                // gelu_fast's backward: gradients of two i-wide tensors of the last layer.
+                // gelu_fast's backward: the gradient arriving and the one it returns, i wide.
                 work_head: 2.0 * e * i,
                 work_seq: 0.0,
                 // Scores, masked scores and softmax temporaries of one layer.
