@@ -30,11 +30,10 @@ use burn::backend::autodiff::{
     ops::{Backward, Ops, OpsKind},
     Autodiff,
 };
-use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
+use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::attention::AttnOptions;
-use super::flash_backward::tiled_backward;
 
 /// Default query block (rows of a score tile).
 pub const DEFAULT_BLOCK_Q: usize = 128;
@@ -142,58 +141,7 @@ pub trait FlashAttentionOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// The tiled algorithm of this file on a concrete backend: burn tensor ops on tiles, so any
-/// backend that runs burn's ops runs it. On CPU (`Flex`) this is the production path; CubeCL
-/// backends (CUDA, wgpu) launch the fused kernels instead (`flash_cube.rs`) and fall back to
-/// these functions only for shapes the kernels do not take.
-macro_rules! tiled_flash_for {
-    ($backend:ty) => {
-        impl FlashAttentionOps for $backend {
-            fn flash_attention_fwd(
-                q: FloatTensor<Self>,
-                k: FloatTensor<Self>,
-                v: FloatTensor<Self>,
-                params: FlashParams,
-            ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-                let w = |t| Tensor::<4>::from_primitive::<Self>(t);
-                let (o, lse) = tiled_forward(w(q), w(k), w(v), &params);
-                (
-                    o.try_into_primitive::<Self>().expect(LEFT),
-                    lse.try_into_primitive::<Self>().expect(LEFT),
-                )
-            }
-
-            fn flash_attention_bwd(
-                q: FloatTensor<Self>,
-                k: FloatTensor<Self>,
-                v: FloatTensor<Self>,
-                o: FloatTensor<Self>,
-                lse: FloatTensor<Self>,
-                d_o: FloatTensor<Self>,
-                params: FlashParams,
-            ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-                let w = |t| Tensor::<4>::from_primitive::<Self>(t);
-                let lse = Tensor::<3>::from_primitive::<Self>(lse);
-                let (dq, dk, dv) = tiled_backward(w(q), w(k), w(v), w(o), lse, w(d_o), &params);
-                let u = |t: Tensor<4>| t.try_into_primitive::<Self>().expect(LEFT);
-                (u(dq), u(dk), u(dv))
-            }
-
-            fn flash_attention(
-                q: FloatTensor<Self>,
-                k: FloatTensor<Self>,
-                v: FloatTensor<Self>,
-                params: FlashParams,
-            ) -> FloatTensor<Self> {
-                Self::flash_attention_fwd(q, k, v, params).0
-            }
-        }
-    };
-}
-
-const LEFT: &str = "flash attention: a tile result left the backend of its inputs";
-
-tiled_flash_for!(Flex);
+pub(crate) const LEFT: &str = "flash attention: a tile result left the backend of its inputs";
 
 impl<B: Backend + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps for Autodiff<B, C> {
     /// Not differentiable on its own (the output is untracked); use `flash_attention`.

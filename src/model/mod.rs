@@ -3,8 +3,10 @@
 
 pub mod attention;
 pub mod cache;
+mod fastmath;
 pub mod flash;
 pub mod flash_backward;
+mod flash_cpu;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod flash_cube;
 pub mod gelu;

@@ -1,0 +1,464 @@
+//! FlashAttention-2 on CPU as one kernel over f32 slices: the `Flex` implementation of
+//! [`FlashAttentionOps`](super::flash::FlashAttentionOps) for f32 tensors.
+//!
+//! The same algorithm as the tiled tensor-op version in `flash.rs` (which stays the reference
+//! for other dtypes and the GPU fallback), without its costs: there each tile step was a dozen
+//! burn ops allocating `[b, h, bq, bk]` tensors, libm's scalar `expf` per score, and a thread
+//! hand-off per op. Here a task owns a (batch·head, query block) in the forward and a
+//! batch·head in the backward; its tile matmuls are gemm calls (the kernels burn's own matmul
+//! uses), the softmax arithmetic runs on rows with a vectorised exp, and the only buffers are
+//! tiles of at most `block_q × block_k`.
+
+use burn::backend::{tensor::FloatTensor, Flex};
+use burn::tensor::{DType, Tensor, TensorData};
+use gemm::{gemm, Parallelism};
+use rayon::prelude::*;
+
+use super::fastmath::{dispatched, exp_neg};
+use super::flash::{record, tiled_forward, FlashAttentionOps, FlashParams, LEFT};
+use super::flash_backward::tiled_backward;
+
+/// Shapes: q `[bh, sq, d]`, k `[bh, sk, d]`, v `[bh, sk, dv]` (batch and heads flattened).
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    pub b: usize,
+    pub h: usize,
+    pub sq: usize,
+    pub sk: usize,
+    pub d: usize,
+    pub dv: usize,
+}
+
+/// `dst (m×n, row stride dst_rs) = [dst +] lhs (m×k) · rhs (k×n)`, strides in elements
+/// (row, column), single-threaded (tasks are the parallel unit).
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: &[f32],
+    (lhs_rs, lhs_cs): (usize, usize),
+    rhs: &[f32],
+    (rhs_rs, rhs_cs): (usize, usize),
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // The slices must cover every element the strides reach.
+    assert!(dst.len() >= (m - 1) * dst_rs + n);
+    if k > 0 {
+        assert!(lhs.len() > (m - 1) * lhs_rs + (k - 1) * lhs_cs);
+        assert!(rhs.len() > (k - 1) * rhs_rs + (n - 1) * rhs_cs);
+    }
+    // SAFETY: the asserts above bound every offset the strides produce; `dst` does not alias
+    // the inputs (distinct borrows).
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// Global positions and what a score at (query `qp`, key `kp`) gets added or masked.
+struct Scores<'a> {
+    p: &'a FlashParams,
+    scale: f32,
+    /// −slope of this head, when ALiBi.
+    neg_slope: Option<f32>,
+}
+
+impl Scores<'_> {
+    /// Scales the raw `q·k` row of query `qi` over keys `ks..ks + row.len()`, adds the bias and
+    /// masks keys after the query (−∞).
+    fn finish_row(&self, row: &mut [f32], qi: usize, ks: usize) {
+        let qp = (self.p.q_offset + qi) as i64;
+        let k0 = (self.p.k_offset + ks) as i64;
+        match self.neg_slope {
+            Some(ns) => {
+                let causal = self.p.causal;
+                for (j, s) in row.iter_mut().enumerate() {
+                    let dist = (qp - k0 - j as i64) as f32;
+                    let dist = if causal { dist } else { dist.abs() };
+                    *s = *s * self.scale + ns * dist;
+                }
+            }
+            None => row.iter_mut().for_each(|s| *s *= self.scale),
+        }
+        if self.p.causal {
+            let visible = (qp + 1 - k0).clamp(0, row.len() as i64) as usize;
+            row[visible..].fill(f32::NEG_INFINITY);
+        }
+    }
+}
+
+// `row[j] = e^(row[j] − shift)`; returns the sum (sixteen lanes, so the loop vectorises).
+dispatched!(exp_shift_sum, (row: &mut [f32], shift: f32) -> f32, {
+    let mut lanes = [0f32; 16];
+    let mut chunks = row.chunks_exact_mut(16);
+    for c in &mut chunks {
+        for (x, acc) in c.iter_mut().zip(lanes.iter_mut()) {
+            *x = exp_neg(*x - shift);
+            *acc += *x;
+        }
+    }
+    let mut sum: f32 = lanes.iter().sum();
+    for x in chunks.into_remainder() {
+        *x = exp_neg(*x - shift);
+        sum += *x;
+    }
+    sum
+});
+
+// `ds[j] = p[j]·(dp[j] − delta)·scale`, in place over `dp`.
+dispatched!(softmax_grad_row, (p: &[f32], dp: &mut [f32], delta: f32, scale: f32), {
+    for (g, &pj) in dp.iter_mut().zip(p) {
+        *g = pj * (*g - delta) * scale;
+    }
+});
+
+/// The last key index (exclusive) any query of `[qs, qs + nq)` can see.
+fn key_end(qs: usize, nq: usize, sk: usize, p: &FlashParams) -> usize {
+    if p.causal {
+        (p.q_offset + qs + nq).saturating_sub(p.k_offset).min(sk)
+    } else {
+        sk
+    }
+}
+
+/// The first query index that sees any key of `[ks, ..)`.
+fn query_start(ks: usize, p: &FlashParams) -> usize {
+    if p.causal {
+        (p.k_offset + ks).saturating_sub(p.q_offset)
+    } else {
+        0
+    }
+}
+
+fn scores_of(p: &FlashParams, d: usize, head: usize) -> Scores<'_> {
+    Scores {
+        p,
+        scale: 1.0 / (d as f32).sqrt(),
+        neg_slope: p.alibi.as_ref().map(|s| -(s[head] as f32)),
+    }
+}
+
+/// The largest tile the kernel forms for these shapes, `(rows, columns)`, for the tests' tile
+/// counters (recorded on the calling thread; the tiles themselves are made on pool threads).
+pub fn largest_tile(n: Dims, p: &FlashParams) -> (usize, usize) {
+    let mut cols = 0;
+    for qs in (0..n.sq).step_by(p.block_q) {
+        let nq = p.block_q.min(n.sq - qs);
+        cols = cols.max(p.block_k.min(key_end(qs, nq, n.sk, p)));
+    }
+    (p.block_q.min(n.sq), cols)
+}
+
+/// Forward: `(o [bh, sq, dv], lse [bh, sq])`.
+pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, p: &FlashParams) -> (Vec<f32>, Vec<f32>) {
+    let (bq, bk) = (p.block_q, p.block_k);
+    let mut o = vec![0f32; n.b * n.h * n.sq * n.dv];
+    let mut lse = vec![0f32; n.b * n.h * n.sq];
+    if n.sq == 0 {
+        return (o, lse);
+    }
+    o.par_chunks_mut(n.sq * n.dv)
+        .zip(lse.par_chunks_mut(n.sq))
+        .enumerate()
+        .for_each(|(bh, (o, lse))| {
+            let q = &q[bh * n.sq * n.d..(bh + 1) * n.sq * n.d];
+            let k = &k[bh * n.sk * n.d..(bh + 1) * n.sk * n.d];
+            let v = &v[bh * n.sk * n.dv..(bh + 1) * n.sk * n.dv];
+            let sc = scores_of(p, n.d, bh % n.h);
+            o.par_chunks_mut(bq * n.dv)
+                .zip(lse.par_chunks_mut(bq))
+                .enumerate()
+                .for_each(|(blk, (o, lse))| {
+                    forward_block(q, k, v, n, &sc, blk * bq, bk, o, lse);
+                });
+        });
+    (o, lse)
+}
+
+/// One query block of one head: online softmax over its key blocks, `o` and `lse` in place.
+#[allow(clippy::too_many_arguments)]
+fn forward_block(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: Dims,
+    sc: &Scores<'_>,
+    qs: usize,
+    bk: usize,
+    acc: &mut [f32],
+    lse: &mut [f32],
+) {
+    let nq = lse.len();
+    let (d, dv) = (n.d, n.dv);
+    let mut m = vec![f32::NEG_INFINITY; nq];
+    let mut l = vec![0f32; nq];
+    let mut s = vec![0f32; nq * bk];
+    let qb = &q[qs * d..(qs + nq) * d];
+    let end = key_end(qs, nq, n.sk, sc.p);
+    for ks in (0..end).step_by(bk) {
+        let nk = bk.min(end - ks);
+        let s = &mut s[..nq * nk];
+        // S = Q_blk · K_blkᵀ (K rows are the columns of the product).
+        let kb = &k[ks * d..(ks + nk) * d];
+        matmul((nq, nk, d), s, nk, false, qb, (d, 1), kb, (1, d));
+        for i in 0..nq {
+            let row = &mut s[i * nk..(i + 1) * nk];
+            sc.finish_row(row, qs + i, ks);
+            let row_max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let m_new = m[i].max(row_max);
+            if m_new == f32::NEG_INFINITY {
+                row.fill(0.0); // nothing visible yet in this row
+                continue;
+            }
+            let alpha = exp_neg(m[i] - m_new);
+            l[i] = l[i] * alpha + exp_shift_sum(row, m_new);
+            m[i] = m_new;
+            acc[i * dv..(i + 1) * dv]
+                .iter_mut()
+                .for_each(|a| *a *= alpha);
+        }
+        // acc += P · V_blk.
+        let vb = &v[ks * dv..(ks + nk) * dv];
+        matmul((nq, dv, nk), acc, dv, true, s, (nk, 1), vb, (dv, 1));
+    }
+    for i in 0..nq {
+        let inv = 1.0 / l[i];
+        acc[i * dv..(i + 1) * dv].iter_mut().for_each(|a| *a *= inv);
+        lse[i] = m[i] + l[i].ln();
+    }
+}
+
+/// Backward: `(dq, dk, dv)` from the forward's inputs, `o`, `lse` and `do`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    o: &[f32],
+    lse: &[f32],
+    d_o: &[f32],
+    n: Dims,
+    p: &FlashParams,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (d, dv) = (n.d, n.dv);
+    let mut dq = vec![0f32; n.b * n.h * n.sq * d];
+    let mut dk = vec![0f32; n.b * n.h * n.sk * d];
+    let mut dvv = vec![0f32; n.b * n.h * n.sk * dv];
+    if n.sq == 0 || n.sk == 0 {
+        return (dq, dk, dvv);
+    }
+    // One task per batch·head: it owns that head's dq, dk and dv, so nothing is shared.
+    dq.par_chunks_mut(n.sq * d)
+        .zip(dk.par_chunks_mut(n.sk * d))
+        .zip(dvv.par_chunks_mut(n.sk * dv))
+        .enumerate()
+        .for_each(|(bh, ((dq, dk), dvh))| {
+            backward_head(
+                &q[bh * n.sq * d..(bh + 1) * n.sq * d],
+                &k[bh * n.sk * d..(bh + 1) * n.sk * d],
+                &v[bh * n.sk * dv..(bh + 1) * n.sk * dv],
+                &o[bh * n.sq * dv..(bh + 1) * n.sq * dv],
+                &lse[bh * n.sq..(bh + 1) * n.sq],
+                &d_o[bh * n.sq * dv..(bh + 1) * n.sq * dv],
+                n,
+                &scores_of(p, d, bh % n.h),
+                (dq, dk, dvh),
+            );
+        });
+    (dq, dk, dvv)
+}
+
+/// One head's backward: key blocks outer (their dK, dV accumulate in place), query blocks inner.
+#[allow(clippy::too_many_arguments)]
+fn backward_head(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    o: &[f32],
+    lse: &[f32],
+    d_o: &[f32],
+    n: Dims,
+    sc: &Scores<'_>,
+    (dq, dk, dv_out): (&mut [f32], &mut [f32], &mut [f32]),
+) {
+    let (d, dv) = (n.d, n.dv);
+    let (bq, bk) = (sc.p.block_q, sc.p.block_k);
+    // D_i = rowsum(dO ∘ O).
+    let delta: Vec<f32> = (0..n.sq)
+        .map(|i| {
+            let r = i * dv..(i + 1) * dv;
+            d_o[r.clone()].iter().zip(&o[r]).map(|(a, b)| a * b).sum()
+        })
+        .collect();
+    let mut pt = vec![0f32; bq * bk];
+    let mut dpt = vec![0f32; bq * bk];
+    for ks in (0..n.sk).step_by(bk) {
+        let nk = bk.min(n.sk - ks);
+        let kb = &k[ks * d..(ks + nk) * d];
+        let vb = &v[ks * dv..(ks + nk) * dv];
+        let first = query_start(ks, sc.p).min(n.sq);
+        // Query blocks aligned to the forward's, from the first that sees these keys.
+        for qs in ((first / bq) * bq..n.sq).step_by(bq) {
+            let nq = bq.min(n.sq - qs);
+            let (s, dp) = (&mut pt[..nq * nk], &mut dpt[..nq * nk]);
+            let qb = &q[qs * d..(qs + nq) * d];
+            let dob = &d_o[qs * dv..(qs + nq) * dv];
+            // P = exp(S − L).
+            matmul((nq, nk, d), s, nk, false, qb, (d, 1), kb, (1, d));
+            for i in 0..nq {
+                let row = &mut s[i * nk..(i + 1) * nk];
+                sc.finish_row(row, qs + i, ks);
+                exp_shift_sum(row, lse[qs + i]);
+            }
+            // dV_blk += Pᵀ · dO_blk.
+            let dvb = &mut dv_out[ks * dv..(ks + nk) * dv];
+            matmul((nk, dv, nq), dvb, dv, true, s, (1, nk), dob, (dv, 1));
+            // dP = dO_blk · V_blkᵀ; dS = P ∘ (dP − D)·scale.
+            matmul((nq, nk, dv), dp, nk, false, dob, (dv, 1), vb, (1, dv));
+            for i in 0..nq {
+                let r = i * nk..(i + 1) * nk;
+                softmax_grad_row(&s[r.clone()], &mut dp[r], delta[qs + i], sc.scale);
+            }
+            // dQ_blk += dS · K_blk; dK_blk += dSᵀ · Q_blk.
+            let dqb = &mut dq[qs * d..(qs + nq) * d];
+            matmul((nq, d, nk), dqb, d, true, dp, (nk, 1), kb, (d, 1));
+            let dkb = &mut dk[ks * d..(ks + nk) * d];
+            matmul((nk, d, nq), dkb, d, true, dp, (1, nk), qb, (d, 1));
+        }
+    }
+}
+
+/// On CPU: f32 tensors run the fused kernel of `flash_cpu.rs`; other dtypes run the tiled
+/// algorithm of this file (burn tensor ops on tiles, so any backend that runs burn's ops runs
+/// it). CubeCL backends (CUDA, wgpu) launch the fused kernels of `flash_cube.rs` instead and
+/// fall back to the tiled functions only for shapes those kernels do not take.
+impl FlashAttentionOps for Flex {
+    fn flash_attention_fwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        params: FlashParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let w = |t| Tensor::<4>::from_primitive::<Self>(t);
+        let (q, k, v) = (w(q), w(k), w(v));
+        let (o, lse) = if [&q, &k, &v].iter().all(|t| t.dtype() == DType::F32) {
+            let n = dims_of(&q, &k, &v);
+            let (rows, cols) = largest_tile(n, &params);
+            record(|s| {
+                s.max_tile_rows = s.max_tile_rows.max(rows);
+                s.max_tile_cols = s.max_tile_cols.max(cols);
+                s.forward_calls += 1;
+            });
+            let device = q.device();
+            let (o, lse) = forward(&host(q), &host(k), &host(v), n, &params);
+            (
+                Tensor::<4>::from_data(TensorData::new(o, [n.b, n.h, n.sq, n.dv]), &device),
+                Tensor::<3>::from_data(TensorData::new(lse, [n.b, n.h, n.sq]), &device),
+            )
+        } else {
+            tiled_forward(q, k, v, &params)
+        };
+        (
+            o.try_into_primitive::<Self>().expect(LEFT),
+            lse.try_into_primitive::<Self>().expect(LEFT),
+        )
+    }
+
+    fn flash_attention_bwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        o: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_o: FloatTensor<Self>,
+        params: FlashParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let w = |t| Tensor::<4>::from_primitive::<Self>(t);
+        let (q, k, v, o, d_o) = (w(q), w(k), w(v), w(o), w(d_o));
+        let lse = Tensor::<3>::from_primitive::<Self>(lse);
+        let f32s = [&q, &k, &v, &o, &d_o]
+            .iter()
+            .all(|t| t.dtype() == DType::F32)
+            && lse.dtype() == DType::F32;
+        let (dq, dk, dv) = if f32s {
+            let n = dims_of(&q, &k, &v);
+            let (rows, cols) = largest_tile(n, &params);
+            record(|s| {
+                s.max_tile_rows = s.max_tile_rows.max(rows);
+                s.max_tile_cols = s.max_tile_cols.max(cols);
+                s.backward_calls += 1;
+            });
+            let device = q.device();
+            let lse = lse.into_data().try_into_vec::<f32>().expect("f32 lse");
+            let (dq, dk, dv) = backward(
+                &host(q),
+                &host(k),
+                &host(v),
+                &host(o),
+                &lse,
+                &host(d_o),
+                n,
+                &params,
+            );
+            let t = |x: Vec<f32>, s: usize, e: usize| {
+                Tensor::<4>::from_data(TensorData::new(x, [n.b, n.h, s, e]), &device)
+            };
+            (t(dq, n.sq, n.d), t(dk, n.sk, n.d), t(dv, n.sk, n.dv))
+        } else {
+            tiled_backward(q, k, v, o, lse, d_o, &params)
+        };
+        let u = |t: Tensor<4>| t.try_into_primitive::<Self>().expect(LEFT);
+        (u(dq), u(dk), u(dv))
+    }
+
+    fn flash_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        params: FlashParams,
+    ) -> FloatTensor<Self> {
+        Self::flash_attention_fwd(q, k, v, params).0
+    }
+}
+
+fn dims_of(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>) -> Dims {
+    let [b, h, sq, d] = q.dims();
+    let [_, _, sk, dv] = v.dims();
+    debug_assert_eq!(k.dims()[2], sk);
+    Dims {
+        b,
+        h,
+        sq,
+        sk,
+        d,
+        dv,
+    }
+}
+
+/// A tensor's values, row-major, as f32.
+fn host(t: Tensor<4>) -> Vec<f32> {
+    t.into_data().try_into_vec::<f32>().expect("an f32 tensor")
+}
