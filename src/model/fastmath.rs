@@ -8,14 +8,18 @@
 #[inline(always)]
 pub fn exp_neg(x: f32) -> f32 {
     let xc = x.max(-87.0);
-    // Round to nearest by the 1.5·2^23 trick (vectorises on plain SSE2, unlike `round`).
-    let kf = (xc * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    // Round to nearest by adding 1.5·2^23: the integer lands in the low mantissa bits, so both
+    // k as a float and k as an integer come out of plain adds and bit ops (`round` and `as i32`
+    // would not vectorise: the saturating cast compiled to a scalar compare per lane).
+    let t = xc * std::f32::consts::LOG2_E + 12_582_912.0;
+    let kf = t - 12_582_912.0;
+    let k = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
     let r = xc - kf * 0.693_145_75 - kf * 1.428_606_8e-6;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (0.166_666_67 + r * (0.041_666_68 + r * (0.008_333_1 + r * 0.001_388_9)))));
-    let scale = f32::from_bits(((kf as i32 + 127) << 23) as u32);
+    let scale = f32::from_bits(((k + 127) << 23) as u32);
     if x < -87.0 {
         0.0
     } else {
