@@ -19,6 +19,7 @@ use genslm::plan::{
 ///   `D/metrics.jsonl` (fp32 weights, AdamW with two fp32 moments, flash attention).
 /// - `mpi`: the same under `mpirun --oversubscribe -np P … --sp P` (rank 0's metrics; rank 0's
 ///   peak can differ by ~8% between identical runs, as glibc returns or keeps freed memory).
+///
 /// Re-measured 2026-11-24 with `scripts/measure_plan_calibration.sh` (fused gelu and CPU flash
 /// kernel).
 const MEASURED: &[(&str, &str, usize, AttentionKind, usize, f64)] = &[
