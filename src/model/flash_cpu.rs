@@ -177,8 +177,8 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, p: &FlashParams) -> (Ve
     let (bq, bk) = (p.block_q, p.block_k);
     let mut o = vec![0f32; n.b * n.h * n.sq * n.dv];
     let mut lse = vec![0f32; n.b * n.h * n.sq];
-    if n.sq == 0 {
-        return (o, lse);
+    if n.sq == 0 || n.d == 0 || n.dv == 0 {
+        return (o, lse); // nothing to attend with (chunking by zero would panic)
     }
     o.par_chunks_mut(n.sq * n.dv)
         .zip(lse.par_chunks_mut(n.sq))
@@ -267,7 +267,7 @@ pub fn backward(
     let mut dq = vec![0f32; n.b * n.h * n.sq * d];
     let mut dk = vec![0f32; n.b * n.h * n.sk * d];
     let mut dvv = vec![0f32; n.b * n.h * n.sk * dv];
-    if n.sq == 0 || n.sk == 0 {
+    if n.sq == 0 || n.sk == 0 || d == 0 || dv == 0 {
         return (dq, dk, dvv);
     }
     // One task per batch·head: it owns that head's dq, dk and dv, so nothing is shared.
