@@ -351,10 +351,9 @@ pub fn read_file(
     warn: &mut dyn FnMut(String),
     f: &mut dyn FnMut(&Record<'_>, u64) -> Result<()>,
 ) -> Result<FileStats> {
-    let (mut buf, mut scratch) = (Vec::new(), Vec::new());
+    let mut buf = Vec::new();
     read_raw(path, on_invalid, warn, &mut |raw, pos| {
-        buf.clear();
-        let c = match raw.clean_chunks(&mut scratch, &mut |c| buf.extend_from_slice(c)) {
+        let c = match clean_sequence(raw.raw, raw.first_line, &mut buf) {
             Ok(c) => c,
             Err(p) => return Ok(Err(p)),
         };

@@ -1,6 +1,16 @@
-//! Vectorisable math for the fused CPU ops: an exp that compiles to SIMD (libm's `expf` is one
-//! scalar call per element), and a macro that compiles a loop for the widest vectors the CPU
-//! has, chosen at run time.
+//! What the fused CPU ops share: an exp that compiles to SIMD (libm's `expf` is one scalar
+//! call per element), a macro that compiles a loop for the widest vectors the CPU has, chosen
+//! at run time, and the copy of a tensor's values to the host slices the loops run on.
+
+use burn::tensor::Tensor;
+
+/// A tensor's values, row-major, as f32 (taking the tensor lets a contiguous buffer that
+/// nothing else holds come out without a copy).
+pub fn host_f32<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data()
+        .try_into_vec::<f32>()
+        .expect("the fused CPU ops take f32 tensors only")
+}
 
 /// e^x for x ≤ 0 (softmax with its max subtracted, tanh through e^(−2|u|)), to a few ulp:
 /// 2^k · p(r) with r = x − k·ln 2 in [−ln2/2, ln2/2] and a degree-6 polynomial; exactly 0 below

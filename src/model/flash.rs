@@ -460,7 +460,7 @@ pub(crate) fn neg_slopes_tensor(p: &FlashParams, like: &Tensor<4>) -> Option<Ten
 }
 
 /// The last key index (exclusive) any query of `[qs, qs + nq)` can see.
-fn key_end(qs: usize, nq: usize, sk: usize, p: &FlashParams) -> usize {
+pub(crate) fn key_end(qs: usize, nq: usize, sk: usize, p: &FlashParams) -> usize {
     if p.causal {
         (p.q_offset + qs + nq).saturating_sub(p.k_offset).min(sk)
     } else {

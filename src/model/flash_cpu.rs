@@ -14,8 +14,8 @@ use burn::tensor::{DType, Tensor, TensorData};
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
-use super::fastmath::{dispatched, exp_neg};
-use super::flash::{record, tiled_forward, FlashAttentionOps, FlashParams, LEFT};
+use super::fastmath::{dispatched, exp_neg, host_f32 as host};
+use super::flash::{key_end, record, tiled_forward, FlashAttentionOps, FlashParams, LEFT};
 use super::flash_backward::tiled_backward;
 
 /// Shapes: q `[bh, sq, d]`, k `[bh, sk, d]`, v `[bh, sk, dv]` (batch and heads flattened).
@@ -135,15 +135,6 @@ dispatched!(softmax_grad_row, (p: &[f32], dp: &mut [f32], delta: f32, scale: f32
     }
 });
 
-/// The last key index (exclusive) any query of `[qs, qs + nq)` can see.
-fn key_end(qs: usize, nq: usize, sk: usize, p: &FlashParams) -> usize {
-    if p.causal {
-        (p.q_offset + qs + nq).saturating_sub(p.k_offset).min(sk)
-    } else {
-        sk
-    }
-}
-
 /// The first query index that sees any key of `[ks, ..)`.
 fn query_start(ks: usize, p: &FlashParams) -> usize {
     if p.causal {
@@ -161,15 +152,24 @@ fn scores_of(p: &FlashParams, d: usize, head: usize) -> Scores<'_> {
     }
 }
 
-/// The largest tile the kernel forms for these shapes, `(rows, columns)`, for the tests' tile
-/// counters (recorded on the calling thread; the tiles themselves are made on pool threads).
-pub fn largest_tile(n: Dims, p: &FlashParams) -> (usize, usize) {
+/// Counts one call and the largest tile it forms in the tests' tile counters (on the calling
+/// thread; the tiles themselves are made on pool threads).
+fn record_call(n: Dims, p: &FlashParams, backward: bool) {
     let mut cols = 0;
     for qs in (0..n.sq).step_by(p.block_q) {
         let nq = p.block_q.min(n.sq - qs);
         cols = cols.max(p.block_k.min(key_end(qs, nq, n.sk, p)));
     }
-    (p.block_q.min(n.sq), cols)
+    let rows = p.block_q.min(n.sq);
+    record(|s| {
+        s.max_tile_rows = s.max_tile_rows.max(rows);
+        s.max_tile_cols = s.max_tile_cols.max(cols);
+        if backward {
+            s.backward_calls += 1;
+        } else {
+            s.forward_calls += 1;
+        }
+    });
 }
 
 /// Forward: `(o [bh, sq, dv], lse [bh, sq])`.
@@ -366,12 +366,7 @@ impl FlashAttentionOps for Flex {
         let (q, k, v) = (w(q), w(k), w(v));
         let (o, lse) = if [&q, &k, &v].iter().all(|t| t.dtype() == DType::F32) {
             let n = dims_of(&q, &k, &v);
-            let (rows, cols) = largest_tile(n, &params);
-            record(|s| {
-                s.max_tile_rows = s.max_tile_rows.max(rows);
-                s.max_tile_cols = s.max_tile_cols.max(cols);
-                s.forward_calls += 1;
-            });
+            record_call(n, &params, false);
             let device = q.device();
             let (o, lse) = forward(&host(q), &host(k), &host(v), n, &params);
             (
@@ -405,14 +400,9 @@ impl FlashAttentionOps for Flex {
             && lse.dtype() == DType::F32;
         let (dq, dk, dv) = if f32s {
             let n = dims_of(&q, &k, &v);
-            let (rows, cols) = largest_tile(n, &params);
-            record(|s| {
-                s.max_tile_rows = s.max_tile_rows.max(rows);
-                s.max_tile_cols = s.max_tile_cols.max(cols);
-                s.backward_calls += 1;
-            });
+            record_call(n, &params, true);
             let device = q.device();
-            let lse = lse.into_data().try_into_vec::<f32>().expect("f32 lse");
+            let lse = host(lse);
             let (dq, dk, dv) = backward(
                 &host(q),
                 &host(k),
@@ -456,9 +446,4 @@ fn dims_of(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>) -> Dims {
         d,
         dv,
     }
-}
-
-/// A tensor's values, row-major, as f32.
-fn host(t: Tensor<4>) -> Vec<f32> {
-    t.into_data().try_into_vec::<f32>().expect("an f32 tensor")
 }

@@ -20,7 +20,7 @@ use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, F
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::fastmath::{dispatched, exp_neg};
+use super::fastmath::{dispatched, exp_neg, host_f32};
 
 /// √(2/π), and the cubic coefficient, as transformers' `gelu_fast` writes them.
 const C: f32 = 0.797_884_6;
@@ -104,12 +104,6 @@ dispatched!(bwd_chunk, (x: &[f32], dy: &[f32], dx: &mut [f32]), {
         *dx = bwd_one(x, dy);
     }
 });
-
-fn host_f32(t: Tensor<3>) -> Vec<f32> {
-    t.into_data()
-        .try_into_vec::<f32>()
-        .expect("an f32 tensor's data is f32")
-}
 
 impl GeluOps for Flex {
     fn gelu_fast_fwd(x: FloatTensor<Self>) -> FloatTensor<Self> {
