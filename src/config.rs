@@ -149,8 +149,8 @@ pub struct TrainConfig {
     pub skip_nonfinite: bool,
     /// With `skip_nonfinite`: stop (exit ≠ 0) after more than this many skipped steps in a row.
     pub max_consecutive_skips: u64,
-    /// ZeRO stage with data parallelism: 1 shards the Adam moments over the DP group, 0 keeps
-    /// them replicated.
+    /// ZeRO stage: 0 keeps the optimizer state replicated; 1 shards the Adam moments over the
+    /// DP group; 2 shards moments and gradients, 3 also the weights, over all DP×SP ranks.
     pub zero: u8,
     /// Full activation checkpointing: keep only each layer's input through the forward and
     /// recompute one layer at a time in the backward (same gradients, much less memory for
@@ -264,9 +264,9 @@ impl TrainConfig {
         if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
             return Err("field `weight_decay` must be ≥ 0".into());
         }
-        if self.zero > 1 {
+        if self.zero > 3 {
             return Err(format!(
-                "field `zero` ({}): stage 0 or 1 is available for training here",
+                "field `zero` ({}): ZeRO stages are 0, 1, 2 and 3",
                 self.zero
             ));
         }

@@ -37,6 +37,11 @@ pub struct TrainArgs {
     /// threads of this process.
     #[arg(long, default_value_t = 1)]
     dp: usize,
+    /// ZeRO stage over the ranks: 0 replicated, 1 Adam moments sharded over DP, 2 also
+    /// gradients, 3 also weights (both over all DP×SP ranks; a layer's weights are gathered
+    /// only while it runs).
+    #[arg(long)]
+    zero: Option<u8>,
     #[arg(long)]
     steps: Option<u64>,
     /// Codons per sample.
@@ -166,7 +171,8 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         reduce_bucket_size,
         rank_timeout_s,
         max_consecutive_skips,
-        keep_checkpoints
+        keep_checkpoints,
+        zero
     );
     // Recorded resolved, so config.toml and the checkpoint say what ran.
     t.precision = Some(genslm::backend::resolve_precision(
@@ -190,6 +196,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         progress: !quiet,
         device,
         thread_rank: 0,
+        ranks_in_process: 1,
     };
     let s = match genslm::parallel::launch::launched_world_size() {
         Some((n, _)) => train_launched(&cfg, &data, &a.out, &opts, n, a.sp, a.dp)?,

@@ -59,6 +59,26 @@ pub struct LayerParams {
     pub fc2_b: usize,
 }
 
+impl LayerParams {
+    /// Every index of the layer, in declaration order.
+    pub fn all(&self) -> [usize; 12] {
+        [
+            self.ln1_w,
+            self.ln1_b,
+            self.ln2_w,
+            self.ln2_b,
+            self.qkv_w,
+            self.qkv_b,
+            self.dense_w,
+            self.dense_b,
+            self.fc1_w,
+            self.fc1_b,
+            self.fc2_w,
+            self.fc2_b,
+        ]
+    }
+}
+
 /// Where every parameter of a model lives in the flat list.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layout {

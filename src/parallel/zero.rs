@@ -1,14 +1,15 @@
-//! ZeRO stage 1 over the data-parallel group: the Adam moments (and the fp32 master copy being
-//! updated) of the replicated parameters are split into D contiguous chunks of their flat
-//! concatenation; DP rank d keeps chunk d only.
+//! One ZeRO shard: a group of parameters whose flat concatenation is split into N contiguous,
+//! equal (padded) blocks over a sharding group of N ranks; rank r keeps block r of the Adam
+//! moments (and, for ZeRO-3, of the values themselves).
 //!
-//! One step: gradients are summed over the SP group, reduce-scattered over the DP group (each
-//! rank receives the sum of its chunk), the chunk is updated with AdamW, and the updated chunks
-//! are all-gathered so every rank holds the full parameters again. Per rank, optimizer memory
-//! drops D-fold. Both collectives run in buckets (`parallel::bucket`), so no single call
-//! exceeds MPI's count limit whatever the model size.
+//! ZeRO-1 uses one shard of all replicated parameters over the DP group: gradients are summed
+//! over the SP group, reduce-scattered over DP (each rank receives the sum of its chunk), the
+//! chunk is updated with AdamW, and the updated chunks are all-gathered so every rank holds
+//! the full parameters again. ZeRO-2/3 (`train::zero_units`) use one shard per layer over the
+//! DP×SP group. The collectives run in buckets (`parallel::bucket`), so no single call exceeds
+//! MPI's count limit whatever the model size.
 
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Tensor};
 
 use crate::error::Result;
 use crate::model::neox::{host_to_param, tensor_to_vec};
@@ -16,7 +17,7 @@ use crate::model::params::ParamSpec;
 use crate::parallel::bucket::{
     all_gather_bucketed, gather_to_root_bucketed, pack, reduce_scatter_bucketed, unpack,
 };
-use crate::parallel::ranks::Ranks;
+use crate::parallel::comm::Communicator;
 use crate::train::optim::{AdamW, AdamWConfig};
 
 /// A piece of parameter `param` covering elements `[start, start + len)` of it.
@@ -26,6 +27,9 @@ pub struct Segment {
     pub start: usize,
     pub len: usize,
 }
+
+/// One parameter's full values: `(index, values)`.
+pub type FullParam = (usize, Vec<f32>);
 
 /// One parameter's full Adam moments: `(index, m, v)`.
 pub type GatheredMoments = (usize, Vec<f32>, Vec<f32>);
@@ -74,27 +78,25 @@ pub fn segments_of(params: &[usize], lens: &[usize], from: usize, len: usize) ->
 }
 
 impl ZeroShard {
-    /// The shard of DP rank `ranks.topo.dp_rank()`; moments start from `full_moments` (our
-    /// layout, one vector per parameter) when resuming, else zero.
+    /// The shard of rank `comm.rank()` of the sharding group `comm`; moments start from
+    /// `full_moments` (our layout, one vector per parameter) when resuming, else zero.
     pub fn new(
         cfg: AdamWConfig,
         params: Vec<usize>,
         all: &[Tensor<1>],
-        ranks: &Ranks,
+        comm: &dyn Communicator,
         full_moments: Option<(&[Tensor<1>], &[Tensor<1>], u64)>,
     ) -> Self {
         let lens: Vec<usize> = params.iter().map(|&i| all[i].dims()[0]).collect();
         let total: usize = lens.iter().sum();
-        let block = block_len(total, ranks.topo.dp);
-        let from = (ranks.topo.dp_rank() * block).min(total);
+        let block = block_len(total, comm.size());
+        let from = (comm.rank() * block).min(total);
         let segments = segments_of(&params, &lens, from, block.min(total - from));
-        let cut =
-            |t: &Tensor<1>, s: &Segment| t.clone().without_autodiff().narrow(0, s.start, s.len);
-        let pieces: Vec<Tensor<1>> = segments.iter().map(|s| cut(&all[s.param], s)).collect();
+        let pieces = Self::cut(&segments, all);
         let mut opt = AdamW::new(cfg, &pieces);
         if let Some((m, v, step)) = full_moments {
-            opt.m = segments.iter().map(|s| cut(&m[s.param], s)).collect();
-            opt.v = segments.iter().map(|s| cut(&v[s.param], s)).collect();
+            opt.m = Self::cut(&segments, m);
+            opt.v = Self::cut(&segments, v);
             opt.step = step;
         }
         Self {
@@ -107,6 +109,24 @@ impl ZeroShard {
         }
     }
 
+    /// This shard's pieces of `all` (one full tensor per parameter, indexed like the model's).
+    fn cut(segments: &[Segment], all: &[Tensor<1>]) -> Vec<Tensor<1>> {
+        segments
+            .iter()
+            .map(|s| {
+                all[s.param]
+                    .clone()
+                    .without_autodiff()
+                    .narrow(0, s.start, s.len)
+            })
+            .collect()
+    }
+
+    /// This shard's pieces of the parameter values `all`.
+    pub fn pieces_of(&self, all: &[Tensor<1>]) -> Vec<Tensor<1>> {
+        Self::cut(&self.segments, all)
+    }
+
     /// This rank's block of `values` (one host vector per segment), zero-padded to `block`.
     fn padded_block(&self, values: impl Iterator<Item = Vec<f32>>) -> Vec<f32> {
         let mut mine = Vec::with_capacity(self.block);
@@ -115,26 +135,31 @@ impl ZeroShard {
         mine
     }
 
-    /// This rank's chunk of the DP-summed gradients (replicated parameters only; `grads` must
-    /// already be summed over the SP group), reduce-scattered in buckets.
-    pub fn reduce_scatter(&self, grads: &[Tensor<1>], ranks: &Ranks) -> Result<Vec<Tensor<1>>> {
-        let device = grads[self.params[0]].device();
-        if ranks.dp.on_device(&device) {
+    /// This rank's chunk of the group-summed gradients, reduce-scattered in buckets over
+    /// `comm`. `grads` holds one full gradient per parameter of the shard, in `params` order.
+    pub fn reduce_scatter(
+        &self,
+        grads: &[Tensor<1>],
+        comm: &dyn Communicator,
+        bucket: usize,
+    ) -> Result<Vec<Tensor<1>>> {
+        let device = grads[0].device();
+        let n = comm.size();
+        if comm.on_device(&device) {
             // NCCL on device buffers: one flat, padded tensor; no host copy, no i32 limit.
-            let parts = self.params.iter().map(|&i| grads[i].clone());
-            let flat = pack(parts, self.block * ranks.topo.dp, &device);
-            let mine = ranks.dp.reduce_scatter_tensor(flat)?;
+            let flat = pack(grads.iter().cloned(), self.block * n, &device);
+            let mine = comm.reduce_scatter_tensor(flat)?;
             return Ok(unpack(&mine, self.segments.iter().map(|s| s.len)));
         }
-        let mut flat = vec![0.0f32; self.block * ranks.topo.dp];
+        let mut flat = vec![0.0f32; self.block * n];
         let mut at = 0;
-        for &i in &self.params {
-            let g = tensor_to_vec(&grads[i]);
+        for g in grads {
+            let g = tensor_to_vec(g);
             flat[at..at + g.len()].copy_from_slice(&g);
             at += g.len();
         }
         let mut mine = vec![0.0f32; self.block];
-        reduce_scatter_bucketed(ranks.dp.as_ref(), &flat, &mut mine, ranks.bucket)?;
+        reduce_scatter_bucketed(comm, &flat, &mut mine, bucket)?;
         drop(flat);
         let mut at = 0;
         Ok(self
@@ -148,6 +173,52 @@ impl ZeroShard {
             .collect())
     }
 
+    /// The full parameters (one tensor per entry of `params`) from every rank's `pieces`,
+    /// all-gathered over `comm` on `device`.
+    pub fn all_gather(
+        &self,
+        pieces: Vec<Tensor<1>>,
+        comm: &dyn Communicator,
+        bucket: usize,
+        device: &Device,
+    ) -> Result<Vec<Tensor<1>>> {
+        if comm.on_device(device) {
+            let mine = pack(pieces.into_iter(), self.block, device);
+            let all = comm.all_gather_tensor(mine)?;
+            return Ok(unpack(&all, self.lens.iter().copied()));
+        }
+        let mine = self.padded_block(pieces.iter().map(tensor_to_vec));
+        let mut flat = vec![0.0f32; self.block * comm.size()];
+        all_gather_bucketed(comm, &mine, &mut flat, bucket)?;
+        let mut at = 0;
+        Ok(self
+            .lens
+            .iter()
+            .map(|&n| {
+                let t = host_to_param(flat[at..at + n].to_vec(), device);
+                at += n;
+                t
+            })
+            .collect())
+    }
+
+    /// AdamW on this rank's `pieces` of the parameters with its `grad_chunk`; returns the new
+    /// pieces.
+    pub fn update_pieces(
+        &mut self,
+        pieces: Vec<Tensor<1>>,
+        grad_chunk: Vec<Tensor<1>>,
+        specs: &[ParamSpec],
+        lr: f64,
+    ) -> Vec<Tensor<1>> {
+        let seg_specs: Vec<ParamSpec> = self
+            .segments
+            .iter()
+            .map(|s| specs[s.param].clone())
+            .collect();
+        self.opt.update(pieces, grad_chunk, &seg_specs, lr)
+    }
+
     /// AdamW on this rank's chunk, then the all-gather that gives everyone the new values.
     pub fn update(
         &mut self,
@@ -155,68 +226,65 @@ impl ZeroShard {
         grad_chunk: Vec<Tensor<1>>,
         specs: &[ParamSpec],
         lr: f64,
-        ranks: &Ranks,
+        comm: &dyn Communicator,
+        bucket: usize,
     ) -> Result<()> {
-        let pieces: Vec<Tensor<1>> = self
-            .segments
-            .iter()
-            .map(|s| params[s.param].clone().narrow(0, s.start, s.len))
-            .collect();
-        let seg_specs: Vec<ParamSpec> = self
-            .segments
-            .iter()
-            .map(|s| specs[s.param].clone())
-            .collect();
-        let new = self.opt.update(pieces, grad_chunk, &seg_specs, lr);
+        let pieces = self.pieces_of(params);
+        let new = self.update_pieces(pieces, grad_chunk, specs, lr);
         let device = params[self.params[0]].device();
-        if ranks.dp.on_device(&device) {
-            let mine = pack(new.into_iter(), self.block, &device);
-            let all = ranks.dp.all_gather_tensor(mine)?;
-            let pieces = unpack(&all, self.lens.iter().copied());
-            for (&i, t) in self.params.iter().zip(pieces) {
-                params[i] = t;
-            }
-            return Ok(());
-        }
-        let mine = self.padded_block(new.iter().map(tensor_to_vec));
-        let mut flat = vec![0.0f32; self.block * ranks.topo.dp];
-        all_gather_bucketed(ranks.dp.as_ref(), &mine, &mut flat, ranks.bucket)?;
-        let mut at = 0;
-        for (&i, &n) in self.params.iter().zip(&self.lens) {
-            params[i] = host_to_param(flat[at..at + n].to_vec(), &device);
-            at += n;
+        let full = self.all_gather(new, comm, bucket, &device)?;
+        for (&i, t) in self.params.iter().zip(full) {
+            params[i] = t;
         }
         Ok(())
     }
 
-    /// Full moments `(param, m, v)` of the replicated parameters on DP rank 0 (`None` on the
-    /// others); every DP rank takes part. Only the root receives: a checkpoint is written by
-    /// one rank, so the other ranks never hold the whole optimizer state.
-    pub fn gather_moments(&self, ranks: &Ranks) -> Result<Option<Vec<GatheredMoments>>> {
-        let root = ranks.topo.dp_rank() == 0;
-        let gather = |moments: &[Tensor<1>]| -> Result<Option<Vec<f32>>> {
-            let mine = self.padded_block(moments.iter().map(tensor_to_vec));
-            let mut full = root.then(|| vec![0.0f32; self.block * ranks.topo.dp]);
-            gather_to_root_bucketed(
-                ranks.dp.as_ref(),
-                &mine,
-                full.as_deref_mut(),
-                0,
-                ranks.bucket,
-            )?;
-            Ok(full)
-        };
-        let (m, v) = (gather(&self.opt.m)?, gather(&self.opt.v)?);
-        let (Some(m), Some(v)) = (m, v) else {
+    /// Every rank's `pieces` joined into full parameters `(param, values)` on group rank 0
+    /// (`None` on the others); every rank of `comm` takes part.
+    pub fn gather_to_root(
+        &self,
+        pieces: &[Tensor<1>],
+        comm: &dyn Communicator,
+        bucket: usize,
+    ) -> Result<Option<Vec<FullParam>>> {
+        let mine = self.padded_block(pieces.iter().map(tensor_to_vec));
+        let mut full = (comm.rank() == 0).then(|| vec![0.0f32; self.block * comm.size()]);
+        gather_to_root_bucketed(comm, &mine, full.as_deref_mut(), 0, bucket)?;
+        let Some(full) = full else {
             return Ok(None);
         };
         let mut at = 0;
-        let mut out = Vec::new();
-        for (&i, &n) in self.params.iter().zip(&self.lens) {
-            out.push((i, m[at..at + n].to_vec(), v[at..at + n].to_vec()));
-            at += n;
-        }
-        Ok(Some(out))
+        Ok(Some(
+            self.params
+                .iter()
+                .zip(&self.lens)
+                .map(|(&i, &n)| {
+                    at += n;
+                    (i, full[at - n..at].to_vec())
+                })
+                .collect(),
+        ))
+    }
+
+    /// Full moments `(param, m, v)` on group rank 0 (`None` on the others); every rank of
+    /// `comm` takes part. Only the root receives: a checkpoint is written by one rank, so the
+    /// other ranks never hold the whole optimizer state.
+    pub fn gather_moments(
+        &self,
+        comm: &dyn Communicator,
+        bucket: usize,
+    ) -> Result<Option<Vec<GatheredMoments>>> {
+        let m = self.gather_to_root(&self.opt.m, comm, bucket)?;
+        let v = self.gather_to_root(&self.opt.v, comm, bucket)?;
+        let (Some(m), Some(v)) = (m, v) else {
+            return Ok(None);
+        };
+        Ok(Some(
+            m.into_iter()
+                .zip(v)
+                .map(|((i, m), (_, v))| (i, m, v))
+                .collect(),
+        ))
     }
 }
 

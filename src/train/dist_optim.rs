@@ -45,7 +45,13 @@ impl DistOptim {
         }
         let (replicated, sharded) = param_groups(model);
         let moments = (state.m.as_slice(), state.v.as_slice(), state.step);
-        let shard = ZeroShard::new(state.cfg, replicated, &model.params, ranks, Some(moments));
+        let shard = ZeroShard::new(
+            state.cfg,
+            replicated,
+            &model.params,
+            ranks.dp.as_ref(),
+            Some(moments),
+        );
         let pos = sharded.first().map(|&i| {
             let mut o = AdamW::new(state.cfg, std::slice::from_ref(&model.params[i]));
             o.m = vec![state.m[i].clone()];
@@ -65,6 +71,22 @@ impl DistOptim {
             DistOptim::Replicated(o) => o.step,
             DistOptim::Zero { shard, .. } => shard.opt.step,
         }
+    }
+
+    /// Elements of (parameters, gradients, optimizer state) this rank holds at the update:
+    /// the whole model and its gradients, and the moments it keeps.
+    pub fn held_elements(&self, model: &GenSlm) -> (usize, usize, usize) {
+        let n = |ts: &[Tensor<1>]| ts.iter().map(|t| t.dims()[0]).sum::<usize>();
+        let params = n(&model.params);
+        let opt = match self {
+            DistOptim::Replicated(o) => n(&o.m) + n(&o.v),
+            DistOptim::Zero { shard, pos } => {
+                n(&shard.opt.m)
+                    + n(&shard.opt.v)
+                    + pos.as_ref().map_or(0, |(_, o)| n(&o.m) + n(&o.v))
+            }
+        };
+        (params, params, opt)
     }
 
     /// Reduces this rank's local gradients, clips by the global norm and updates `model`
@@ -104,7 +126,9 @@ impl DistOptim {
                 let (replicated, sharded) = param_groups(model);
                 reduce_params(&mut grads, &replicated, ranks.sp.as_ref(), ranks.bucket)?;
                 reduce_params(&mut grads, &sharded, ranks.dp.as_ref(), ranks.bucket)?;
-                let chunk = shard.reduce_scatter(&grads, ranks)?;
+                let mine: Vec<Tensor<1>> = replicated.iter().map(|&i| grads[i].clone()).collect();
+                let chunk = shard.reduce_scatter(&mine, ranks.dp.as_ref(), ranks.bucket)?;
+                drop(mine);
                 // Sums of squares in f64, like the replicated path (an f32 sum over billions
                 // of elements loses digits).
                 let mut rep = [chunk.iter().map(sum_of_squares).sum::<f64>()];
@@ -121,7 +145,14 @@ impl DistOptim {
                 if applied {
                     let k = clip_factor(norm, max_norm);
                     let chunk = chunk.into_iter().map(|g| g * k).collect();
-                    shard.update(&mut params, chunk, &model.layout.specs, lr, ranks)?;
+                    shard.update(
+                        &mut params,
+                        chunk,
+                        &model.layout.specs,
+                        lr,
+                        ranks.dp.as_ref(),
+                        ranks.bucket,
+                    )?;
                     if let Some((i, o)) = pos {
                         let new = o.update(
                             vec![params[*i].clone()],
@@ -183,7 +214,9 @@ impl DistOptim {
             gathered_pos = m.zip(v);
         }
         let zero_moments = match self {
-            DistOptim::Zero { shard, .. } if sp_root => shard.gather_moments(ranks)?,
+            DistOptim::Zero { shard, .. } if sp_root => {
+                shard.gather_moments(ranks.dp.as_ref(), ranks.bucket)?
+            }
             _ => None,
         };
         if !ranks.is_root() {

@@ -33,6 +33,36 @@ pub struct StepMetrics {
     /// (q, k, v and the output: 4·b·s·h/P with b the rank's rows).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub sp_sent_per_layer: Option<u64>,
+    /// What rank 0 holds at the step's update (other ranks hold the same up to one padding
+    /// block per ZeRO unit).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub memory: Option<RankMemory>,
+}
+
+/// One rank's memory by kind, in bytes: fp32 parameters (ZeRO-3: its shard; ZeRO-2: the full
+/// working copy plus its master shard), gradients when the update runs (ZeRO-2/3: its
+/// reduce-scattered chunk), Adam moments, and activations: the rest of the peak resident memory
+/// (the process's peak divided by the ranks it runs, less the three others).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RankMemory {
+    pub params_bytes: u64,
+    pub grads_bytes: u64,
+    pub optimizer_bytes: u64,
+    pub activations_bytes: u64,
+}
+
+impl RankMemory {
+    /// From element counts of fp32 state and the process's peak.
+    pub fn new((params, grads, opt): (usize, usize, usize), ranks_in_process: usize) -> Self {
+        let (p, g, o) = (4 * params as u64, 4 * grads as u64, 4 * opt as u64);
+        let peak = (peak_rss_mib() * 1048576.0) as u64 / ranks_in_process.max(1) as u64;
+        Self {
+            params_bytes: p,
+            grads_bytes: g,
+            optimizer_bytes: o,
+            activations_bytes: peak.saturating_sub(p + g + o),
+        }
+    }
 }
 
 /// JSON has no NaN: non-finite values are written as null and read back as NaN.

@@ -2,6 +2,8 @@
 
 pub mod checkpoint;
 pub mod dist_optim;
+pub mod engine;
+pub mod layerwise;
 pub mod memory;
 pub mod metrics;
 pub mod optim;
@@ -13,3 +15,4 @@ pub mod setup;
 pub mod shard;
 pub mod step;
 pub mod trainer;
+pub mod zero_units;

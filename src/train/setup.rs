@@ -45,6 +45,8 @@ pub struct RunOptions {
     pub device: DeviceChoice,
     /// This rank's index among the ranks run as threads of this process (GPU offset).
     pub thread_rank: usize,
+    /// Ranks this process runs (threads); 0 or 1 means one (memory accounting).
+    pub ranks_in_process: usize,
 }
 
 /// Refuses, before any work, a CPU run whose predicted peak memory exceeds what this machine

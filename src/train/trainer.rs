@@ -13,20 +13,22 @@ use crate::backend::resolve_precision;
 use crate::config::Config;
 use crate::data::loader::{Batch, Corpus, Loader};
 use crate::error::{Error, Result};
-use crate::model::neox::{tensor_to_vec, tokens_tensor};
+use crate::model::neox::tensor_to_vec;
 use crate::model::GenSlm;
 use crate::parallel::ranks::{abort_all, thread_ranks, Ranks};
 use crate::parallel::Topology;
 use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
-use crate::train::dist_optim::DistOptim;
-use crate::train::metrics::{peak_rss_mib, train_flops_per_sequence, MetricsLog, StepMetrics};
-use crate::train::optim::AdamWConfig;
+use crate::train::engine::Engine;
+use crate::train::metrics::{
+    peak_rss_mib, train_flops_per_sequence, MetricsLog, RankMemory, StepMetrics,
+};
+use crate::train::optim::{AdamW, AdamWConfig};
 use crate::train::resume::{check_resume, check_state};
 use crate::train::run_dir::prune_checkpoints;
 use crate::train::schedule::lr_at;
 use crate::train::setup::{check_memory, load_corpus, prepare_run, validate_layout};
 use crate::train::shard::{gather_shard_to_root, local_batch, local_nll, shard_model};
-use crate::train::step::{all_reduce_scalar, loss_and_grads};
+use crate::train::step::all_reduce_scalar;
 
 pub use crate::train::setup::{DataSource, RunOptions};
 
@@ -65,6 +67,13 @@ pub fn train_threads(
     validate_layout(cfg, &topo)?;
     check_memory(cfg, dp, sp, dp * sp, opts)?;
     if dp * sp == 1 {
+        if cfg.train.zero >= 2 {
+            eprintln!(
+                "note: ZeRO-{} with one rank has nothing to shard: the whole model stays on \
+                 this rank (ZeRO-0 in effect)",
+                cfg.train.zero
+            );
+        }
         return train(cfg, data, run, opts);
     }
     let corpus = Arc::new(prepare_run(cfg, data, run, opts)?);
@@ -76,6 +85,7 @@ pub fn train_threads(
         let opts = RunOptions {
             progress: opts.progress && ranks.is_root(),
             thread_rank: ranks.topo.rank,
+            ranks_in_process: dp * sp,
             ..opts.clone()
         };
         let tx = tx.clone();
@@ -241,7 +251,7 @@ pub fn train_rank(
         weight_decay: t.weight_decay,
     };
 
-    let (mut model, mut opt, mut state) = if opts.resume {
+    let (mut engine, mut state) = if opts.resume {
         let l = load_latest(run, &ad)?;
         // Refused changes stop here too (prepare_run printed the notes of applied ones).
         check_resume(&l.saved, cfg)?;
@@ -256,13 +266,13 @@ pub fn train_rank(
             ranks,
             t.seq_len,
         )?;
-        let opt = DistOptim::new(moments, &model, ranks, t.zero == 1);
+        let engine = Engine::new(model, moments, t.zero, ranks);
         let mut state = l.saved.state;
         check_state(&state, t, &l.saved.dir)?;
         state.train = t.clone();
         state.adamw = adamw;
         state.data_fingerprint = Some(corpus.fingerprint.clone());
-        (model, opt, state)
+        (engine, state)
     } else {
         let model = shard_model(
             GenSlm::init(cfg.model.clone(), t.seed, &ad)?.with_precision(precision),
@@ -270,7 +280,8 @@ pub fn train_rank(
             ranks,
             t.seq_len,
         )?;
-        let opt = DistOptim::fresh(adamw, &model, ranks, t.zero == 1);
+        let moments = AdamW::new(adamw, &model.params);
+        let engine = Engine::new(model, moments, t.zero, ranks);
         let state = TrainerState {
             step: 0,
             optimizer_step: 0,
@@ -279,9 +290,8 @@ pub fn train_rank(
             adamw,
             data_fingerprint: Some(corpus.fingerprint.clone()),
         };
-        (model, opt, state)
+        (engine, state)
     };
-    model.params = model.params.into_iter().map(|p| p.require_grad()).collect();
     let mut loader = Loader::new(t.seed, state.loader_cursor);
     let mut log = if ranks.is_root() {
         Some(MetricsLog::open(
@@ -323,33 +333,21 @@ pub fn train_rank(
             .map(|_| loader.next_batch(corpus, t.batch_size))
             .collect();
         let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
-        let sent_before = model.sp.as_ref().map_or(0, |g| g.elements_sent());
-        let (local_loss, grads) = loss_and_grads(
-            &model,
-            &batches,
-            total_targets,
-            ranks,
-            t.checkpoint_activations,
-        )?;
-        let sent_per_layer = model.sp.as_ref().map(|g| {
+        let sent_before = engine.sp().map_or(0, |g| g.elements_sent());
+        let local_loss =
+            engine.compute(&batches, total_targets, ranks, t.checkpoint_activations)?;
+        let sent_per_layer = engine.sp().map(|g| {
             let sent = g.elements_sent() - sent_before;
             // Checkpointing runs each layer's forward (and its exchange) twice.
             let forwards = if t.checkpoint_activations { 2 } else { 1 };
             sent / (forwards * cfg.model.num_layers * batches.len()) as u64
         });
         let loss = all_reduce_scalar(local_loss, ranks)?;
-        let out = opt.step(
-            &mut model,
-            grads,
-            lr,
-            t.max_grad_norm,
-            loss.is_finite(),
-            ranks,
-        )?;
+        let out = engine.step(lr, t.max_grad_norm, loss.is_finite(), ranks)?;
         let (norm, finite) = (out.grad_norm, out.applied);
         state.step += 1;
         state.loader_cursor = loader.cursor;
-        state.optimizer_step = opt.step_count();
+        state.optimizer_step = engine.step_count();
         if !out.params_finite {
             // Nothing of this step is saved: the last checkpoint (if any) stays `latest`.
             return Err(Error::Invalid(format!(
@@ -379,7 +377,7 @@ pub fn train_rank(
         }
         let last = state.step == t.steps;
         let val_loss = if (t.val_every > 0 && state.step % t.val_every == 0) || last {
-            validation_loss(&model, corpus, t.batch_size, ranks)?
+            validation_loss(&mut engine, corpus, t.batch_size, ranks)?
         } else {
             None
         };
@@ -398,6 +396,10 @@ pub fn train_rank(
             elapsed_s: start.elapsed().as_secs_f64(),
             skipped_nonfinite: !finite,
             sp_sent_per_layer: sent_per_layer,
+            memory: Some(RankMemory::new(
+                engine.held_elements(),
+                opts.ranks_in_process,
+            )),
         };
         if let Some(log) = log.as_mut() {
             log.write(&m)?;
@@ -421,7 +423,7 @@ pub fn train_rank(
             .is_some_and(|n| state.step - first_step >= n);
         let every = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
         if every || last || stopping {
-            summary.last_checkpoint = checkpoint(run, cfg, &model, &opt, &state, ranks)?;
+            summary.last_checkpoint = checkpoint(run, cfg, &engine, &state, ranks)?;
         }
         if stopping {
             break;
@@ -433,30 +435,18 @@ pub fn train_rank(
     Ok(summary)
 }
 
-/// Writes a checkpoint from rank 0 after gathering the learned-position shards and (ZeRO)
-/// the optimizer moments to it (the ranks that hold pieces take part); returns its directory
-/// on rank 0. The others wait for the write without a deadline: it can take minutes.
+/// Writes a checkpoint from rank 0 after gathering the learned-position shards, the ZeRO
+/// shards and the optimizer moments to it (the ranks that hold pieces take part); returns its
+/// directory on rank 0. The others wait for the write without a deadline: it can take minutes.
 fn checkpoint(
     run: &Path,
     cfg: &Config,
-    model: &GenSlm,
-    opt: &DistOptim,
+    engine: &Engine,
     state: &TrainerState,
     ranks: &Ranks,
 ) -> Result<Option<PathBuf>> {
-    let full_opt = opt.full_state(model, ranks)?;
-    let mut table = None;
-    if let (Some(pos), Some(_), 0) = (model.layout.embed_pos, &model.sp, ranks.topo.dp_rank()) {
-        table = gather_shard_to_root(&model.params[pos], ranks)?;
-    }
-    let dir = match full_opt {
-        Some(full_opt) => {
-            let mut full = model.clone();
-            if let (Some(pos), Some(t)) = (model.layout.embed_pos, table) {
-                full.params[pos] = t;
-                full.layout.specs[pos].shape[0] = cfg.model.max_position_embeddings;
-                full.sp = None;
-            }
+    let dir = match gather_full(engine, cfg, ranks)? {
+        Some((full, full_opt)) => {
             let dir = save_checkpoint(run, cfg, &full, &full_opt, state)?;
             prune_checkpoints(run, cfg.train.keep_checkpoints)?;
             Some(dir)
@@ -467,10 +457,33 @@ fn checkpoint(
     Ok(dir)
 }
 
+/// The whole model and optimizer state on world rank 0 (`None` on the others).
+fn gather_full(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<(GenSlm, AdamW)>> {
+    let (model, opt) = match engine {
+        Engine::Units(z) => return z.gather_full(ranks),
+        Engine::Whole { model, opt, .. } => (model, opt),
+    };
+    let full_opt = opt.full_state(model, ranks)?;
+    let mut table = None;
+    if let (Some(pos), Some(_), 0) = (model.layout.embed_pos, &model.sp, ranks.topo.dp_rank()) {
+        table = gather_shard_to_root(&model.params[pos], ranks)?;
+    }
+    let Some(full_opt) = full_opt else {
+        return Ok(None);
+    };
+    let mut full = model.clone();
+    if let (Some(pos), Some(t)) = (model.layout.embed_pos, table) {
+        full.params[pos] = t;
+        full.layout.specs[pos].shape[0] = cfg.model.max_position_embeddings;
+        full.sp = None;
+    }
+    Ok(Some((full, full_opt)))
+}
+
 /// Mean next-token NLL over the validation windows, on a copy without autodiff. Every DP
 /// replica evaluates all windows; SP ranks each their columns, summed over the SP group.
 fn validation_loss(
-    model: &GenSlm,
+    engine: &mut Engine,
     corpus: &Corpus,
     batch: usize,
     ranks: &Ranks,
@@ -478,7 +491,6 @@ fn validation_loss(
     if corpus.val.is_empty() {
         return Ok(None);
     }
-    let eval = model.without_autodiff();
     // Rows are not split for validation: view the layout as DP = 1.
     let view = Ranks {
         topo: Topology {
@@ -494,10 +506,7 @@ fn validation_loss(
         let b = corpus.batch_of(ws);
         n += b.n_targets();
         let lb = local_batch(&b, &view);
-        let logits = eval.forward(
-            tokens_tensor(&lb.tokens, lb.rows, lb.cols, &eval.device),
-            lb.offset,
-        )?;
+        let logits = engine.eval_logits(&lb)?;
         sum += tensor_to_vec(&local_nll(logits, &lb))[0] as f64;
     }
     let mut buf = [sum];

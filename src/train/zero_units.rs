@@ -1,0 +1,301 @@
+//! ZeRO-2 and ZeRO-3 over the DP×SP group (DeepSpeed's stages; the group spans SP ranks too,
+//! because Ulysses SP ranks hold replicas of every weight).
+//!
+//! Each unit of parameters ([`Unit`]: the embeddings, every layer, the head) is one
+//! [`ZeroShard`]: its flat concatenation padded to N equal blocks, rank r owning block r of
+//! the fp32 values and of the Adam moments. The learned-position table under SP is already
+//! split by rows over the SP group, so its unit is sharded over the DP group only.
+//!
+//! - Gradients (both stages) are reduce-scattered unit by unit as soon as the layer-wise
+//!   backward ([`crate::train::layerwise`]) has them: one reduce-scatter over DP×SP both sums
+//!   over every rank and leaves each rank its chunk, so the whole model's gradients never exist
+//!   at once. With several micro-batches each one's chunk is added to the step's.
+//! - ZeRO-2: every rank keeps the full working weights; after AdamW on its chunk, each unit's
+//!   new values are all-gathered.
+//! - ZeRO-3: a rank keeps only its blocks. A unit's full weights are all-gathered just before
+//!   it runs and dropped after: in the forward, again for the backward's recompute under
+//!   `--checkpoint-activations`; without checkpointing, a layer's gathered weights stay alive
+//!   in its autodiff graph until its backward (see `layerwise`).
+//!
+//! The communicators here are blocking, so nothing overlaps: the next layer's gather starts
+//! after the current layer's compute. (NCCL on streams could prefetch; not done yet.)
+
+use std::sync::Arc;
+
+use burn::tensor::Tensor;
+
+use crate::error::{Error, Result};
+use crate::model::neox::{host_to_param, tensor_to_vec};
+use crate::model::GenSlm;
+use crate::parallel::comm::Communicator;
+use crate::parallel::ranks::Ranks;
+use crate::parallel::zero::ZeroShard;
+use crate::train::dist_optim::StepOutcome;
+use crate::train::layerwise::{Unit, UnitWeights};
+use crate::train::optim::{clip_factor, sum_of_squares, AdamW};
+use crate::train::shard::gather_shard_to_root;
+
+/// One unit's shard on this rank.
+#[derive(Debug)]
+struct UnitShard {
+    unit: Unit,
+    /// The sharding group: all DP×SP ranks, or the DP group for the SP-split position table.
+    comm: Arc<dyn Communicator>,
+    shard: ZeroShard,
+    /// ZeRO-3: this rank's pieces of the fp32 values (one per segment of `shard`). ZeRO-2:
+    /// empty between steps (the full working copy in the model holds the values).
+    values: Vec<Tensor<1>>,
+    /// This step's gradient chunk so far (one per segment).
+    grad: Option<Vec<Tensor<1>>>,
+}
+
+/// A model trained with ZeRO-2 or ZeRO-3 on one rank.
+#[derive(Debug)]
+pub struct ZeroUnits {
+    pub stage: u8,
+    /// ZeRO-2: the full working weights (autodiff leaves). ZeRO-3: the model with every
+    /// parameter empty; a unit's weights are gathered into a copy of it when the unit runs.
+    pub model: GenSlm,
+    units: Vec<UnitShard>,
+    bucket: usize,
+}
+
+impl ZeroUnits {
+    /// Shards `model` (already cut for SP) and its full `moments` (our layout, position rows
+    /// already cut) for this rank. `stage` is 2 or 3.
+    pub fn new(mut model: GenSlm, moments: AdamW, stage: u8, ranks: &Ranks) -> Self {
+        let layout = model.layout.clone();
+        let pos_split = model.sp.is_some();
+        let full = (moments.m.as_slice(), moments.v.as_slice(), moments.step);
+        let units = Unit::all(&layout)
+            .into_iter()
+            .map(|unit| {
+                let comm = if unit == Unit::Pos && pos_split {
+                    ranks.dp.clone()
+                } else {
+                    ranks.world.clone()
+                };
+                let params = unit.params(&layout);
+                let shard = ZeroShard::new(
+                    moments.cfg,
+                    params,
+                    &model.params,
+                    comm.as_ref(),
+                    Some(full),
+                );
+                // ZeRO-2's fp32 values are the full working copy's (cut again at each update).
+                let values = if stage >= 3 {
+                    shard.pieces_of(&model.params)
+                } else {
+                    Vec::new()
+                };
+                UnitShard {
+                    unit,
+                    comm,
+                    shard,
+                    values,
+                    grad: None,
+                }
+            })
+            .collect();
+        if stage >= 3 {
+            let device = model.device.clone();
+            model.params = model
+                .params
+                .iter()
+                .map(|_| host_to_param(Vec::new(), &device))
+                .collect();
+        } else {
+            model.params = model
+                .params
+                .into_iter()
+                .map(|p| p.autodiff().require_grad())
+                .collect();
+        }
+        Self {
+            stage,
+            model,
+            units,
+            bucket: ranks.bucket,
+        }
+    }
+
+    fn unit_mut(&mut self, unit: Unit) -> &mut UnitShard {
+        self.units
+            .iter_mut()
+            .find(|u| u.unit == unit)
+            .expect("every unit has a shard")
+    }
+
+    pub fn step_count(&self) -> u64 {
+        self.units[0].shard.opt.step
+    }
+
+    /// Elements of parameters (ZeRO-2: the full working copy, which is also the fp32 master;
+    /// ZeRO-3: its pieces), gradient chunks and Adam moments this rank holds at a step's update.
+    pub fn held_elements(&self) -> (usize, usize, usize) {
+        let n = |ts: &[Tensor<1>]| ts.iter().map(|t| t.dims()[0]).sum::<usize>();
+        let mut held = (0, 0, 0);
+        for u in &self.units {
+            let chunk: usize = u.shard.segments.iter().map(|s| s.len).sum();
+            held.0 += chunk;
+            held.1 += chunk;
+            held.2 += n(&u.shard.opt.m) + n(&u.shard.opt.v);
+        }
+        if self.stage == 2 {
+            held.0 = n(&self.model.params);
+        }
+        held
+    }
+
+    /// Clips by the global gradient norm and updates every unit (unless the loss or the norm
+    /// is not finite). Every rank must call it once per step, after the micro-batches.
+    pub fn step(
+        &mut self,
+        lr: f64,
+        max_norm: f64,
+        loss_finite: bool,
+        ranks: &Ranks,
+    ) -> Result<StepOutcome> {
+        let mut chunks = Vec::with_capacity(self.units.len());
+        for u in &mut self.units {
+            chunks.push(u.grad.take().ok_or_else(|| {
+                Error::Invalid(format!("ZeRO: no gradient reached {:?}", u.unit))
+            })?);
+        }
+        // Every element is in exactly one rank's chunk; squares summed in f64.
+        let mut sq = [chunks.iter().flatten().map(sum_of_squares).sum::<f64>()];
+        ranks.world.all_reduce_sum_f64(&mut sq)?;
+        let norm = sq[0].sqrt();
+        let applied = loss_finite && norm.is_finite();
+        let mut bad = [0.0f64];
+        if applied {
+            let k = clip_factor(norm, max_norm);
+            let specs = self.model.layout.specs.clone();
+            let device = self.model.device.clone();
+            for (u, chunk) in self.units.iter_mut().zip(chunks) {
+                let chunk = chunk.into_iter().map(|g| g * k).collect();
+                let pieces = if self.stage >= 3 {
+                    std::mem::take(&mut u.values)
+                } else {
+                    u.shard.pieces_of(&self.model.params)
+                };
+                u.values = u.shard.update_pieces(pieces, chunk, &specs, lr);
+                // 0·x is 0 for finite x and NaN otherwise: one exact reduction per piece.
+                bad[0] += u
+                    .values
+                    .iter()
+                    .filter(|p| !tensor_to_vec(&((*p).clone() * 0.0).sum())[0].is_finite())
+                    .count() as f64;
+                if self.stage == 2 {
+                    let full = u.shard.all_gather(
+                        std::mem::take(&mut u.values),
+                        u.comm.as_ref(),
+                        self.bucket,
+                        &device,
+                    )?;
+                    for (&i, t) in u.shard.params.iter().zip(full) {
+                        self.model.params[i] = t.autodiff().require_grad();
+                    }
+                }
+            }
+        }
+        ranks.world.all_reduce_sum_f64(&mut bad)?;
+        Ok(StepOutcome {
+            grad_norm: norm,
+            applied,
+            params_finite: bad[0] == 0.0,
+        })
+    }
+
+    /// The whole model and optimizer state on world rank 0 (`None` on the others), for a
+    /// checkpoint: every unit gathered to its group's rank 0 (values and moments), then the
+    /// position rows over the SP group. Every rank must call it; no rank but the root ever
+    /// holds more than its own share.
+    pub fn gather_full(&self, ranks: &Ranks) -> Result<Option<(GenSlm, AdamW)>> {
+        let n = self.model.params.len();
+        let mut params: Vec<Option<Vec<f32>>> = vec![None; n];
+        let mut m: Vec<Option<Vec<f32>>> = vec![None; n];
+        let mut v: Vec<Option<Vec<f32>>> = vec![None; n];
+        let device = self.model.device.clone();
+        for u in &self.units {
+            let (c, b) = (u.comm.as_ref(), self.bucket);
+            let pieces = if self.stage >= 3 {
+                u.values.clone()
+            } else {
+                u.shard.pieces_of(&self.model.params)
+            };
+            let vals = u.shard.gather_to_root(&pieces, c, b)?;
+            let moments = u.shard.gather_moments(c, b)?;
+            let (Some(vals), Some(moments)) = (vals, moments) else {
+                continue;
+            };
+            let split_rows = u.unit == Unit::Pos && self.model.sp.is_some();
+            for ((i, x), (_, mi, vi)) in vals.into_iter().zip(moments) {
+                if split_rows {
+                    // This rank holds its SP rank's rows: join them over the SP group.
+                    let join = |x: Vec<f32>| -> Result<Option<Vec<f32>>> {
+                        let t = host_to_param(x, &device);
+                        Ok(gather_shard_to_root(&t, ranks)?.map(|t| tensor_to_vec(&t)))
+                    };
+                    (params[i], m[i], v[i]) = (join(x)?, join(mi)?, join(vi)?);
+                } else {
+                    (params[i], m[i], v[i]) = (Some(x), Some(mi), Some(vi));
+                }
+            }
+        }
+        if !ranks.is_root() {
+            return Ok(None);
+        }
+        let missing = || Error::Invalid("ZeRO: a unit did not reach rank 0".into());
+        let to_tensors = |xs: Vec<Option<Vec<f32>>>| -> Result<Vec<Tensor<1>>> {
+            xs.into_iter()
+                .map(|x| x.map(|x| host_to_param(x, &device)).ok_or_else(missing))
+                .collect()
+        };
+        let mut model = self.model.clone();
+        model.params = to_tensors(params)?;
+        if let Some(pos) = model.layout.embed_pos {
+            model.layout.specs[pos].shape[0] = model.cfg.max_position_embeddings;
+        }
+        model.sp = None;
+        let first = &self.units[0].shard.opt;
+        let mut opt = AdamW::new(first.cfg, &model.params);
+        opt.step = first.step;
+        opt.m = to_tensors(m)?;
+        opt.v = to_tensors(v)?;
+        Ok(Some((model, opt)))
+    }
+}
+
+impl UnitWeights for ZeroUnits {
+    fn model(&mut self, units: &[Unit]) -> Result<GenSlm> {
+        let mut m = self.model.clone();
+        if self.stage < 3 {
+            return Ok(m);
+        }
+        let (device, bucket) = (self.model.device.clone(), self.bucket);
+        for &unit in units {
+            let u = self.unit_mut(unit);
+            let full = u
+                .shard
+                .all_gather(u.values.clone(), u.comm.as_ref(), bucket, &device)?;
+            for (&i, t) in u.shard.params.iter().zip(full) {
+                m.params[i] = t.autodiff().require_grad();
+            }
+        }
+        Ok(m)
+    }
+
+    fn take_grads(&mut self, unit: Unit, grads: Vec<Tensor<1>>) -> Result<()> {
+        let bucket = self.bucket;
+        let u = self.unit_mut(unit);
+        let chunk = u.shard.reduce_scatter(&grads, u.comm.as_ref(), bucket)?;
+        drop(grads);
+        u.grad = Some(match u.grad.take() {
+            Some(acc) => acc.into_iter().zip(chunk).map(|(a, c)| a + c).collect(),
+            None => chunk,
+        });
+        Ok(())
+    }
+}
