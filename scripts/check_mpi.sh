@@ -14,6 +14,13 @@ MPIRUN=(mpirun --oversubscribe)
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS[@]}" --out "$TMP/np4sp2" --sp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS[@]}" --out "$TMP/np4sp4" --sp 4
 "${MPIRUN[@]}" -np 2 "$BIN" "${ARGS[@]}" --out "$TMP/np2dp2"
+# ZeRO-2/3 over the DP×SP group for 8 optimizer steps: gradients reduce-scattered layer by layer,
+# ZeRO-3 weights gathered per layer (with checkpointing: again for the recompute).
+ARGS8=(train --fasta data/ --config configs/tiny.toml --steps 8 --seq-len 64 --batch-size 4 --lr 3e-3 --val-every 4 --quiet)
+"$BIN" "${ARGS8[@]}" --out "$TMP/one8"
+"${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2z2" --zero 2
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4z3" --zero 3
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4sp2z3c" --sp 2 --zero 3 --checkpoint-activations
 # genslm-25m over 3 DP ranks (ZeRO-1): its parameter count does not divide by 3, so the shards
 # are padded; buckets of 1,000,003 elements split large parameters and pack small ones.
 ARGS25=(train --fasta data/ --config configs/genslm-25m.toml --steps 3 --seq-len 64 --batch-size 3 --lr 1e-3 --warmup 1 --val-every 0 --quiet --reduce-bucket-size 1000003)
@@ -26,7 +33,7 @@ from safetensors.numpy import load_file
 root = sys.argv[1]
 def losses(d):
     return [(m["loss"], m.get("val_loss")) for m in map(json.loads, open(f"{root}/{d}/metrics.jsonl"))]
-for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one25", ["np3dp3"])]:
+for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c"]), ("one25", ["np3dp3"])]:
     ref = losses(ref_dir)
     for d in runs:
         got = losses(d)

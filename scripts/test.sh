@@ -76,6 +76,13 @@ cargo run --locked --quiet -- score --model "$TMP/run16" --fasta data/lambda_vir
   --seq-len 64 > "$TMP/scores16.tsv"
 python3 scripts/check_hf_roundtrip.py "$TMP/run16/checkpoints/step-20" data/lambda_virus.fa 64 "$TMP/scores16.tsv"
 
+echo "== a ZeRO-3 run over 4 thread ranks (DP 2 × SP 2): its gathered checkpoint loads in transformers"
+cargo run --locked --quiet -- train --fasta data/ --config configs/tiny.toml --out "$TMP/runz3" \
+  --steps 20 --seq-len 64 --batch-size 4 --lr 3e-3 --quiet --dp 2 --sp 2 --zero 3 --checkpoint-activations
+cargo run --locked --quiet -- score --model "$TMP/runz3" --fasta data/lambda_virus.fa \
+  --seq-len 64 > "$TMP/scoresz3.tsv"
+python3 scripts/check_hf_roundtrip.py "$TMP/runz3/checkpoints/step-20" data/lambda_virus.fa 64 "$TMP/scoresz3.tsv"
+
 echo "== embed the bundled genomes: parquet checked with pyarrow, PCA plot, UMAP notebook (headless)"
 cargo run --locked --quiet -- embed --model "$TMP/run" --fasta data/ --out "$TMP/emb.parquet" \
   --plot "$TMP/latent.png" --quiet
