@@ -203,6 +203,10 @@ pub fn run(a: &PlanArgs) -> Result<String> {
             "at_max_seq_len": at_max,
             "total_bytes_at_max": at_max.total().round() as u64,
             "at_seq_len": at_len,
+            "rank_states_at_seq_len": a.seq_len.map(|n| {
+                let [p, g, o] = super::terms::rank_states(&model, &best.strategy, &best.hardware, n);
+                serde_json::json!({"parameters": p as u64, "gradients": g as u64, "optimizer_states": o as u64})
+            }),
             "notes": notes,
         }));
     }
@@ -279,7 +283,7 @@ fn hardware_for(a: &PlanArgs, layout: &Layout, mem_bytes: f64) -> Hardware {
 }
 
 /// Every layout of `gpus` ranks consistent with the flags (fixed where given, searched where
-/// not: TP within a node, whole heads per rank, ZeRO 0–3; 0–1 on CPU, as genslm trains).
+/// not: TP within a node, whole heads per rank, ZeRO 0–3).
 fn layouts(model: &ModelConfig, a: &PlanArgs, gpus: usize) -> Result<Vec<Layout>> {
     let cpu = a.device == DeviceArg::Cpu;
     let tps: Vec<usize> = match a.tp {
@@ -292,7 +296,7 @@ fn layouts(model: &ModelConfig, a: &PlanArgs, gpus: usize) -> Result<Vec<Layout>
     };
     let zeros: Vec<u8> = match a.zero {
         Some(z) => vec![z],
-        None if cpu => vec![0, 1],
+
         None => vec![0, 1, 2, 3],
     };
     let mut out = Vec::new();
@@ -319,8 +323,9 @@ fn layouts(model: &ModelConfig, a: &PlanArgs, gpus: usize) -> Result<Vec<Layout>
                     dp,
                     zero,
                     megatron_sp: tp > 1,
-                    // genslm's trainer partitions over DP; on GPUs plan as DeepSpeed-Ulysses.
-                    zero_over_sp: !cpu,
+                    // genslm's trainer partitions ZeRO-1 over DP and ZeRO-2/3 over DP × SP;
+                    // on GPUs plan every stage as DeepSpeed-Ulysses does (DP × SP).
+                    zero_over_sp: !cpu || zero >= 2,
                 });
             }
         }
@@ -472,10 +477,17 @@ fn notes(model: &ModelConfig, a: &PlanArgs, best: &Candidate, at_max: &Estimate)
                 + at_max.memory.workspace)
         ));
     }
-    if l.tp > 1 || l.zero >= 2 || (a.device == DeviceArg::Gpu) {
+    if l.tp > 1 || (a.device == DeviceArg::Gpu) {
         n.push(
-            "what-if plan: genslm trains on CPU with ZeRO 0/1 and no tensor parallelism today; \
-             the GPU plan assumes its layer recipe (burn autodiff) with bf16 activations"
+            "what-if plan: genslm trains on CPU without tensor parallelism today; the GPU plan \
+             assumes its layer recipe (burn autodiff) with bf16 activations"
+                .into(),
+        );
+    }
+    if l.zero >= 3 && !a.checkpoint_activations && l.ranks() > 1 {
+        n.push(
+            "ZeRO-3 without --checkpoint-activations: each layer's gathered weights stay in its \
+             autodiff graph until its backward, so the full weights exist during the step"
                 .into(),
         );
     }

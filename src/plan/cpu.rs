@@ -68,6 +68,23 @@ pub fn retains_activations(m: &ModelConfig, st: &Strategy, seq_len: usize) -> bo
     largest <= RETAINED_TENSOR_MAX
 }
 
+/// ZeRO-3's gathered weights at the forward/backward peak (`src/train/zero_units.rs`): with
+/// checkpointing, the recomputed layer's full weights and the all-gather's flat host buffer;
+/// without, every layer's gathered weights (kept by its autodiff graph until its backward)
+/// plus that buffer for one layer.
+pub fn gathered_weights(m: &ModelConfig, st: &Strategy, checkpointed: bool) -> f64 {
+    let l = &st.layout;
+    if l.zero < 3 || l.ranks() == 1 {
+        return 0.0;
+    }
+    let layer = 4.0 * super::terms::layer_params(m);
+    if checkpointed {
+        2.0 * layer
+    } else {
+        (m.num_layers as f64 + 1.0) * layer
+    }
+}
+
 /// Bytes of the optimizer step's gradient-reduction buffers (0 with one rank).
 pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
     let l = &st.layout;
@@ -95,6 +112,19 @@ pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
         })
         .collect();
     let n: usize = sizes.iter().sum();
+    if l.zero >= 2 {
+        // ZeRO-2/3 reduce-scatter each layer's gradients during the backward; at the step,
+        // ZeRO-2 all-gathers one unit at a time (the flat buffer and the new weights).
+        let one_layer = layout.layers.first().map_or(0, |p| {
+            p.all().iter().map(|&k| layout.specs[k].numel()).sum()
+        });
+        let largest = sizes.iter().copied().max().unwrap_or(0).max(one_layer);
+        return if l.zero == 2 {
+            8.0 * largest as f64
+        } else {
+            0.0
+        };
+    }
     // One host copy of every gradient, plus up to one bucket staged and one bucket's send
     // copy inside the communicator.
     let bucket = crate::parallel::bucket::DEFAULT_BUCKET.min(n);

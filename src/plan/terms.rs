@@ -195,23 +195,46 @@ fn states(
     let params = n * pb / zdiv(l.zero, 3, z);
     let gradients = n * gb / zdiv(l.zero, 2, z);
     let optimizer = n * ob / zdiv(l.zero, 1, z);
-    // A learned table covers the sequence: s rows of h (max_position_embeddings = s). Sharded,
-    // each sequence shard owns s/seq_shard rows and its gradient is reduced over DP only, so
-    // ZeRO partitions it over D; replicated, it is partitioned like any weight.
-    let position = if st.positions == Position::Learned {
-        let (shard, group) = if st.shard_positions {
-            (l.seq_shard() as f64, l.dp as f64)
-        } else {
-            (1.0, z)
-        };
-        let el = s * m.hidden_size as f64 / shard;
-        el * (pb / zdiv(l.zero, 3, group)
-            + gb / zdiv(l.zero, 2, group)
-            + ob / zdiv(l.zero, 1, group))
+    let (pp, pg, po) = position_states(m, st, s, (pb, gb, ob));
+    (params, gradients, optimizer, pp + pg + po)
+}
+
+/// The learned position table's (weights, gradients, optimizer states). A learned table covers
+/// the sequence: s rows of h (max_position_embeddings = s). Sharded, each sequence shard owns
+/// s/seq_shard rows and its gradient is reduced over DP only, so ZeRO partitions it over D;
+/// replicated, it is partitioned like any weight.
+fn position_states(
+    m: &ModelConfig,
+    st: &Strategy,
+    s: f64,
+    (pb, gb, ob): (f64, f64, f64),
+) -> (f64, f64, f64) {
+    let l = &st.layout;
+    if st.positions != Position::Learned {
+        return (0.0, 0.0, 0.0);
+    }
+    let (shard, group) = if st.shard_positions {
+        (l.seq_shard() as f64, l.dp as f64)
     } else {
-        0.0
+        (1.0, l.zero_group() as f64)
     };
-    (params, gradients, optimizer, position)
+    let el = s * m.hidden_size as f64 / shard;
+    (
+        el * pb / zdiv(l.zero, 3, group),
+        el * gb / zdiv(l.zero, 2, group),
+        el * ob / zdiv(l.zero, 1, group),
+    )
+}
+
+/// What one rank holds when the optimizer step runs, position table included: (weights,
+/// gradients, optimizer states), as genslm's metrics.jsonl accounts them (`memory`).
+pub fn rank_states(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize) -> [f64; 3] {
+    let s = seq_len as f64;
+    let (params, grads, opt, _) = states(m, st, hw, s, true);
+    let (pb, gb, ob) = st.precision.state_bytes();
+    let ob = if has_optimizer(hw) { ob } else { 0.0 };
+    let (pp, pg, po) = position_states(m, st, s, (pb, gb, ob));
+    [params + pp, grads + pg, opt + po]
 }
 
 /// Under full checkpointing, the inputs every layer keeps: `L·b·s·e·h`, split over `t·p` with
@@ -378,8 +401,8 @@ pub(super) fn forward_backward(
             c
         }
         // genslm's exchanges go through host buffers during the forward; they are freed
-        // before the backward starts.
-        Target::Cpu { .. } => 0.0,
+        // before the backward starts. ZeRO-3's gathered weights are not.
+        Target::Cpu { .. } => cpu::gathered_weights(m, st, checkpointed),
     };
     // genslm's checkpointed backward (src/train/recompute.rs) applies the gradient `g` of a
     // recomputed layer's output through the surrogate `Σ out ⊙ g`: `g`, the product and the
