@@ -296,7 +296,6 @@ fn layouts(model: &ModelConfig, a: &PlanArgs, gpus: usize) -> Result<Vec<Layout>
     };
     let zeros: Vec<u8> = match a.zero {
         Some(z) => vec![z],
-
         None => vec![0, 1, 2, 3],
     };
     let mut out = Vec::new();

@@ -88,7 +88,8 @@ pub fn gathered_weights(m: &ModelConfig, st: &Strategy, checkpointed: bool) -> f
 /// Bytes of the optimizer step's gradient-reduction buffers (0 with one rank).
 pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
     let l = &st.layout;
-    if l.ranks() == 1 {
+    if l.ranks() == 1 || l.zero >= 3 {
+        // ZeRO-3 reduce-scatters during the backward and updates its blocks in place.
         return 0.0;
     }
     // genslm's parameter list for the planned position encoding.
@@ -112,18 +113,11 @@ pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
         })
         .collect();
     let n: usize = sizes.iter().sum();
-    if l.zero >= 2 {
-        // ZeRO-2/3 reduce-scatter each layer's gradients during the backward; at the step,
-        // ZeRO-2 all-gathers one unit at a time (the flat buffer and the new weights).
-        let one_layer = layout.layers.first().map_or(0, |p| {
-            p.all().iter().map(|&k| layout.specs[k].numel()).sum()
-        });
-        let largest = sizes.iter().copied().max().unwrap_or(0).max(one_layer);
-        return if l.zero == 2 {
-            8.0 * largest as f64
-        } else {
-            0.0
-        };
+    if l.zero == 2 {
+        // ZeRO-2 reduce-scatters each layer's gradients during the backward; at the step it
+        // all-gathers one unit at a time (the flat buffer and the new weights).
+        let largest = sizes.iter().copied().max().unwrap_or(0) as f64;
+        return 8.0 * largest.max(super::terms::layer_params(&m));
     }
     // One host copy of every gradient, plus up to one bucket staged and one bucket's send
     // copy inside the communicator.

@@ -184,6 +184,19 @@ fn states(
     s: f64,
     grads: bool,
 ) -> (f64, f64, f64, f64) {
+    let ([params, gradients, optimizer], [pp, pg, po]) = state_parts(m, st, hw, s, grads);
+    (params, gradients, optimizer, pp + pg + po)
+}
+
+/// (weights, gradients, optimizer states) of the model without the position table, and of the
+/// table.
+fn state_parts(
+    m: &ModelConfig,
+    st: &Strategy,
+    hw: &Hardware,
+    s: f64,
+    grads: bool,
+) -> ([f64; 3], [f64; 3]) {
     let l = &st.layout;
     let (pb, gb, ob) = st.precision.state_bytes();
     let ob = if has_optimizer(hw) { ob } else { 0.0 };
@@ -195,8 +208,10 @@ fn states(
     let params = n * pb / zdiv(l.zero, 3, z);
     let gradients = n * gb / zdiv(l.zero, 2, z);
     let optimizer = n * ob / zdiv(l.zero, 1, z);
-    let (pp, pg, po) = position_states(m, st, s, (pb, gb, ob));
-    (params, gradients, optimizer, pp + pg + po)
+    (
+        [params, gradients, optimizer],
+        position_states(m, st, s, (pb, gb, ob)),
+    )
 }
 
 /// The learned position table's (weights, gradients, optimizer states). A learned table covers
@@ -208,10 +223,10 @@ fn position_states(
     st: &Strategy,
     s: f64,
     (pb, gb, ob): (f64, f64, f64),
-) -> (f64, f64, f64) {
+) -> [f64; 3] {
     let l = &st.layout;
     if st.positions != Position::Learned {
-        return (0.0, 0.0, 0.0);
+        return [0.0; 3];
     }
     let (shard, group) = if st.shard_positions {
         (l.seq_shard() as f64, l.dp as f64)
@@ -219,22 +234,18 @@ fn position_states(
         (1.0, l.zero_group() as f64)
     };
     let el = s * m.hidden_size as f64 / shard;
-    (
+    [
         el * pb / zdiv(l.zero, 3, group),
         el * gb / zdiv(l.zero, 2, group),
         el * ob / zdiv(l.zero, 1, group),
-    )
+    ]
 }
 
 /// What one rank holds when the optimizer step runs, position table included: (weights,
 /// gradients, optimizer states), as genslm's metrics.jsonl accounts them (`memory`).
 pub fn rank_states(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize) -> [f64; 3] {
-    let s = seq_len as f64;
-    let (params, grads, opt, _) = states(m, st, hw, s, true);
-    let (pb, gb, ob) = st.precision.state_bytes();
-    let ob = if has_optimizer(hw) { ob } else { 0.0 };
-    let (pp, pg, po) = position_states(m, st, s, (pb, gb, ob));
-    [params + pp, grads + pg, opt + po]
+    let (model, table) = state_parts(m, st, hw, seq_len as f64, true);
+    [0, 1, 2].map(|k| model[k] + table[k])
 }
 
 /// Under full checkpointing, the inputs every layer keeps: `L·b·s·e·h`, split over `t·p` with

@@ -4,11 +4,10 @@
 use burn::tensor::Tensor;
 
 use crate::error::Result;
-use crate::model::neox::tensor_to_vec;
 use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::zero::ZeroShard;
-use crate::train::optim::{clip_factor, sum_of_squares, AdamW, AdamWConfig};
+use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW, AdamWConfig};
 use crate::train::shard::{
     gather_shard_to_root, global_grad_norm, param_groups, reduce_gradients, reduce_params,
 };
@@ -76,14 +75,13 @@ impl DistOptim {
     /// Elements of (parameters, gradients, optimizer state) this rank holds at the update:
     /// the whole model and its gradients, and the moments it keeps.
     pub fn held_elements(&self, model: &GenSlm) -> (usize, usize, usize) {
-        let n = |ts: &[Tensor<1>]| ts.iter().map(|t| t.dims()[0]).sum::<usize>();
-        let params = n(&model.params);
+        let params = numel(&model.params);
         let opt = match self {
-            DistOptim::Replicated(o) => n(&o.m) + n(&o.v),
+            DistOptim::Replicated(o) => numel(&o.m) + numel(&o.v),
             DistOptim::Zero { shard, pos } => {
-                n(&shard.opt.m)
-                    + n(&shard.opt.v)
-                    + pos.as_ref().map_or(0, |(_, o)| n(&o.m) + n(&o.v))
+                numel(&shard.opt.m)
+                    + numel(&shard.opt.v)
+                    + pos.as_ref().map_or(0, |(_, o)| numel(&o.m) + numel(&o.v))
             }
         };
         (params, params, opt)
@@ -171,13 +169,8 @@ impl DistOptim {
             }
         };
         let mut outcome = outcome;
-        // 0·x is 0 for every finite x and NaN for ±Inf and NaN: one exact reduction per
-        // parameter (x² could overflow for large finite weights). Every rank holds the same
-        // full parameters, so all agree.
-        outcome.params_finite = !outcome.applied
-            || params
-                .iter()
-                .all(|p| tensor_to_vec(&(p.clone() * 0.0).sum())[0].is_finite());
+        // Every rank holds the same full parameters, so all agree.
+        outcome.params_finite = !outcome.applied || params.iter().all(all_finite);
         model.params = params
             .into_iter()
             .map(|p| p.autodiff().require_grad())

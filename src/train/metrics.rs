@@ -39,8 +39,8 @@ pub struct StepMetrics {
     pub memory: Option<RankMemory>,
 }
 
-/// One rank's memory by kind, in bytes: fp32 parameters (ZeRO-3: its shard; ZeRO-2: the full
-/// working copy plus its master shard), gradients when the update runs (ZeRO-2/3: its
+/// One rank's memory by kind, in bytes: fp32 parameters (ZeRO-3: its shard; otherwise the full
+/// working copy, which is also the fp32 master), gradients when the update runs (ZeRO-2/3: its
 /// reduce-scattered chunk), Adam moments, and activations: the rest of the peak resident memory
 /// (the process's peak divided by the ranks it runs, less the three others).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -52,10 +52,15 @@ pub struct RankMemory {
 }
 
 impl RankMemory {
-    /// From element counts of fp32 state and the process's peak.
-    pub fn new((params, grads, opt): (usize, usize, usize), ranks_in_process: usize) -> Self {
+    /// From element counts of fp32 state and the process's peak (`peak_mib`, as
+    /// [`peak_rss_mib`] reads it).
+    pub fn new(
+        (params, grads, opt): (usize, usize, usize),
+        peak_mib: f64,
+        ranks_in_process: usize,
+    ) -> Self {
         let (p, g, o) = (4 * params as u64, 4 * grads as u64, 4 * opt as u64);
-        let peak = (peak_rss_mib() * 1048576.0) as u64 / ranks_in_process.max(1) as u64;
+        let peak = (peak_mib * 1048576.0) as u64 / ranks_in_process.max(1) as u64;
         Self {
             params_bytes: p,
             grads_bytes: g,

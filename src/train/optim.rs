@@ -115,6 +115,17 @@ pub fn sum_of_squares(g: &Tensor<1>) -> f64 {
     tensor_to_vec(&(g.clone() * g.clone()).sum())[0] as f64
 }
 
+/// Whether every element of `t` is finite: 0·x is 0 for finite x and NaN for ±Inf and NaN, so
+/// one exact reduction answers (x² could overflow for large finite values).
+pub fn all_finite(t: &Tensor<1>) -> bool {
+    tensor_to_vec(&(t.clone() * 0.0).sum())[0].is_finite()
+}
+
+/// Elements of a list of flat tensors.
+pub fn numel(ts: &[Tensor<1>]) -> usize {
+    ts.iter().map(|t| t.dims()[0]).sum()
+}
+
 /// Factor that brings a gradient of norm `norm` down to `max_norm` (1 when already below).
 pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
     if max_norm > 0.0 && norm > max_norm {

@@ -382,6 +382,7 @@ pub fn train_rank(
             None
         };
         let secs = step_start.elapsed().as_secs_f64();
+        let peak_mib = peak_rss_mib();
         let seqs = (t.batch_size * t.grad_accum) as f64;
         let m = StepMetrics {
             step: state.step,
@@ -392,12 +393,13 @@ pub fn train_rank(
             tokens: total_targets as u64,
             tokens_per_s: total_targets as f64 / secs,
             tflops: flops_per_seq * seqs / secs / 1e12,
-            peak_rss_mib: peak_rss_mib(),
+            peak_rss_mib: peak_mib,
             elapsed_s: start.elapsed().as_secs_f64(),
             skipped_nonfinite: !finite,
             sp_sent_per_layer: sent_per_layer,
             memory: Some(RankMemory::new(
                 engine.held_elements(),
+                peak_mib,
                 opts.ranks_in_process,
             )),
         };

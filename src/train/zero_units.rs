@@ -32,7 +32,7 @@ use crate::parallel::ranks::Ranks;
 use crate::parallel::zero::ZeroShard;
 use crate::train::dist_optim::StepOutcome;
 use crate::train::layerwise::{Unit, UnitWeights};
-use crate::train::optim::{clip_factor, sum_of_squares, AdamW};
+use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW};
 use crate::train::shard::gather_shard_to_root;
 
 /// One unit's shard on this rank.
@@ -134,16 +134,15 @@ impl ZeroUnits {
     /// Elements of parameters (ZeRO-2: the full working copy, which is also the fp32 master;
     /// ZeRO-3: its pieces), gradient chunks and Adam moments this rank holds at a step's update.
     pub fn held_elements(&self) -> (usize, usize, usize) {
-        let n = |ts: &[Tensor<1>]| ts.iter().map(|t| t.dims()[0]).sum::<usize>();
         let mut held = (0, 0, 0);
         for u in &self.units {
             let chunk: usize = u.shard.segments.iter().map(|s| s.len).sum();
             held.0 += chunk;
             held.1 += chunk;
-            held.2 += n(&u.shard.opt.m) + n(&u.shard.opt.v);
+            held.2 += numel(&u.shard.opt.m) + numel(&u.shard.opt.v);
         }
         if self.stage == 2 {
-            held.0 = n(&self.model.params);
+            held.0 = numel(&self.model.params);
         }
         held
     }
@@ -181,12 +180,7 @@ impl ZeroUnits {
                     u.shard.pieces_of(&self.model.params)
                 };
                 u.values = u.shard.update_pieces(pieces, chunk, &specs, lr);
-                // 0·x is 0 for finite x and NaN otherwise: one exact reduction per piece.
-                bad[0] += u
-                    .values
-                    .iter()
-                    .filter(|p| !tensor_to_vec(&((*p).clone() * 0.0).sum())[0].is_finite())
-                    .count() as f64;
+                bad[0] += u.values.iter().filter(|p| !all_finite(p)).count() as f64;
                 if self.stage == 2 {
                     let full = u.shard.all_gather(
                         std::mem::take(&mut u.values),
