@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use genslm::train::trainer::{train_threads, DataSource, RunOptions};
+use genslm::parallel::Degrees;
+use genslm::train::trainer::{train_grid, DataSource, RunOptions};
 
 use super::device::DeviceArgs;
 use super::AttentionArg;
@@ -33,8 +34,13 @@ pub struct TrainArgs {
     /// Sequence-parallel degree P (Ulysses): each sequence is split over P ranks.
     #[arg(long, default_value_t = 1)]
     sp: usize,
-    /// Data-parallel degree D: the global batch is split over D replicas. P × D ranks run as
-    /// threads of this process.
+    /// Context-parallel degree C (ring attention): each sequence is cut into 2C chunks and CP
+    /// rank c holds chunks c and 2C−1−c (equal causal work); K/V blocks travel around the ring.
+    /// Combines with --sp (Ulysses inside each CP rank's chunks).
+    #[arg(long, default_value_t = 1)]
+    cp: usize,
+    /// Data-parallel degree D: the global batch is split over D replicas. D × C × P ranks run
+    /// as threads of this process (or one per process under mpirun).
     #[arg(long, default_value_t = 1)]
     dp: usize,
     /// ZeRO stage over the ranks: 0 replicated, 1 Adam moments sharded over DP, 2 also
@@ -98,7 +104,8 @@ pub struct TrainArgs {
     attention: Option<AttentionArg>,
 }
 
-/// One rank per process under mpirun/srun: SP from --sp, DP = processes / SP.
+/// One rank per process under mpirun/srun: SP from --sp, CP from --cp, DP = processes / (SP ·
+/// CP).
 #[cfg(feature = "mpi")]
 pub fn train_launched(
     cfg: &genslm::config::Config,
@@ -106,14 +113,14 @@ pub fn train_launched(
     out: &std::path::Path,
     opts: &RunOptions,
     n: usize,
-    sp: usize,
-    dp: usize,
+    d: Degrees,
 ) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
-    if dp != 1 && dp * sp != n {
-        anyhow::bail!("--dp {dp} × --sp {sp} ≠ the {n} processes mpirun started");
+    let Degrees { dp, cp, sp } = d;
+    if dp != 1 && d.world() != n {
+        anyhow::bail!("--dp {dp} × --cp {cp} × --sp {sp} ≠ the {n} processes mpirun started");
     }
     let universe = genslm::parallel::mpi::init()?;
-    let ranks = genslm::parallel::mpi::mpi_ranks(&universe, sp)?;
+    let ranks = genslm::parallel::mpi::mpi_ranks(&universe, sp, cp)?;
     // One process per GPU: NCCL carries the tensor collectives, MPI the rest (and NCCL's id).
     #[cfg(feature = "nccl")]
     let ranks = if opts.device.backend == genslm::backend::BackendKind::Cuda {
@@ -134,8 +141,7 @@ pub fn train_launched(
     _out: &std::path::Path,
     _opts: &RunOptions,
     n: usize,
-    _sp: usize,
-    _dp: usize,
+    _d: Degrees,
 ) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
     anyhow::bail!(
         "started by an MPI launcher with {n} processes, but this build has no MPI support \
@@ -198,9 +204,14 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         thread_rank: 0,
         ranks_in_process: 1,
     };
+    let degrees = Degrees {
+        dp: a.dp,
+        cp: a.cp,
+        sp: a.sp,
+    };
     let s = match genslm::parallel::launch::launched_world_size() {
-        Some((n, _)) => train_launched(&cfg, &data, &a.out, &opts, n, a.sp, a.dp)?,
-        None => train_threads(&cfg, &data, &a.out, &opts, a.dp, a.sp)?,
+        Some((n, _)) => train_launched(&cfg, &data, &a.out, &opts, n, degrees)?,
+        None => train_grid(&cfg, &data, &a.out, &opts, degrees)?,
     };
     if !quiet {
         eprintln!(

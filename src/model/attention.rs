@@ -45,8 +45,9 @@ pub trait SequenceParallel: std::fmt::Debug + Send + Sync {
         local: LocalAttention<'_>,
     ) -> Tensor<4>;
 
-    /// With learned positions: the first row of the table shard this rank holds.
-    fn position_first_row(&self) -> usize;
+    /// With learned positions split over the ranks: the first row of the table rows this rank
+    /// holds (`None`: every rank holds the whole table).
+    fn position_shard(&self) -> Option<usize>;
 
     /// Tensor elements this rank has sent in forward exchanges so far (all layers): the
     /// communication volume the run logs.

@@ -20,20 +20,16 @@
 //! The op boundary is [`FlashAttentionOps`]: `flash_attention_fwd(q, k, v, params) -> (o, lse)`
 //! and `flash_attention_bwd(q, k, v, o, lse, do, params) -> (dq, dk, dv)`, implemented for
 //! `Flex` with burn tensor ops on tiles (this file, the CPU path) and for `Autodiff<B, C>` with a
-//! hand-written [`Backward`] that calls the inner backend's `flash_attention_bwd`, so autodiff
-//! never differentiates through the tile ops. A fused GPU kernel plugs in as another backend
+//! hand-written backward (`attention_op.rs`) that calls the inner backend's
+//! `flash_attention_bwd`, so autodiff never differentiates through the tile ops. A fused GPU kernel plugs in as another backend
 //! implementation of the same trait.
 
-use burn::backend::autodiff::{
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-    Autodiff,
-};
+use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff};
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::attention::AttnOptions;
+use super::attention_op::{differentiable, AttentionKernels};
 
 /// Default query block (rows of a score tile).
 pub const DEFAULT_BLOCK_Q: usize = 128;
@@ -192,66 +188,30 @@ impl<B: Backend + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps fo
         v: FloatTensor<Self>,
         params: FlashParams,
     ) -> FloatTensor<Self> {
-        /// Saved for the backward: q, k, v, o, lse (all inner-backend tensors) and the params.
-        type Saved<B> = (
-            FloatTensor<B>,
-            FloatTensor<B>,
-            FloatTensor<B>,
-            FloatTensor<B>,
-            FloatTensor<B>,
-            FlashParams,
-        );
+        differentiable::<B, C, _>(q, k, v, params)
+    }
+}
 
-        #[derive(Debug)]
-        struct FlashBackward;
+impl<B: Backend + FlashAttentionOps> AttentionKernels<B> for FlashParams {
+    fn forward(
+        &self,
+        q: FloatTensor<B>,
+        k: FloatTensor<B>,
+        v: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        B::flash_attention_fwd(q, k, v, self.clone())
+    }
 
-        impl<B: Backend + FlashAttentionOps> Backward<B, 3> for FlashBackward {
-            type State = Saved<B>;
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 3>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node_q, node_k, node_v] = ops.parents;
-                let d_o = grads.consume::<B>(&ops.node);
-                let (q, k, v, o, lse, params) = ops.state;
-                let (dq, dk, dv) = B::flash_attention_bwd(q, k, v, o, lse, d_o, params);
-                if let Some(node) = node_q {
-                    grads.register::<B>(node.id, dq);
-                }
-                if let Some(node) = node_k {
-                    grads.register::<B>(node.id, dk);
-                }
-                if let Some(node) = node_v {
-                    grads.register::<B>(node.id, dv);
-                }
-            }
-        }
-
-        match FlashBackward
-            .prepare::<C>([q.node(), k.node(), v.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (qp, kp, vp) = (
-                    q.primitive().clone(),
-                    k.primitive().clone(),
-                    v.primitive().clone(),
-                );
-                let (o, lse) =
-                    B::flash_attention_fwd(qp.clone(), kp.clone(), vp.clone(), params.clone());
-                prep.finish((qp, kp, vp, o.clone(), lse, params), o)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::flash_attention(
-                q.into_primitive(),
-                k.into_primitive(),
-                v.into_primitive(),
-                params,
-            )),
-        }
+    fn backward(
+        &self,
+        q: FloatTensor<B>,
+        k: FloatTensor<B>,
+        v: FloatTensor<B>,
+        o: FloatTensor<B>,
+        lse: FloatTensor<B>,
+        d_o: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        B::flash_attention_bwd(q, k, v, o, lse, d_o, self.clone())
     }
 }
 

@@ -2,6 +2,7 @@
 //! compatible checkpoints.
 
 pub mod attention;
+pub mod attention_op;
 pub mod cache;
 mod fastmath;
 pub mod flash;

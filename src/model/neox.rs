@@ -15,7 +15,7 @@ use crate::model::attention::{attention, naive_attention, AttnOptions, SequenceP
 use crate::model::cache::{KvCache, LayerKv};
 use crate::model::gelu::gelu_fast;
 use crate::model::params::{Layout, ParamSpec};
-use crate::model::position::{alibi_slopes, apply_rotary, rotary_tables};
+use crate::model::position::{alibi_slopes, apply_rotary, rotary_tables_at, Positions};
 
 /// A GPT-NeoX model on one device.
 #[derive(Debug, Clone)]
@@ -236,11 +236,22 @@ impl GenSlm {
         &self,
         tokens: Tensor<2, Int>,
         opts: ForwardOptions,
+        cache: Option<&mut KvCache>,
+    ) -> Result<(Tensor<3>, Vec<Tensor<3>>)> {
+        let pos = Positions::contiguous(opts.offset, tokens.dims()[1]);
+        self.layers_forward_at(tokens, &pos, opts.collect_hidden, cache)
+    }
+
+    /// [`GenSlm::layers_forward`] for tokens at `pos`.
+    fn layers_forward_at(
+        &self,
+        tokens: Tensor<2, Int>,
+        pos: &Positions,
+        collect_hidden: bool,
         mut cache: Option<&mut KvCache>,
     ) -> Result<(Tensor<3>, Vec<Tensor<3>>)> {
-        let s = tokens.dims()[1];
-        let mut x = self.embed(tokens, opts.offset)?;
-        let ctx = self.layer_context(opts.offset, s);
+        let mut x = self.embed_at(tokens, pos)?;
+        let ctx = self.layer_context_at(pos);
         let mut collected = Vec::new();
         let mut new_cache = Vec::new();
         let reserve = cache.as_ref().map(|kv| kv.reserve);
@@ -250,7 +261,7 @@ impl GenSlm {
             .unwrap_or_default()
             .into_iter();
         for li in 0..self.layout.layers.len() {
-            if opts.collect_hidden {
+            if collect_hidden {
                 collected.push(x.clone());
             }
             let past = match reserve {
@@ -265,7 +276,7 @@ impl GenSlm {
         }
         if let Some(kv) = cache {
             kv.layers = new_cache;
-            kv.len = opts.offset + s;
+            kv.len = pos.start() + pos.len();
         }
         Ok((self.final_norm(x), collected))
     }
@@ -273,32 +284,54 @@ impl GenSlm {
     /// Token embeddings plus, with learned positions, the rows of positions
     /// `offset..offset + s` (this rank's shard of the table under SP): `[b, s, h]`.
     pub fn embed(&self, tokens: Tensor<2, Int>, offset: usize) -> Result<Tensor<3>> {
+        let s = tokens.dims()[1];
+        self.embed_at(tokens, &Positions::contiguous(offset, s))
+    }
+
+    /// First row of the learned-position table this rank holds, when the table is split over
+    /// sequence-parallel ranks (`None`: the whole table is here).
+    pub fn position_shard(&self) -> Option<usize> {
+        self.sp.as_ref().and_then(|g| g.position_shard())
+    }
+
+    /// [`GenSlm::embed`] for tokens at `pos` (any runs of positions; padding gets zero rows).
+    pub fn embed_at(&self, tokens: Tensor<2, Int>, pos: &Positions) -> Result<Tensor<3>> {
         let c = &self.cfg;
         let [b, s] = tokens.dims();
         let h = c.hidden_size;
         let mut x = embedding(self.mat(self.layout.embed_in), tokens);
-        if let Some(pos) = self.layout.embed_pos {
-            if offset + s > c.max_position_embeddings {
-                return Err(Error::Invalid(format!(
-                    "{} tokens at position {} go past the {} learned positions of this model; \
-                     learned-position models cannot go beyond their training length (score and \
-                     embed: use --seq-len {} or less)",
-                    s, offset, c.max_position_embeddings, c.max_position_embeddings
-                )));
+        if let Some(p) = self.layout.embed_pos {
+            let rows = self.layout.specs[p].shape[0];
+            let first = self.position_shard().unwrap_or(0);
+            let mut parts = Vec::with_capacity(pos.spans.len() + 1);
+            for span in &pos.spans {
+                let real = span.len.min(pos.real_end.saturating_sub(span.start));
+                let (start, end) = (span.start, span.start + real);
+                if real > 0 && end > c.max_position_embeddings {
+                    return Err(Error::Invalid(format!(
+                        "{} tokens at position {} go past the {} learned positions of this                          model; learned-position models cannot go beyond their training length                          (score and embed: use --seq-len {} or less)",
+                        real, start, c.max_position_embeddings, c.max_position_embeddings
+                    )));
+                }
+                if real > 0 && (start < first || end > first + rows) {
+                    return Err(Error::Invalid(format!(
+                        "positions {start}..{end} are not in this rank's learned-position shard                          {first}..{}",
+                        first + rows
+                    )));
+                }
+                if real > 0 {
+                    parts.push(self.mat(p).narrow(0, start - first, real));
+                }
+                if real < span.len {
+                    parts.push(Tensor::zeros([span.len - real, h], &self.device));
+                }
             }
-            // Under SP the parameter holds this rank's rows of the table only.
-            let rows = self.layout.specs[pos].shape[0];
-            let first = self.sp.as_ref().map_or(0, |g| g.position_first_row());
-            if offset < first || offset + s > first + rows {
-                return Err(Error::Invalid(format!(
-                    "positions {}..{} are not in this rank's learned-position shard {}..{}",
-                    offset,
-                    offset + s,
-                    first,
-                    first + rows
-                )));
-            }
-            let table = self.mat(pos).narrow(0, offset - first, s);
+            let table = if parts.len() == 1 {
+                parts.pop().expect("one part")
+            } else {
+                Tensor::cat(parts, 0)
+            };
+            debug_assert_eq!(table.dims()[0], s);
             x = x + table.unsqueeze::<3>().expand([b, s, h]);
         }
         Ok(self.compute(x))
@@ -307,16 +340,28 @@ impl GenSlm {
     /// What every layer of one forward shares: rotary tables and attention options for `s`
     /// tokens starting at `offset`.
     pub fn layer_context(&self, offset: usize, s: usize) -> LayerContext {
+        self.layer_context_at(&Positions::contiguous(offset, s))
+    }
+
+    /// [`GenSlm::layer_context`] for tokens at `pos`. Several runs of positions need a
+    /// sequence-parallel strategy that knows its layout (the ring): plain attention reads one
+    /// offset.
+    pub fn layer_context_at(&self, pos: &Positions) -> LayerContext {
         let c = &self.cfg;
         let rot = c.rotary_dims();
+        assert!(
+            pos.spans.len() == 1 || self.sp.is_some(),
+            "tokens at {} runs of positions need a sequence-parallel strategy",
+            pos.spans.len()
+        );
         LayerContext {
             rope: (c.position == Position::Rotary)
-                .then(|| rotary_tables(rot, c.rotary_base, offset, s, &self.device)),
+                .then(|| rotary_tables_at(rot, c.rotary_base, pos, &self.device)),
             attn: AttnOptions {
                 causal: true,
                 alibi: (c.position == Position::Alibi).then(|| alibi_slopes(c.num_heads)),
-                q_offset: offset,
-                k_offset: offset,
+                q_offset: pos.start(),
+                k_offset: pos.start(),
             },
         }
     }
@@ -387,6 +432,12 @@ impl GenSlm {
     /// Logits `[b, s, vocab]` from final hidden states, in fp32 (the loss is computed in fp32).
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         self.full(self.dense(hidden, self.layout.embed_out, None))
+    }
+
+    /// Logits of `tokens` held at `pos` (a rank's shard of a sequence, possibly padded).
+    pub fn forward_at(&self, tokens: Tensor<2, Int>, pos: &Positions) -> Result<Tensor<3>> {
+        let (h, _) = self.layers_forward_at(tokens, pos, false, None)?;
+        Ok(self.logits(h))
     }
 
     pub fn forward(&self, tokens: Tensor<2, Int>, offset: usize) -> Result<Tensor<3>> {

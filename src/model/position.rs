@@ -6,6 +6,67 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 
+/// A contiguous run of global token positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub start: usize,
+    pub len: usize,
+}
+
+/// Where a forward's tokens sit in their sequence: runs of global positions in the order the
+/// tokens are held (one run on a single rank; two under context parallelism's zigzag).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Positions {
+    pub spans: Vec<Span>,
+    /// Positions at or past this are padding (a sequence rounded up to the ranks' pieces): they
+    /// carry no loss and no real token attends to them, so their learned-position rows are
+    /// zeros whatever the table holds.
+    pub real_end: usize,
+}
+
+impl Positions {
+    /// `len` tokens from `offset` on, none of them padding.
+    pub fn contiguous(offset: usize, len: usize) -> Self {
+        Self {
+            spans: vec![Span { start: offset, len }],
+            real_end: offset + len,
+        }
+    }
+
+    /// Tokens held.
+    pub fn len(&self) -> usize {
+        self.spans.iter().map(|s| s.len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first token's position.
+    pub fn start(&self) -> usize {
+        self.spans.first().map_or(0, |s| s.start)
+    }
+}
+
+/// Rotary tables for every span of `pos`, concatenated in the order the tokens are held.
+pub fn rotary_tables_at(
+    rot: usize,
+    base: f64,
+    pos: &Positions,
+    device: &Device,
+) -> (Tensor<4>, Tensor<4>) {
+    let (cos, sin): (Vec<_>, Vec<_>) = pos
+        .spans
+        .iter()
+        .map(|s| rotary_tables(rot, base, s.start, s.len, device))
+        .unzip();
+    if cos.len() == 1 {
+        let (c, s) = (cos.into_iter().next(), sin.into_iter().next());
+        return (c.expect("one table"), s.expect("one table"));
+    }
+    (Tensor::cat(cos, 2), Tensor::cat(sin, 2))
+}
+
 /// cos and sin tables of shape `[1, 1, len, rot]` for positions `offset..offset + len`,
 /// laid out as Hugging Face does: `emb = cat(freqs, freqs)`.
 pub fn rotary_tables(

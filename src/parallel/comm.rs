@@ -55,6 +55,14 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// `send[j]` goes to rank j; returns what each rank sent to this one, in rank order. All
     /// chunks have the same length on every rank.
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>>;
+    /// One step around the ring: `send` goes to rank `rank + 1` (mod size) and what rank
+    /// `rank − 1` sent comes back (the same length on every rank). The default moves every
+    /// rank's buffer to every rank (an all-gather); threads and MPI move one block.
+    fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
+        let n = self.size();
+        let mut all = self.all_gather(send)?;
+        Ok(std::mem::take(&mut all[(self.rank() + n - 1) % n]))
+    }
     /// Rank `root`'s `buf` to everyone.
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()>;
     fn barrier(&self) -> Result<()>;
@@ -225,6 +233,9 @@ impl Communicator for Solo {
     }
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
         Ok(send)
+    }
+    fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
+        Ok(send.to_vec())
     }
     fn broadcast(&self, _buf: &mut Vec<f32>, _root: usize) -> Result<()> {
         Ok(())

@@ -11,10 +11,11 @@ pub mod nccl;
 #[cfg(all(feature = "nccl", feature = "cuda"))]
 pub mod nccl_device;
 pub mod ranks;
+pub mod ring;
 pub mod threads;
 pub mod topology;
 pub mod ulysses;
 pub mod zero;
 
 pub use comm::{Communicator, Solo};
-pub use topology::Topology;
+pub use topology::{Degrees, Topology};

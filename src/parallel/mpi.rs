@@ -62,27 +62,36 @@ pub fn init() -> Result<mpi::environment::Universe> {
     Ok(universe)
 }
 
-/// This process's `Ranks` for a world split into DP × SP (`sp` given; DP = world / sp).
-pub fn mpi_ranks(universe: &mpi::environment::Universe, sp: usize) -> Result<Ranks> {
+/// This process's `Ranks` for a world split into DP × CP × SP (`sp` and `cp` given; DP = world
+/// / (cp · sp)).
+pub fn mpi_ranks(universe: &mpi::environment::Universe, sp: usize, cp: usize) -> Result<Ranks> {
     let world = universe.world();
     let size = world.size() as usize;
-    if sp == 0 || !size.is_multiple_of(sp) {
+    if sp == 0 || cp == 0 || !size.is_multiple_of(sp * cp) {
         return Err(Error::Invalid(format!(
-            "mpirun started {size} processes, which --sp {sp} does not divide"
+            "mpirun started {size} processes, which --sp {sp} × --cp {cp} does not divide"
         )));
     }
-    let topo = Topology::new(world.rank() as usize, size / sp, sp)?;
-    let sp_comm = world
-        .split_by_color(Color::with_value(topo.dp_rank() as i32))
-        .ok_or_else(|| Error::Invalid("MPI_Comm_split (SP group) failed".into()))?;
-    let dp_comm = world
-        .split_by_color(Color::with_value(topo.sp_rank() as i32))
-        .ok_or_else(|| Error::Invalid("MPI_Comm_split (DP group) failed".into()))?;
+    let topo = Topology::grid(world.rank() as usize, size / (sp * cp), cp, sp)?;
+    // Colours name each group by what its members share; MPI keeps them in world-rank order,
+    // which is the order `Topology`'s group lists use.
+    let split = |colour: usize, what: &str| -> Result<Arc<dyn Communicator>> {
+        let c = world
+            .split_by_color(Color::with_value(colour as i32))
+            .ok_or_else(|| Error::Invalid(format!("MPI_Comm_split ({what} group) failed")))?;
+        Ok(Arc::new(MpiComm::new(c)))
+    };
+    let sp_comm = split(topo.rank / sp, "SP")?;
+    let cp_comm = split(topo.dp_rank() * sp + topo.sp_rank(), "CP")?;
+    let seq_comm = split(topo.dp_rank(), "sequence")?;
+    let dp_comm = split(topo.sp_rank(), "DP")?;
     Ok(Ranks {
         topo,
         world: Arc::new(MpiComm::new(world)),
-        sp: Arc::new(MpiComm::new(sp_comm)),
-        dp: Arc::new(MpiComm::new(dp_comm)),
+        sp: sp_comm,
+        cp: cp_comm,
+        seq: seq_comm,
+        dp: dp_comm,
         bucket: crate::parallel::bucket::DEFAULT_BUCKET,
     })
 }
@@ -170,6 +179,17 @@ impl Communicator for MpiComm {
             .map(|c| c.to_vec())
             .take(self.size)
             .collect())
+    }
+
+    fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
+        count("ring_pass", send.len())?;
+        let comm = self.lock();
+        let n = self.size;
+        let next = comm.process_at_rank(((self.rank + 1) % n) as i32);
+        let prev = comm.process_at_rank(((self.rank + n - 1) % n) as i32);
+        let mut recv = vec![0f32; send.len()];
+        mpi::point_to_point::send_receive_into(send, &next, &mut recv[..], &prev);
+        Ok(recv)
     }
 
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {

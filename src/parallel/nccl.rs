@@ -344,6 +344,11 @@ impl Communicator for NcclGroup {
     fn abort(&self, why: &str) {
         self.host.abort(why)
     }
+    // The ring's K/V blocks are staged through the host group for now (ncclSend/ncclRecv on
+    // device memory is the GPU follow-up).
+    fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
+        self.host.ring_pass(send)
+    }
     fn on_device(&self, device: &burn::tensor::Device) -> bool {
         self.nccl.on_device(device)
     }
@@ -376,6 +381,8 @@ pub fn with_nccl(
     Ok(crate::parallel::ranks::Ranks {
         world: wrap(&ranks.world)?,
         sp: wrap(&ranks.sp)?,
+        cp: wrap(&ranks.cp)?,
+        seq: wrap(&ranks.seq)?,
         dp: wrap(&ranks.dp)?,
         ..ranks
     })

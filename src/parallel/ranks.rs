@@ -5,17 +5,22 @@ use std::time::Duration;
 
 use crate::parallel::bucket::DEFAULT_BUCKET;
 use crate::parallel::comm::{Communicator, Solo};
-use crate::parallel::threads::thread_group;
+use crate::parallel::threads::{thread_group, ThreadComm};
 use crate::parallel::topology::Topology;
 
 #[derive(Debug, Clone)]
 pub struct Ranks {
     pub topo: Topology,
-    /// All DP × SP ranks.
+    /// All DP × CP × SP ranks.
     pub world: Arc<dyn Communicator>,
     /// This rank's SP group (contiguous ranks).
     pub sp: Arc<dyn Communicator>,
-    /// This rank's DP group (same SP rank in every DP replica).
+    /// This rank's CP ring (same DP replica and SP rank).
+    pub cp: Arc<dyn Communicator>,
+    /// The ranks holding one sequence between them (CP × SP of this DP replica).
+    pub seq: Arc<dyn Communicator>,
+    /// The ranks holding the same parameter shards: the same SP rank in every DP replica and
+    /// CP rank ([`Topology::dp_group`]).
     pub dp: Arc<dyn Communicator>,
     /// Elements per call of the bucketed collectives (`parallel::bucket`): gradient
     /// reductions, ZeRO's reduce-scatter and all-gather, checkpoint gathers.
@@ -28,6 +33,8 @@ impl Ranks {
             topo: Topology::single(),
             world: Arc::new(Solo),
             sp: Arc::new(Solo),
+            cp: Arc::new(Solo),
+            seq: Arc::new(Solo),
             dp: Arc::new(Solo),
             bucket: DEFAULT_BUCKET,
         }
@@ -45,19 +52,34 @@ impl Ranks {
 
 /// The ranks of a `dp × sp` layout as threads of this process, one `Ranks` per thread.
 pub fn thread_ranks(dp: usize, sp: usize, timeout: Duration) -> Vec<Ranks> {
-    let world = thread_group(dp * sp, timeout);
-    let sp_groups: Vec<_> = (0..dp).map(|_| thread_group(sp, timeout)).collect();
-    let dp_groups: Vec<_> = (0..sp).map(|_| thread_group(dp, timeout)).collect();
-    (0..dp * sp)
-        .map(|rank| {
-            let topo = Topology::new(rank, dp, sp).expect("rank inside the grid");
-            Ranks {
-                topo,
-                world: Arc::new(world[rank].clone()),
-                sp: Arc::new(sp_groups[topo.dp_rank()][topo.sp_rank()].clone()),
-                dp: Arc::new(dp_groups[topo.sp_rank()][topo.dp_rank()].clone()),
-                bucket: DEFAULT_BUCKET,
-            }
+    thread_grid(dp, 1, sp, timeout)
+}
+
+/// The ranks of a `dp × cp × sp` grid as threads of this process, one `Ranks` per thread.
+pub fn thread_grid(dp: usize, cp: usize, sp: usize, timeout: Duration) -> Vec<Ranks> {
+    let n = dp * cp * sp;
+    let topos: Vec<Topology> = (0..n)
+        .map(|rank| Topology::grid(rank, dp, cp, sp).expect("rank inside the grid"))
+        .collect();
+    // One thread group per distinct member list; each rank takes its handle by position.
+    let mut groups: std::collections::HashMap<Vec<usize>, Vec<ThreadComm>> = Default::default();
+    let mut handle = |members: Vec<usize>, rank: usize| -> Arc<dyn Communicator> {
+        let at = members.iter().position(|&m| m == rank).expect("a member");
+        let g = groups
+            .entry(members)
+            .or_insert_with_key(|m| thread_group(m.len(), timeout));
+        Arc::new(g[at].clone())
+    };
+    topos
+        .into_iter()
+        .map(|topo| Ranks {
+            topo,
+            world: handle((0..n).collect(), topo.rank),
+            sp: handle(topo.sp_group(), topo.rank),
+            cp: handle(topo.cp_group(), topo.rank),
+            seq: handle(topo.seq_group(), topo.rank),
+            dp: handle(topo.dp_group(), topo.rank),
+            bucket: DEFAULT_BUCKET,
         })
         .collect()
 }
@@ -66,5 +88,7 @@ pub fn thread_ranks(dp: usize, sp: usize, timeout: Duration) -> Vec<Ranks> {
 pub fn abort_all(r: &Ranks, why: &str) {
     r.world.abort(why);
     r.sp.abort(why);
+    r.cp.abort(why);
+    r.seq.abort(why);
     r.dp.abort(why);
 }

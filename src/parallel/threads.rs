@@ -304,6 +304,13 @@ impl Communicator for ThreadComm {
         Ok(all.iter().map(|d| d.f32s[self.rank].clone()).collect())
     }
 
+    fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
+        let all = self.exchange(vec![send.to_vec()])?;
+        equal_lengths("ring_pass", all.iter().map(|d| d.f32s[0].len()))?;
+        let n = self.shared.n;
+        Ok(all[(self.rank + n - 1) % n].f32s[0].clone())
+    }
+
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
         let mine = if self.rank == root {
             buf.clone()
@@ -371,9 +378,12 @@ mod tests {
             };
             c.broadcast(&mut b, 2).unwrap();
             c.barrier().unwrap();
-            (s, g, rs, a2a, b)
+            let ring = c.ring_pass(&[r, r + 0.5]).unwrap();
+            (s, g, rs, a2a, b, ring)
         });
-        for (rank, (s, g, rs, a2a, b)) in out.into_iter().enumerate() {
+        for (rank, (s, g, rs, a2a, b, ring)) in out.into_iter().enumerate() {
+            let prev = ((rank + 2) % 3) as f32;
+            assert_eq!(ring, vec![prev, prev + 0.5]);
             assert_eq!(s, vec![3.0, 30.0]);
             assert_eq!(g, vec![vec![0.0], vec![1.0], vec![2.0]]);
             let expect_rs = [vec![3.0, 6.0], vec![9.0, 12.0], vec![15.0, 18.0]];

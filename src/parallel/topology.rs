@@ -1,6 +1,13 @@
-//! The DP × SP grid. SP groups are contiguous ranks: rank = dp_rank · sp + sp_rank.
+//! The DP × CP × SP grid and the groups it names (docs/ARCHITECTURE.md §5).
+//!
+//! rank = (dp_rank · cp + cp_rank) · sp + sp_rank: SP groups are contiguous ranks (Ulysses'
+//! all-to-all stays inside a node), CP groups stride by `sp` (the ring crosses nodes), DP
+//! replicas stride by `cp · sp`. One sequence is held by the `cp · sp` ranks of a *sequence
+//! group*: CP splits it into `2·cp` chunks and gives CP rank c chunks c and 2·cp−1−c (zigzag:
+//! equal causal work on every rank), SP then splits that rank's tokens contiguously.
 
 use crate::error::{Error, Result};
+pub use crate::model::position::Span;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Topology {
@@ -8,20 +15,44 @@ pub struct Topology {
     pub rank: usize,
     /// Data-parallel degree.
     pub dp: usize,
-    /// Sequence-parallel degree.
+    /// Sequence-parallel (Ulysses) degree.
+    pub sp: usize,
+    /// Context-parallel (ring) degree.
+    pub cp: usize,
+}
+
+/// The degrees of a layout, as the command line gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Degrees {
+    pub dp: usize,
+    pub cp: usize,
     pub sp: usize,
 }
 
+impl Degrees {
+    /// Ranks in the layout.
+    pub fn world(&self) -> usize {
+        self.dp * self.cp * self.sp
+    }
+}
+
 impl Topology {
+    /// A DP × SP grid (CP = 1).
     pub fn new(rank: usize, dp: usize, sp: usize) -> Result<Self> {
-        if dp == 0 || sp == 0 {
+        Self::grid(rank, dp, 1, sp)
+    }
+
+    /// A DP × CP × SP grid.
+    pub fn grid(rank: usize, dp: usize, cp: usize, sp: usize) -> Result<Self> {
+        if dp == 0 || sp == 0 || cp == 0 {
             return Err(Error::Invalid(format!(
-                "--dp {dp} --sp {sp}: degrees must be positive"
+                "--dp {dp} --cp {cp} --sp {sp}: degrees must be positive"
             )));
         }
         let world = dp
             .checked_mul(sp)
-            .ok_or_else(|| Error::Invalid(format!("--dp {dp} × --sp {sp} ranks overflow")))?;
+            .and_then(|n| n.checked_mul(cp))
+            .ok_or_else(|| Error::Invalid(format!("--dp {dp} × --cp {cp} × --sp {sp} overflow")))?;
         if rank >= world {
             return Err(Error::Invalid(format!(
                 "rank {rank} outside a world of {world}"
@@ -32,6 +63,7 @@ impl Topology {
             rank,
             dp,
             sp,
+            cp,
         })
     }
 
@@ -41,6 +73,7 @@ impl Topology {
             rank: 0,
             dp: 1,
             sp: 1,
+            cp: 1,
         }
     }
 
@@ -48,34 +81,104 @@ impl Topology {
         self.rank % self.sp
     }
 
+    pub fn cp_rank(&self) -> usize {
+        (self.rank / self.sp) % self.cp
+    }
+
     pub fn dp_rank(&self) -> usize {
-        self.rank / self.sp
+        self.rank / (self.sp * self.cp)
+    }
+
+    /// Ranks that hold one sequence between them (CP × SP).
+    pub fn seq_degree(&self) -> usize {
+        self.sp * self.cp
     }
 
     /// World ranks of this rank's SP group (contiguous).
     pub fn sp_group(&self) -> Vec<usize> {
-        let base = self.dp_rank() * self.sp;
+        let base = self.rank - self.sp_rank();
         (base..base + self.sp).collect()
     }
 
-    /// World ranks of this rank's DP group (same sp_rank, stride sp).
+    /// World ranks of this rank's CP ring (same DP replica and SP rank, stride sp).
+    pub fn cp_group(&self) -> Vec<usize> {
+        let base = self.dp_rank() * self.cp * self.sp + self.sp_rank();
+        (0..self.cp).map(|c| base + c * self.sp).collect()
+    }
+
+    /// World ranks of this rank's sequence group (same DP replica: CP × SP, contiguous).
+    pub fn seq_group(&self) -> Vec<usize> {
+        let base = self.dp_rank() * self.cp * self.sp;
+        (base..base + self.cp * self.sp).collect()
+    }
+
+    /// World ranks holding the same parameter shards as this one: the same SP rank in every DP
+    /// replica and CP rank (the group that sums the SP-split position table's gradients and
+    /// shards ZeRO-1's optimizer state).
     pub fn dp_group(&self) -> Vec<usize> {
-        (0..self.dp).map(|d| d * self.sp + self.sp_rank()).collect()
+        (0..self.dp * self.cp)
+            .map(|d| d * self.sp + self.sp_rank())
+            .collect()
+    }
+
+    /// The padded sequence length a step of `seq_len` tokens runs at: a multiple of the number
+    /// of pieces the sequence group cuts it into (SP, and 2·CP zigzag chunks each cut over SP).
+    /// Padding goes at the end; causal attention never lets a real token see it, and it carries
+    /// no loss, so any record length trains exactly as on one rank.
+    pub fn padded_len(&self, seq_len: usize) -> usize {
+        let pieces = if self.cp > 1 {
+            2 * self.cp * self.sp
+        } else {
+            self.sp
+        };
+        seq_len.div_ceil(pieces) * pieces
+    }
+
+    /// The global positions this rank's tokens sit at, in the order it holds them, for a
+    /// padded length `padded` (see [`Topology::padded_len`]).
+    pub fn spans(&self, padded: usize) -> Vec<Span> {
+        let (c, cp, r, sp) = (self.cp_rank(), self.cp, self.sp_rank(), self.sp);
+        // This CP rank's tokens as runs of the global sequence, then SP's contiguous cut of them.
+        let runs: Vec<Span> = if cp == 1 {
+            vec![Span {
+                start: 0,
+                len: padded,
+            }]
+        } else {
+            let chunk = padded / (2 * cp);
+            [c, 2 * cp - 1 - c]
+                .into_iter()
+                .map(|k| Span {
+                    start: k * chunk,
+                    len: chunk,
+                })
+                .collect()
+        };
+        let local: usize = runs.iter().map(|s| s.len).sum();
+        let (from, to) = (r * local / sp, (r + 1) * local / sp);
+        let mut out = Vec::new();
+        let mut at = 0;
+        for s in runs {
+            let (lo, hi) = (from.max(at), to.min(at + s.len));
+            if lo < hi {
+                out.push(Span {
+                    start: s.start + lo - at,
+                    len: hi - lo,
+                });
+            }
+            at += s.len;
+        }
+        out
     }
 
     /// Checks a model and sequence length against the layout before any work starts.
-    pub fn validate(&self, heads: usize, seq_len: usize, batch: usize) -> Result<()> {
+    pub fn validate(&self, heads: usize, _seq_len: usize, batch: usize) -> Result<()> {
         if !heads.is_multiple_of(self.sp) {
             return Err(Error::Invalid(format!(
                 "--sp {}: the model's {heads} attention heads do not divide by it; choose an SP \
-                 degree that divides {heads}",
+                 degree that divides {heads} (or use --cp, which splits the sequence instead of \
+                 the heads)",
                 self.sp
-            )));
-        }
-        if !seq_len.is_multiple_of(self.sp) {
-            return Err(Error::Invalid(format!(
-                "--sp {}: --seq-len {seq_len} does not divide by it; use a multiple of {}",
-                self.sp, self.sp
             )));
         }
         if !batch.is_multiple_of(self.dp) {
@@ -102,14 +205,51 @@ mod tests {
         let e = t.validate(6, 64, 4).unwrap_err().to_string();
         assert!(e.contains("6 attention heads"), "{e}");
         assert!(t
-            .validate(8, 62, 4)
-            .unwrap_err()
-            .to_string()
-            .contains("--seq-len 62"));
-        assert!(t
             .validate(8, 64, 3)
             .unwrap_err()
             .to_string()
             .contains("--batch-size 3"));
+    }
+
+    #[test]
+    fn grid_groups() {
+        // dp 2 × cp 2 × sp 2: rank 6 = (1·2 + 1)·2 + 0.
+        let t = Topology::grid(6, 2, 2, 2).unwrap();
+        assert_eq!((t.dp_rank(), t.cp_rank(), t.sp_rank()), (1, 1, 0));
+        assert_eq!(t.sp_group(), vec![6, 7]);
+        assert_eq!(t.cp_group(), vec![4, 6]);
+        assert_eq!(t.seq_group(), vec![4, 5, 6, 7]);
+        assert_eq!(t.dp_group(), vec![0, 2, 4, 6]);
+    }
+
+    /// Every position of the padded sequence is held by exactly one rank of a sequence group;
+    /// the zigzag gives each CP rank chunk c and 2·cp−1−c.
+    #[test]
+    fn spans_cover_the_sequence_once() {
+        for (cp, sp) in [(1, 1), (1, 3), (2, 1), (4, 1), (2, 2), (3, 2), (2, 3)] {
+            let probe = Topology::grid(0, 1, cp, sp).unwrap();
+            let padded = probe.padded_len(1001);
+            let pieces = if cp > 1 { 2 * cp * sp } else { sp };
+            assert!(padded >= 1001 && padded.is_multiple_of(pieces));
+            let mut seen = vec![0u8; padded];
+            for rank in 0..cp * sp {
+                let t = Topology::grid(rank, 1, cp, sp).unwrap();
+                let spans = t.spans(padded);
+                let n: usize = spans.iter().map(|s| s.len).sum();
+                assert_eq!(n, padded / (cp * sp), "cp {cp} sp {sp} rank {rank}");
+                for s in spans {
+                    seen[s.start..s.start + s.len]
+                        .iter_mut()
+                        .for_each(|x| *x += 1);
+                }
+            }
+            assert!(seen.iter().all(|&x| x == 1), "cp {cp} sp {sp}");
+        }
+        let t = Topology::grid(1, 1, 4, 1).unwrap();
+        let spans = t.spans(64);
+        assert_eq!(
+            spans,
+            vec![Span { start: 8, len: 8 }, Span { start: 48, len: 8 }]
+        );
     }
 }

@@ -30,9 +30,9 @@ pub struct SpGroup {
     pub comm: Arc<dyn Communicator>,
     /// Elements this rank passed to forward all-to-alls (q, k, v and the output), all layers.
     pub sent_forward: Arc<AtomicU64>,
-    /// With learned positions: the first table row of this rank's shard (see
-    /// `train::shard::position_rows`).
-    pub pos_first_row: usize,
+    /// With learned positions split over SP: the first table row of this rank's shard (see
+    /// `train::shard::position_rows`); `None` when every rank holds the whole table.
+    pub pos_shard: Option<usize>,
 }
 
 impl SpGroup {
@@ -40,7 +40,7 @@ impl SpGroup {
         Self {
             comm,
             sent_forward: Arc::new(AtomicU64::new(0)),
-            pos_first_row: 0,
+            pos_shard: None,
         }
     }
     pub fn degree(&self) -> usize {
@@ -211,8 +211,10 @@ pub fn ulysses_attention(
             .as_ref()
             .map(|s| s[r * hp..(r + 1) * hp].to_vec()),
         // The whole sequence is present now: global positions start at the shard group's base.
-        q_offset: opts.q_offset - r * q.dims()[2] / p,
-        k_offset: opts.k_offset - r * k.dims()[2] / p,
+        // (Inside a CP ring the tokens are two chunks and the ring reads its own positions;
+        // saturating keeps this harmless there.)
+        q_offset: opts.q_offset.saturating_sub(r * q.dims()[2] / p),
+        k_offset: opts.k_offset.saturating_sub(r * k.dims()[2] / p),
     };
     let o = attend(q, k, v, &local);
     exchange_op(o, group, Direction::HeadsToSeq)
@@ -230,8 +232,8 @@ impl SequenceParallel for SpGroup {
         ulysses_attention(q, k, v, opts, self, local)
     }
 
-    fn position_first_row(&self) -> usize {
-        self.pos_first_row
+    fn position_shard(&self) -> Option<usize> {
+        self.pos_shard
     }
 
     fn elements_sent(&self) -> u64 {

@@ -39,7 +39,7 @@ impl DistOptim {
     /// `state` holds the moments for this rank's parameters (position table already cut to the
     /// rank's rows), fresh or from a checkpoint.
     pub fn new(state: AdamW, model: &GenSlm, ranks: &Ranks, zero: bool) -> Self {
-        if !(zero && ranks.topo.dp > 1) {
+        if !(zero && ranks.dp.size() > 1) {
             return DistOptim::Replicated(state);
         }
         let (replicated, sharded) = param_groups(model);
@@ -185,10 +185,10 @@ impl DistOptim {
     /// other rank ever holds the whole state.
     pub fn full_state(&self, model: &GenSlm, ranks: &Ranks) -> Result<Option<AdamW>> {
         let (dp_root, sp_root) = (ranks.topo.dp_rank() == 0, ranks.topo.sp_rank() == 0);
-        let pos_shard = match (model.layout.embed_pos, &model.sp) {
-            (Some(i), Some(_)) => Some(i),
-            _ => None,
-        };
+        let pos_shard = model
+            .layout
+            .embed_pos
+            .filter(|_| model.position_shard().is_some());
         // This rank's moments of the position shard, gathered over SP where it is sharded.
         let local_pos = match (self, pos_shard) {
             (DistOptim::Replicated(o), Some(i)) => Some((o.m[i].clone(), o.v[i].clone())),

@@ -135,7 +135,7 @@ impl Engine {
             _ => {
                 let eval = self.model().without_autodiff();
                 let tokens = tokens_tensor(&lb.tokens, lb.rows, lb.cols, &eval.device);
-                eval.forward(tokens, lb.offset)
+                eval.forward_at(tokens, &lb.positions)
             }
         }
     }

@@ -126,15 +126,15 @@ pub fn loss_and_grads(
 
     // Forward.
     let em = w.model(&embed)?;
-    let ctx = em.layer_context(lb.offset, lb.cols);
+    let ctx = em.layer_context_at(&lb.positions);
     let (mut x, mut embed_graph) = if checkpoint {
         let f = em.without_autodiff();
-        (f.embed(tokens(&f.device), lb.offset)?, None)
+        (f.embed_at(tokens(&f.device), &lb.positions)?, None)
     } else {
-        let x0 = em.embed(tokens(&em.device), lb.offset)?;
+        let x0 = em.embed_at(tokens(&em.device), &lb.positions)?;
         (x0.clone().detach(), Some((x0, em.clone())))
     };
-    let frozen_ctx = checkpoint.then(|| em.without_autodiff().layer_context(lb.offset, lb.cols));
+    let frozen_ctx = checkpoint.then(|| em.without_autodiff().layer_context_at(&lb.positions));
     drop(em);
     let mut kept = Vec::with_capacity(n_layers);
     for li in 0..n_layers {
@@ -183,7 +183,7 @@ pub fn loss_and_grads(
         Some(pair) => pair,
         None => {
             let em = w.model(&embed)?;
-            (em.embed(tokens(&em.device), lb.offset)?, em)
+            (em.embed_at(tokens(&em.device), &lb.positions)?, em)
         }
     };
     let grads = (x0 * g).sum().backward();
@@ -198,10 +198,10 @@ pub fn forward_logits(
     lb: &LocalBatch,
 ) -> Result<Tensor<3>> {
     let m = w.model(&embed_units(layout))?.without_autodiff();
-    let ctx = m.layer_context(lb.offset, lb.cols);
-    let mut x = m.embed(
+    let ctx = m.layer_context_at(&lb.positions);
+    let mut x = m.embed_at(
         tokens_tensor(&lb.tokens, lb.rows, lb.cols, &m.device),
-        lb.offset,
+        &lb.positions,
     )?;
     for li in 0..layout.layers.len() {
         let m = w.model(&[Unit::Layer(li)])?.without_autodiff();

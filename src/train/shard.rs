@@ -1,10 +1,14 @@
 //! What one rank computes of a global batch, and how gradients are combined across ranks.
 //!
-//! `--batch-size` is the global batch: DP rank d takes rows `[d·B/D, (d+1)·B/D)`, SP rank r the
-//! token columns `[r·s/P, (r+1)·s/P)` of each row. A position's target is the next token of the
-//! whole row (for the last token of a shard, the first token of the next shard), so the sum of
-//! every rank's loss terms is exactly the single-rank loss. Gradients of replicated parameters
-//! are summed over all ranks; the learned-position shard's over the DP group only.
+//! `--batch-size` is the global batch: DP rank d takes rows `[d·B/D, (d+1)·B/D)`; the sequence
+//! group (CP × SP) takes the token columns of each row that `Topology::spans` gives it (SP rank
+//! r of P alone: `[r·s/P, (r+1)·s/P)`), the row padded at its end to the group's pieces. A
+//! position's target is the next token of the whole row (for the last token of a shard, the
+//! first token of the next shard), so the sum of every rank's loss terms is exactly the
+//! single-rank loss. Gradients of replicated parameters are summed over all ranks; the
+//! learned-position shard's over the DP group only.
+
+use std::sync::Arc;
 
 use burn::tensor::Tensor;
 
@@ -12,10 +16,13 @@ use crate::config::{ModelConfig, Position};
 use crate::data::loader::Batch;
 use crate::error::Result;
 use crate::model::neox::{host_to_param, masked_nll, tensor_to_vec};
+use crate::model::position::Positions;
 use crate::model::GenSlm;
 use crate::parallel::bucket::{all_reduce_bucketed, gather_unequal, unpack};
 use crate::parallel::comm::Communicator;
 use crate::parallel::ranks::Ranks;
+use crate::parallel::ring::{RingGroup, UlyssesRing};
+use crate::parallel::ulysses::SpGroup;
 use crate::train::optim::sum_of_squares;
 
 /// This rank's slice of a batch: tokens `[rows, cols]`, next-token targets and weights.
@@ -23,32 +30,39 @@ use crate::train::optim::sum_of_squares;
 pub struct LocalBatch {
     pub rows: usize,
     pub cols: usize,
-    /// Global position of the first column.
-    pub offset: usize,
+    /// Global positions of the columns (padding past the batch's length included).
+    pub positions: Positions,
     pub tokens: Vec<u32>,
     pub targets: Vec<i64>,
     pub weights: Vec<f32>,
 }
 
-/// Cuts this rank's slice out of a global batch.
+/// Cuts this rank's slice out of a global batch. The sequence is padded at the end to the
+/// sequence group's pieces ([`crate::parallel::Topology::padded_len`]); padding tokens carry
+/// token id 0 and no loss.
 pub fn local_batch(b: &Batch, ranks: &Ranks) -> LocalBatch {
     let t = &ranks.topo;
     let rows = b.batch / t.dp;
-    let cols = b.seq_len / t.sp;
-    let (r0, c0) = (t.dp_rank() * rows, t.sp_rank() * cols);
+    let spans = t.spans(t.padded_len(b.seq_len));
+    let cols: usize = spans.iter().map(|s| s.len).sum();
+    let r0 = t.dp_rank() * rows;
     let mut out = LocalBatch {
         rows,
         cols,
-        offset: c0,
+        positions: Positions {
+            spans: spans.clone(),
+            real_end: b.seq_len,
+        },
         tokens: Vec::with_capacity(rows * cols),
         targets: Vec::with_capacity(rows * cols),
         weights: Vec::with_capacity(rows * cols),
     };
     for r in r0..r0 + rows {
-        for c in c0..c0 + cols {
+        for c in spans.iter().flat_map(|s| s.start..s.start + s.len) {
             let i = r * b.seq_len + c;
-            out.tokens.push(b.tokens[i]);
-            let has_next = c + 1 < b.seq_len && b.mask[i + 1] == 1;
+            let real = c < b.seq_len;
+            out.tokens.push(if real { b.tokens[i] } else { 0 });
+            let has_next = real && c + 1 < b.seq_len && b.mask[i + 1] == 1;
             out.targets
                 .push(if has_next { b.tokens[i + 1] as i64 } else { 0 });
             out.weights.push(if has_next { 1.0 } else { 0.0 });
@@ -117,11 +131,10 @@ fn reduce_params_on_device(
 /// Indices of replicated parameters and of the SP-sharded one (the learned position table when
 /// sequence parallelism shards it).
 pub fn param_groups(model: &GenSlm) -> (Vec<usize>, Vec<usize>) {
-    let sharded = if model.sp.is_some() {
-        model.layout.embed_pos
-    } else {
-        None
-    };
+    let sharded = model
+        .layout
+        .embed_pos
+        .filter(|_| model.position_shard().is_some());
     let all = 0..model.params.len();
     (
         all.clone().filter(|&i| Some(i) != sharded).collect(),
@@ -151,17 +164,18 @@ pub fn global_grad_norm(grads: &[Tensor<1>], model: &GenSlm, ranks: &Ranks) -> R
 }
 
 /// The rows `(first, count)` of a learned-position table of `table_rows` rows that SP rank `r`
-/// of `p` owns when training on sequences of `seq_len`: rank r's tokens use positions
-/// `[r·s/P, (r+1)·s/P)`, so it owns those rows; the last rank also keeps the rows past the
-/// sequence `[s, M)`, which no step reads but a checkpoint must return unchanged (AdamW's
-/// weight decay still applies to them, exactly as on one rank).
-pub fn position_rows(seq_len: usize, table_rows: usize, p: usize, r: usize) -> (usize, usize) {
-    let stride = seq_len / p;
-    let first = r * stride;
+/// of `p` owns when training on sequences padded to `padded` tokens: rank r's tokens use
+/// positions `[r·s/P, (r+1)·s/P)`, so it owns those rows (clipped to the table: padding needs
+/// none); the last rank also keeps the rows past the sequence `[s, M)`, which no step reads but
+/// a checkpoint must return unchanged (AdamW's weight decay still applies to them, exactly as
+/// on one rank).
+pub fn position_rows(padded: usize, table_rows: usize, p: usize, r: usize) -> (usize, usize) {
+    let stride = padded / p;
+    let first = (r * stride).min(table_rows);
     let count = if r + 1 == p {
         table_rows - first
     } else {
-        stride
+        stride.min(table_rows - first)
     };
     (first, count)
 }
@@ -179,27 +193,28 @@ pub fn check_positions(cfg: &ModelConfig, seq_len: usize) -> Result<()> {
     Ok(())
 }
 
-/// Turns a full (replicated) model into this rank's: joins the SP group and, with learned
-/// positions, keeps only this rank's rows of the table (and of its Adam moments), see
-/// [`position_rows`].
+/// Turns a full (replicated) model into this rank's: joins the sequence group (Ulysses over SP,
+/// the ring over CP, or both) and, with learned positions under SP alone, keeps only this
+/// rank's rows of the table (and of its Adam moments), see [`position_rows`]. Under CP every
+/// rank keeps the whole table: its zigzag chunks read rows from both ends of it.
 pub fn shard_model(
     mut model: GenSlm,
     moments: Option<(&mut Vec<Tensor<1>>, &mut Vec<Tensor<1>>)>,
     ranks: &Ranks,
     seq_len: usize,
 ) -> Result<GenSlm> {
-    let p = ranks.topo.sp;
-    if p == 1 {
+    let t = &ranks.topo;
+    if t.seq_degree() == 1 {
         return Ok(model);
     }
     check_positions(&model.cfg, seq_len)?;
-    let mut group = crate::parallel::ulysses::SpGroup::new(ranks.sp.clone());
-    if let Some(pos) = model.layout.embed_pos {
+    let mut ulysses = SpGroup::new(ranks.sp.clone());
+    if let (Some(pos), 1) = (model.layout.embed_pos, t.cp) {
         let [rows, h] = [
             model.layout.specs[pos].shape[0],
             model.layout.specs[pos].shape[1],
         ];
-        let (first, count) = position_rows(seq_len, rows, p, ranks.topo.sp_rank());
+        let (first, count) = position_rows(t.padded_len(seq_len), rows, t.sp, t.sp_rank());
         let cut = |t: &Tensor<1>| t.clone().narrow(0, first * h, count * h);
         model.params[pos] = cut(&model.params[pos]);
         if let Some((m, v)) = moments {
@@ -207,9 +222,14 @@ pub fn shard_model(
             v[pos] = cut(&v[pos]);
         }
         model.layout.specs[pos].shape = vec![count, h];
-        group.pos_first_row = first;
+        ulysses.pos_shard = Some(first);
     }
-    model.sp = Some(std::sync::Arc::new(group));
+    let ring = RingGroup::new(ranks.cp.clone());
+    model.sp = Some(match (t.sp > 1, t.cp > 1) {
+        (true, false) => Arc::new(ulysses),
+        (false, true) => Arc::new(ring),
+        _ => Arc::new(UlyssesRing { ulysses, ring }),
+    });
     Ok(model)
 }
 

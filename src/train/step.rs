@@ -62,7 +62,7 @@ pub fn loss_and_grads(
             continue;
         }
         let tokens = tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device);
-        let logits = model.forward(tokens, lb.offset)?;
+        let logits = model.forward_at(tokens, &lb.positions)?;
         let scaled = local_nll(logits, &lb) / denom;
         loss += tensor_to_vec(&scaled)[0] as f64;
         accumulate(model, &scaled.backward(), &mut acc);

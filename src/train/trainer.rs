@@ -15,8 +15,8 @@ use crate::data::loader::{Batch, Corpus, Loader};
 use crate::error::{Error, Result};
 use crate::model::neox::tensor_to_vec;
 use crate::model::GenSlm;
-use crate::parallel::ranks::{abort_all, thread_ranks, Ranks};
-use crate::parallel::Topology;
+use crate::parallel::ranks::{abort_all, thread_grid, Ranks};
+use crate::parallel::{Degrees, Topology};
 use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
 use crate::train::engine::Engine;
 use crate::train::metrics::{
@@ -63,10 +63,23 @@ pub fn train_threads(
     dp: usize,
     sp: usize,
 ) -> Result<TrainSummary> {
-    let topo = Topology::new(0, dp, sp)?;
+    train_grid(cfg, data, run, opts, Degrees { dp, cp: 1, sp })
+}
+
+/// [`train_threads`] on a DP × CP × SP grid.
+pub fn train_grid(
+    cfg: &Config,
+    data: &DataSource,
+    run: &Path,
+    opts: &RunOptions,
+    d: Degrees,
+) -> Result<TrainSummary> {
+    let (dp, cp, sp) = (d.dp, d.cp, d.sp);
+    let topo = Topology::grid(0, dp, cp, sp)?;
     validate_layout(cfg, &topo)?;
-    check_memory(cfg, dp, sp, dp * sp, opts)?;
-    if dp * sp == 1 {
+    let n = d.world();
+    check_memory(cfg, dp, topo.seq_degree(), n, opts)?;
+    if n == 1 {
         if cfg.train.zero >= 2 {
             eprintln!(
                 "note: ZeRO-{} with one rank has nothing to shard: the whole model stays on \
@@ -80,12 +93,12 @@ pub fn train_threads(
     let timeout = Duration::from_secs(cfg.train.rank_timeout_s);
     let (tx, rx) = std::sync::mpsc::channel();
     let mut started = 0;
-    for ranks in thread_ranks(dp, sp, timeout) {
+    for ranks in thread_grid(dp, cp, sp, timeout) {
         let (cfg, corpus, run) = (cfg.clone(), corpus.clone(), run.to_path_buf());
         let opts = RunOptions {
             progress: opts.progress && ranks.is_root(),
             thread_rank: ranks.topo.rank,
-            ranks_in_process: dp * sp,
+            ranks_in_process: n,
             ..opts.clone()
         };
         let tx = tx.clone();
@@ -154,7 +167,7 @@ pub fn train_with_ranks(
 ) -> Result<TrainSummary> {
     run_rank_guarded(ranks, || {
         validate_layout(cfg, &ranks.topo)?;
-        check_memory(cfg, ranks.topo.dp, ranks.topo.sp, 1, opts)?;
+        check_memory(cfg, ranks.topo.dp, ranks.topo.seq_degree(), 1, opts)?;
         // Rank 0 may tokenize for a long time: the others wait without a deadline.
         let corpus = if ranks.is_root() {
             let c = prepare_run(cfg, data, run, opts);
@@ -467,7 +480,11 @@ fn gather_full(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<(G
     };
     let full_opt = opt.full_state(model, ranks)?;
     let mut table = None;
-    if let (Some(pos), Some(_), 0) = (model.layout.embed_pos, &model.sp, ranks.topo.dp_rank()) {
+    if let (Some(pos), Some(_), 0) = (
+        model.layout.embed_pos,
+        model.position_shard(),
+        ranks.topo.dp_rank(),
+    ) {
         table = gather_shard_to_root(&model.params[pos], ranks)?;
     }
     let Some(full_opt) = full_opt else {
@@ -483,7 +500,8 @@ fn gather_full(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<(G
 }
 
 /// Mean next-token NLL over the validation windows, on a copy without autodiff. Every DP
-/// replica evaluates all windows; SP ranks each their columns, summed over the SP group.
+/// replica evaluates all windows; its sequence group's ranks each their columns, summed over
+/// the group.
 fn validation_loss(
     engine: &mut Engine,
     corpus: &Corpus,
@@ -493,14 +511,10 @@ fn validation_loss(
     if corpus.val.is_empty() {
         return Ok(None);
     }
-    // Rows are not split for validation: view the layout as DP = 1.
+    // Rows are not split for validation: view the layout as DP = 1 (this sequence group).
+    let t = &ranks.topo;
     let view = Ranks {
-        topo: Topology {
-            dp: 1,
-            world: ranks.topo.sp,
-            rank: ranks.topo.sp_rank(),
-            sp: ranks.topo.sp,
-        },
+        topo: Topology::grid(t.rank % t.seq_degree(), 1, t.cp, t.sp)?,
         ..ranks.clone()
     };
     let (mut sum, mut n) = (0.0f64, 0usize);
@@ -512,8 +526,8 @@ fn validation_loss(
         sum += tensor_to_vec(&local_nll(logits, &lb))[0] as f64;
     }
     let mut buf = [sum];
-    if ranks.topo.sp > 1 {
-        ranks.sp.all_reduce_sum_f64(&mut buf)?;
+    if ranks.topo.seq_degree() > 1 {
+        ranks.seq.all_reduce_sum_f64(&mut buf)?;
         sum = buf[0];
     }
     Ok(Some(sum / n.max(1) as f64))

@@ -65,7 +65,7 @@ impl ZeroUnits {
     /// already cut) for this rank. `stage` is 2 or 3.
     pub fn new(mut model: GenSlm, moments: AdamW, stage: u8, ranks: &Ranks) -> Self {
         let layout = model.layout.clone();
-        let pos_split = model.sp.is_some();
+        let pos_split = model.position_shard().is_some();
         let full = (moments.m.as_slice(), moments.v.as_slice(), moments.step);
         let units = Unit::all(&layout)
             .into_iter()
@@ -224,7 +224,7 @@ impl ZeroUnits {
             let (Some(vals), Some(moments)) = (vals, moments) else {
                 continue;
             };
-            let split_rows = u.unit == Unit::Pos && self.model.sp.is_some();
+            let split_rows = u.unit == Unit::Pos && self.model.position_shard().is_some();
             for ((i, x), (_, mi, vi)) in vals.into_iter().zip(moments) {
                 if split_rows {
                     // This rank holds its SP rank's rows: join them over the SP group.

@@ -1,0 +1,492 @@
+//! Context parallelism: ring attention over the CP group (docs/ARCHITECTURE.md §5).
+//!
+//! Each CP rank c holds two chunks of every sequence, c and 2C−1−c of 2C equal chunks
+//! ([`crate::parallel::Topology::spans`]): under a causal mask chunk k attends to chunks ≤ k,
+//! so the pair gives every rank the same work. Attention runs in C steps: at step t a rank holds
+//! the K/V block of rank (c − t) mod C, computes FlashAttention of each of its query chunks
+//! against each key chunk that is not entirely in the future (global positions as offsets, so
+//! ALiBi and causality are exact), and merges the partial results with their log-sum-exps
+//! (online softmax across blocks). Between steps the block moves one rank along the ring.
+//!
+//! The backward walks the same ring: each block travels with its dK/dV accumulators, every rank
+//! adds its queries' contribution (FlashAttention-2's backward with the final output and
+//! log-sum-exp, so the merge needs no gradient of its own), and one last step brings each
+//! block's gradients home. dQ stays local.
+//!
+//! The communicator's `ring_pass` is blocking: the next block's transfer does not overlap the
+//! current block's compute (threads move it through shared memory, MPI with one
+//! `MPI_Sendrecv`, NCCL stages it through the host group for now).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff};
+use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
+use burn::tensor::{Tensor, TensorData};
+
+use crate::model::attention::{AttnOptions, LocalAttention, SequenceParallel};
+use crate::model::attention_op::{differentiable, AttentionKernels};
+use crate::model::flash::{
+    flash_attention_backward, flash_attention_forward, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q,
+};
+use crate::parallel::comm::Communicator;
+use crate::parallel::ulysses::{ulysses_attention, SpGroup};
+
+/// The CP ring of one rank, shared by every layer.
+#[derive(Debug, Clone)]
+pub struct RingGroup {
+    pub comm: Arc<dyn Communicator>,
+    /// Elements this rank passed along the ring in forwards (all layers).
+    pub sent_forward: Arc<AtomicU64>,
+    /// Query–key pairs inside the causal mask this rank scored in forwards, summed over batch
+    /// and heads (all layers): the attention work, equal across ranks under the zigzag.
+    pub scored: Arc<AtomicU64>,
+}
+
+impl RingGroup {
+    pub fn new(comm: Arc<dyn Communicator>) -> Self {
+        Self {
+            comm,
+            sent_forward: Arc::new(AtomicU64::new(0)),
+            scored: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+/// The op's non-tensor argument.
+#[derive(Debug, Clone)]
+pub struct RingParams {
+    pub group: RingGroup,
+    pub causal: bool,
+    /// Per-head ALiBi slopes of the heads in this call.
+    pub alibi: Option<Vec<f64>>,
+}
+
+#[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
+pub trait RingOps: Backend {
+    /// The output and row log-sum-exp of this rank's queries over the whole sequence.
+    fn ring_attention_fwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        params: RingParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `(dq, dk, dv)` of this rank's q, k, v.
+    #[allow(clippy::too_many_arguments)]
+    fn ring_attention_bwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        o: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_o: FloatTensor<Self>,
+        params: RingParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The differentiable op (output only).
+    fn ring_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        params: RingParams,
+    ) -> FloatTensor<Self>;
+}
+
+const LEFT: &str = "ring attention: a result left the backend of its input";
+
+/// The op on a concrete backend, through the tensor-level ring below.
+macro_rules! ring_for {
+    ($backend:ty) => {
+        impl RingOps for $backend {
+            fn ring_attention_fwd(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                params: RingParams,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+                let t = |x| Tensor::<4>::from_primitive::<Self>(x);
+                let (o, lse) = ring_forward(t(q), t(k), t(v), &params);
+                (
+                    o.try_into_primitive::<Self>().expect(LEFT),
+                    lse.try_into_primitive::<Self>().expect(LEFT),
+                )
+            }
+
+            fn ring_attention_bwd(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                o: FloatTensor<Self>,
+                lse: FloatTensor<Self>,
+                d_o: FloatTensor<Self>,
+                params: RingParams,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+                let t = |x| Tensor::<4>::from_primitive::<Self>(x);
+                let lse = Tensor::<3>::from_primitive::<Self>(lse);
+                let (dq, dk, dv) = ring_backward(t(q), t(k), t(v), t(o), lse, t(d_o), &params);
+                (
+                    dq.try_into_primitive::<Self>().expect(LEFT),
+                    dk.try_into_primitive::<Self>().expect(LEFT),
+                    dv.try_into_primitive::<Self>().expect(LEFT),
+                )
+            }
+
+            fn ring_attention(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                params: RingParams,
+            ) -> FloatTensor<Self> {
+                Self::ring_attention_fwd(q, k, v, params).0
+            }
+        }
+    };
+}
+
+ring_for!(Flex);
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+ring_for!(burn::backend::Cube);
+
+impl<B: Backend + RingOps, C: CheckpointStrategy> RingOps for Autodiff<B, C> {
+    fn ring_attention_fwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        params: RingParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (o, lse) = B::ring_attention_fwd(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            params,
+        );
+        (FloatTensor::<Self>::new(o), FloatTensor::<Self>::new(lse))
+    }
+
+    fn ring_attention_bwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        o: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_o: FloatTensor<Self>,
+        params: RingParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (dq, dk, dv) = B::ring_attention_bwd(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            o.into_primitive(),
+            lse.into_primitive(),
+            d_o.into_primitive(),
+            params,
+        );
+        (
+            FloatTensor::<Self>::new(dq),
+            FloatTensor::<Self>::new(dk),
+            FloatTensor::<Self>::new(dv),
+        )
+    }
+
+    fn ring_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        params: RingParams,
+    ) -> FloatTensor<Self> {
+        // Every rank of the ring runs the backward (the same layers in the same order), so
+        // its ring passes pair up.
+        differentiable::<B, C, _>(q, k, v, params)
+    }
+}
+
+impl<B: Backend + RingOps> AttentionKernels<B> for RingParams {
+    fn forward(
+        &self,
+        q: FloatTensor<B>,
+        k: FloatTensor<B>,
+        v: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        B::ring_attention_fwd(q, k, v, self.clone())
+    }
+
+    fn backward(
+        &self,
+        q: FloatTensor<B>,
+        k: FloatTensor<B>,
+        v: FloatTensor<B>,
+        o: FloatTensor<B>,
+        lse: FloatTensor<B>,
+        d_o: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        B::ring_attention_bwd(q, k, v, o, lse, d_o, self.clone())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ring on plain tensors.
+
+/// Global start of each of a rank's two chunks of length `len`.
+fn chunk_starts(rank: usize, size: usize, len: usize) -> [usize; 2] {
+    [rank * len, (2 * size - 1 - rank) * len]
+}
+
+/// Whether query chunk at `qs` scores key chunk at `ks` (equal lengths, so a key chunk is
+/// entirely before, the same as, or entirely after a query chunk).
+fn scores(p: &RingParams, qs: usize, ks: usize) -> bool {
+    !p.causal || ks <= qs
+}
+
+fn options(p: &RingParams, qs: usize, ks: usize) -> AttnOptions {
+    AttnOptions {
+        causal: p.causal,
+        alibi: p.alibi.clone(),
+        q_offset: qs,
+        k_offset: ks,
+    }
+}
+
+/// The two chunks of `x: [b, h, 2·len, d]` along the sequence.
+fn halves(x: &Tensor<4>) -> [Tensor<4>; 2] {
+    let len = x.dims()[2] / 2;
+    [x.clone().narrow(2, 0, len), x.clone().narrow(2, len, len)]
+}
+
+/// Sends `parts` one step along the ring and returns the neighbour's, same shapes.
+fn pass(group: &RingGroup, parts: &[Tensor<4>], count: bool) -> Vec<Tensor<4>> {
+    let mut flat = Vec::new();
+    for t in parts {
+        flat.extend(
+            t.clone()
+                .try_into_vec_as::<f32>()
+                .expect("float tensors convert to f32"),
+        );
+    }
+    if count {
+        group
+            .sent_forward
+            .fetch_add(flat.len() as u64, Ordering::Relaxed);
+    }
+    let got = group
+        .comm
+        .ring_pass(&flat)
+        .unwrap_or_else(|e| panic!("context-parallel ring pass failed: {e}"));
+    let mut at = 0;
+    parts
+        .iter()
+        .map(|t| {
+            let n = t.shape().num_elements();
+            let piece = got[at..at + n].to_vec();
+            at += n;
+            Tensor::from_data(TensorData::new(piece, t.dims()), (&t.device(), t.dtype()))
+        })
+        .collect()
+}
+
+/// Merges two partial attention results over disjoint keys by their log-sum-exps:
+/// `lse = log(e^la + e^lb)`, `o = oa·e^(la − lse) + ob·e^(lb − lse)`.
+fn merge(a: (Tensor<4>, Tensor<3>), b: (Tensor<4>, Tensor<3>)) -> (Tensor<4>, Tensor<3>) {
+    let ((oa, la), (ob, lb)) = (a, b);
+    let dims = oa.dims();
+    let m = la.clone().max_pair(lb.clone());
+    let lse = m.clone() + ((la.clone() - m.clone()).exp() + (lb.clone() - m).exp()).log();
+    let weight = |l: Tensor<3>| (l - lse.clone()).exp().unsqueeze_dim::<4>(3).expand(dims);
+    (oa * weight(la) + ob * weight(lb), lse)
+}
+
+/// Forward of the ring: `(o [b, h, 2·len, d], lse [b, h, 2·len])`.
+pub fn ring_forward(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    p: &RingParams,
+) -> (Tensor<4>, Tensor<3>) {
+    let (c, n) = (p.group.comm.rank(), p.group.comm.size());
+    let [b, h, s2, _] = q.dims();
+    let len = s2 / 2;
+    let qs = chunk_starts(c, n, len);
+    let qc = halves(&q);
+    let mut kv = vec![k, v];
+    let mut acc: [Option<(Tensor<4>, Tensor<3>)>; 2] = [None, None];
+    for t in 0..n {
+        let j = (c + n - t) % n;
+        let ks = chunk_starts(j, n, len);
+        let (kc, vc) = (halves(&kv[0]), halves(&kv[1]));
+        for qi in 0..2 {
+            for ki in 0..2 {
+                if !scores(p, qs[qi], ks[ki]) {
+                    continue;
+                }
+                let pairs = if p.causal && qs[qi] == ks[ki] {
+                    len * (len + 1) / 2
+                } else {
+                    len * len
+                };
+                p.group
+                    .scored
+                    .fetch_add((b * h * pairs) as u64, Ordering::Relaxed);
+                let part = flash_attention_forward(
+                    qc[qi].clone(),
+                    kc[ki].clone(),
+                    vc[ki].clone(),
+                    &options(p, qs[qi], ks[ki]),
+                    DEFAULT_BLOCK_Q,
+                    DEFAULT_BLOCK_K,
+                );
+                acc[qi] = Some(match acc[qi].take() {
+                    None => part,
+                    Some(prev) => merge(prev, part),
+                });
+            }
+        }
+        if t + 1 < n {
+            kv = pass(&p.group, &kv, true);
+        }
+    }
+    let [a0, a1] = acc.map(|a| a.expect("every query chunk sees at least its own chunk"));
+    (
+        Tensor::cat(vec![a0.0, a1.0], 2),
+        Tensor::cat(vec![a0.1, a1.1], 2),
+    )
+}
+
+/// Backward of the ring: `(dq, dk, dv)` of this rank's chunks.
+pub fn ring_backward(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    o: Tensor<4>,
+    lse: Tensor<3>,
+    d_o: Tensor<4>,
+    p: &RingParams,
+) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let (c, n) = (p.group.comm.rank(), p.group.comm.size());
+    let len = q.dims()[2] / 2;
+    let qs = chunk_starts(c, n, len);
+    let (qc, oc, doc) = (halves(&q), halves(&o), halves(&d_o));
+    let lc = [lse.clone().narrow(2, 0, len), lse.narrow(2, len, len)];
+    let mut dq: [Option<Tensor<4>>; 2] = [None, None];
+    // The travelling block: k, v and their gradient accumulators.
+    let mut block = vec![k.clone(), v, k.zeros_like(), k.zeros_like()];
+    for t in 0..n {
+        let j = (c + n - t) % n;
+        let ks = chunk_starts(j, n, len);
+        let (kc, vc) = (halves(&block[0]), halves(&block[1]));
+        let (mut dk, mut dv) = (halves(&block[2]), halves(&block[3]));
+        for qi in 0..2 {
+            for ki in 0..2 {
+                if !scores(p, qs[qi], ks[ki]) {
+                    continue;
+                }
+                let (g_q, g_k, g_v) = flash_attention_backward(
+                    qc[qi].clone(),
+                    kc[ki].clone(),
+                    vc[ki].clone(),
+                    oc[qi].clone(),
+                    lc[qi].clone(),
+                    doc[qi].clone(),
+                    &options(p, qs[qi], ks[ki]),
+                    DEFAULT_BLOCK_Q,
+                    DEFAULT_BLOCK_K,
+                );
+                dq[qi] = Some(match dq[qi].take() {
+                    None => g_q,
+                    Some(d) => d + g_q,
+                });
+                dk[ki] = dk[ki].clone() + g_k;
+                dv[ki] = dv[ki].clone() + g_v;
+            }
+        }
+        let [dk0, dk1] = dk;
+        let [dv0, dv1] = dv;
+        block[2] = Tensor::cat(vec![dk0, dk1], 2);
+        block[3] = Tensor::cat(vec![dv0, dv1], 2);
+        if t + 1 < n {
+            block = pass(&p.group, &block, false);
+        }
+    }
+    // After the last step this rank holds the block of rank c + 1: one more step brings every
+    // block's gradients to their owner.
+    let grads = pass(&p.group, &block[2..], false);
+    let [dq0, dq1] = dq.map(|d| d.expect("every query chunk sees at least its own chunk"));
+    let mut grads = grads.into_iter();
+    let (dk, dv) = (grads.next().expect("dk"), grads.next().expect("dv"));
+    (Tensor::cat(vec![dq0, dq1], 2), dk, dv)
+}
+
+/// Ring attention on (possibly autodiff) tensors.
+pub fn ring_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    opts: &AttnOptions,
+    group: &RingGroup,
+) -> Tensor<4> {
+    let params = RingParams {
+        group: group.clone(),
+        causal: opts.causal,
+        alibi: opts.alibi.clone(),
+    };
+    Tensor::from_dispatch(<Dispatch as RingOps>::ring_attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        params,
+    ))
+}
+
+impl SequenceParallel for RingGroup {
+    /// Ring attention over this rank's two zigzag chunks; positions come from the ring's own
+    /// layout, so `opts`' offsets are not read and `local` is not used (the ring runs the
+    /// FlashAttention op itself, which its merge needs).
+    fn attention(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        opts: &AttnOptions,
+        _local: LocalAttention<'_>,
+    ) -> Tensor<4> {
+        ring_attention(q, k, v, opts, self)
+    }
+
+    fn position_shard(&self) -> Option<usize> {
+        None
+    }
+
+    fn elements_sent(&self) -> u64 {
+        self.sent_forward.load(Ordering::Relaxed)
+    }
+}
+
+/// Ulysses inside the CP ring (USP's 2-D layout): the all-to-all over SP gathers this CP rank's
+/// two chunks for a group of heads, the ring runs over CP on them, the inverse all-to-all
+/// returns the sequence shard.
+#[derive(Debug, Clone)]
+pub struct UlyssesRing {
+    pub ulysses: SpGroup,
+    pub ring: RingGroup,
+}
+
+impl SequenceParallel for UlyssesRing {
+    fn attention(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        opts: &AttnOptions,
+        _local: LocalAttention<'_>,
+    ) -> Tensor<4> {
+        let ring = |q, k, v, o: &AttnOptions| ring_attention(q, k, v, o, &self.ring);
+        ulysses_attention(q, k, v, opts, &self.ulysses, &ring)
+    }
+
+    fn position_shard(&self) -> Option<usize> {
+        None
+    }
+
+    fn elements_sent(&self) -> u64 {
+        self.ulysses.elements_sent() + self.ring.elements_sent()
+    }
+}

@@ -1,0 +1,88 @@
+//! What the equivalence tests share: the tiny config at a sequence length, the repository's
+//! FASTA, and the comparisons of a run's loss curve and final checkpoint with a reference run.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use genslm::config::{Config, Position};
+use genslm::model::tensors::read_safetensors;
+use genslm::train::metrics::StepMetrics;
+use genslm::train::trainer::DataSource;
+
+pub const STEPS: u64 = 8;
+
+pub fn data() -> DataSource {
+    DataSource::Fasta(vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("data")])
+}
+
+/// configs/tiny.toml (4 heads) with `pos`, sequences of `seq` tokens, batch 4, 8 steps.
+pub fn tiny(pos: Position, seq: usize) -> Config {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+    let mut cfg = Config::load(&path).unwrap();
+    cfg.model.position = pos;
+    cfg.model.max_position_embeddings = 2 * seq;
+    cfg.train.seq_len = seq;
+    cfg.train.batch_size = 4;
+    cfg.train.steps = STEPS;
+    cfg.train.val_every = 4;
+    cfg.train.lr = 3e-3;
+    cfg
+}
+
+/// Losses, validation losses and gradient norms equal the reference's (≤ 1e-5 relative).
+pub fn same_curve(m: &[StepMetrics], reference: &[StepMetrics], what: &str) {
+    assert_eq!(m.len(), reference.len(), "{what}: steps logged");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1e-3);
+    for (a, b) in m.iter().zip(reference) {
+        assert!(
+            close(a.loss, b.loss),
+            "{what} step {}: loss {} vs {}",
+            a.step,
+            a.loss,
+            b.loss
+        );
+        assert!(
+            close(a.grad_norm, b.grad_norm),
+            "{what} step {}: grad norm {} vs {}",
+            a.step,
+            a.grad_norm,
+            b.grad_norm
+        );
+        let (va, vb) = (a.val_loss.unwrap_or(0.0), b.val_loss.unwrap_or(0.0));
+        assert!(close(va, vb), "{what} step {}: val {va} vs {vb}", a.step);
+    }
+}
+
+/// The last checkpoint holds the one-rank weights (1e-4 absolute: AdamW moves a weight by up
+/// to lr per step whatever the gradient's size, so sub-ulp gradient differences can move it
+/// by a fraction of that) and moments (1e-3 of the tensor's largest magnitude), by name.
+pub fn same_checkpoint(a: &Path, b: &Path, what: &str) {
+    for (file, moments) in [
+        ("model.safetensors", false),
+        ("optimizer.safetensors", true),
+    ] {
+        let read = |d: &Path| {
+            read_safetensors(&d.join(format!("checkpoints/step-{STEPS}/{file}")))
+                .unwrap()
+                .0
+        };
+        let (ta, tb) = (read(a), read(b));
+        assert_eq!(ta.len(), tb.len(), "{what}: {file} tensor count");
+        for (name, y) in &tb {
+            let x = &ta[name];
+            assert_eq!(x.shape, y.shape, "{what}: {file} {name}");
+            let diff = x
+                .data
+                .iter()
+                .zip(&y.data)
+                .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+            let scale = y.data.iter().fold(0f32, |m, q| m.max(q.abs()));
+            let tol = if moments {
+                1e-3 * scale.max(1e-12)
+            } else {
+                1e-4
+            };
+            assert!(diff <= tol, "{what}: {file} {name} differs by {diff}");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Ring attention (context parallelism) against naive attention over the whole sequence on one
+//! rank: the output and the gradients of q, k and v, each rank holding its two zigzag chunks,
+//! causal with rotary-style plain scores and with ALiBi, CP 2 / 3 / 4. Plus the work balance
+//! the zigzag exists for: every rank scores the same number of query–key pairs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use burn::tensor::{Device, Tensor, TensorData};
+use genslm::model::attention::{naive_attention, AttnOptions};
+use genslm::model::position::alibi_slopes;
+use genslm::parallel::ring::{ring_attention, RingGroup};
+use genslm::parallel::threads::thread_group;
+use genslm::parallel::Topology;
+use genslm::rng::SplitMix64;
+
+const B: usize = 2;
+const H: usize = 3;
+const D: usize = 8;
+
+fn random(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
+        .collect()
+}
+
+/// `x: [B, H, s, D]` host values → the columns `cols` of the sequence dim, in that order.
+fn take_cols(x: &[f32], s: usize, cols: &[usize]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(B * H * cols.len() * D);
+    for bh in 0..B * H {
+        for &c in cols {
+            let at = (bh * s + c) * D;
+            out.extend_from_slice(&x[at..at + D]);
+        }
+    }
+    out
+}
+
+fn values(t: Tensor<4>) -> Vec<f32> {
+    t.try_into_vec_as::<f32>().unwrap()
+}
+
+/// Output and (dq, dk, dv) of `Σ attn(q, k, v) ⊙ w`, as host vectors.
+fn out_and_grads(
+    attn: impl Fn(Tensor<4>, Tensor<4>, Tensor<4>) -> Tensor<4>,
+    x: [&[f32]; 4],
+    s: usize,
+) -> [Vec<f32>; 4] {
+    let dev = Device::flex().autodiff();
+    let t = |v: &[f32]| Tensor::<4>::from_data(TensorData::new(v.to_vec(), [B, H, s, D]), &dev);
+    let (q, k, v) = (
+        t(x[0]).require_grad(),
+        t(x[1]).require_grad(),
+        t(x[2]).require_grad(),
+    );
+    let out = attn(q.clone(), k.clone(), v.clone());
+    let grads = (out.clone() * t(x[3])).sum().backward();
+    [
+        values(out),
+        values(q.grad(&grads).unwrap()),
+        values(k.grad(&grads).unwrap()),
+        values(v.grad(&grads).unwrap()),
+    ]
+}
+
+fn check(cp: usize, s: usize, alibi: bool) {
+    let mut rng = SplitMix64::new(cp as u64 * 1000 + s as u64);
+    let n = B * H * s * D;
+    let data: Vec<Vec<f32>> = (0..4).map(|_| random(&mut rng, n)).collect();
+    let opts = AttnOptions {
+        causal: true,
+        alibi: alibi.then(|| alibi_slopes(H)),
+        q_offset: 0,
+        k_offset: 0,
+    };
+    let x = [&data[0][..], &data[1], &data[2], &data[3]];
+    let want = out_and_grads(|q, k, v| naive_attention(q, k, v, &opts), x, s);
+
+    let comms = thread_group(cp, Duration::from_secs(60));
+    let handles: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(rank, comm)| {
+            let (data, opts) = (data.clone(), opts.clone());
+            std::thread::spawn(move || {
+                let topo = Topology::grid(rank, 1, cp, 1).unwrap();
+                let cols: Vec<usize> = topo
+                    .spans(s)
+                    .iter()
+                    .flat_map(|sp| sp.start..sp.start + sp.len)
+                    .collect();
+                let mine: Vec<Vec<f32>> = data.iter().map(|d| take_cols(d, s, &cols)).collect();
+                let group = RingGroup::new(Arc::new(comm));
+                let got = out_and_grads(
+                    |q, k, v| ring_attention(q, k, v, &opts, &group),
+                    [&mine[0], &mine[1], &mine[2], &mine[3]],
+                    cols.len(),
+                );
+                let scored = group.scored.load(std::sync::atomic::Ordering::Relaxed);
+                (cols, got, scored)
+            })
+        })
+        .collect();
+    let mut work = Vec::new();
+    for h in handles {
+        let (cols, got, scored) = h.join().unwrap();
+        work.push(scored);
+        for (what, (g, w)) in ["o", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+            let w = take_cols(w, s, &cols);
+            let scale = w.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
+            let diff = g
+                .iter()
+                .zip(&w)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                diff <= 1e-5 * scale.max(1.0),
+                "cp {cp} s {s} alibi {alibi}: {what} differs by {diff} (scale {scale})"
+            );
+        }
+    }
+    // The causal work of the whole sequence, split equally by the zigzag.
+    let total = (B * H * s * (s + 1) / 2) as u64;
+    assert_eq!(work.iter().sum::<u64>(), total, "cp {cp}: pairs scored");
+    let (lo, hi) = (work.iter().min().unwrap(), work.iter().max().unwrap());
+    assert!(
+        (*hi - *lo) as f64 <= 0.05 * *hi as f64,
+        "cp {cp}: per-rank attention work {work:?} differs by more than 5%"
+    );
+    println!("cp {cp} s {s}: query-key pairs scored per rank {work:?}");
+}
+
+#[test]
+fn ring_attention_matches_one_rank() {
+    for (cp, s) in [(2, 16), (3, 24), (4, 32), (4, 256)] {
+        check(cp, s, false);
+        check(cp, s, true);
+    }
+}
