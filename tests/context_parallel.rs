@@ -6,7 +6,7 @@
 mod curves;
 
 use curves::{data, same_checkpoint, same_curve, tiny};
-use genslm::config::Position;
+use genslm::config::{Config, Position};
 use genslm::parallel::Degrees;
 use genslm::train::metrics::read_metrics;
 use genslm::train::trainer::{train, train_grid, RunOptions};
@@ -15,7 +15,11 @@ use genslm::train::trainer::{train, train_grid, RunOptions};
 type Layout = (usize, usize, usize, u8, bool);
 
 fn run_layouts(pos: Position, seq: usize, layouts: &[Layout]) {
-    let cfg = tiny(pos, seq);
+    run_config(tiny(pos, seq), layouts)
+}
+
+fn run_config(cfg: Config, layouts: &[Layout]) {
+    let (pos, seq) = (cfg.model.position, cfg.train.seq_len);
     let dir = tempfile::tempdir().unwrap();
     let one = dir.path().join("one");
     train(&cfg, &data(), &one, &RunOptions::default()).unwrap();
@@ -73,6 +77,21 @@ fn lengths_no_degree_divides_train_exactly() {
                 (1, 2, 1, 0, false),
                 (1, 2, 2, 1, false),
             ],
+        );
+    }
+}
+
+/// 3 heads on SP 2: Ulysses pads to 4 heads (one empty) so each rank takes 2; with CP too.
+#[test]
+fn head_counts_sp_does_not_divide_train_exactly() {
+    for pos in [Position::Rotary, Position::Alibi] {
+        let mut cfg = tiny(pos, 32);
+        cfg.model.hidden_size = 48;
+        cfg.model.num_heads = 3;
+        cfg.model.intermediate_size = 192;
+        run_config(
+            cfg,
+            &[(1, 1, 2, 0, false), (1, 2, 2, 0, false), (2, 1, 2, 3, true)],
         );
     }
 }

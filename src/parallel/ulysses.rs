@@ -4,6 +4,11 @@
 //! inverse all-to-all restores `[b, H, s/P, d]`. Each exchange is a differentiable op whose
 //! backward is the exchange in the other direction.
 //!
+//! Head counts P does not divide: Q, K, V get empty heads (zeros, ALiBi slope 0) up to the next
+//! multiple of P before the exchange, and the output's padding heads are dropped after it. An
+//! empty head attends uniformly to zero values, so it outputs zeros and passes no gradient; the
+//! cost is `(⌈H/P⌉·P − H)/H` more attention work (3 heads on SP 2: one empty head, +33%).
+//!
 //! The exchange goes through the [`Communicator`]'s tensor all-to-all (host buffers for threads
 //! and MPI, device memory for NCCL on CUDA); a communication failure inside
 //! the op panics with the communicator's message (an op cannot return an error), and the rank
@@ -199,25 +204,39 @@ pub fn ulysses_attention(
 ) -> Tensor<4> {
     let p = group.degree();
     let heads = q.dims()[1];
-    let hp = heads / p;
+    let hp = heads.div_ceil(p);
     let r = group.rank();
-    let q = exchange_op(q, group, Direction::SeqToHeads);
-    let k = exchange_op(k, group, Direction::SeqToHeads);
-    let v = exchange_op(v, group, Direction::SeqToHeads);
+    let scatter = |x: Tensor<4>| exchange_op(pad_heads(x, hp * p), group, Direction::SeqToHeads);
+    let (q, k, v) = (scatter(q), scatter(k), scatter(v));
     let local = AttnOptions {
         causal: opts.causal,
-        alibi: opts
-            .alibi
-            .as_ref()
-            .map(|s| s[r * hp..(r + 1) * hp].to_vec()),
+        alibi: opts.alibi.as_ref().map(|s| {
+            (r * hp..(r + 1) * hp)
+                .map(|h| s.get(h).copied().unwrap_or(0.0))
+                .collect()
+        }),
         // The whole sequence is present now: global positions start at the shard group's base.
         // (Inside a CP ring the tokens are two chunks and the ring reads its own positions;
         // saturating keeps this harmless there.)
         q_offset: opts.q_offset.saturating_sub(r * q.dims()[2] / p),
         k_offset: opts.k_offset.saturating_sub(r * k.dims()[2] / p),
     };
-    let o = attend(q, k, v, &local);
-    exchange_op(o, group, Direction::HeadsToSeq)
+    let o = exchange_op(attend(q, k, v, &local), group, Direction::HeadsToSeq);
+    if o.dims()[1] == heads {
+        o
+    } else {
+        o.narrow(1, 0, heads)
+    }
+}
+
+/// `x: [b, H, s, d]` with empty heads appended up to `to` heads.
+fn pad_heads(x: Tensor<4>, to: usize) -> Tensor<4> {
+    let [b, h, s, d] = x.dims();
+    if h == to {
+        return x;
+    }
+    let zeros = Tensor::zeros([b, to - h, s, d], (&x.device(), x.dtype()));
+    Tensor::cat(vec![x, zeros], 1)
 }
 
 impl SequenceParallel for SpGroup {
