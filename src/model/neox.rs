@@ -15,7 +15,7 @@ use crate::model::attention::{attention, naive_attention, AttnOptions, SequenceP
 use crate::model::cache::{KvCache, LayerKv};
 use crate::model::gelu::gelu_fast;
 use crate::model::params::{Layout, ParamSpec};
-use crate::model::position::{alibi_slopes, apply_rotary, rotary_tables_at, Positions};
+use crate::model::position::{alibi_slopes, apply_rotary, cat_runs, rotary_tables_at, Positions};
 
 /// A GPT-NeoX model on one device.
 #[derive(Debug, Clone)]
@@ -326,11 +326,7 @@ impl GenSlm {
                     parts.push(Tensor::zeros([span.len - real, h], &self.device));
                 }
             }
-            let table = if parts.len() == 1 {
-                parts.pop().expect("one part")
-            } else {
-                Tensor::cat(parts, 0)
-            };
+            let table = cat_runs(parts, 0);
             debug_assert_eq!(table.dims()[0], s);
             x = x + table.unsqueeze::<3>().expand([b, s, h]);
         }

@@ -60,11 +60,17 @@ pub fn rotary_tables_at(
         .iter()
         .map(|s| rotary_tables(rot, base, s.start, s.len, device))
         .unzip();
-    if cos.len() == 1 {
-        let (c, s) = (cos.into_iter().next(), sin.into_iter().next());
-        return (c.expect("one table"), s.expect("one table"));
+    (cat_runs(cos, 2), cat_runs(sin, 2))
+}
+
+/// One tensor per run of positions joined along `dim` (a single run is returned as it is,
+/// without the copy a one-element concatenation would make).
+pub fn cat_runs<const D: usize>(mut parts: Vec<Tensor<D>>, dim: usize) -> Tensor<D> {
+    if parts.len() == 1 {
+        parts.pop().expect("one part")
+    } else {
+        Tensor::cat(parts, dim)
     }
-    (Tensor::cat(cos, 2), Tensor::cat(sin, 2))
 }
 
 /// cos and sin tables of shape `[1, 1, len, rot]` for positions `offset..offset + len`,

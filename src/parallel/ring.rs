@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff};
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 
 use crate::model::attention::{AttnOptions, LocalAttention, SequenceParallel};
 use crate::model::attention_op::{differentiable, AttentionKernels};
@@ -62,29 +62,10 @@ pub struct RingParams {
     pub alibi: Option<Vec<f64>>,
 }
 
+/// The differentiable op, dispatched per backend.
 #[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait RingOps: Backend {
-    /// The output and row log-sum-exp of this rank's queries over the whole sequence.
-    fn ring_attention_fwd(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        params: RingParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
-
-    /// `(dq, dk, dv)` of this rank's q, k, v.
-    #[allow(clippy::too_many_arguments)]
-    fn ring_attention_bwd(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        o: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_o: FloatTensor<Self>,
-        params: RingParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-
-    /// The differentiable op (output only).
+    /// This rank's attention output over the whole sequence.
     fn ring_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -95,50 +76,57 @@ pub trait RingOps: Backend {
 
 const LEFT: &str = "ring attention: a result left the backend of its input";
 
-/// The op on a concrete backend, through the tensor-level ring below.
+/// The ring's forward and backward on a concrete backend, through the tensor-level ring below;
+/// autodiff reaches them through [`AttentionKernels`].
 macro_rules! ring_for {
     ($backend:ty) => {
+        impl AttentionKernels<$backend> for RingParams {
+            fn forward(
+                &self,
+                q: FloatTensor<$backend>,
+                k: FloatTensor<$backend>,
+                v: FloatTensor<$backend>,
+            ) -> (FloatTensor<$backend>, FloatTensor<$backend>) {
+                let t = |x| Tensor::<4>::from_primitive::<$backend>(x);
+                let (o, lse) = ring_forward(t(q), t(k), t(v), self);
+                (
+                    o.try_into_primitive::<$backend>().expect(LEFT),
+                    lse.try_into_primitive::<$backend>().expect(LEFT),
+                )
+            }
+
+            fn backward(
+                &self,
+                q: FloatTensor<$backend>,
+                k: FloatTensor<$backend>,
+                v: FloatTensor<$backend>,
+                o: FloatTensor<$backend>,
+                lse: FloatTensor<$backend>,
+                d_o: FloatTensor<$backend>,
+            ) -> (
+                FloatTensor<$backend>,
+                FloatTensor<$backend>,
+                FloatTensor<$backend>,
+            ) {
+                let t = |x| Tensor::<4>::from_primitive::<$backend>(x);
+                let lse = Tensor::<3>::from_primitive::<$backend>(lse);
+                let (dq, dk, dv) = ring_backward(t(q), t(k), t(v), t(o), lse, t(d_o), self);
+                (
+                    dq.try_into_primitive::<$backend>().expect(LEFT),
+                    dk.try_into_primitive::<$backend>().expect(LEFT),
+                    dv.try_into_primitive::<$backend>().expect(LEFT),
+                )
+            }
+        }
+
         impl RingOps for $backend {
-            fn ring_attention_fwd(
-                q: FloatTensor<Self>,
-                k: FloatTensor<Self>,
-                v: FloatTensor<Self>,
-                params: RingParams,
-            ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-                let t = |x| Tensor::<4>::from_primitive::<Self>(x);
-                let (o, lse) = ring_forward(t(q), t(k), t(v), &params);
-                (
-                    o.try_into_primitive::<Self>().expect(LEFT),
-                    lse.try_into_primitive::<Self>().expect(LEFT),
-                )
-            }
-
-            fn ring_attention_bwd(
-                q: FloatTensor<Self>,
-                k: FloatTensor<Self>,
-                v: FloatTensor<Self>,
-                o: FloatTensor<Self>,
-                lse: FloatTensor<Self>,
-                d_o: FloatTensor<Self>,
-                params: RingParams,
-            ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-                let t = |x| Tensor::<4>::from_primitive::<Self>(x);
-                let lse = Tensor::<3>::from_primitive::<Self>(lse);
-                let (dq, dk, dv) = ring_backward(t(q), t(k), t(v), t(o), lse, t(d_o), &params);
-                (
-                    dq.try_into_primitive::<Self>().expect(LEFT),
-                    dk.try_into_primitive::<Self>().expect(LEFT),
-                    dv.try_into_primitive::<Self>().expect(LEFT),
-                )
-            }
-
             fn ring_attention(
                 q: FloatTensor<Self>,
                 k: FloatTensor<Self>,
                 v: FloatTensor<Self>,
                 params: RingParams,
             ) -> FloatTensor<Self> {
-                Self::ring_attention_fwd(q, k, v, params).0
+                <RingParams as AttentionKernels<$backend>>::forward(&params, q, k, v).0
             }
         }
     };
@@ -148,47 +136,10 @@ ring_for!(Flex);
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 ring_for!(burn::backend::Cube);
 
-impl<B: Backend + RingOps, C: CheckpointStrategy> RingOps for Autodiff<B, C> {
-    fn ring_attention_fwd(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        params: RingParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (o, lse) = B::ring_attention_fwd(
-            q.into_primitive(),
-            k.into_primitive(),
-            v.into_primitive(),
-            params,
-        );
-        (FloatTensor::<Self>::new(o), FloatTensor::<Self>::new(lse))
-    }
-
-    fn ring_attention_bwd(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        o: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_o: FloatTensor<Self>,
-        params: RingParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dq, dk, dv) = B::ring_attention_bwd(
-            q.into_primitive(),
-            k.into_primitive(),
-            v.into_primitive(),
-            o.into_primitive(),
-            lse.into_primitive(),
-            d_o.into_primitive(),
-            params,
-        );
-        (
-            FloatTensor::<Self>::new(dq),
-            FloatTensor::<Self>::new(dk),
-            FloatTensor::<Self>::new(dv),
-        )
-    }
-
+impl<B: Backend, C: CheckpointStrategy> RingOps for Autodiff<B, C>
+where
+    RingParams: AttentionKernels<B>,
+{
     fn ring_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -198,29 +149,6 @@ impl<B: Backend + RingOps, C: CheckpointStrategy> RingOps for Autodiff<B, C> {
         // Every rank of the ring runs the backward (the same layers in the same order), so
         // its ring passes pair up.
         differentiable::<B, C, _>(q, k, v, params)
-    }
-}
-
-impl<B: Backend + RingOps> AttentionKernels<B> for RingParams {
-    fn forward(
-        &self,
-        q: FloatTensor<B>,
-        k: FloatTensor<B>,
-        v: FloatTensor<B>,
-    ) -> (FloatTensor<B>, FloatTensor<B>) {
-        B::ring_attention_fwd(q, k, v, self.clone())
-    }
-
-    fn backward(
-        &self,
-        q: FloatTensor<B>,
-        k: FloatTensor<B>,
-        v: FloatTensor<B>,
-        o: FloatTensor<B>,
-        lse: FloatTensor<B>,
-        d_o: FloatTensor<B>,
-    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-        B::ring_attention_bwd(q, k, v, o, lse, d_o, self.clone())
     }
 }
 
@@ -254,34 +182,15 @@ fn halves(x: &Tensor<4>) -> [Tensor<4>; 2] {
 }
 
 /// Sends `parts` one step along the ring and returns the neighbour's, same shapes.
-fn pass(group: &RingGroup, parts: &[Tensor<4>], count: bool) -> Vec<Tensor<4>> {
-    let mut flat = Vec::new();
-    for t in parts {
-        flat.extend(
-            t.clone()
-                .try_into_vec_as::<f32>()
-                .expect("float tensors convert to f32"),
-        );
-    }
+fn pass(group: &RingGroup, parts: Vec<Tensor<4>>, count: bool) -> Vec<Tensor<4>> {
     if count {
-        group
-            .sent_forward
-            .fetch_add(flat.len() as u64, Ordering::Relaxed);
+        let n: usize = parts.iter().map(|t| t.shape().num_elements()).sum();
+        group.sent_forward.fetch_add(n as u64, Ordering::Relaxed);
     }
-    let got = group
+    group
         .comm
-        .ring_pass(&flat)
-        .unwrap_or_else(|e| panic!("context-parallel ring pass failed: {e}"));
-    let mut at = 0;
-    parts
-        .iter()
-        .map(|t| {
-            let n = t.shape().num_elements();
-            let piece = got[at..at + n].to_vec();
-            at += n;
-            Tensor::from_data(TensorData::new(piece, t.dims()), (&t.device(), t.dtype()))
-        })
-        .collect()
+        .ring_pass_tensors(parts)
+        .unwrap_or_else(|e| panic!("context-parallel ring pass failed: {e}"))
 }
 
 /// Merges two partial attention results over disjoint keys by their log-sum-exps:
@@ -341,7 +250,7 @@ pub fn ring_forward(
             }
         }
         if t + 1 < n {
-            kv = pass(&p.group, &kv, true);
+            kv = pass(&p.group, kv, true);
         }
     }
     let [a0, a1] = acc.map(|a| a.expect("every query chunk sees at least its own chunk"));
@@ -367,13 +276,15 @@ pub fn ring_backward(
     let (qc, oc, doc) = (halves(&q), halves(&o), halves(&d_o));
     let lc = [lse.clone().narrow(2, 0, len), lse.narrow(2, len, len)];
     let mut dq: [Option<Tensor<4>>; 2] = [None, None];
-    // The travelling block: k, v and their gradient accumulators.
-    let mut block = vec![k.clone(), v, k.zeros_like(), k.zeros_like()];
+    // The travelling block: k, v and the dK/dV accumulators of each of its two chunks.
+    let zeros = halves(&k).map(|c| c.zeros_like());
+    let mut block = vec![k, v];
+    block.extend(zeros.clone());
+    block.extend(zeros);
     for t in 0..n {
         let j = (c + n - t) % n;
         let ks = chunk_starts(j, n, len);
         let (kc, vc) = (halves(&block[0]), halves(&block[1]));
-        let (mut dk, mut dv) = (halves(&block[2]), halves(&block[3]));
         for qi in 0..2 {
             for ki in 0..2 {
                 if !scores(p, qs[qi], ks[ki]) {
@@ -394,25 +305,23 @@ pub fn ring_backward(
                     None => g_q,
                     Some(d) => d + g_q,
                 });
-                dk[ki] = dk[ki].clone() + g_k;
-                dv[ki] = dv[ki].clone() + g_v;
+                block[2 + ki] = block[2 + ki].clone() + g_k;
+                block[4 + ki] = block[4 + ki].clone() + g_v;
             }
         }
-        let [dk0, dk1] = dk;
-        let [dv0, dv1] = dv;
-        block[2] = Tensor::cat(vec![dk0, dk1], 2);
-        block[3] = Tensor::cat(vec![dv0, dv1], 2);
         if t + 1 < n {
-            block = pass(&p.group, &block, false);
+            block = pass(&p.group, block, false);
         }
     }
     // After the last step this rank holds the block of rank c + 1: one more step brings every
     // block's gradients to their owner.
-    let grads = pass(&p.group, &block[2..], false);
+    let g = pass(&p.group, block.split_off(2), false);
     let [dq0, dq1] = dq.map(|d| d.expect("every query chunk sees at least its own chunk"));
-    let mut grads = grads.into_iter();
-    let (dk, dv) = (grads.next().expect("dk"), grads.next().expect("dv"));
-    (Tensor::cat(vec![dq0, dq1], 2), dk, dv)
+    (
+        Tensor::cat(vec![dq0, dq1], 2),
+        Tensor::cat(vec![g[0].clone(), g[1].clone()], 2),
+        Tensor::cat(vec![g[2].clone(), g[3].clone()], 2),
+    )
 }
 
 /// Ring attention on (possibly autodiff) tensors.

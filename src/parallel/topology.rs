@@ -171,10 +171,10 @@ impl Topology {
         out
     }
 
-    /// Checks a model and sequence length against the layout before any work starts. (Any
-    /// head count works with any SP degree: Ulysses pads the heads; any sequence length: the
-    /// sequence is padded.)
-    pub fn validate(&self, _heads: usize, _seq_len: usize, batch: usize) -> Result<()> {
+    /// Checks the global batch against the layout before any work starts. (Any head count
+    /// works with any SP degree: Ulysses pads the heads; any sequence length: the sequence is
+    /// padded.)
+    pub fn validate(&self, batch: usize) -> Result<()> {
         if !batch.is_multiple_of(self.dp) {
             return Err(Error::Invalid(format!(
                 "--dp {}: --batch-size {batch} (the global batch) does not divide by it",
@@ -196,9 +196,9 @@ mod tests {
         assert_eq!(t.sp_group(), vec![4, 5, 6, 7]);
         assert_eq!(t.dp_group(), vec![1, 5]);
         assert!(Topology::new(8, 2, 4).is_err());
-        assert!(t.validate(6, 63, 4).is_ok());
+        assert!(t.validate(4).is_ok());
         assert!(t
-            .validate(8, 64, 3)
+            .validate(3)
             .unwrap_err()
             .to_string()
             .contains("--batch-size 3"));

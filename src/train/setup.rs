@@ -77,7 +77,7 @@ const SOURCES_FILE: &str = "data.sources.json";
 /// Checks the parallel layout against the model and the run before any work starts.
 pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
     let t = &cfg.train;
-    topo.validate(cfg.model.num_heads, t.seq_len, t.batch_size)?;
+    topo.validate(t.batch_size)?;
     check_positions(&cfg.model, t.seq_len)
 }
 

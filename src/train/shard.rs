@@ -224,11 +224,14 @@ pub fn shard_model(
         model.layout.specs[pos].shape = vec![count, h];
         ulysses.pos_shard = Some(first);
     }
-    let ring = RingGroup::new(ranks.cp.clone());
+    let ring = || RingGroup::new(ranks.cp.clone());
     model.sp = Some(match (t.sp > 1, t.cp > 1) {
         (true, false) => Arc::new(ulysses),
-        (false, true) => Arc::new(ring),
-        _ => Arc::new(UlyssesRing { ulysses, ring }),
+        (false, true) => Arc::new(ring()),
+        _ => Arc::new(UlyssesRing {
+            ulysses,
+            ring: ring(),
+        }),
     });
     Ok(model)
 }
