@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sequence/context/data parallelism under mpirun give the single-process losses, and a failing rank
+# Sequence/context/tensor/data parallelism under mpirun give the single-process losses, and a failing rank
 # ends the job quickly with a message. Usage: scripts/check_mpi.sh PATH/TO/genslm (built with
 # --features mpi). Needs mpirun (OpenMPI or MPICH).
 set -euo pipefail
@@ -26,6 +26,11 @@ ARGS8=(train --fasta data/ --config configs/tiny.toml --steps 8 --seq-len 64 --b
 "${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2cp2" --cp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4cp2sp2" --cp 2 --sp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2cp2z1" --cp 2 --zero 1
+# Tensor parallelism: heads, MLP columns and the vocabulary split; two all-reduces per layer
+# and pass (Megatron's f and g), alone, with Ulysses, and with DP + ZeRO-1.
+"${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2tp2" --tp 2
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4tp2sp2" --tp 2 --sp 2
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2tp2z1" --tp 2 --zero 1
 # genslm-25m over 3 DP ranks (ZeRO-1): its parameter count does not divide by 3, so the shards
 # are padded; buckets of 1,000,003 elements split large parameters and pack small ones.
 ARGS25=(train --fasta data/ --config configs/genslm-25m.toml --steps 3 --seq-len 64 --batch-size 3 --lr 1e-3 --warmup 1 --val-every 0 --quiet --reduce-bucket-size 1000003)
@@ -38,7 +43,7 @@ from safetensors.numpy import load_file
 root = sys.argv[1]
 def losses(d):
     return [(m["loss"], m.get("val_loss")) for m in map(json.loads, open(f"{root}/{d}/metrics.jsonl"))]
-for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c", "np2cp2", "np4cp2sp2", "np4dp2cp2z1"]), ("one25", ["np3dp3"])]:
+for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c", "np2cp2", "np4cp2sp2", "np4dp2cp2z1", "np2tp2", "np4tp2sp2", "np4dp2tp2z1"]), ("one25", ["np3dp3"])]:
     ref = losses(ref_dir)
     for d in runs:
         got = losses(d)

@@ -5,11 +5,9 @@
 
 mod curves;
 
-use curves::{data, same_checkpoint, same_curve, tiny};
+use curves::{layouts_match_one_rank, tiny};
 use genslm::config::{Config, Position};
 use genslm::parallel::Degrees;
-use genslm::train::metrics::read_metrics;
-use genslm::train::trainer::{train, train_grid, RunOptions};
 
 /// `(dp, cp, sp, zero, checkpoint_activations)`.
 type Layout = (usize, usize, usize, u8, bool);
@@ -19,23 +17,11 @@ fn run_layouts(pos: Position, seq: usize, layouts: &[Layout]) {
 }
 
 fn run_config(cfg: Config, layouts: &[Layout]) {
-    let (pos, seq) = (cfg.model.position, cfg.train.seq_len);
-    let dir = tempfile::tempdir().unwrap();
-    let one = dir.path().join("one");
-    train(&cfg, &data(), &one, &RunOptions::default()).unwrap();
-    let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
-    for &(dp, cp, sp, zero, ckpt) in layouts {
-        let mut c = cfg.clone();
-        c.train.zero = zero;
-        c.train.checkpoint_activations = ckpt;
-        let what = format!("{pos} seq {seq} dp {dp} cp {cp} sp {sp} zero {zero} ckpt {ckpt}");
-        let out = dir.path().join(format!("d{dp}c{cp}s{sp}z{zero}k{ckpt}"));
-        let d = Degrees { dp, cp, sp };
-        train_grid(&c, &data(), &out, &RunOptions::default(), d).unwrap();
-        let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
-        same_curve(&m, &reference, &what);
-        same_checkpoint(&out, &one, &what);
-    }
+    let grid: Vec<_> = layouts
+        .iter()
+        .map(|&(dp, cp, sp, zero, ckpt)| (Degrees::new(dp, cp, sp), zero, ckpt))
+        .collect();
+    layouts_match_one_rank(&cfg, &grid)
 }
 
 #[test]

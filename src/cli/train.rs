@@ -39,8 +39,13 @@ pub struct TrainArgs {
     /// Combines with --sp (Ulysses inside each CP rank's chunks).
     #[arg(long, default_value_t = 1)]
     cp: usize,
-    /// Data-parallel degree D: the global batch is split over D replicas. D × C × P ranks run
-    /// as threads of this process (or one per process under mpirun).
+    /// Tensor-parallel degree T (Megatron): each layer's heads and MLP columns, the embedding
+    /// and the output head's vocabulary are split over T ranks, which see the same tokens. T
+    /// must divide the heads and the intermediate size; ZeRO 0 or 1 only.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// Data-parallel degree D: the global batch is split over D replicas. D × C × P × T ranks
+    /// run as threads of this process (or one per process under mpirun).
     #[arg(long, default_value_t = 1)]
     dp: usize,
     /// ZeRO stage over the ranks: 0 replicated, 1 Adam moments sharded over DP, 2 also
@@ -104,8 +109,8 @@ pub struct TrainArgs {
     attention: Option<AttentionArg>,
 }
 
-/// One rank per process under mpirun/srun: SP from --sp, CP from --cp, DP = processes / (SP ·
-/// CP).
+/// One rank per process under mpirun/srun: SP from --sp, CP from --cp, TP from --tp, DP =
+/// processes / (SP · CP · TP).
 #[cfg(feature = "mpi")]
 pub fn train_launched(
     cfg: &genslm::config::Config,
@@ -115,12 +120,14 @@ pub fn train_launched(
     n: usize,
     d: Degrees,
 ) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
-    let Degrees { dp, cp, sp } = d;
+    let Degrees { dp, cp, sp, tp } = d;
     if dp != 1 && d.world() != n {
-        anyhow::bail!("--dp {dp} × --cp {cp} × --sp {sp} ≠ the {n} processes mpirun started");
+        anyhow::bail!(
+            "--dp {dp} × --cp {cp} × --sp {sp} × --tp {tp} ≠ the {n} processes mpirun started"
+        );
     }
     let universe = genslm::parallel::mpi::init()?;
-    let ranks = genslm::parallel::mpi::mpi_ranks(&universe, sp, cp)?;
+    let ranks = genslm::parallel::mpi::mpi_ranks(&universe, sp, cp, tp)?;
     // One process per GPU: NCCL carries the tensor collectives, MPI the rest (and NCCL's id).
     #[cfg(feature = "nccl")]
     let ranks = if opts.device.backend == genslm::backend::BackendKind::Cuda {
@@ -145,7 +152,8 @@ pub fn train_launched(
 ) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
     anyhow::bail!(
         "started by an MPI launcher with {n} processes, but this build has no MPI support \
-         (rebuild with --features mpi), or run one process with --sp/--dp (ranks as threads)"
+         (rebuild with --features mpi), or run one process with --dp/--cp/--sp/--tp (ranks as \
+         threads)"
     )
 }
 
@@ -208,6 +216,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         dp: a.dp,
         cp: a.cp,
         sp: a.sp,
+        tp: a.tp,
     };
     let s = match genslm::parallel::launch::launched_world_size() {
         Some((n, _)) => train_launched(&cfg, &data, &a.out, &opts, n, degrees)?,

@@ -16,6 +16,7 @@ pub mod io;
 pub mod neox;
 pub mod params;
 pub mod position;
+pub mod tensor_parallel;
 pub mod tensors;
 
 pub use neox::GenSlm;

@@ -16,6 +16,9 @@ use crate::model::cache::{KvCache, LayerKv};
 use crate::model::gelu::gelu_fast;
 use crate::model::params::{Layout, ParamSpec};
 use crate::model::position::{alibi_slopes, apply_rotary, cat_runs, rotary_tables_at, Positions};
+use crate::model::tensor_parallel::{
+    split_range, vocab_embedding, vocab_parallel_nll, TensorParallel,
+};
 
 /// A GPT-NeoX model on one device.
 #[derive(Debug, Clone)]
@@ -29,6 +32,9 @@ pub struct GenSlm {
     /// outside, by `train::shard`); with learned positions the table parameter is then this
     /// rank's rows only.
     pub sp: Option<std::sync::Arc<dyn SequenceParallel>>,
+    /// The tensor-parallel group when this rank holds slices of the weights (set from outside,
+    /// by `train::shard`, which also cuts the parameters: see `model::tensor_parallel`).
+    pub tp: Option<std::sync::Arc<dyn TensorParallel>>,
     /// Compute dtype of the forward (the parameters stay fp32 whatever it is).
     pub precision: Precision,
 }
@@ -98,6 +104,7 @@ impl GenSlm {
             params,
             device: device.clone(),
             sp: None,
+            tp: None,
             precision: Precision::Fp32,
         })
     }
@@ -122,6 +129,7 @@ impl GenSlm {
                 .collect(),
             device: self.device.clone().without_autodiff(),
             sp: self.sp.clone(),
+            tp: self.tp.clone(),
             precision: self.precision,
         }
     }
@@ -153,6 +161,30 @@ impl GenSlm {
     fn dense(&self, x: Tensor<3>, w: usize, b: Option<usize>) -> Tensor<3> {
         let bias = b.map(|b| self.compute(self.vec(b)));
         linear(self.compute(x), self.compute(self.mat(w)), bias)
+    }
+
+    /// A row-parallel linear layer: the product of this rank's input rows, summed over the TP
+    /// group before the bias is added once.
+    fn dense_out(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
+        match &self.tp {
+            None => self.dense(x, w, Some(b)),
+            Some(tp) => tp.sum_out(self.dense(x, w, None)) + self.compute(self.vec(b)).unsqueeze(),
+        }
+    }
+
+    /// `x` entering a column-parallel linear (its gradient summed over the TP group).
+    fn copy_in(&self, x: Tensor<3>) -> Tensor<3> {
+        match &self.tp {
+            None => x,
+            Some(tp) => tp.copy_in(x),
+        }
+    }
+
+    /// The first vocabulary id of this rank's embedding and head slices.
+    fn vocab_first(&self) -> usize {
+        self.tp.as_ref().map_or(0, |tp| {
+            split_range(self.cfg.vocab_size, tp.degree(), tp.rank()).0
+        })
     }
 
     /// LayerNorm with its statistics in fp32; the result in the compute dtype.
@@ -215,10 +247,9 @@ impl GenSlm {
         tokens: Tensor<2, Int>,
         cache: &mut KvCache,
     ) -> Result<Tensor<3>> {
-        if self.sp.is_some() {
+        if self.sp.is_some() || self.tp.is_some() {
             return Err(Error::Invalid(
-                "decoding with a KV cache runs on one rank; this model is sharded for sequence \
-                 parallelism"
+                "decoding with a KV cache runs on one rank; this model is sharded over ranks"
                     .into(),
             ));
         }
@@ -299,7 +330,11 @@ impl GenSlm {
         let c = &self.cfg;
         let [b, s] = tokens.dims();
         let h = c.hidden_size;
-        let mut x = embedding(self.mat(self.layout.embed_in), tokens);
+        let table = self.mat(self.layout.embed_in);
+        let mut x = match &self.tp {
+            None => embedding(table, tokens),
+            Some(tp) => vocab_embedding(table, tokens, self.vocab_first(), tp.as_ref()),
+        };
         if let Some(p) = self.layout.embed_pos {
             let rows = self.layout.specs[p].shape[0];
             let first = self.position_shard().unwrap_or(0);
@@ -355,7 +390,14 @@ impl GenSlm {
                 .then(|| rotary_tables_at(rot, c.rotary_base, pos, &self.device)),
             attn: AttnOptions {
                 causal: true,
-                alibi: (c.position == Position::Alibi).then(|| alibi_slopes(c.num_heads)),
+                alibi: (c.position == Position::Alibi).then(|| {
+                    // This rank's heads under TP (whole heads, in order).
+                    let all = alibi_slopes(c.num_heads);
+                    let (first, n) = self.tp.as_ref().map_or((0, all.len()), |tp| {
+                        split_range(c.num_heads, tp.degree(), tp.rank())
+                    });
+                    all[first..first + n].to_vec()
+                }),
                 q_offset: pos.start(),
                 k_offset: pos.start(),
             },
@@ -374,9 +416,11 @@ impl GenSlm {
     ) -> (Tensor<3>, Option<LayerKv>) {
         let c = &self.cfg;
         let l = &self.layout.layers[li];
-        let [b, s, h] = x.dims();
-        let (heads, d) = (c.num_heads, c.head_dim());
-        let a_in = self.norm(x.clone(), l.ln1_w, l.ln1_b);
+        let [b, s, _] = x.dims();
+        let d = c.head_dim();
+        // This rank's heads: all of them, or its TP slice (the QKV weight's columns).
+        let heads = self.spec(l.qkv_w).shape[1] / (3 * d);
+        let a_in = self.copy_in(self.norm(x.clone(), l.ln1_w, l.ln1_b));
         let qkv = self.dense(a_in, l.qkv_w, Some(l.qkv_b));
         // HF's fused layout: per head [q | k | v], each head_dim wide. Rotary and attention run
         // in fp32 (softmax statistics in fp32 whatever the compute dtype).
@@ -412,11 +456,11 @@ impl GenSlm {
             }
             (None, Past::None) => attention(q, k, v, &ctx.attn, c.attention),
         };
-        let o = o.swap_dims(1, 2).reshape([b, s, h]);
-        let attn_out = self.dense(o, l.dense_w, Some(l.dense_b));
-        let m_in = self.norm(x.clone(), l.ln2_w, l.ln2_b);
+        let o = o.swap_dims(1, 2).reshape([b, s, heads * d]);
+        let attn_out = self.dense_out(o, l.dense_w, l.dense_b);
+        let m_in = self.copy_in(self.norm(x.clone(), l.ln2_w, l.ln2_b));
         let m = gelu_fast(self.dense(m_in, l.fc1_w, Some(l.fc1_b)));
-        let mlp_out = self.dense(m, l.fc2_w, Some(l.fc2_b));
+        let mlp_out = self.dense_out(m, l.fc2_w, l.fc2_b);
         (x + attn_out + mlp_out, kv_out)
     }
 
@@ -426,8 +470,20 @@ impl GenSlm {
     }
 
     /// Logits `[b, s, vocab]` from final hidden states, in fp32 (the loss is computed in fp32).
+    /// Under TP, this rank's vocabulary columns only (see [`GenSlm::nll`]).
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.full(self.dense(hidden, self.layout.embed_out, None))
+        self.full(self.dense(self.copy_in(hidden), self.layout.embed_out, None))
+    }
+
+    /// [`masked_nll`] of this model's `logits` (under TP: each rank's vocabulary columns, the
+    /// sum the same on every rank of the group).
+    pub fn nll(&self, logits: Tensor<3>, targets: Vec<i64>, weights: Vec<f32>) -> Tensor<1> {
+        match &self.tp {
+            None => masked_nll(logits, targets, weights),
+            Some(tp) => {
+                vocab_parallel_nll(logits, &targets, weights, self.vocab_first(), tp.as_ref())
+            }
+        }
     }
 
     /// Logits of `tokens` held at `pos` (a rank's shard of a sequence, possibly padded).

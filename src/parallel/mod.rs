@@ -2,6 +2,7 @@
 //! implementations, Ulysses sequence parallelism, and sharded optimizer state.
 
 pub mod bucket;
+pub mod collective_op;
 pub mod comm;
 pub mod launch;
 #[cfg(feature = "mpi")]
@@ -12,6 +13,8 @@ pub mod nccl;
 pub mod nccl_device;
 pub mod ranks;
 pub mod ring;
+pub mod tensor;
+pub mod tensor_slices;
 pub mod threads;
 pub mod topology;
 pub mod ulysses;

@@ -62,17 +62,30 @@ pub fn init() -> Result<mpi::environment::Universe> {
     Ok(universe)
 }
 
-/// This process's `Ranks` for a world split into DP × CP × SP (`sp` and `cp` given; DP = world
-/// / (cp · sp)).
-pub fn mpi_ranks(universe: &mpi::environment::Universe, sp: usize, cp: usize) -> Result<Ranks> {
+/// This process's `Ranks` for a world split into DP × CP × SP × TP (`sp`, `cp` and `tp` given;
+/// DP = world / (cp · sp · tp)).
+pub fn mpi_ranks(
+    universe: &mpi::environment::Universe,
+    sp: usize,
+    cp: usize,
+    tp: usize,
+) -> Result<Ranks> {
     let world = universe.world();
     let size = world.size() as usize;
-    if sp == 0 || cp == 0 || !size.is_multiple_of(sp * cp) {
+    let group = sp * cp * tp;
+    if group == 0 || !size.is_multiple_of(group) {
         return Err(Error::Invalid(format!(
-            "mpirun started {size} processes, which --sp {sp} × --cp {cp} does not divide"
+            "mpirun started {size} processes, which --sp {sp} × --cp {cp} × --tp {tp} does not \
+             divide"
         )));
     }
-    let topo = Topology::grid(world.rank() as usize, size / (sp * cp), cp, sp)?;
+    let d = crate::parallel::Degrees {
+        dp: size / group,
+        cp,
+        sp,
+        tp,
+    };
+    let topo = Topology::of(world.rank() as usize, d)?;
     // Colours name each group by what its members share; MPI keeps them in world-rank order,
     // which is the order `Topology`'s group lists use.
     let split = |colour: usize, what: &str| -> Result<Arc<dyn Communicator>> {
@@ -81,13 +94,18 @@ pub fn mpi_ranks(universe: &mpi::environment::Universe, sp: usize, cp: usize) ->
             .ok_or_else(|| Error::Invalid(format!("MPI_Comm_split ({what} group) failed")))?;
         Ok(Arc::new(MpiComm::new(c)))
     };
-    let sp_comm = split(topo.rank / sp, "SP")?;
-    let cp_comm = split(topo.dp_rank() * sp + topo.sp_rank(), "CP")?;
-    let seq_comm = split(topo.dp_rank(), "sequence")?;
-    let dp_comm = split(topo.sp_rank(), "DP")?;
+    let (dp_r, sp_r, tp_r) = (topo.dp_rank(), topo.sp_rank(), topo.tp_rank());
+    let tp_comm = split(topo.rank / tp, "TP")?;
+    let data_comm = split(tp_r, "data")?;
+    let sp_comm = split((topo.rank / (tp * sp)) * tp + tp_r, "SP")?;
+    let cp_comm = split((dp_r * sp + sp_r) * tp + tp_r, "CP")?;
+    let seq_comm = split(dp_r * tp + tp_r, "sequence")?;
+    let dp_comm = split(sp_r * tp + tp_r, "DP")?;
     Ok(Ranks {
         topo,
         world: Arc::new(MpiComm::new(world)),
+        tp: tp_comm,
+        data: data_comm,
         sp: sp_comm,
         cp: cp_comm,
         seq: seq_comm,

@@ -380,6 +380,8 @@ pub fn with_nccl(
     };
     Ok(crate::parallel::ranks::Ranks {
         world: wrap(&ranks.world)?,
+        tp: wrap(&ranks.tp)?,
+        data: wrap(&ranks.data)?,
         sp: wrap(&ranks.sp)?,
         cp: wrap(&ranks.cp)?,
         seq: wrap(&ranks.seq)?,

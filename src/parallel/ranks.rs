@@ -1,4 +1,4 @@
-//! One rank's view of the parallel layout: its topology and the three groups it talks in.
+//! One rank's view of the parallel layout: its topology and the groups it talks in.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,13 +6,18 @@ use std::time::Duration;
 use crate::parallel::bucket::DEFAULT_BUCKET;
 use crate::parallel::comm::{Communicator, Solo};
 use crate::parallel::threads::{thread_group, ThreadComm};
-use crate::parallel::topology::Topology;
+use crate::parallel::topology::{Degrees, Topology};
 
 #[derive(Debug, Clone)]
 pub struct Ranks {
     pub topo: Topology,
-    /// All DP × CP × SP ranks.
+    /// All DP × CP × SP × TP ranks.
     pub world: Arc<dyn Communicator>,
+    /// This rank's TP group (contiguous ranks; holds one layer's weights between them).
+    pub tp: Arc<dyn Communicator>,
+    /// The ranks holding this rank's TP slices of the weights (DP × CP × SP of this TP rank,
+    /// [`Topology::data_group`]): gradients sum here; the world when TP is 1.
+    pub data: Arc<dyn Communicator>,
     /// This rank's SP group (contiguous ranks).
     pub sp: Arc<dyn Communicator>,
     /// This rank's CP ring (same DP replica and SP rank).
@@ -32,6 +37,8 @@ impl Ranks {
         Self {
             topo: Topology::single(),
             world: Arc::new(Solo),
+            tp: Arc::new(Solo),
+            data: Arc::new(Solo),
             sp: Arc::new(Solo),
             cp: Arc::new(Solo),
             seq: Arc::new(Solo),
@@ -52,14 +59,14 @@ impl Ranks {
 
 /// The ranks of a `dp × sp` layout as threads of this process, one `Ranks` per thread.
 pub fn thread_ranks(dp: usize, sp: usize, timeout: Duration) -> Vec<Ranks> {
-    thread_grid(dp, 1, sp, timeout)
+    thread_grid(Degrees::new(dp, 1, sp), timeout)
 }
 
-/// The ranks of a `dp × cp × sp` grid as threads of this process, one `Ranks` per thread.
-pub fn thread_grid(dp: usize, cp: usize, sp: usize, timeout: Duration) -> Vec<Ranks> {
-    let n = dp * cp * sp;
+/// The ranks of a `dp × cp × sp × tp` grid as threads of this process, one `Ranks` per thread.
+pub fn thread_grid(d: Degrees, timeout: Duration) -> Vec<Ranks> {
+    let n = d.world();
     let topos: Vec<Topology> = (0..n)
-        .map(|rank| Topology::grid(rank, dp, cp, sp).expect("rank inside the grid"))
+        .map(|rank| Topology::of(rank, d).expect("rank inside the grid"))
         .collect();
     // One thread group per distinct member list; each rank takes its handle by position.
     let mut groups: std::collections::HashMap<Vec<usize>, Vec<ThreadComm>> = Default::default();
@@ -75,6 +82,8 @@ pub fn thread_grid(dp: usize, cp: usize, sp: usize, timeout: Duration) -> Vec<Ra
         .map(|topo| Ranks {
             topo,
             world: handle((0..n).collect(), topo.rank),
+            tp: handle(topo.tp_group(), topo.rank),
+            data: handle(topo.data_group(), topo.rank),
             sp: handle(topo.sp_group(), topo.rank),
             cp: handle(topo.cp_group(), topo.rank),
             seq: handle(topo.seq_group(), topo.rank),
@@ -87,6 +96,8 @@ pub fn thread_grid(dp: usize, cp: usize, sp: usize, timeout: Duration) -> Vec<Ra
 /// Aborts every group of a rank (so peers in any group stop waiting).
 pub fn abort_all(r: &Ranks, why: &str) {
     r.world.abort(why);
+    r.tp.abort(why);
+    r.data.abort(why);
     r.sp.abort(why);
     r.cp.abort(why);
     r.seq.abort(why);

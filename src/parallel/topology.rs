@@ -1,8 +1,10 @@
-//! The DP × CP × SP grid and the groups it names (docs/ARCHITECTURE.md §5).
+//! The DP × CP × SP × TP grid and the groups it names (docs/ARCHITECTURE.md §5).
 //!
-//! rank = (dp_rank · cp + cp_rank) · sp + sp_rank: SP groups are contiguous ranks (Ulysses'
-//! all-to-all stays inside a node), CP groups stride by `sp` (the ring crosses nodes), DP
-//! replicas stride by `cp · sp`. One sequence is held by the `cp · sp` ranks of a *sequence
+//! rank = ((dp_rank · cp + cp_rank) · sp + sp_rank) · tp + tp_rank: TP groups are contiguous
+//! ranks (tensor parallelism all-reduces twice per layer, so it stays inside a node), SP groups
+//! stride by `tp` (Ulysses' all-to-all, next closest), CP groups by `sp · tp` (the ring crosses
+//! nodes), DP replicas by `cp · sp · tp`. Every group but TP's joins ranks of one TP rank: they
+//! hold the same slices of the weights. One sequence is held by the `cp · sp` ranks of a *sequence
 //! group*: CP splits it into `2·cp` chunks and gives CP rank c chunks c and 2·cp−1−c (zigzag:
 //! equal causal work on every rank), SP then splits that rank's tokens contiguously.
 
@@ -19,6 +21,8 @@ pub struct Topology {
     pub sp: usize,
     /// Context-parallel (ring) degree.
     pub cp: usize,
+    /// Tensor-parallel (Megatron) degree.
+    pub tp: usize,
 }
 
 /// The degrees of a layout, as the command line gives them.
@@ -27,32 +31,49 @@ pub struct Degrees {
     pub dp: usize,
     pub cp: usize,
     pub sp: usize,
+    pub tp: usize,
 }
 
 impl Degrees {
+    /// DP × CP × SP without tensor parallelism.
+    pub fn new(dp: usize, cp: usize, sp: usize) -> Self {
+        Self { dp, cp, sp, tp: 1 }
+    }
+
     /// Ranks in the layout.
     pub fn world(&self) -> usize {
-        self.dp * self.cp * self.sp
+        self.dp * self.cp * self.sp * self.tp
     }
 }
 
 impl Topology {
-    /// A DP × SP grid (CP = 1).
+    /// A DP × SP grid (CP = TP = 1).
     pub fn new(rank: usize, dp: usize, sp: usize) -> Result<Self> {
         Self::grid(rank, dp, 1, sp)
     }
 
-    /// A DP × CP × SP grid.
+    /// A DP × CP × SP grid (TP = 1).
     pub fn grid(rank: usize, dp: usize, cp: usize, sp: usize) -> Result<Self> {
-        if dp == 0 || sp == 0 || cp == 0 {
+        Self::of(rank, Degrees::new(dp, cp, sp))
+    }
+
+    /// Rank `rank` of the grid `d`.
+    pub fn of(rank: usize, d: Degrees) -> Result<Self> {
+        let Degrees { dp, cp, sp, tp } = d;
+        if dp == 0 || sp == 0 || cp == 0 || tp == 0 {
             return Err(Error::Invalid(format!(
-                "--dp {dp} --cp {cp} --sp {sp}: degrees must be positive"
+                "--dp {dp} --cp {cp} --sp {sp} --tp {tp}: degrees must be positive"
             )));
         }
         let world = dp
             .checked_mul(sp)
             .and_then(|n| n.checked_mul(cp))
-            .ok_or_else(|| Error::Invalid(format!("--dp {dp} × --cp {cp} × --sp {sp} overflow")))?;
+            .and_then(|n| n.checked_mul(tp))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "--dp {dp} × --cp {cp} × --sp {sp} × --tp {tp} overflow"
+                ))
+            })?;
         if rank >= world {
             return Err(Error::Invalid(format!(
                 "rank {rank} outside a world of {world}"
@@ -64,7 +85,18 @@ impl Topology {
             dp,
             sp,
             cp,
+            tp,
         })
+    }
+
+    /// The degrees of this grid.
+    pub fn degrees(&self) -> Degrees {
+        Degrees {
+            dp: self.dp,
+            cp: self.cp,
+            sp: self.sp,
+            tp: self.tp,
+        }
     }
 
     pub fn single() -> Self {
@@ -74,19 +106,24 @@ impl Topology {
             dp: 1,
             sp: 1,
             cp: 1,
+            tp: 1,
         }
     }
 
+    pub fn tp_rank(&self) -> usize {
+        self.rank % self.tp
+    }
+
     pub fn sp_rank(&self) -> usize {
-        self.rank % self.sp
+        (self.rank / self.tp) % self.sp
     }
 
     pub fn cp_rank(&self) -> usize {
-        (self.rank / self.sp) % self.cp
+        (self.rank / (self.tp * self.sp)) % self.cp
     }
 
     pub fn dp_rank(&self) -> usize {
-        self.rank / (self.sp * self.cp)
+        self.rank / (self.tp * self.sp * self.cp)
     }
 
     /// Ranks that hold one sequence between them (CP × SP).
@@ -94,30 +131,51 @@ impl Topology {
         self.sp * self.cp
     }
 
-    /// World ranks of this rank's SP group (contiguous).
+    /// Whether this rank is in world rank 0's TP group (DP, CP and SP rank 0): the ranks that
+    /// gather a whole TP slice of the state for a checkpoint and hand it to rank 0.
+    pub fn gathers_slices(&self) -> bool {
+        self.rank < self.tp
+    }
+
+    /// World ranks of this rank's TP group (contiguous).
+    pub fn tp_group(&self) -> Vec<usize> {
+        let base = self.rank - self.tp_rank();
+        (base..base + self.tp).collect()
+    }
+
+    /// World ranks of this rank's SP group (same TP rank, stride tp).
     pub fn sp_group(&self) -> Vec<usize> {
-        let base = self.rank - self.sp_rank();
-        (base..base + self.sp).collect()
+        let base = self.rank - self.sp_rank() * self.tp;
+        (0..self.sp).map(|s| base + s * self.tp).collect()
     }
 
-    /// World ranks of this rank's CP ring (same DP replica and SP rank, stride sp).
+    /// World ranks of this rank's CP ring (same DP replica, SP and TP rank, stride sp · tp).
     pub fn cp_group(&self) -> Vec<usize> {
-        let base = self.dp_rank() * self.cp * self.sp + self.sp_rank();
-        (0..self.cp).map(|c| base + c * self.sp).collect()
+        let stride = self.sp * self.tp;
+        let base = self.dp_rank() * self.cp * stride + self.sp_rank() * self.tp + self.tp_rank();
+        (0..self.cp).map(|c| base + c * stride).collect()
     }
 
-    /// World ranks of this rank's sequence group (same DP replica: CP × SP, contiguous).
+    /// World ranks of this rank's sequence group (same DP replica and TP rank: CP × SP).
     pub fn seq_group(&self) -> Vec<usize> {
-        let base = self.dp_rank() * self.cp * self.sp;
-        (base..base + self.cp * self.sp).collect()
+        let base = self.dp_rank() * self.cp * self.sp * self.tp + self.tp_rank();
+        (0..self.cp * self.sp).map(|j| base + j * self.tp).collect()
     }
 
-    /// World ranks holding the same parameter shards as this one: the same SP rank in every DP
-    /// replica and CP rank (the group that sums the SP-split position table's gradients and
-    /// shards ZeRO-1's optimizer state).
+    /// World ranks holding the same parameter shards as this one: the same SP and TP rank in
+    /// every DP replica and CP rank (the group that sums the SP-split position table's
+    /// gradients and shards ZeRO-1's optimizer state).
     pub fn dp_group(&self) -> Vec<usize> {
         (0..self.dp * self.cp)
-            .map(|d| d * self.sp + self.sp_rank())
+            .map(|d| (d * self.sp + self.sp_rank()) * self.tp + self.tp_rank())
+            .collect()
+    }
+
+    /// World ranks holding the same TP slices of the weights: every DP × CP × SP rank of this
+    /// TP rank (the group that sums gradients; the whole world when TP is 1).
+    pub fn data_group(&self) -> Vec<usize> {
+        (0..self.world / self.tp)
+            .map(|j| j * self.tp + self.tp_rank())
             .collect()
     }
 
@@ -213,6 +271,36 @@ mod tests {
         assert_eq!(t.cp_group(), vec![4, 6]);
         assert_eq!(t.seq_group(), vec![4, 5, 6, 7]);
         assert_eq!(t.dp_group(), vec![0, 2, 4, 6]);
+        assert_eq!(t.tp_group(), vec![6]);
+        assert_eq!(t.data_group(), (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn tensor_parallel_groups() {
+        // dp 2 × cp 1 × sp 2 × tp 2: rank 7 = ((1·1 + 0)·2 + 1)·2 + 1.
+        let d = Degrees {
+            dp: 2,
+            cp: 1,
+            sp: 2,
+            tp: 2,
+        };
+        let t = Topology::of(7, d).unwrap();
+        assert_eq!(
+            (t.dp_rank(), t.cp_rank(), t.sp_rank(), t.tp_rank()),
+            (1, 0, 1, 1)
+        );
+        assert_eq!(t.tp_group(), vec![6, 7]);
+        assert_eq!(t.sp_group(), vec![5, 7]);
+        assert_eq!(t.cp_group(), vec![7]);
+        assert_eq!(t.seq_group(), vec![5, 7]);
+        assert_eq!(t.dp_group(), vec![3, 7]);
+        assert_eq!(t.data_group(), vec![1, 3, 5, 7]);
+        // Every group lists ranks that agree with this one on the other coordinates.
+        for r in 0..8 {
+            let u = Topology::of(r, d).unwrap();
+            assert!(u.tp_group().contains(&r) && u.sp_group().contains(&r));
+            assert!(u.seq_group().contains(&r) && u.dp_group().contains(&r));
+        }
     }
 
     /// Every position of the padded sequence is held by exactly one rank of a sequence group;

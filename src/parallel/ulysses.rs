@@ -17,16 +17,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use burn::backend::autodiff::{
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-    Autodiff,
-};
+use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff};
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
 use burn::tensor::Tensor;
 
 use crate::model::attention::{AttnOptions, LocalAttention, SequenceParallel};
+use crate::parallel::collective_op::{differentiable, Transposable};
 use crate::parallel::comm::Communicator;
 
 /// The SP group of one rank, shared by every layer's exchanges.
@@ -108,47 +104,24 @@ exchange_for!(Flex);
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 exchange_for!(burn::backend::Cube);
 
+impl<B: Backend + UlyssesOps> Transposable<B> for ExchangeParams {
+    fn apply(&self, x: FloatTensor<B>) -> FloatTensor<B> {
+        B::ulysses_exchange(x, self.clone())
+    }
+
+    /// The exchange the other way, uncounted (only forward traffic is logged).
+    fn transposed(&self) -> Self {
+        Self {
+            direction: self.direction.reverse(),
+            count: false,
+            ..self.clone()
+        }
+    }
+}
+
 impl<B: Backend + UlyssesOps, C: CheckpointStrategy> UlyssesOps for Autodiff<B, C> {
     fn ulysses_exchange(x: FloatTensor<Self>, params: ExchangeParams) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct ExchangeBackward;
-
-        impl<B: Backend + UlyssesOps> Backward<B, 1> for ExchangeBackward {
-            type State = ExchangeParams;
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _: &mut Checkpointer,
-            ) {
-                let [node] = ops.parents;
-                let grad = grads.consume::<B>(&ops.node);
-                let back = ExchangeParams {
-                    direction: ops.state.direction.reverse(),
-                    count: false,
-                    ..ops.state
-                };
-                let g = B::ulysses_exchange(grad, back);
-                if let Some(node) = node {
-                    grads.register::<B>(node.id, g);
-                }
-            }
-        }
-
-        match ExchangeBackward
-            .prepare::<C>([x.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let out = B::ulysses_exchange(x.primitive().clone(), params.clone());
-                prep.finish(params, out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::ulysses_exchange(x.into_primitive(), params))
-            }
-        }
+        differentiable::<B, C, _>(x, params)
     }
 }
 

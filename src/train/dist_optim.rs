@@ -9,7 +9,8 @@ use crate::parallel::ranks::Ranks;
 use crate::parallel::zero::ZeroShard;
 use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW, AdamWConfig};
 use crate::train::shard::{
-    gather_shard_to_root, global_grad_norm, param_groups, reduce_gradients, reduce_params,
+    combine_norm, gather_shard_to_root, global_grad_norm, is_tp_slice, param_groups,
+    reduce_gradients, reduce_params,
 };
 
 /// Optimizer state of one rank.
@@ -128,17 +129,15 @@ impl DistOptim {
                 let chunk = shard.reduce_scatter(&mine, ranks.dp.as_ref(), ranks.bucket)?;
                 drop(mine);
                 // Sums of squares in f64, like the replicated path (an f32 sum over billions
-                // of elements loses digits).
-                let mut rep = [chunk.iter().map(sum_of_squares).sum::<f64>()];
-                ranks.dp.all_reduce_sum_f64(&mut rep)?;
-                let mut pos_sq = [sharded
-                    .iter()
-                    .map(|&i| sum_of_squares(&grads[i]))
-                    .sum::<f64>()];
-                if !sharded.is_empty() {
-                    ranks.sp.all_reduce_sum_f64(&mut pos_sq)?;
+                // of elements loses digits): whole parameters and TP slices apart, each summed
+                // over DP (every element in one rank's chunk).
+                let mut rep = [0.0f64; 2];
+                for (s, g) in shard.segments.iter().zip(&chunk) {
+                    rep[usize::from(is_tp_slice(model, s.param))] += sum_of_squares(g);
                 }
-                let norm = (rep[0] + pos_sq[0]).sqrt();
+                ranks.dp.all_reduce_sum_f64(&mut rep)?;
+                let pos_sq = sharded.iter().map(|&i| sum_of_squares(&grads[i])).sum();
+                let norm = combine_norm(rep[0], rep[1], pos_sq, ranks)?;
                 let applied = loss_finite && norm.is_finite();
                 if applied {
                     let k = clip_factor(norm, max_norm);
@@ -178,8 +177,9 @@ impl DistOptim {
         Ok(outcome)
     }
 
-    /// The full optimizer state (all moments, position rows gathered over SP), as a checkpoint
-    /// stores it, on world rank 0 (`None` on the others). Every rank must call it. World rank 0
+    /// The full optimizer state of this rank's TP slices (all moments, position rows gathered
+    /// over SP), as a checkpoint stores it once TP slices are joined, on the ranks of world rank
+    /// 0's TP group (`None` on the others; world rank 0 alone without TP). Every rank must call it. World rank 0
     /// is DP rank 0 of SP group 0 and SP rank 0 of DP group 0, so only the DP group of SP rank
     /// 0 gathers ZeRO's moments and only the SP group of DP rank 0 gathers position rows; no
     /// other rank ever holds the whole state.
@@ -212,7 +212,7 @@ impl DistOptim {
             }
             _ => None,
         };
-        if !ranks.is_root() {
+        if !ranks.topo.gathers_slices() {
             return Ok(None);
         }
         let mut full = match self {

@@ -154,7 +154,7 @@ pub fn loss_and_grads(
     let (loss, mut g) = {
         let hm = w.model(&[Unit::Head])?;
         let top = if checkpoint { x.autodiff() } else { x }.require_grad();
-        let scaled = local_nll(hm.logits(hm.final_norm(top.clone())), lb) / denom;
+        let scaled = local_nll(&hm, hm.logits(hm.final_norm(top.clone())), lb) / denom;
         let loss = tensor_to_vec(&scaled)[0] as f64;
         let mut grads = scaled.backward();
         hand_on(w, &hm, &[Unit::Head], &grads)?;

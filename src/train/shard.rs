@@ -5,7 +5,9 @@
 //! r of P alone: `[r·s/P, (r+1)·s/P)`), the row padded at its end to the group's pieces. A
 //! position's target is the next token of the whole row (for the last token of a shard, the
 //! first token of the next shard), so the sum of every rank's loss terms is exactly the
-//! single-rank loss. Gradients of replicated parameters are summed over all ranks; the
+//! single-rank loss. Under TP the ranks of a TP group hold slices of the weights and see the
+//! same tokens (their loss terms are equal, counted once). Gradients of replicated parameters
+//! and of TP slices are summed over the data group (all ranks of one TP rank); the
 //! learned-position shard's over the DP group only.
 
 use std::sync::Arc;
@@ -15,13 +17,15 @@ use burn::tensor::Tensor;
 use crate::config::{ModelConfig, Position};
 use crate::data::loader::Batch;
 use crate::error::Result;
-use crate::model::neox::{host_to_param, masked_nll, tensor_to_vec};
+use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::position::Positions;
 use crate::model::GenSlm;
 use crate::parallel::bucket::{all_reduce_bucketed, gather_unequal, unpack};
 use crate::parallel::comm::Communicator;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::ring::{RingGroup, UlyssesRing};
+use crate::parallel::tensor::TpGroup;
+use crate::parallel::tensor_slices::{check_degree, cut, slice_of, split_of, split_params};
 use crate::parallel::ulysses::SpGroup;
 use crate::train::optim::sum_of_squares;
 
@@ -71,9 +75,9 @@ pub fn local_batch(b: &Batch, ranks: &Ranks) -> LocalBatch {
     out
 }
 
-/// Σ −log p(target) · weight over this rank's positions.
-pub fn local_nll(logits: Tensor<3>, lb: &LocalBatch) -> Tensor<1> {
-    masked_nll(logits, lb.targets.clone(), lb.weights.clone())
+/// Σ −log p(target) · weight over this rank's positions (`logits` from `model`).
+pub fn local_nll(model: &GenSlm, logits: Tensor<3>, lb: &LocalBatch) -> Tensor<1> {
+    model.nll(logits, lb.targets.clone(), lb.weights.clone())
 }
 
 /// Sums `grads[i]` for `idx` over `comm`, in buckets of `bucket` elements (one host copy of
@@ -128,8 +132,9 @@ fn reduce_params_on_device(
     Ok(())
 }
 
-/// Indices of replicated parameters and of the SP-sharded one (the learned position table when
-/// sequence parallelism shards it).
+/// Indices of the parameters whose gradients sum over the data group (replicated ones and TP
+/// slices) and of the SP-sharded one (the learned position table when sequence parallelism
+/// shards it).
 pub fn param_groups(model: &GenSlm) -> (Vec<usize>, Vec<usize>) {
     let sharded = model
         .layout
@@ -142,25 +147,48 @@ pub fn param_groups(model: &GenSlm) -> (Vec<usize>, Vec<usize>) {
     )
 }
 
-/// Combines every rank's gradients: replicated parameters over all ranks, the position shard
-/// over the DP group.
+/// Whether parameter `i` of `model` is a TP slice (its squares sum over the TP group in norms).
+pub fn is_tp_slice(model: &GenSlm, i: usize) -> bool {
+    model.tp.is_some() && split_of(&model.layout, i).is_some()
+}
+
+/// Combines every rank's gradients: replicated parameters and TP slices over the data group,
+/// the position shard over the DP group.
 pub fn reduce_gradients(grads: &mut [Tensor<1>], model: &GenSlm, ranks: &Ranks) -> Result<()> {
     let (replicated, sharded) = param_groups(model);
-    reduce_params(grads, &replicated, ranks.world.as_ref(), ranks.bucket)?;
+    reduce_params(grads, &replicated, ranks.data.as_ref(), ranks.bucket)?;
     reduce_params(grads, &sharded, ranks.dp.as_ref(), ranks.bucket)
 }
 
+/// The global norm from sums of squares: `whole` (replicated parameters, equal on every rank),
+/// `tp_slices` (disjoint over the TP group) and `pos` (the position shard, disjoint over SP).
+pub fn combine_norm(whole: f64, tp_slices: f64, pos: f64, ranks: &Ranks) -> Result<f64> {
+    let mut tp = [tp_slices];
+    if ranks.topo.tp > 1 {
+        ranks.tp.all_reduce_sum_f64(&mut tp)?;
+    }
+    let mut pos = [pos];
+    if ranks.topo.sp > 1 {
+        ranks.sp.all_reduce_sum_f64(&mut pos)?;
+    }
+    Ok((whole + tp[0] + pos[0]).sqrt())
+}
+
 /// Global gradient norm with every element counted once: replicated gradients are identical
-/// on all ranks after the reduction; position shards are disjoint across the SP group.
+/// on all ranks after the reduction; TP slices are disjoint across the TP group, position
+/// shards across the SP group.
 pub fn global_grad_norm(grads: &[Tensor<1>], model: &GenSlm, ranks: &Ranks) -> Result<f64> {
     let sq = |i: &usize| sum_of_squares(&grads[*i]);
     let (replicated, sharded) = param_groups(model);
-    let rep: f64 = replicated.iter().map(sq).sum();
-    let mut shard = [sharded.iter().map(sq).sum::<f64>()];
-    if !sharded.is_empty() {
-        ranks.sp.all_reduce_sum_f64(&mut shard)?;
-    }
-    Ok((rep + shard[0]).sqrt())
+    let (sliced, whole): (Vec<usize>, Vec<usize>) =
+        replicated.iter().partition(|&&i| is_tp_slice(model, i));
+    let pos = sharded.iter().map(sq).sum::<f64>();
+    combine_norm(
+        whole.iter().map(sq).sum(),
+        sliced.iter().map(sq).sum(),
+        pos,
+        ranks,
+    )
 }
 
 /// The rows `(first, count)` of a learned-position table of `table_rows` rows that SP rank `r`
@@ -193,17 +221,36 @@ pub fn check_positions(cfg: &ModelConfig, seq_len: usize) -> Result<()> {
     Ok(())
 }
 
-/// Turns a full (replicated) model into this rank's: joins the sequence group (Ulysses over SP,
-/// the ring over CP, or both) and, with learned positions under SP alone, keeps only this
-/// rank's rows of the table (and of its Adam moments), see [`position_rows`]. Under CP every
-/// rank keeps the whole table: its zigzag chunks read rows from both ends of it.
+/// Turns a full (replicated) model into this rank's: under TP keeps this rank's slices of the
+/// weights (and of their Adam moments, `parallel::tensor_slices`) and joins the TP group; joins
+/// the sequence group (Ulysses over SP, the ring over CP, or both) and, with learned positions
+/// under SP alone, keeps only this rank's rows of the table (and of its moments), see
+/// [`position_rows`]. Under CP every rank keeps the whole table: its zigzag chunks read rows
+/// from both ends of it.
 pub fn shard_model(
     mut model: GenSlm,
-    moments: Option<(&mut Vec<Tensor<1>>, &mut Vec<Tensor<1>>)>,
+    mut moments: Option<(&mut Vec<Tensor<1>>, &mut Vec<Tensor<1>>)>,
     ranks: &Ranks,
     seq_len: usize,
 ) -> Result<GenSlm> {
     let t = &ranks.topo;
+    if t.tp > 1 {
+        check_degree(&model.cfg, t.tp)?;
+        for i in split_params(&model.layout) {
+            let split = split_of(&model.layout, i).expect("a split parameter");
+            let shape = model.layout.specs[i].shape.clone();
+            let mine = |x: &Tensor<1>| cut(x, &shape, split, t.tp, t.tp_rank());
+            model.params[i] = mine(&model.params[i]);
+            if let Some((m, v)) = moments.as_mut() {
+                m[i] = mine(&m[i]);
+                v[i] = mine(&v[i]);
+            }
+            model.layout.specs[i].shape = slice_of(&shape, split, t.tp, t.tp_rank()).2;
+        }
+        model.tp = Some(Arc::new(TpGroup {
+            comm: ranks.tp.clone(),
+        }));
+    }
     if t.seq_degree() == 1 {
         return Ok(model);
     }

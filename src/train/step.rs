@@ -28,13 +28,14 @@ pub fn step_loss_and_grads(
     Ok((all_reduce_scalar(loss, ranks)?, grads))
 }
 
-/// Sum of a scalar over all ranks (the value itself on one rank, kept in f64).
+/// Sum of a rank's loss share over the data group (the value itself on one rank, kept in f64):
+/// the ranks of a TP group hold the same share, counted once.
 pub fn all_reduce_scalar(x: f64, ranks: &Ranks) -> Result<f64> {
-    if ranks.topo.world == 1 {
+    if ranks.data.size() == 1 {
         return Ok(x);
     }
     let mut buf = [x];
-    ranks.world.all_reduce_sum_f64(&mut buf)?;
+    ranks.data.all_reduce_sum_f64(&mut buf)?;
     Ok(buf[0])
 }
 
@@ -63,7 +64,7 @@ pub fn loss_and_grads(
         }
         let tokens = tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device);
         let logits = model.forward_at(tokens, &lb.positions)?;
-        let scaled = local_nll(logits, &lb) / denom;
+        let scaled = local_nll(model, logits, &lb) / denom;
         loss += tensor_to_vec(&scaled)[0] as f64;
         accumulate(model, &scaled.backward(), &mut acc);
     }

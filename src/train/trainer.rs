@@ -9,13 +9,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use burn::tensor::Tensor;
+
 use crate::backend::resolve_precision;
 use crate::config::Config;
 use crate::data::loader::{Batch, Corpus, Loader};
 use crate::error::{Error, Result};
 use crate::model::neox::tensor_to_vec;
+use crate::model::params::Layout;
 use crate::model::GenSlm;
 use crate::parallel::ranks::{abort_all, thread_grid, Ranks};
+use crate::parallel::tensor_slices::gather_slices;
 use crate::parallel::{Degrees, Topology};
 use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
 use crate::train::engine::Engine;
@@ -63,10 +67,10 @@ pub fn train_threads(
     dp: usize,
     sp: usize,
 ) -> Result<TrainSummary> {
-    train_grid(cfg, data, run, opts, Degrees { dp, cp: 1, sp })
+    train_grid(cfg, data, run, opts, Degrees::new(dp, 1, sp))
 }
 
-/// [`train_threads`] on a DP × CP × SP grid.
+/// [`train_threads`] on a DP × CP × SP × TP grid.
 pub fn train_grid(
     cfg: &Config,
     data: &DataSource,
@@ -74,11 +78,10 @@ pub fn train_grid(
     opts: &RunOptions,
     d: Degrees,
 ) -> Result<TrainSummary> {
-    let (dp, cp, sp) = (d.dp, d.cp, d.sp);
-    let topo = Topology::grid(0, dp, cp, sp)?;
+    let topo = Topology::of(0, d)?;
     validate_layout(cfg, &topo)?;
     let n = d.world();
-    check_memory(cfg, dp, topo.seq_degree(), n, opts)?;
+    check_memory(cfg, d.dp, topo.seq_degree(), n, opts)?;
     if n == 1 {
         if cfg.train.zero >= 2 {
             eprintln!(
@@ -93,7 +96,7 @@ pub fn train_grid(
     let timeout = Duration::from_secs(cfg.train.rank_timeout_s);
     let (tx, rx) = std::sync::mpsc::channel();
     let mut started = 0;
-    for ranks in thread_grid(dp, cp, sp, timeout) {
+    for ranks in thread_grid(d, timeout) {
         let (cfg, corpus, run) = (cfg.clone(), corpus.clone(), run.to_path_buf());
         let opts = RunOptions {
             progress: opts.progress && ranks.is_root(),
@@ -487,7 +490,7 @@ fn gather_full(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<(G
     ) {
         table = gather_shard_to_root(&model.params[pos], ranks)?;
     }
-    let Some(full_opt) = full_opt else {
+    let Some(mut full_opt) = full_opt else {
         return Ok(None);
     };
     let mut full = model.clone();
@@ -495,6 +498,17 @@ fn gather_full(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<(G
         full.params[pos] = t;
         full.layout.specs[pos].shape[0] = cfg.model.max_position_embeddings;
         full.sp = None;
+    }
+    if ranks.topo.tp > 1 {
+        // Only world rank 0's TP group is here: it joins its slices on rank 0.
+        let layout = Layout::new(&full.cfg);
+        let join = |ts: &[Tensor<1>]| gather_slices(ts, &layout, ranks.tp.as_ref(), ranks.bucket);
+        let (p, m, v) = (join(&full.params)?, join(&full_opt.m)?, join(&full_opt.v)?);
+        let (Some(p), Some(m), Some(v)) = (p, m, v) else {
+            return Ok(None);
+        };
+        (full.params, full.layout, full.tp) = (p, layout, None);
+        (full_opt.m, full_opt.v) = (m, v);
     }
     Ok(Some((full, full_opt)))
 }
@@ -511,10 +525,17 @@ fn validation_loss(
     if corpus.val.is_empty() {
         return Ok(None);
     }
-    // Rows are not split for validation: view the layout as DP = 1 (this sequence group).
+    // Rows are not split for validation: view the layout as DP = 1 (this sequence group and
+    // its TP ranks).
     let t = &ranks.topo;
     let view = Ranks {
-        topo: Topology::grid(t.rank % t.seq_degree(), 1, t.cp, t.sp)?,
+        topo: Topology::of(
+            t.rank % (t.seq_degree() * t.tp),
+            Degrees {
+                dp: 1,
+                ..t.degrees()
+            },
+        )?,
         ..ranks.clone()
     };
     let (mut sum, mut n) = (0.0f64, 0usize);
@@ -523,7 +544,7 @@ fn validation_loss(
         n += b.n_targets();
         let lb = local_batch(&b, &view);
         let logits = engine.eval_logits(&lb)?;
-        sum += tensor_to_vec(&local_nll(logits, &lb))[0] as f64;
+        sum += tensor_to_vec(&local_nll(engine.model(), logits, &lb))[0] as f64;
     }
     let mut buf = [sum];
     if ranks.topo.seq_degree() > 1 {

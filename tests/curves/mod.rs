@@ -6,8 +6,9 @@ use std::path::Path;
 
 use genslm::config::{Config, Position};
 use genslm::model::tensors::read_safetensors;
-use genslm::train::metrics::StepMetrics;
-use genslm::train::trainer::DataSource;
+use genslm::parallel::Degrees;
+use genslm::train::metrics::{read_metrics, StepMetrics};
+use genslm::train::trainer::{train, train_grid, DataSource, RunOptions};
 
 pub const STEPS: u64 = 8;
 
@@ -27,6 +28,31 @@ pub fn tiny(pos: Position, seq: usize) -> Config {
     cfg.train.val_every = 4;
     cfg.train.lr = 3e-3;
     cfg
+}
+
+/// Trains `cfg` on one rank, then on each layout `(degrees, zero, checkpoint_activations)`
+/// as threads, and checks every layout's curve and final checkpoint against the one rank's.
+pub fn layouts_match_one_rank(cfg: &Config, layouts: &[(Degrees, u8, bool)]) {
+    let (pos, seq) = (cfg.model.position, cfg.train.seq_len);
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one");
+    train(cfg, &data(), &one, &RunOptions::default()).unwrap();
+    let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
+    for &(d, zero, ckpt) in layouts {
+        let mut c = cfg.clone();
+        c.train.zero = zero;
+        c.train.checkpoint_activations = ckpt;
+        let Degrees { dp, cp, sp, tp } = d;
+        let what =
+            format!("{pos} seq {seq} dp {dp} cp {cp} sp {sp} tp {tp} zero {zero} ckpt {ckpt}");
+        let out = dir
+            .path()
+            .join(format!("d{dp}c{cp}s{sp}t{tp}z{zero}k{ckpt}"));
+        train_grid(&c, &data(), &out, &RunOptions::default(), d).unwrap();
+        let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+        same_curve(&m, &reference, &what);
+        same_checkpoint(&out, &one, &what);
+    }
 }
 
 /// Losses, validation losses and gradient norms equal the reference's (≤ 1e-5 relative).

@@ -1,0 +1,111 @@
+//! The one trait through which tensor parallelism reaches the model, and the parts of the model
+//! that read it: which slice of each weight a rank holds, and the vocabulary-parallel
+//! embedding lookup and cross-entropy.
+//!
+//! Megatron's layout (docs/ARCHITECTURE.md §5): the QKV projection and the MLP's first linear
+//! are split by output columns (whole heads, `4h/T` columns), the attention output and the
+//! MLP's second linear by input rows, so a layer needs two sums per pass: the row-parallel
+//! outputs are summed over the group forward (`g`), and the gradient entering each
+//! column-parallel block is summed backward (`f`). The embedding and the output head are split
+//! by vocabulary rows: a rank looks up only its ids and the partial embeddings are summed; the
+//! head's logits stay split, and the loss is computed from three per-position sums over the
+//! group (max, Σexp, the target's logit), so no rank ever holds the full `[b, s, vocab]` logits.
+//! `parallel/` implements the trait; the model names no communicator.
+
+use burn::tensor::{Int, Tensor, TensorData};
+
+/// The collectives the model needs from a tensor-parallel group.
+pub trait TensorParallel: std::fmt::Debug + Send + Sync {
+    /// Ranks in the group.
+    fn degree(&self) -> usize;
+    /// This rank's index in the group.
+    fn rank(&self) -> usize;
+    /// Megatron's `f`: `x` unchanged forward; its gradient summed over the group backward.
+    /// Entered before every column-parallel linear.
+    fn copy_in(&self, x: Tensor<3>) -> Tensor<3>;
+    /// Megatron's `g`: `x` summed over the group forward; the gradient unchanged backward. Left
+    /// through after every row-parallel linear.
+    fn sum_out(&self, x: Tensor<3>) -> Tensor<3>;
+    /// Element-wise maximum over the group, outside autodiff (the loss's softmax shift).
+    fn max_over(&self, x: Tensor<3>) -> Tensor<3>;
+}
+
+/// Rank `r`'s slice `(start, len)` of `n` items cut into `parts`: balanced, the first slices
+/// no longer than the last (vocabularies need not divide; heads and MLP columns do).
+pub fn split_range(n: usize, parts: usize, r: usize) -> (usize, usize) {
+    let (a, b) = (r * n / parts, (r + 1) * n / parts);
+    (a, b - a)
+}
+
+/// The embedding of `tokens` through this rank's vocabulary rows `table: [v_local, h]`
+/// starting at id `first`: ids outside the slice contribute zeros, so the group's sum is the
+/// full lookup.
+pub fn vocab_embedding(
+    table: Tensor<2>,
+    tokens: Tensor<2, Int>,
+    first: usize,
+    tp: &dyn TensorParallel,
+) -> Tensor<3> {
+    let rows = table.dims()[0] as i64;
+    let local = tokens.sub_scalar(first as i64);
+    let inside = local
+        .clone()
+        .greater_equal_elem(0)
+        .bool_and(local.clone().lower_elem(rows));
+    let e = burn::tensor::module::embedding(table, local.clamp(0, (rows - 1).max(0)));
+    let [b, s, h] = e.dims();
+    let mask = inside.float().unsqueeze_dim::<3>(2).expand([b, s, h]);
+    tp.sum_out(e * mask)
+}
+
+/// Σ −log softmax(logits)[target] · weight when each rank holds the vocabulary columns
+/// `[first, first + v_local)` of `logits: [rows, cols, v_local]` (fp32): the same value on every
+/// rank of the group, and each rank's gradient is that of its own columns.
+///
+/// Per position: `m` = max over the group (a constant shift, no gradient), `Σ exp(l − m)` and
+/// the target's `l − m` (zero on the ranks that do not hold the target) summed with `g`, whose
+/// identity backward hands each rank `softmax − onehot` for its columns.
+pub fn vocab_parallel_nll(
+    logits: Tensor<3>,
+    targets: &[i64],
+    weights: Vec<f32>,
+    first: usize,
+    tp: &dyn TensorParallel,
+) -> Tensor<1> {
+    let [rows, cols, v] = logits.dims();
+    let device = logits.device();
+    let shift = tp.max_over(logits.clone().detach().max_dim(2));
+    let z = logits - shift.expand([rows, cols, v]);
+    let sum_exp = tp.sum_out(z.clone().exp().sum_dim(2));
+    let (mut local, mut held) = (Vec::with_capacity(targets.len()), Vec::new());
+    for &t in targets {
+        let i = t - first as i64;
+        let inside = (0..v as i64).contains(&i);
+        local.push(if inside { i } else { 0 });
+        held.push(if inside { 1.0f32 } else { 0.0 });
+    }
+    let local: Tensor<3, Int> = Tensor::from_data(TensorData::new(local, [rows, cols, 1]), &device);
+    let held: Tensor<3> = Tensor::from_data(TensorData::new(held, [rows, cols, 1]), &device);
+    let target = tp.sum_out(z.gather(2, local) * held);
+    let weights: Tensor<3> = Tensor::from_data(TensorData::new(weights, [rows, cols, 1]), &device);
+    ((sum_exp.log() - target) * weights).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_range;
+
+    #[test]
+    fn ranges_cover_once() {
+        for (n, parts) in [(69, 2), (69, 4), (8, 4), (3, 3), (70, 3)] {
+            let mut next = 0;
+            for r in 0..parts {
+                let (a, len) = split_range(n, parts, r);
+                assert_eq!(a, next);
+                next = a + len;
+            }
+            assert_eq!(next, n);
+        }
+        assert_eq!(split_range(8, 4, 2), (4, 2));
+    }
+}

@@ -1,0 +1,147 @@
+//! Megatron tensor parallelism's collectives (docs/ARCHITECTURE.md §5): the conjugate pair `f`
+//! (identity forward, all-reduce backward) and `g` (all-reduce forward, identity backward) as
+//! one differentiable op whose backward is its conjugate, and the group that gives them to the
+//! model through [`TensorParallel`]. Which slice of each weight a rank holds is
+//! [`crate::parallel::tensor_slices`].
+//!
+//! The sums go through the [`Communicator`]'s tensor all-reduce (host buffers for threads and
+//! MPI, device memory for NCCL on CUDA). They block: nothing overlaps a layer's matmuls. A
+//! communication failure inside the op panics with the communicator's message (an op cannot
+//! return an error); the rank runner turns that into this rank's error and aborts the others.
+
+use std::sync::Arc;
+
+use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff};
+use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
+use burn::tensor::{Tensor, TensorData};
+
+use crate::model::tensor_parallel::TensorParallel;
+use crate::parallel::collective_op::{differentiable, Transposable};
+use crate::parallel::comm::Communicator;
+
+/// Which of the pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conjugate {
+    /// `f`: identity forward, sum of the gradient backward.
+    CopyIn,
+    /// `g`: sum forward, identity backward.
+    SumOut,
+}
+
+impl Conjugate {
+    fn other(self) -> Self {
+        match self {
+            Conjugate::CopyIn => Conjugate::SumOut,
+            Conjugate::SumOut => Conjugate::CopyIn,
+        }
+    }
+}
+
+/// The op's non-tensor argument.
+#[derive(Debug, Clone)]
+pub struct ConjugateParams {
+    pub comm: Arc<dyn Communicator>,
+    pub op: Conjugate,
+}
+
+#[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
+pub trait TensorParallelOps: Backend {
+    /// `params.op` on one flat tensor.
+    fn tp_conjugate(x: FloatTensor<Self>, params: ConjugateParams) -> FloatTensor<Self>;
+}
+
+/// The op on a concrete backend: the forward of `f` is the identity, that of `g` a sum.
+macro_rules! conjugate_for {
+    ($backend:ty) => {
+        impl TensorParallelOps for $backend {
+            fn tp_conjugate(x: FloatTensor<Self>, params: ConjugateParams) -> FloatTensor<Self> {
+                if params.op == Conjugate::CopyIn {
+                    return x;
+                }
+                let x = Tensor::<1>::from_primitive::<Self>(x);
+                params
+                    .comm
+                    .all_reduce_tensor(x)
+                    .unwrap_or_else(|e| panic!("tensor-parallel all-reduce failed: {e}"))
+                    .try_into_primitive::<Self>()
+                    .expect("tensor parallel: the sum left the backend of its input")
+            }
+        }
+    };
+}
+
+conjugate_for!(Flex);
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+conjugate_for!(burn::backend::Cube);
+
+impl<B: Backend + TensorParallelOps> Transposable<B> for ConjugateParams {
+    fn apply(&self, x: FloatTensor<B>) -> FloatTensor<B> {
+        B::tp_conjugate(x, self.clone())
+    }
+
+    fn transposed(&self) -> Self {
+        Self {
+            op: self.op.other(),
+            ..self.clone()
+        }
+    }
+}
+
+impl<B: Backend + TensorParallelOps, C: CheckpointStrategy> TensorParallelOps for Autodiff<B, C> {
+    fn tp_conjugate(x: FloatTensor<Self>, params: ConjugateParams) -> FloatTensor<Self> {
+        differentiable::<B, C, _>(x, params)
+    }
+}
+
+/// A TP group as the model sees it.
+#[derive(Debug, Clone)]
+pub struct TpGroup {
+    pub comm: Arc<dyn Communicator>,
+}
+
+impl TpGroup {
+    fn apply(&self, x: Tensor<3>, op: Conjugate) -> Tensor<3> {
+        let dims = x.dims();
+        let flat = x.reshape([dims.iter().product::<usize>()]);
+        let params = ConjugateParams {
+            comm: self.comm.clone(),
+            op,
+        };
+        let out = Tensor::<1>::from_dispatch(<Dispatch as TensorParallelOps>::tp_conjugate(
+            flat.into_dispatch(),
+            params,
+        ));
+        out.reshape(dims)
+    }
+}
+
+impl TensorParallel for TpGroup {
+    fn degree(&self) -> usize {
+        self.comm.size()
+    }
+
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn copy_in(&self, x: Tensor<3>) -> Tensor<3> {
+        self.apply(x, Conjugate::CopyIn)
+    }
+
+    fn sum_out(&self, x: Tensor<3>) -> Tensor<3> {
+        self.apply(x, Conjugate::SumOut)
+    }
+
+    fn max_over(&self, x: Tensor<3>) -> Tensor<3> {
+        let (dims, device) = (x.dims(), x.device());
+        let mine = crate::model::neox::tensor_to_vec(&x.detach());
+        let all = self
+            .comm
+            .all_gather(&mine)
+            .unwrap_or_else(|e| panic!("tensor-parallel max failed: {e}"));
+        let max = (0..mine.len())
+            .map(|i| all.iter().map(|v| v[i]).fold(f32::NEG_INFINITY, f32::max))
+            .collect::<Vec<_>>();
+        Tensor::from_data(TensorData::new(max, dims), &device)
+    }
+}
