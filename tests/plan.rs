@@ -34,6 +34,7 @@ fn layout(tp: usize, sp: usize, dp: usize, zero: u8, megatron_sp: bool) -> Layou
     Layout {
         tp,
         sp,
+        cp: 1,
         dp,
         zero,
         megatron_sp,
@@ -480,4 +481,88 @@ fn checkpointed_logits_peak_at_the_loss() {
         b - (e.memory.parameters + e.memory.gradients + e.memory.optimizer_states)
     };
     close(fb(v), fb(4 * v), "forward/backward without logits");
+}
+
+/// Context parallelism: a rank of CP c holds s/c tokens of every region, so genslm's layer
+/// keeps 13·h + 2·i elements per local token (as on one rank: q, k, v stay views of the fused
+/// QKV buffer), the log-sum-exp a·s/c; the ring's blocks are (2·(2e + 8) + 4)·h bytes per
+/// local token; weights are replicated over CP, so ZeRO partitions over D·c; naive attention
+/// and a materialised mask are refused with CP.
+#[test]
+fn context_parallel_splits_every_region_and_zero_spans_it() {
+    let (h, a, i, s, c) = (512usize, 8usize, 2048usize, 8192usize, 4usize);
+    let mut st = megatron(
+        Layout {
+            cp: c,
+            ..layout(1, 1, 1, 0, false)
+        },
+        AttentionKind::Flash,
+        Checkpointing::None,
+    );
+    st.recipe = Recipe::Genslm;
+    st.precision = Precision::Fp32;
+    let (act, att) = one_layer(&st, h, a, i, s);
+    close(
+        act,
+        4.0 * (s / c) as f64 * (13 * h + 2 * i) as f64,
+        "cp 4 layer",
+    );
+    close(att, 4.0 * (a * s / c) as f64, "cp 4 log-sum-exp");
+    let m = shape(2, h, a, i);
+    let b = estimate(&m, &st, &gpu(1e6), s).memory;
+    close(
+        b.communication,
+        (2.0 * (2.0 * 4.0 + 8.0) + 4.0) * h as f64 * (s / c) as f64,
+        "ring blocks",
+    );
+    // ZeRO-3 over D × c (dp 2 × cp 4): weights 2 bytes / 8 ranks in bf16.
+    let mut z = megatron(
+        Layout {
+            cp: c,
+            zero: 3,
+            ..layout(1, 1, 2, 3, false)
+        },
+        AttentionKind::Flash,
+        Checkpointing::None,
+    );
+    z.recipe = Recipe::Genslm;
+    let b = estimate(&m, &z, &gpu(1e6), 1024).memory;
+    close(
+        b.parameters,
+        2.0 * model_params(&m, 1024, true) / 8.0,
+        "ZeRO-3 over dp × cp",
+    );
+    for (attention, mask) in [
+        (AttentionKind::Naive, Mask::None),
+        (AttentionKind::Flash, Mask::Materialised),
+    ] {
+        let mut bad = st.clone();
+        (bad.attention, bad.mask) = (attention, mask);
+        let e = genslm::plan::check(&m, &bad).unwrap_err().to_string();
+        assert!(e.contains("cp 4") && e.contains("ring"), "{e}");
+    }
+    // The CLI searches CP and names it; with CP given, the sequence granule covers 2·c chunks.
+    let config = repo().join("configs/genslm-25b.toml");
+    let (ok, out, err) = run(&[
+        "plan",
+        "--config",
+        config.to_str().unwrap(),
+        "--gpus",
+        "128",
+        "--gpu-mem-gib",
+        "40",
+        "--sweep",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("CP (+any)") && out.contains("cp 2 (ring)"),
+        "{out}"
+    );
+    assert_eq!(
+        granule(&Strategy {
+            layout: Layout { cp: 3, ..st.layout },
+            ..st.clone()
+        }),
+        3072
+    );
 }

@@ -68,6 +68,7 @@ fn cpu_strategy(model: &ModelConfig, sp: usize, attention: AttentionKind) -> Str
         layout: Layout {
             tp: 1,
             sp,
+            cp: 1,
             dp: 1,
             zero: 1,
             megatron_sp: false,

@@ -56,9 +56,14 @@ pub struct PlanArgs {
     /// Ulysses sequence-parallel degree (default: searched).
     #[arg(long)]
     pub sp: Option<usize>,
-    /// Tensor-parallel degree, with Megatron sequence parallelism (default: searched, ≤ a node).
+    /// Tensor-parallel degree, as genslm's --tp runs it: heads, MLP columns and vocabulary
+    /// split, LayerNorm and residual activations whole on every TP rank (no Megatron sequence
+    /// parallelism) (default: searched, ≤ a node).
     #[arg(long)]
     pub tp: Option<usize>,
+    /// Context-parallel degree (ring attention; default: searched).
+    #[arg(long)]
+    pub cp: Option<usize>,
     /// Data-parallel degree (default: what the GPUs leave).
     #[arg(long)]
     pub dp: Option<usize>,
@@ -95,7 +100,7 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 8)]
     pub gpus_per_node: usize,
     /// Table over GPU counts (powers of two up to --gpus) and layouts, with the best of each.
-    #[arg(long, conflicts_with_all = ["sp", "tp", "dp", "seq_len"])]
+    #[arg(long, conflicts_with_all = ["sp", "tp", "cp", "dp", "seq_len"])]
     pub sweep: bool,
     /// Print JSON instead of text.
     #[arg(long)]
@@ -160,9 +165,11 @@ pub fn run(a: &PlanArgs) -> Result<String> {
     if a.gpus_per_node == 0 {
         return Err(Error::Invalid("--gpus-per-node must be at least 1".into()));
     }
-    if a.device == DeviceArg::Cpu && a.tp.is_some_and(|t| t > 1) {
+    if a.device == DeviceArg::Cpu && (a.tp.is_some_and(|t| t > 1) || a.cp.is_some_and(|c| c > 1)) {
         return Err(Error::Invalid(
-            "--device cpu: genslm's CPU training has no tensor parallelism (use --sp/--dp)".into(),
+            "--device cpu: the CPU process model is calibrated for --sp/--dp/--zero only; plan \
+             --tp and --cp for GPUs (their CPU runs are measured by scripts/cp_memory_table.py)"
+                .into(),
         ));
     }
     let model = Config::load(path)?.model;
@@ -303,41 +310,52 @@ fn layouts(model: &ModelConfig, a: &PlanArgs, gpus: usize) -> Result<Vec<Layout>
         if tp == 0 || !gpus.is_multiple_of(tp) {
             continue;
         }
-        let sps = match a.sp {
-            Some(p) => vec![p],
+        let cps = match a.cp {
+            Some(c) => vec![c],
+            None if cpu => vec![1],
             None => divisors(gpus / tp),
         };
-        for sp in sps {
-            if sp == 0 || !(gpus / tp).is_multiple_of(sp) {
+        for cp in cps {
+            if cp == 0 || !(gpus / tp).is_multiple_of(cp) {
                 continue;
             }
-            let dp = gpus / (tp * sp);
-            if a.dp.is_some_and(|d| d != dp) || !model.num_heads.is_multiple_of(tp * sp) {
-                continue;
-            }
-            for &zero in &zeros {
-                out.push(Layout {
-                    tp,
-                    sp,
-                    dp,
-                    zero,
-                    megatron_sp: tp > 1,
-                    // genslm's trainer partitions ZeRO-1 over DP and ZeRO-2/3 over DP × SP;
-                    // on GPUs plan every stage as DeepSpeed-Ulysses does (DP × SP).
-                    zero_over_sp: !cpu || zero >= 2,
-                });
+            let sps = match a.sp {
+                Some(p) => vec![p],
+                None => divisors(gpus / (tp * cp)),
+            };
+            for sp in sps {
+                if sp == 0 || !(gpus / (tp * cp)).is_multiple_of(sp) {
+                    continue;
+                }
+                let dp = gpus / (tp * cp * sp);
+                if a.dp.is_some_and(|d| d != dp) || !model.num_heads.is_multiple_of(tp * sp) {
+                    continue;
+                }
+                for &zero in &zeros {
+                    out.push(Layout {
+                        tp,
+                        sp,
+                        cp,
+                        dp,
+                        zero,
+                        megatron_sp: false,
+                        // genslm's trainer partitions ZeRO-1 over DP × CP and ZeRO-2/3 over
+                        // all ranks; on GPUs plan every stage as DeepSpeed-Ulysses does.
+                        zero_over_sp: !cpu || zero >= 2,
+                    });
+                }
             }
         }
     }
     if out.is_empty() {
-        let fixed = [("tp", a.tp), ("sp", a.sp), ("dp", a.dp)]
+        let fixed = [("tp", a.tp), ("sp", a.sp), ("cp", a.cp), ("dp", a.dp)]
             .iter()
             .filter_map(|(n, v)| v.map(|v| format!("--{n} {v}")))
             .collect::<Vec<_>>()
             .join(" ");
         return Err(Error::Invalid(format!(
-            "no layout of {gpus} GPUs fits {}{}: tp × sp × dp must equal --gpus, and tp × sp \
-             must divide the {} heads",
+            "no layout of {gpus} GPUs fits {}{}: tp × sp × cp × dp must equal --gpus, and tp × \
+             sp must divide the {} heads",
             if fixed.is_empty() {
                 "the model"
             } else {
@@ -404,12 +422,14 @@ pub struct SweepRow {
     pub best: Candidate,
     /// Longest sequence with data parallelism only (ZeRO allowed).
     pub dp_only: usize,
-    /// With tensor parallelism (Megatron SP), no Ulysses.
+    /// With tensor parallelism, no Ulysses, no CP.
     pub tp: usize,
-    /// With Ulysses sequence parallelism, no TP.
+    /// With Ulysses sequence parallelism, no TP, no CP.
     pub ulysses: usize,
-    /// With both.
+    /// With TP and Ulysses, no CP.
     pub tp_ulysses: usize,
+    /// With context parallelism (ring), alone or with TP and Ulysses.
+    pub context: usize,
     pub layouts_evaluated: usize,
 }
 
@@ -436,10 +456,11 @@ fn sweep(model: &ModelConfig, a: &PlanArgs, gpus: usize, mem_bytes: f64) -> Resu
         };
         let row = SweepRow {
             gpus: count,
-            dp_only: best_in(&|l| l.tp == 1 && l.sp == 1),
-            tp: best_in(&|l| l.tp > 1 && l.sp == 1),
-            ulysses: best_in(&|l| l.tp == 1 && l.sp > 1),
-            tp_ulysses: best_in(&|l| l.tp > 1 && l.sp > 1),
+            dp_only: best_in(&|l| l.tp == 1 && l.sp == 1 && l.cp == 1),
+            tp: best_in(&|l| l.tp > 1 && l.sp == 1 && l.cp == 1),
+            ulysses: best_in(&|l| l.tp == 1 && l.sp > 1 && l.cp == 1),
+            tp_ulysses: best_in(&|l| l.tp > 1 && l.sp > 1 && l.cp == 1),
+            context: best_in(&|l| l.cp > 1),
             layouts_evaluated: all.len(),
             best: match best_of(
                 model,
@@ -476,10 +497,10 @@ fn notes(model: &ModelConfig, a: &PlanArgs, best: &Candidate, at_max: &Estimate)
                 + at_max.memory.workspace)
         ));
     }
-    if l.tp > 1 || (a.device == DeviceArg::Gpu) {
+    if a.device == DeviceArg::Gpu {
         n.push(
-            "what-if plan: genslm trains on CPU without tensor parallelism today; the GPU plan \
-             assumes its layer recipe (burn autodiff) with bf16 activations"
+            "what-if plan: genslm's GPU path has not been measured yet; the plan assumes its \
+             layer recipe (burn autodiff) with bf16 activations"
                 .into(),
         );
     }

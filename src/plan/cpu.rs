@@ -98,7 +98,7 @@ pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
     let layout = Layout::new(&m);
     // Every parameter but an SP-sharded position table (which covers the sequence, s rows,
     // when replicated) is reduced from host copies in buckets (`parallel::bucket`).
-    let sharded_table = st.shard_positions && l.sp > 1;
+    let sharded_table = st.shard_positions && l.sp > 1 && l.cp == 1;
     let sizes: Vec<usize> = layout
         .specs
         .iter()
@@ -123,9 +123,11 @@ pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
     // copy inside the communicator.
     let bucket = crate::parallel::bucket::DEFAULT_BUCKET.min(n);
     let mut elems = n + 2 * bucket;
-    if l.dp > 1 && l.zero >= 1 {
-        // ZeRO-1: the padded flat gradient for the reduce-scatter and the rank's block.
-        elems += n + n.div_ceil(l.dp);
+    let zero1_group = l.dp * l.cp;
+    if zero1_group > 1 && l.zero >= 1 {
+        // ZeRO-1 over DP × CP: the padded flat gradient for the reduce-scatter and the rank's
+        // block.
+        elems += n + n.div_ceil(zero1_group);
     }
     4.0 * elems as f64
 }

@@ -208,6 +208,7 @@ pub fn strategy(r: &Run) -> Strategy {
     let layout = Layout {
         tp: r.tp,
         sp: 1,
+        cp: 1,
         dp: r.dp,
         zero: r.zero,
         megatron_sp: true,

@@ -149,13 +149,16 @@ pub enum Target {
     Cpu { run: cpu::CpuRun },
 }
 
-/// How the ranks split the work. `tp · sp · dp` ranks in all.
+/// How the ranks split the work. `tp · sp · cp · dp` ranks in all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Layout {
     /// Tensor-parallel degree `t` (Megatron column/row-parallel layers).
     pub tp: usize,
     /// Ulysses sequence-parallel degree `p` (all-to-all of Q, K, V, O around attention).
     pub sp: usize,
+    /// Context-parallel degree `c` (ring attention: each rank holds `s/c` tokens of every
+    /// region, K/V blocks travel around the ring; weights replicated over it).
+    pub cp: usize,
     /// Data-parallel degree `D`.
     pub dp: usize,
     /// ZeRO stage: 1 partitions optimizer states, 2 also gradients, 3 also weights, over `Z`.
@@ -169,19 +172,20 @@ pub struct Layout {
 
 impl Layout {
     pub fn ranks(&self) -> usize {
-        self.tp * self.sp * self.dp
+        self.tp * self.sp * self.cp * self.dp
     }
-    /// The ZeRO partition group: `Z = D·p`, or `D` without `zero_over_sp`.
+    /// The ZeRO partition group: `Z = D·c·p`, or `D·c` without `zero_over_sp` (CP ranks
+    /// hold replicas, so ZeRO always spans them, as Megatron's distributed optimizer does).
     pub fn zero_group(&self) -> usize {
-        self.dp * if self.zero_over_sp { self.sp } else { 1 }
+        self.dp * self.cp * if self.zero_over_sp { self.sp } else { 1 }
     }
     /// Ranks over which the sequence region is split.
     pub fn seq_shard(&self) -> usize {
-        self.sp * if self.megatron_sp { self.tp } else { 1 }
+        self.sp * self.cp * if self.megatron_sp { self.tp } else { 1 }
     }
-    /// Ranks over which the head region is split.
+    /// Ranks over which the head region is split (CP: `s/c` tokens of `a/(p·t)` heads).
     pub fn head_shard(&self) -> usize {
-        self.sp * self.tp
+        self.sp * self.tp * self.cp
     }
 }
 
@@ -321,10 +325,17 @@ impl Estimate {
 /// Checks that the layout fits the model and the options make sense.
 pub fn check(model: &ModelConfig, st: &Strategy) -> Result<()> {
     let l = &st.layout;
-    if l.tp == 0 || l.sp == 0 || l.dp == 0 {
+    if l.tp == 0 || l.sp == 0 || l.cp == 0 || l.dp == 0 {
         return Err(Error::Invalid(format!(
-            "parallel degrees must be at least 1 (tp {}, sp {}, dp {})",
-            l.tp, l.sp, l.dp
+            "parallel degrees must be at least 1 (tp {}, sp {}, cp {}, dp {})",
+            l.tp, l.sp, l.cp, l.dp
+        )));
+    }
+    if l.cp > 1 && (st.attention == AttentionKind::Naive || st.mask == Mask::Materialised) {
+        return Err(Error::Invalid(format!(
+            "cp {}: ring attention runs FlashAttention on K/V blocks (no score matrix, no \
+             materialised mask)",
+            l.cp
         )));
     }
     if l.zero > 3 {
@@ -351,9 +362,12 @@ pub fn check(model: &ModelConfig, st: &Strategy) -> Result<()> {
 }
 
 /// Sequence lengths are searched in multiples of this: 1024 tokens, rounded up to a multiple of
-/// the ranks that split the sequence (each must get a whole number of tokens).
+/// the pieces the sequence is cut into (each rank gets a whole number of tokens; CP cuts 2·c
+/// zigzag chunks).
 pub fn granule(st: &Strategy) -> usize {
-    lcm(1024, st.layout.sp * st.layout.tp)
+    let l = &st.layout;
+    let chunks = if l.cp > 1 { 2 * l.cp } else { 1 };
+    lcm(1024, l.sp * l.tp * chunks)
 }
 
 fn lcm(a: usize, b: usize) -> usize {

@@ -174,6 +174,7 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
             Layout {
                 tp: degree,
                 sp: 1,
+                cp: 1,
                 dp: gpus / degree,
                 zero: 0,
                 megatron_sp: true,
@@ -187,6 +188,7 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
         layout: Layout {
             tp: 1,
             sp: degree,
+            cp: 1,
             dp: gpus / degree,
             zero: 3,
             megatron_sp: false,

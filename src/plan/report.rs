@@ -18,6 +18,9 @@ pub(super) fn layout_text(l: &Layout) -> String {
     if l.sp > 1 {
         parts.push(format!("sp {} (Ulysses)", l.sp));
     }
+    if l.cp > 1 {
+        parts.push(format!("cp {} (ring)", l.cp));
+    }
     parts.push(format!("dp {}", l.dp));
     format!("{}, ZeRO-{}", parts.join(" × "), l.zero)
 }
@@ -155,6 +158,7 @@ pub(super) fn sweep_report(
             Layout {
                 tp: 1,
                 sp: 1,
+                cp: 1,
                 dp: 1,
                 zero: 0,
                 megatron_sp: false,
@@ -164,24 +168,26 @@ pub(super) fn sweep_report(
     );
     let _ = writeln!(
         s,
-        "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  best layout",
+        "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  best layout",
         what.to_string() + "s",
         "DP only",
-        "TP+MegSP",
+        "TP",
         "Ulysses SP",
         "TP+Ulysses",
+        "CP (+any)",
         "best"
     );
     for r in rows {
         let cell = |n: usize| if n == 0 { "-".to_string() } else { tokens(n) };
         let _ = writeln!(
             s,
-            "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {}",
+            "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {}",
             r.gpus,
             cell(r.dp_only),
             cell(r.tp),
             cell(r.ulysses),
             cell(r.tp_ulysses),
+            cell(r.context),
             cell(r.best.max_seq_len),
             layout_text(&r.best.strategy.layout)
         );

@@ -228,7 +228,8 @@ fn position_states(
     if st.positions != Position::Learned {
         return [0.0; 3];
     }
-    let (shard, group) = if st.shard_positions {
+    // Under CP every rank keeps the whole table (its zigzag chunks read both ends of it).
+    let (shard, group) = if st.shard_positions && l.cp == 1 {
         (l.seq_shard() as f64, l.dp as f64)
     } else {
         (1.0, l.zero_group() as f64)
@@ -259,7 +260,7 @@ fn kept_layer_inputs(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
     let kept_shard = if l.megatron_sp || partitioned {
         l.head_shard()
     } else {
-        l.sp
+        l.sp * l.cp
     };
     let tokens = (st.batch_size * seq_len) as f64;
     m.num_layers as f64 * tokens * st.precision.activation_bytes() * m.hidden_size as f64
@@ -268,13 +269,13 @@ fn kept_layer_inputs(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
 
 /// The tensors of the final LayerNorm, the LM head and the loss (activations, logits): the
 /// sequence-region inputs with the token ids, and the logits with their loss tensors
-/// (vocabulary split over `t`, tokens over `p`).
+/// (vocabulary split over `t`, tokens over `p·c`).
 fn loss_tensors(m: &ModelConfig, st: &Strategy, seq_len: usize) -> (f64, f64) {
     let l = &st.layout;
     let tokens = (st.batch_size * seq_len) as f64;
     let (head_seq, logit_bytes) = head_terms(m, st);
     let acts = tokens * (head_seq + token_tables(m, st)) / l.seq_shard() as f64;
-    let logits = tokens * st.vocab_size as f64 * logit_bytes / (l.tp * l.sp) as f64;
+    let logits = tokens * st.vocab_size as f64 * logit_bytes / (l.tp * l.sp * l.cp) as f64;
     (acts, logits)
 }
 
@@ -320,7 +321,8 @@ pub(super) fn loss(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize
             let mut c = 0.0;
             if l.megatron_sp && l.tp > 1 {
                 // The LM head is column-parallel: its input is all-gathered over the TP ranks.
-                c += st.precision.activation_bytes() * m.hidden_size as f64 * tokens / l.sp as f64;
+                c += st.precision.activation_bytes() * m.hidden_size as f64 * tokens
+                    / (l.sp * l.cp) as f64;
             }
             if l.zero >= 3 {
                 // ZeRO-3 gathers the LM head's weight (V·h/t).
@@ -358,7 +360,7 @@ pub(super) fn forward_backward(
     let layers = m.num_layers as f64;
     let tokens = b * s;
     let (seq_shard, head_shard) = (l.seq_shard() as f64, l.head_shard() as f64);
-    let (p, t) = (l.sp as f64, l.tp as f64);
+    let (p, t, cp) = (l.sp as f64, l.tp as f64, l.cp as f64);
     let (parameters, gradients, optimizer_states, position_table) =
         states(m, st, hw, s, grads_at_peak(st));
 
@@ -399,11 +401,17 @@ pub(super) fn forward_backward(
                 // The all-gathered [s/p, b, h] input of a column-parallel matmul and the
                 // [s/p, b, h] partial output a row-parallel matmul reduce-scatters: 2·e·h per
                 // token of the Ulysses shard, not split over t.
-                c += 2.0 * e * h * tokens / p;
+                c += 2.0 * e * h * tokens / (p * cp);
             }
             if l.sp > 1 {
                 // One Ulysses exchange in flight: send and receive buffers of Q, K and V.
-                c += 2.0 * 3.0 * e * h * tokens / p;
+                c += 2.0 * 3.0 * e * h * tokens / (p * cp);
+            }
+            if l.cp > 1 {
+                // The ring's blocks (s/c tokens of a/(p·t) heads): K and V sent and received,
+                // in the backward with their fp32 dK/dV accumulators, and the fp32 output
+                // accumulator the log-sum-exp merge updates.
+                c += (2.0 * (2.0 * e + 2.0 * 4.0) + 4.0) * h * tokens / head_shard;
             }
             if l.zero >= 3 {
                 // ZeRO-3 gathers the weights of the running layer and prefetches the next.

@@ -17,6 +17,7 @@ fn strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
         layout: Layout {
             tp: 1,
             sp,
+            cp: 1,
             dp,
             zero: t.zero,
             megatron_sp: false,
