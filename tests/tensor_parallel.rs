@@ -60,8 +60,8 @@ fn tensor_parallel_matches_one_rank_with_alibi_and_learned_positions() {
     }
 }
 
-/// 37 tokens divide by no degree (padded and masked), and 69 vocabulary ids split 34/35
-/// over TP 2, 23 each over TP 3 (with 6 heads so that TP 3 gives whole heads).
+/// 37 and 1001 tokens divide by no degree (padded and masked), and 69 vocabulary ids split
+/// 34/35 over TP 2, 23 each over TP 3 (with 6 heads so that TP 3 gives whole heads).
 #[test]
 fn tensor_parallel_with_lengths_and_vocabularies_no_degree_divides() {
     for pos in [Position::Rotary, Position::Alibi, Position::Learned] {
@@ -69,6 +69,9 @@ fn tensor_parallel_with_lengths_and_vocabularies_no_degree_divides() {
             tiny(pos, 37),
             &[(1, 1, 2, 2, 0, false), (1, 2, 1, 2, 1, false)],
         );
+    }
+    for pos in [Position::Rotary, Position::Alibi] {
+        run_config(tiny(pos, 1001), &[(1, 2, 2, 2, 0, false)]);
     }
     let mut cfg = tiny(Position::Alibi, 32);
     cfg.model.hidden_size = 48;
