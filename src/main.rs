@@ -120,7 +120,7 @@ enum Command {
     /// Generate DNA with a model (FASTA, one record per sample, settings in the header).
     Generate(Box<cli::infer::GenerateArgs>),
     /// Plan training memory per GPU and the longest sequence that fits (or --compare-published).
-    Plan(Box<genslm::plan::cli::PlanArgs>),
+    Plan(Box<cli::plan::PlanArgs>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -225,7 +225,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Generate(args) => cli::infer::run_generate(*args, cli.quiet)?,
-        Command::Plan(args) => print!("{}", genslm::plan::cli::run(&args)?),
+        Command::Plan(args) => print!("{}", genslm::plan::command::run(&(*args).into())?),
         Command::Bench { which } => cli::bench::run(which)?,
     }
     Ok(())

@@ -3,12 +3,13 @@
 pub mod bench;
 pub mod device;
 pub mod infer;
+pub mod plan;
 pub mod train;
 
 use clap::ValueEnum;
 
 /// `--attention` of `train` and `bench step`.
-#[derive(Clone, Copy, ValueEnum, PartialEq)]
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
 pub enum AttentionArg {
     Flash,
     Naive,

@@ -16,15 +16,7 @@ use burn::tensor::{Bool, Tensor, TensorData};
 use crate::config::AttentionKind;
 use crate::model::flash::{flash_attention, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q};
 
-/// What shapes the attention pattern besides q, k, v.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct AttnOptions {
-    pub causal: bool,
-    /// Per-head ALiBi slopes for the heads in this call (a rank's head group under SP).
-    pub alibi: Option<Vec<f64>>,
-    pub q_offset: usize,
-    pub k_offset: usize,
-}
+pub use crate::model::attn_options::AttnOptions;
 
 /// The single-device attention a [`SequenceParallel`] strategy runs on what it gathered.
 pub type LocalAttention<'a> =

@@ -28,8 +28,8 @@ use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
-use super::attention::AttnOptions;
 use super::attention_op::{differentiable, AttentionKernels};
+use super::attn_options::AttnOptions;
 
 /// Default query block (rows of a score tile).
 pub const DEFAULT_BLOCK_Q: usize = 128;

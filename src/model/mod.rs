@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod attention_op;
+pub mod attn_options;
 pub mod cache;
 mod fastmath;
 pub mod flash;

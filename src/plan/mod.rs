@@ -23,11 +23,13 @@
 //! The peak is the largest of the phases of a step ([`Phase`]): forward/backward, building a
 //! materialised attention mask, and (with genslm's own recipe) the optimizer step.
 
-pub mod cli;
+pub mod command;
 pub mod cpu;
 pub mod measured;
 pub mod published;
 mod report;
+pub mod request;
+pub mod search;
 mod terms;
 
 use serde::Serialize;

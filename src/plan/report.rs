@@ -2,7 +2,8 @@
 
 use std::fmt::Write;
 
-use super::cli::{strategy_for, Candidate, DeviceArg, PlanArgs, SweepRow};
+use super::request::{PlanDevice, PlanRequest};
+use super::search::{strategy_for, Candidate, SweepRow};
 use super::{granule, Checkpointing, Estimate, Layout, Precision, Strategy, GIB};
 use crate::config::{AttentionKind, ModelConfig, Position};
 
@@ -93,7 +94,7 @@ pub(super) fn breakdown_lines(s: &mut String, e: &Estimate, mem_bytes: f64) {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn single_report(
     model: &ModelConfig,
-    a: &PlanArgs,
+    a: &PlanRequest,
     gpus: usize,
     mem: f64,
     best: &Candidate,
@@ -104,8 +105,8 @@ pub(super) fn single_report(
 ) -> String {
     let mut s = String::new();
     let what = match a.device {
-        DeviceArg::Gpu => "GPUs",
-        DeviceArg::Cpu => "CPU processes",
+        PlanDevice::Gpu => "GPUs",
+        PlanDevice::Cpu => "CPU processes",
     };
     let _ = writeln!(s, "{} on {gpus} {what} × {mem} GiB", model.name);
     let _ = writeln!(
@@ -139,14 +140,14 @@ pub(super) fn single_report(
 
 pub(super) fn sweep_report(
     model: &ModelConfig,
-    a: &PlanArgs,
+    a: &PlanRequest,
     mem: f64,
     rows: &[SweepRow],
 ) -> String {
     let mut s = String::new();
     let what = match a.device {
-        DeviceArg::Gpu => "GPU",
-        DeviceArg::Cpu => "process",
+        PlanDevice::Gpu => "GPU",
+        PlanDevice::Cpu => "process",
     };
     let _ = writeln!(
         s,

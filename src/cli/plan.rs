@@ -1,0 +1,157 @@
+//! `genslm plan`'s arguments: parsed here, handed to the library as a
+//! [`genslm::plan::request::PlanRequest`].
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use genslm::config::Position;
+use genslm::plan::request::{PlanDevice, PlanRequest};
+use genslm::plan::Precision;
+
+use super::AttentionArg;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PositionArg {
+    Rotary,
+    Learned,
+    Alibi,
+}
+
+impl From<PositionArg> for Position {
+    fn from(p: PositionArg) -> Self {
+        match p {
+            PositionArg::Rotary => Position::Rotary,
+            PositionArg::Learned => Position::Learned,
+            PositionArg::Alibi => Position::Alibi,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PrecisionArg {
+    Bf16,
+    Fp32,
+}
+
+impl From<PrecisionArg> for Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::Bf16 => Precision::Bf16,
+            PrecisionArg::Fp32 => Precision::Fp32,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// GPUs (CUDA context and allocator reserve).
+    Gpu,
+    /// CPU processes running genslm (one per rank; process baseline, fp32).
+    Cpu,
+}
+
+impl From<DeviceArg> for PlanDevice {
+    fn from(d: DeviceArg) -> Self {
+        match d {
+            DeviceArg::Gpu => PlanDevice::Gpu,
+            DeviceArg::Cpu => PlanDevice::Cpu,
+        }
+    }
+}
+
+/// `genslm plan`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlanArgs {
+    /// Model config (TOML), e.g. configs/genslm-33b.toml.
+    #[arg(long, required_unless_present = "compare_published")]
+    pub config: Option<PathBuf>,
+    /// Number of GPUs (CPU processes with --device cpu).
+    #[arg(long, required_unless_present = "compare_published")]
+    pub gpus: Option<usize>,
+    /// Memory of each GPU in GiB (of each process with --device cpu).
+    #[arg(long, required_unless_present = "compare_published")]
+    pub gpu_mem_gib: Option<f64>,
+    /// Ulysses sequence-parallel degree (default: searched).
+    #[arg(long)]
+    pub sp: Option<usize>,
+    /// Tensor-parallel degree, as genslm's --tp runs it: heads, MLP columns and vocabulary
+    /// split, LayerNorm and residual activations whole on every TP rank (no Megatron sequence
+    /// parallelism) (default: searched, ≤ a node).
+    #[arg(long)]
+    pub tp: Option<usize>,
+    /// Context-parallel degree (ring attention; default: searched).
+    #[arg(long)]
+    pub cp: Option<usize>,
+    /// Data-parallel degree (default: what the GPUs leave).
+    #[arg(long)]
+    pub dp: Option<usize>,
+    /// ZeRO stage 0-3 (default: searched).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub zero: Option<u8>,
+    /// Attention (default: the config's).
+    #[arg(long, value_enum)]
+    pub attention: Option<AttentionArg>,
+    /// Position encoding (default: the config's).
+    #[arg(long, value_enum)]
+    pub positions: Option<PositionArg>,
+    /// Split a learned position table over the sequence-parallel ranks (genslm's trainer does
+    /// this under --sp).
+    #[arg(long)]
+    pub shard_positions: bool,
+    /// Full activation checkpointing: each layer keeps its input and is recomputed (genslm train
+    /// --checkpoint-activations).
+    #[arg(long)]
+    pub checkpoint_activations: bool,
+    /// Number formats (default: bf16 mixed precision on GPUs, fp32 on CPU).
+    #[arg(long, value_enum)]
+    pub precision: Option<PrecisionArg>,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 1)]
+    pub batch_size: usize,
+    /// Also break the memory down at this sequence length.
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// What runs the ranks.
+    #[arg(long, value_enum, default_value = "gpu")]
+    pub device: DeviceArg,
+    /// GPUs per node: searched tensor parallelism stays within a node.
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_node: usize,
+    /// Table over GPU counts (powers of two up to --gpus) and layouts, with the best of each.
+    #[arg(long, conflicts_with_all = ["sp", "tp", "cp", "dp", "seq_len"])]
+    pub sweep: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Compare with the published Megatron-DeepSpeed maxima (25B/33B on A100-40GB), and with
+    /// the peak memory Megatron-DeepSpeed logged for its long-sequence runs.
+    #[arg(long, conflicts_with_all = ["config", "gpus", "gpu_mem_gib", "sweep", "seq_len"])]
+    pub compare_published: bool,
+}
+
+impl From<PlanArgs> for PlanRequest {
+    fn from(a: PlanArgs) -> Self {
+        Self {
+            config: a.config,
+            gpus: a.gpus,
+            gpu_mem_gib: a.gpu_mem_gib,
+            sp: a.sp,
+            tp: a.tp,
+            cp: a.cp,
+            dp: a.dp,
+            zero: a.zero,
+            attention: a.attention.map(Into::into),
+            positions: a.positions.map(Into::into),
+            shard_positions: a.shard_positions,
+            checkpoint_activations: a.checkpoint_activations,
+            precision: a.precision.map(Into::into),
+            batch_size: a.batch_size,
+            seq_len: a.seq_len,
+            device: a.device.into(),
+            gpus_per_node: a.gpus_per_node,
+            sweep: a.sweep,
+            json: a.json,
+            compare_published: a.compare_published,
+        }
+    }
+}

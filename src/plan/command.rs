@@ -1,0 +1,182 @@
+//! The `genslm plan` command: runs a request (one plan, a sweep, or the published comparison)
+//! and writes the text or JSON report.
+
+use super::report::{gib, single_report, sweep_report, tokens};
+use super::request::{PlanDevice, PlanRequest};
+use super::search::{best_of, layouts, sweep, Candidate};
+use super::{estimate, granule, published, Estimate, Target, GIB};
+use crate::config::{Config, ModelConfig, Position};
+use crate::error::{Error, Result};
+
+/// The largest cluster planned for (layouts are searched over the divisors of the count).
+pub const MAX_GPUS: usize = 1 << 20;
+
+/// Runs the command; returns what to print.
+pub fn run(a: &PlanRequest) -> Result<String> {
+    if a.compare_published {
+        let cells = published::cells();
+        let logged = super::measured::rows();
+        return Ok(if a.json {
+            let mut v = published::json(&cells);
+            v["logged_runs"] = serde_json::to_value(&logged)
+                .map_err(|e| Error::Invalid(format!("serialising the logged runs: {e}")))?;
+            to_json(&v)?
+        } else {
+            format!(
+                "{}\n{}",
+                published::report(&cells),
+                super::measured::report(&logged)
+            )
+        });
+    }
+    let (path, gpus, mem) = match (&a.config, a.gpus, a.gpu_mem_gib) {
+        (Some(p), Some(g), Some(m)) => (p, g, m),
+        _ => {
+            return Err(Error::Invalid(
+                "plan needs --config, --gpus and --gpu-mem-gib (or --compare-published)".into(),
+            ))
+        }
+    };
+    if gpus == 0 || gpus > MAX_GPUS {
+        return Err(Error::Invalid(format!(
+            "--gpus {gpus}: must be between 1 and {MAX_GPUS}"
+        )));
+    }
+    if !(mem.is_finite() && mem > 0.0 && mem <= 1e9) {
+        return Err(Error::Invalid(format!(
+            "--gpu-mem-gib {mem}: must be a positive number of GiB (at most 1e9)"
+        )));
+    }
+    if a.batch_size == 0 {
+        return Err(Error::Invalid("--batch-size must be at least 1".into()));
+    }
+    let max = crate::config::MAX_TOKENS;
+    for (flag, v) in [
+        ("--batch-size", Some(a.batch_size)),
+        ("--seq-len", a.seq_len),
+    ] {
+        if let Some(v) = v.filter(|&v| v > max) {
+            return Err(Error::Invalid(format!("{flag} {v}: must be at most {max}")));
+        }
+    }
+    if a.gpus_per_node == 0 {
+        return Err(Error::Invalid("--gpus-per-node must be at least 1".into()));
+    }
+    if a.device == PlanDevice::Cpu && (a.tp.is_some_and(|t| t > 1) || a.cp.is_some_and(|c| c > 1)) {
+        return Err(Error::Invalid(
+            "--device cpu: the CPU process model is calibrated for --sp/--dp/--zero only; plan \
+             --tp and --cp for GPUs (their CPU runs are measured by scripts/cp_memory_table.py)"
+                .into(),
+        ));
+    }
+    let model = Config::load(path)?.model;
+    let mem_bytes = mem * GIB;
+    if a.sweep {
+        let rows = sweep(&model, a, gpus, mem_bytes)?;
+        return if a.json {
+            to_json(&serde_json::json!({
+                "model": model.name,
+                "gpus": gpus,
+                "gpu_mem_bytes": mem_bytes as u64,
+                "rows": rows,
+            }))
+        } else {
+            Ok(sweep_report(&model, a, mem, &rows))
+        };
+    }
+    let candidates = layouts(&model, a, gpus)?;
+    let searched = candidates.len() > 1;
+    let best = best_of(&model, a, mem_bytes, candidates)
+        .ok_or_else(|| Error::Invalid("no layout to evaluate".into()))?;
+    let at_max = estimate(&model, &best.strategy, &best.hardware, best.max_seq_len);
+    let at_len = a
+        .seq_len
+        .map(|n| estimate(&model, &best.strategy, &best.hardware, n));
+    let notes = notes(&model, a, &best, &at_max);
+    if a.json {
+        return to_json(&serde_json::json!({
+            "model": model.name,
+            "gpus": gpus,
+            "gpu_mem_bytes": mem_bytes as u64,
+            "device": match a.device { PlanDevice::Gpu => "gpu", PlanDevice::Cpu => "cpu" },
+            "layout": best.strategy.layout,
+            "layout_searched": searched,
+            "strategy": best.strategy,
+            "max_seq_len": best.max_seq_len,
+            "granule": granule(&best.strategy),
+            "at_max_seq_len": at_max,
+            "total_bytes_at_max": at_max.total().round() as u64,
+            "at_seq_len": at_len,
+            "rank_states_at_seq_len": a.seq_len.map(|n| {
+                let [p, g, o] = super::terms::rank_states(&model, &best.strategy, &best.hardware, n);
+                serde_json::json!({"parameters": p as u64, "gradients": g as u64, "optimizer_states": o as u64})
+            }),
+            "notes": notes,
+        }));
+    }
+    Ok(single_report(
+        &model, a, gpus, mem, &best, searched, &at_max, at_len, &notes,
+    ))
+}
+
+fn to_json(v: &serde_json::Value) -> Result<String> {
+    serde_json::to_string_pretty(v)
+        .map(|s| s + "\n")
+        .map_err(|e| Error::Invalid(format!("writing JSON: {e}")))
+}
+
+fn notes(model: &ModelConfig, a: &PlanRequest, best: &Candidate, at_max: &Estimate) -> Vec<String> {
+    let st = &best.strategy;
+    let l = &st.layout;
+    let mut n = Vec::new();
+    if best.max_seq_len == 0 {
+        n.push(format!(
+            "even {} tokens do not fit: {} is needed per rank before activations",
+            granule(st),
+            gib(at_max.memory.parameters
+                + at_max.memory.gradients
+                + at_max.memory.optimizer_states
+                + at_max.memory.workspace)
+        ));
+    }
+    if a.device == PlanDevice::Gpu {
+        n.push(
+            "what-if plan: genslm's GPU path has not been measured yet; the plan assumes its \
+             layer recipe (burn autodiff) with bf16 activations"
+                .into(),
+        );
+    }
+    if l.zero >= 3 && !a.checkpoint_activations && l.ranks() > 1 {
+        n.push(
+            "ZeRO-3 without --checkpoint-activations: each layer's gathered weights stay in its \
+             autodiff graph until its backward, so the full weights exist during the step"
+                .into(),
+        );
+    }
+    if st.positions == Position::Learned && l.sp > 1 && !st.shard_positions {
+        n.push(
+            "genslm's trainer shards a learned position table under SP: add --shard-positions \
+             to plan for that"
+                .into(),
+        );
+    }
+    if matches!(best.hardware.target, Target::Cpu { .. })
+        && at_max.phase == super::Phase::OptimizerStep
+        && at_max.memory.gradients == 0.0
+    {
+        n.push(
+            "optimizer-step peak: glibc keeps the activation memory the backward freed \
+             resident (gradients were allocated inside it) and the gradient-reduction buffers \
+             come on top"
+                .into(),
+        );
+    }
+    if st.positions == Position::Learned && best.max_seq_len > model.max_position_embeddings {
+        n.push(format!(
+            "a learned table of {} rows is planned; the config has {}",
+            tokens(best.max_seq_len),
+            tokens(model.max_position_embeddings)
+        ));
+    }
+    n
+}

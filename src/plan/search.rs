@@ -1,0 +1,264 @@
+//! The layout search of `genslm plan`: every layout of the cluster consistent with the request,
+//! each evaluated (strategy, hardware, longest sequence), the best, and the sweep over GPU
+//! counts.
+
+use serde::Serialize;
+
+use super::cpu::CpuRun;
+use super::request::{PlanDevice, PlanRequest};
+use super::{
+    check, max_seq_len, Checkpointing, Hardware, Layout, Mask, Precision, Recipe, Strategy, Target,
+};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+
+/// A layout with its strategy, hardware and longest sequence.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    pub strategy: Strategy,
+    #[serde(skip)]
+    pub hardware: Hardware,
+    pub max_seq_len: usize,
+}
+
+fn divisors(n: usize) -> Vec<usize> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+}
+
+/// The strategy genslm would train with for these flags and this layout.
+pub fn strategy_for(model: &ModelConfig, a: &PlanRequest, layout: Layout) -> Strategy {
+    let cpu = a.device == PlanDevice::Cpu;
+    Strategy {
+        layout,
+        recipe: Recipe::Genslm,
+        attention: a.attention.unwrap_or(model.attention),
+        positions: a.positions.unwrap_or(model.position),
+        shard_positions: a.shard_positions,
+        mask: Mask::None,
+        checkpointing: if a.checkpoint_activations {
+            Checkpointing::Full { partitioned: false }
+        } else {
+            Checkpointing::None
+        },
+        precision: match (a.precision, cpu) {
+            (Some(p), _) => p,
+            (None, true) => Precision::Fp32,
+            (None, false) => Precision::Bf16,
+        },
+        batch_size: a.batch_size,
+        tied_embeddings: false,
+        vocab_size: model.vocab_size,
+    }
+}
+
+pub fn hardware_for(a: &PlanRequest, layout: &Layout, mem_bytes: f64) -> Hardware {
+    Hardware {
+        mem_bytes,
+        target: match a.device {
+            PlanDevice::Gpu => Target::Gpu,
+            PlanDevice::Cpu if layout.ranks() == 1 => Target::Cpu { run: CpuRun::Train },
+            PlanDevice::Cpu => Target::Cpu {
+                run: CpuRun::TrainMpi,
+            },
+        },
+    }
+}
+
+/// Every layout of `gpus` ranks consistent with the flags (fixed where given, searched where
+/// not: TP within a node, whole heads per rank, ZeRO 0–3).
+pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<Layout>> {
+    let cpu = a.device == PlanDevice::Cpu;
+    let tps: Vec<usize> = match a.tp {
+        Some(t) => vec![t],
+        None if cpu => vec![1],
+        None => divisors(gpus)
+            .into_iter()
+            .filter(|t| *t <= a.gpus_per_node)
+            .collect(),
+    };
+    let zeros: Vec<u8> = match a.zero {
+        Some(z) => vec![z],
+        None => vec![0, 1, 2, 3],
+    };
+    let mut out = Vec::new();
+    for &tp in &tps {
+        if tp == 0 || !gpus.is_multiple_of(tp) {
+            continue;
+        }
+        let cps = match a.cp {
+            Some(c) => vec![c],
+            None if cpu => vec![1],
+            None => divisors(gpus / tp),
+        };
+        for cp in cps {
+            if cp == 0 || !(gpus / tp).is_multiple_of(cp) {
+                continue;
+            }
+            let sps = match a.sp {
+                Some(p) => vec![p],
+                None => divisors(gpus / (tp * cp)),
+            };
+            for sp in sps {
+                if sp == 0 || !(gpus / (tp * cp)).is_multiple_of(sp) {
+                    continue;
+                }
+                let dp = gpus / (tp * cp * sp);
+                if a.dp.is_some_and(|d| d != dp) || !model.num_heads.is_multiple_of(tp * sp) {
+                    continue;
+                }
+                for &zero in &zeros {
+                    out.push(Layout {
+                        tp,
+                        sp,
+                        cp,
+                        dp,
+                        zero,
+                        megatron_sp: false,
+                        // genslm's trainer partitions ZeRO-1 over DP × CP and ZeRO-2/3 over
+                        // all ranks; on GPUs plan every stage as DeepSpeed-Ulysses does.
+                        zero_over_sp: !cpu || zero >= 2,
+                    });
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        let fixed = [("tp", a.tp), ("sp", a.sp), ("cp", a.cp), ("dp", a.dp)]
+            .iter()
+            .filter_map(|(n, v)| v.map(|v| format!("--{n} {v}")))
+            .collect::<Vec<_>>()
+            .join(" ");
+        return Err(Error::Invalid(format!(
+            "no layout of {gpus} GPUs fits {}{}: tp × sp × cp × dp must equal --gpus, and tp × \
+             sp must divide the {} heads",
+            if fixed.is_empty() {
+                "the model"
+            } else {
+                &fixed
+            },
+            if fixed.is_empty() {
+                ""
+            } else {
+                " and the model"
+            },
+            model.num_heads
+        )));
+    }
+    Ok(out)
+}
+
+/// The layout with the longest sequence; ties go to the lower ZeRO stage, then more DP, then
+/// less TP.
+pub fn best_of(
+    model: &ModelConfig,
+    a: &PlanRequest,
+    mem_bytes: f64,
+    layouts: Vec<Layout>,
+) -> Option<Candidate> {
+    evaluate(model, a, mem_bytes, layouts)
+        .into_iter()
+        .min_by_key(|c| {
+            let l = &c.strategy.layout;
+            (
+                std::cmp::Reverse(c.max_seq_len),
+                l.zero,
+                std::cmp::Reverse(l.dp),
+                l.tp,
+            )
+        })
+}
+
+pub fn evaluate(
+    model: &ModelConfig,
+    a: &PlanRequest,
+    mem_bytes: f64,
+    layouts: Vec<Layout>,
+) -> Vec<Candidate> {
+    layouts
+        .into_iter()
+        .filter_map(|layout| {
+            let strategy = strategy_for(model, a, layout);
+            check(model, &strategy).ok()?;
+            let hardware = hardware_for(a, &layout, mem_bytes);
+            let max_seq_len = max_seq_len(model, &strategy, &hardware);
+            Some(Candidate {
+                strategy,
+                hardware,
+                max_seq_len,
+            })
+        })
+        .collect()
+}
+
+/// One row of a sweep: a GPU count, the best layout, and the best of each family.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepRow {
+    pub gpus: usize,
+    pub best: Candidate,
+    /// Longest sequence with data parallelism only (ZeRO allowed).
+    pub dp_only: usize,
+    /// With tensor parallelism, no Ulysses, no CP.
+    pub tp: usize,
+    /// With Ulysses sequence parallelism, no TP, no CP.
+    pub ulysses: usize,
+    /// With TP and Ulysses, no CP.
+    pub tp_ulysses: usize,
+    /// With context parallelism (ring), alone or with TP and Ulysses.
+    pub context: usize,
+    pub layouts_evaluated: usize,
+}
+
+pub fn sweep(
+    model: &ModelConfig,
+    a: &PlanRequest,
+    gpus: usize,
+    mem_bytes: f64,
+) -> Result<Vec<SweepRow>> {
+    let mut counts: Vec<usize> = (0..usize::BITS)
+        .map(|k| 1usize << k)
+        .take_while(|&c| c <= gpus)
+        .collect();
+    if counts.last() != Some(&gpus) {
+        counts.push(gpus);
+    }
+    let mut rows = Vec::new();
+    for count in counts {
+        let Ok(ls) = layouts(model, a, count) else {
+            continue;
+        };
+        let all = evaluate(model, a, mem_bytes, ls);
+        let best_in = |f: &dyn Fn(&Layout) -> bool| {
+            all.iter()
+                .filter(|c| f(&c.strategy.layout))
+                .map(|c| c.max_seq_len)
+                .max()
+                .unwrap_or(0)
+        };
+        let row = SweepRow {
+            gpus: count,
+            dp_only: best_in(&|l| l.tp == 1 && l.sp == 1 && l.cp == 1),
+            tp: best_in(&|l| l.tp > 1 && l.sp == 1 && l.cp == 1),
+            ulysses: best_in(&|l| l.tp == 1 && l.sp > 1 && l.cp == 1),
+            tp_ulysses: best_in(&|l| l.tp > 1 && l.sp > 1 && l.cp == 1),
+            context: best_in(&|l| l.cp > 1),
+            layouts_evaluated: all.len(),
+            best: match best_of(
+                model,
+                a,
+                mem_bytes,
+                all.iter().map(|c| c.strategy.layout).collect(),
+            ) {
+                Some(b) => b,
+                None => continue,
+            },
+        };
+        rows.push(row);
+    }
+    if rows.is_empty() {
+        return Err(Error::Invalid(format!(
+            "no layout of up to {gpus} GPUs fits the {} heads",
+            model.num_heads
+        )));
+    }
+    Ok(rows)
+}
