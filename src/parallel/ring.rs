@@ -160,19 +160,29 @@ fn chunk_starts(rank: usize, size: usize, len: usize) -> [usize; 2] {
     [rank * len, (2 * size - 1 - rank) * len]
 }
 
-/// Whether query chunk at `qs` scores key chunk at `ks` (equal lengths, so a key chunk is
+/// The (query chunk, key chunk) pairs this rank scores at ring step `t`, when it holds the
+/// K/V block of rank (c − t) mod n, with both chunks' global positions in the options. Key
+/// chunks entirely in the future are skipped (chunks have equal lengths, so a key chunk is
 /// entirely before, the same as, or entirely after a query chunk).
-fn scores(p: &RingParams, qs: usize, ks: usize) -> bool {
-    !p.causal || ks <= qs
-}
-
-fn options(p: &RingParams, qs: usize, ks: usize) -> AttnOptions {
-    AttnOptions {
-        causal: p.causal,
-        alibi: p.alibi.clone(),
-        q_offset: qs,
-        k_offset: ks,
+fn step_pairs(p: &RingParams, t: usize, len: usize) -> Vec<(usize, usize, AttnOptions)> {
+    let (c, n) = (p.group.comm.rank(), p.group.comm.size());
+    let qs = chunk_starts(c, n, len);
+    let ks = chunk_starts((c + n - t) % n, n, len);
+    let mut out = Vec::with_capacity(4);
+    for (qi, &q_offset) in qs.iter().enumerate() {
+        for (ki, &k_offset) in ks.iter().enumerate() {
+            if !p.causal || k_offset <= q_offset {
+                let opts = AttnOptions {
+                    causal: p.causal,
+                    alibi: p.alibi.clone(),
+                    q_offset,
+                    k_offset,
+                };
+                out.push((qi, ki, opts));
+            }
+        }
     }
+    out
 }
 
 /// The two chunks of `x: [b, h, 2·len, d]` along the sequence.
@@ -211,43 +221,35 @@ pub fn ring_forward(
     v: Tensor<4>,
     p: &RingParams,
 ) -> (Tensor<4>, Tensor<3>) {
-    let (c, n) = (p.group.comm.rank(), p.group.comm.size());
+    let n = p.group.comm.size();
     let [b, h, s2, _] = q.dims();
     let len = s2 / 2;
-    let qs = chunk_starts(c, n, len);
     let qc = halves(&q);
     let mut kv = vec![k, v];
     let mut acc: [Option<(Tensor<4>, Tensor<3>)>; 2] = [None, None];
     for t in 0..n {
-        let j = (c + n - t) % n;
-        let ks = chunk_starts(j, n, len);
         let (kc, vc) = (halves(&kv[0]), halves(&kv[1]));
-        for qi in 0..2 {
-            for ki in 0..2 {
-                if !scores(p, qs[qi], ks[ki]) {
-                    continue;
-                }
-                let pairs = if p.causal && qs[qi] == ks[ki] {
-                    len * (len + 1) / 2
-                } else {
-                    len * len
-                };
-                p.group
-                    .scored
-                    .fetch_add((b * h * pairs) as u64, Ordering::Relaxed);
-                let part = flash_attention_forward(
-                    qc[qi].clone(),
-                    kc[ki].clone(),
-                    vc[ki].clone(),
-                    &options(p, qs[qi], ks[ki]),
-                    DEFAULT_BLOCK_Q,
-                    DEFAULT_BLOCK_K,
-                );
-                acc[qi] = Some(match acc[qi].take() {
-                    None => part,
-                    Some(prev) => merge(prev, part),
-                });
-            }
+        for (qi, ki, opts) in step_pairs(p, t, len) {
+            let pairs = if p.causal && opts.q_offset == opts.k_offset {
+                len * (len + 1) / 2
+            } else {
+                len * len
+            };
+            p.group
+                .scored
+                .fetch_add((b * h * pairs) as u64, Ordering::Relaxed);
+            let part = flash_attention_forward(
+                qc[qi].clone(),
+                kc[ki].clone(),
+                vc[ki].clone(),
+                &opts,
+                DEFAULT_BLOCK_Q,
+                DEFAULT_BLOCK_K,
+            );
+            acc[qi] = Some(match acc[qi].take() {
+                None => part,
+                Some(prev) => merge(prev, part),
+            });
         }
         if t + 1 < n {
             kv = pass(&p.group, kv, true);
@@ -270,9 +272,8 @@ pub fn ring_backward(
     d_o: Tensor<4>,
     p: &RingParams,
 ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-    let (c, n) = (p.group.comm.rank(), p.group.comm.size());
+    let n = p.group.comm.size();
     let len = q.dims()[2] / 2;
-    let qs = chunk_starts(c, n, len);
     let (qc, oc, doc) = (halves(&q), halves(&o), halves(&d_o));
     let lc = [lse.clone().narrow(2, 0, len), lse.narrow(2, len, len)];
     let mut dq: [Option<Tensor<4>>; 2] = [None, None];
@@ -282,32 +283,25 @@ pub fn ring_backward(
     block.extend(zeros.clone());
     block.extend(zeros);
     for t in 0..n {
-        let j = (c + n - t) % n;
-        let ks = chunk_starts(j, n, len);
         let (kc, vc) = (halves(&block[0]), halves(&block[1]));
-        for qi in 0..2 {
-            for ki in 0..2 {
-                if !scores(p, qs[qi], ks[ki]) {
-                    continue;
-                }
-                let (g_q, g_k, g_v) = flash_attention_backward(
-                    qc[qi].clone(),
-                    kc[ki].clone(),
-                    vc[ki].clone(),
-                    oc[qi].clone(),
-                    lc[qi].clone(),
-                    doc[qi].clone(),
-                    &options(p, qs[qi], ks[ki]),
-                    DEFAULT_BLOCK_Q,
-                    DEFAULT_BLOCK_K,
-                );
-                dq[qi] = Some(match dq[qi].take() {
-                    None => g_q,
-                    Some(d) => d + g_q,
-                });
-                block[2 + ki] = block[2 + ki].clone() + g_k;
-                block[4 + ki] = block[4 + ki].clone() + g_v;
-            }
+        for (qi, ki, opts) in step_pairs(p, t, len) {
+            let (g_q, g_k, g_v) = flash_attention_backward(
+                qc[qi].clone(),
+                kc[ki].clone(),
+                vc[ki].clone(),
+                oc[qi].clone(),
+                lc[qi].clone(),
+                doc[qi].clone(),
+                &opts,
+                DEFAULT_BLOCK_Q,
+                DEFAULT_BLOCK_K,
+            );
+            dq[qi] = Some(match dq[qi].take() {
+                None => g_q,
+                Some(d) => d + g_q,
+            });
+            block[2 + ki] = block[2 + ki].clone() + g_k;
+            block[4 + ki] = block[4 + ki].clone() + g_v;
         }
         if t + 1 < n {
             block = pass(&p.group, block, false);

@@ -136,7 +136,8 @@ impl DistOptim {
                     rep[usize::from(is_tp_slice(model, s.param))] += sum_of_squares(g);
                 }
                 ranks.dp.all_reduce_sum_f64(&mut rep)?;
-                let pos_sq = sharded.iter().map(|&i| sum_of_squares(&grads[i])).sum();
+                let pos_sq = (!sharded.is_empty())
+                    .then(|| sharded.iter().map(|&i| sum_of_squares(&grads[i])).sum());
                 let norm = combine_norm(rep[0], rep[1], pos_sq, ranks)?;
                 let applied = loss_finite && norm.is_finite();
                 if applied {

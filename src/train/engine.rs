@@ -16,7 +16,7 @@ use crate::train::dist_optim::{DistOptim, StepOutcome};
 use crate::train::layerwise::{forward_logits, loss_and_grads as layerwise};
 use crate::train::optim::AdamW;
 use crate::train::shard::{local_batch, LocalBatch};
-use crate::train::step::loss_and_grads;
+use crate::train::step::{loss_and_grads, require_micro_batches};
 use crate::train::zero_units::ZeroUnits;
 
 // One per rank, built once: boxing the larger variant would buy nothing.
@@ -88,11 +88,7 @@ impl Engine {
                 Ok(loss)
             }
             Engine::Units(z) => {
-                if batches.is_empty() {
-                    return Err(Error::Invalid(
-                        "a step needs at least one micro-batch (grad_accum ≥ 1)".into(),
-                    ));
-                }
+                require_micro_batches(batches)?;
                 let denom = total_targets.max(1) as f64;
                 let layout = z.model.layout.clone();
                 let mut loss = 0.0;

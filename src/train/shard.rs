@@ -161,17 +161,19 @@ pub fn reduce_gradients(grads: &mut [Tensor<1>], model: &GenSlm, ranks: &Ranks) 
 }
 
 /// The global norm from sums of squares: `whole` (replicated parameters, equal on every rank),
-/// `tp_slices` (disjoint over the TP group) and `pos` (the position shard, disjoint over SP).
-pub fn combine_norm(whole: f64, tp_slices: f64, pos: f64, ranks: &Ranks) -> Result<f64> {
+/// `tp_slices` (disjoint over the TP group) and `pos` (the position shard's, disjoint over SP;
+/// `None` when SP does not shard the table, the same on every rank).
+pub fn combine_norm(whole: f64, tp_slices: f64, pos: Option<f64>, ranks: &Ranks) -> Result<f64> {
     let mut tp = [tp_slices];
     if ranks.topo.tp > 1 {
         ranks.tp.all_reduce_sum_f64(&mut tp)?;
     }
-    let mut pos = [pos];
-    if ranks.topo.sp > 1 {
-        ranks.sp.all_reduce_sum_f64(&mut pos)?;
+    let mut pos_sq = [0.0];
+    if let Some(sq) = pos {
+        pos_sq[0] = sq;
+        ranks.sp.all_reduce_sum_f64(&mut pos_sq)?;
     }
-    Ok((whole + tp[0] + pos[0]).sqrt())
+    Ok((whole + tp[0] + pos_sq[0]).sqrt())
 }
 
 /// Global gradient norm with every element counted once: replicated gradients are identical
@@ -182,7 +184,7 @@ pub fn global_grad_norm(grads: &[Tensor<1>], model: &GenSlm, ranks: &Ranks) -> R
     let (replicated, sharded) = param_groups(model);
     let (sliced, whole): (Vec<usize>, Vec<usize>) =
         replicated.iter().partition(|&&i| is_tp_slice(model, i));
-    let pos = sharded.iter().map(sq).sum::<f64>();
+    let pos = (!sharded.is_empty()).then(|| sharded.iter().map(sq).sum::<f64>());
     combine_norm(
         whole.iter().map(sq).sum(),
         sliced.iter().map(sq).sum(),

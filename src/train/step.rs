@@ -39,6 +39,16 @@ pub fn all_reduce_scalar(x: f64, ranks: &Ranks) -> Result<f64> {
     Ok(buf[0])
 }
 
+/// Refuses a step without micro-batches (`grad_accum` 0), whatever the engine.
+pub fn require_micro_batches(batches: &[Batch]) -> Result<()> {
+    if batches.is_empty() {
+        return Err(Error::Invalid(
+            "a step needs at least one micro-batch (grad_accum ≥ 1)".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// This rank's share of the step's loss (its positions' terms over the global target count)
 /// and the gradient of it; summing both over the ranks gives the single-rank values.
 pub fn loss_and_grads(
@@ -48,11 +58,7 @@ pub fn loss_and_grads(
     ranks: &Ranks,
     checkpoint: bool,
 ) -> Result<(f64, Vec<Tensor<1>>)> {
-    if batches.is_empty() {
-        return Err(Error::Invalid(
-            "a step needs at least one micro-batch (grad_accum ≥ 1)".into(),
-        ));
-    }
+    require_micro_batches(batches)?;
     let denom = total_targets.max(1) as f64;
     let mut loss = 0.0;
     let mut acc: Vec<Option<Tensor<1>>> = vec![None; model.params.len()];
