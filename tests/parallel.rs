@@ -6,15 +6,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::Device;
+use burn::tensor::Tensor;
 use genslm::config::{Config, Position};
 use genslm::data::loader::{Batch, Corpus, Loader};
+use genslm::model::neox::host_to_param;
 use genslm::model::neox::tensor_to_vec;
 use genslm::model::tensors::read_safetensors;
 use genslm::model::GenSlm;
+use genslm::parallel::ranks::thread_grid;
 use genslm::parallel::ranks::{thread_ranks, Ranks};
+use genslm::parallel::Degrees;
 use genslm::rng::SplitMix64;
-use genslm::train::dist_optim::DistOptim;
+use genslm::train::checkpoint::moment_tensors;
+use genslm::train::engine::Engine;
 use genslm::train::metrics::{read_metrics, StepMetrics};
+use genslm::train::optim::{AdamW, AdamWConfig};
+use genslm::train::optim_shards::{read_moments, write_shard};
 use genslm::train::shard::{gather_shard, shard_model};
 use genslm::train::step::step_loss_and_grads;
 use genslm::train::trainer::{train, train_threads, DataSource, RunOptions};
@@ -222,14 +229,15 @@ fn same_losses(m: &[StepMetrics], reference: &[StepMetrics], what: &str) {
 /// layouts can move a weight by a fraction of a step: 1e-4 is 3% of one); moments within 1e-3
 /// of the tensor's largest magnitude.
 fn same_checkpoint(a: &Path, b: &Path, step: u64, what: &str) {
-    for (file, moments) in [
-        ("model.safetensors", false),
-        ("optimizer.safetensors", true),
-    ] {
+    for (file, moments) in [("model.safetensors", false), ("optimizer", true)] {
+        // The optimizer state is sharded by rank: compare it assembled, by name.
         let read = |d: &Path| {
-            read_safetensors(&d.join(format!("checkpoints/step-{step}/{file}")))
-                .unwrap()
-                .0
+            let dir = d.join(format!("checkpoints/step-{step}"));
+            if moments {
+                moment_tensors(&dir).unwrap()
+            } else {
+                read_safetensors(&dir.join(file)).unwrap().0
+            }
         };
         let (ta, tb) = (read(a), read(b));
         let mut names: Vec<&String> = tb.keys().collect();
@@ -376,49 +384,107 @@ fn resume_under_a_different_layout() {
     }
 }
 
-/// A checkpoint's optimizer state is gathered to world rank 0 only: no other rank ever holds
-/// all the moments (dc757c5 all-gathered them onto every DP rank).
+/// Every rank writes only the Adam moments it holds (nothing is gathered), and the shards of
+/// every layout assemble into the full moments exactly once: moments whose value names their
+/// parameter and element (a closed form) come back in place, for replicated state, ZeRO-1
+/// over DP, the SP-split learned table, TP column and row slices, and ZeRO-3 units; a missing
+/// rank's file is refused, naming the parameter.
 #[test]
-fn optimizer_state_is_gathered_to_rank_zero_only() {
+fn optimizer_shards_of_every_layout_assemble_the_full_moments() {
     let cfg = config(Position::Learned);
-    let run = move |ranks: Ranks| {
-        let ad = Device::flex().autodiff();
-        let model = GenSlm::init(cfg.model.clone(), 5, &ad).unwrap();
-        let model = shard_model(model, None, &ranks, SEQ).unwrap();
-        let adamw = genslm::train::optim::AdamWConfig::default();
-        let opt = DistOptim::fresh(adamw, &model, &ranks, true);
-        let full = opt.full_state(&model, &ranks).unwrap();
+    let layout = genslm::model::params::Layout::new(&cfg.model);
+    let value = |i: usize, e: usize, which: f32| which + i as f32 * 4096.0 + e as f32;
+    for (d, zero) in [
+        (Degrees::new(2, 1, 2), 0u8),
+        (Degrees::new(2, 1, 2), 1),
+        (Degrees::new(1, 2, 2), 1),
+        (Degrees::new(2, 1, 2), 3),
         (
-            ranks.topo.rank,
-            full.map(|o| o.m.iter().map(|t| t.dims()[0]).collect::<Vec<_>>()),
-        )
-    };
-    let run = Arc::new(run);
-    let hs: Vec<_> = thread_ranks(2, 2, Duration::from_secs(60))
-        .into_iter()
-        .map(|r| {
-            let run = run.clone();
-            std::thread::spawn(move || run(r))
-        })
-        .collect();
-    let full_lens = GenSlm::init(config(Position::Learned).model, 5, &Device::flex())
-        .unwrap()
-        .layout
-        .specs
-        .iter()
-        .map(|s| s.numel())
-        .collect::<Vec<_>>();
-    for h in hs {
-        let (rank, lens) = h.join().unwrap();
-        match lens {
-            Some(l) => {
-                assert_eq!(rank, 0);
+            Degrees {
+                dp: 2,
+                cp: 1,
+                sp: 1,
+                tp: 2,
+            },
+            1,
+        ),
+        (
+            Degrees {
+                dp: 1,
+                cp: 1,
+                sp: 2,
+                tp: 2,
+            },
+            0,
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let run = {
+            let (cfg, out) = (cfg.clone(), dir.path().to_path_buf());
+            move |ranks: Ranks| {
+                let ad = Device::flex().autodiff();
+                let model = GenSlm::init(cfg.model.clone(), 5, &ad).unwrap();
+                let dev = Device::flex();
+                let full = |which: f32| -> Vec<Tensor<1>> {
+                    (model.layout.specs.iter().enumerate())
+                        .map(|(i, s)| {
+                            let v = (0..s.numel()).map(|e| value(i, e, which)).collect();
+                            host_to_param(v, &dev)
+                        })
+                        .collect()
+                };
+                let (mut m, mut v) = (full(0.0), full(0.5));
+                let model = shard_model(model, Some((&mut m, &mut v)), &ranks, SEQ).unwrap();
+                let mut moments = AdamW::new(AdamWConfig::default(), &model.params);
+                (moments.m, moments.v) = (m, v);
+                let engine = Engine::new(model, moments, zero, &ranks);
+                let runs = engine.moment_runs(&ranks.topo);
+                write_shard(
+                    &out,
+                    engine.model(),
+                    &runs,
+                    ranks.topo.rank,
+                    ranks.topo.world,
+                )
+                .unwrap()
+            }
+        };
+        let run = Arc::new(run);
+        let hs: Vec<_> = thread_grid(d, Duration::from_secs(60))
+            .into_iter()
+            .map(|r| {
+                let run = run.clone();
+                std::thread::spawn(move || run(r))
+            })
+            .collect();
+        let written: Vec<Option<String>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let what = format!("{d:?} zero {zero}");
+        let (m, v) = read_moments(dir.path(), &layout).expect(&what);
+        for (i, (mi, vi)) in m.iter().zip(&v).enumerate() {
+            for (e, (&a, &b)) in mi.iter().zip(vi).enumerate() {
                 assert_eq!(
-                    l, full_lens,
-                    "rank 0 holds every moment, position rows gathered"
+                    a,
+                    value(i, e, 0.0),
+                    "{what}: m of parameter {i} element {e}"
+                );
+                assert_eq!(
+                    b,
+                    value(i, e, 0.5),
+                    "{what}: v of parameter {i} element {e}"
                 );
             }
-            None => assert_ne!(rank, 0),
+        }
+        // Under ZeRO-3 every rank holds a share; without it some ranks hold only replicas.
+        let writers = written.iter().flatten().count();
+        assert!(
+            writers >= 1 && (zero < 3 || writers == written.len()),
+            "{what}: {written:?}"
+        );
+        let last = written.iter().flatten().last().unwrap();
+        std::fs::remove_file(dir.path().join(last)).unwrap();
+        if writers > 1 {
+            let err = read_moments(dir.path(), &layout).unwrap_err().to_string();
+            assert!(err.contains("a rank's file is missing"), "{what}: {err}");
         }
     }
 }

@@ -77,7 +77,7 @@ fn loss_decreases_on_bundled_genomes() {
         "checkpoints/latest",
         "checkpoints/step-80/config.json",
         "checkpoints/step-80/model.safetensors",
-        "checkpoints/step-80/optimizer.safetensors",
+        "checkpoints/step-80/optimizer-rank00000-of-00001.safetensors",
         "checkpoints/step-80/trainer_state.json",
     ] {
         assert!(out.join(f).exists(), "{f}");
@@ -248,7 +248,10 @@ fn a_flipped_byte_inside_a_tensor_is_refused() {
         bytes[at] ^= 0x10;
         std::fs::write(&path, bytes).unwrap();
     };
-    for (file, commands) in [("model.safetensors", 2), ("optimizer.safetensors", 1)] {
+    for (file, commands) in [
+        ("model.safetensors", 2),
+        ("optimizer-rank00000-of-00001.safetensors", 1),
+    ] {
         flip(file);
         let mut outcomes = vec![resume()];
         if commands == 2 {

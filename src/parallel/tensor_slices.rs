@@ -83,7 +83,7 @@ pub fn check_degree(m: &ModelConfig, tp: usize) -> Result<()> {
 }
 
 /// The `[rows, cols]` shape of parameter `shape` (a bias is one row).
-fn as_matrix(shape: &[usize]) -> [usize; 2] {
+pub fn as_matrix(shape: &[usize]) -> [usize; 2] {
     match shape {
         [n] => [1, *n],
         [r, c] => [*r, *c],

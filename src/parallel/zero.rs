@@ -31,9 +31,6 @@ pub struct Segment {
 /// One parameter's full values: `(index, values)`.
 pub type FullParam = (usize, Vec<f32>);
 
-/// One parameter's full Adam moments: `(index, m, v)`.
-pub type GatheredMoments = (usize, Vec<f32>, Vec<f32>);
-
 /// This DP rank's chunk of the replicated parameters and its AdamW state.
 ///
 /// The flat concatenation of the replicated parameters (`total` elements) is padded with zeros
@@ -262,27 +259,6 @@ impl ZeroShard {
                     at += n;
                     (i, full[at - n..at].to_vec())
                 })
-                .collect(),
-        ))
-    }
-
-    /// Full moments `(param, m, v)` on group rank 0 (`None` on the others); every rank of
-    /// `comm` takes part. Only the root receives: a checkpoint is written by one rank, so the
-    /// other ranks never hold the whole optimizer state.
-    pub fn gather_moments(
-        &self,
-        comm: &dyn Communicator,
-        bucket: usize,
-    ) -> Result<Option<Vec<GatheredMoments>>> {
-        let m = self.gather_to_root(&self.opt.m, comm, bucket)?;
-        let v = self.gather_to_root(&self.opt.v, comm, bucket)?;
-        let (Some(m), Some(v)) = (m, v) else {
-            return Ok(None);
-        };
-        Ok(Some(
-            m.into_iter()
-                .zip(v)
-                .map(|((i, m), (_, v))| (i, m, v))
                 .collect(),
         ))
     }

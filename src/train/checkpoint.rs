@@ -1,6 +1,7 @@
 //! Checkpoints (docs/ARCHITECTURE.md §7): `RUN/checkpoints/step-N/` is a Hugging Face model directory
-//! (`config.json`, `model.safetensors`) with the optimizer (`optimizer.safetensors`, moments by
-//! HF parameter name and shape) and the trainer state (`trainer_state.json`: step, data
+//! (`config.json`, `model.safetensors`) with the optimizer state (one
+//! `optimizer-rankRRRRR-of-WWWWW.safetensors` per rank that holds moments, see
+//! `train::optim_shards`; any layout can resume from them) and the trainer state (`trainer_state.json`: step, data
 //! position, seed, settings) beside it, plus the resolved `genslm.toml`, and last
 //! `checksums.sha256` (every file's sha256, checked when genslm loads the checkpoint).
 //!
@@ -15,12 +16,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, TrainConfig};
 use crate::error::{Error, Result};
-use crate::model::io::{from_hf_tensors, hf_streamed, load_model_dir, model_files, save_model_dir};
-use crate::model::neox::tensor_to_vec;
-use crate::model::tensors::{read_safetensors, write_safetensors_streamed, HostTensor};
+use crate::model::io::{from_hf_tensors, load_config, load_model_dir, model_files, save_model_dir};
+use crate::model::params::Layout;
+use crate::model::tensors::{read_safetensors, HostTensor};
 use crate::model::GenSlm;
 use crate::train::optim::{AdamW, AdamWConfig};
+use crate::train::optim_shards::{read_moments, shard_files, HostMoments};
 
+/// The single optimizer file of checkpoints written before the shards (still read).
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
 pub const GENSLM_CONFIG_FILE: &str = "genslm.toml";
@@ -46,67 +49,72 @@ pub fn checkpoints_dir(run: &Path) -> PathBuf {
     run.join("checkpoints")
 }
 
-/// Saves a complete checkpoint for `state.step` and moves `latest` to it.
-pub fn save_checkpoint(
-    run: &Path,
-    cfg: &Config,
-    model: &GenSlm,
-    opt: &AdamW,
-    state: &TrainerState,
-) -> Result<PathBuf> {
-    let root = checkpoints_dir(run);
-    std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
-    let name = format!("step-{}", state.step);
-    let final_dir = root.join(&name);
-    let tmp = root.join(format!(".{name}.tmp-{}", std::process::id()));
+/// Where the checkpoint of step `step` is written before it is complete (every rank writes its
+/// optimizer shard there; the name is the same on every rank, whatever process it runs in).
+pub fn staging_dir(run: &Path, step: u64) -> PathBuf {
+    checkpoints_dir(run).join(format!(".step-{step}.tmp"))
+}
+
+/// Creates an empty staging directory for step `step` (world rank 0, before any rank writes).
+pub fn prepare_staging(run: &Path, step: u64) -> Result<PathBuf> {
+    let tmp = staging_dir(run, step);
     if tmp.exists() {
+        // Left by a run that stopped while writing this step.
         std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    Ok(tmp)
+}
+
+/// Completes the checkpoint in `staging`, whose optimizer shards every rank has written: the
+/// weights (the whole `model`), trainer state, config and manifest, then the rename and the
+/// move of `latest`. On failure the staging directory is removed.
+pub fn commit_checkpoint(
+    run: &Path,
+    cfg: &Config,
+    model: &GenSlm,
+    state: &TrainerState,
+    staging: &Path,
+) -> Result<PathBuf> {
+    let root = checkpoints_dir(run);
+    let name = format!("step-{}", state.step);
+    let final_dir = root.join(&name);
+    let tmp = staging;
     let result = (|| {
-        save_model_dir(model, &tmp)?;
-        // Moments stream one tensor at a time, like the weights.
-        let m = |i: usize| tensor_to_vec(&opt.m[i]);
-        let v = |i: usize| tensor_to_vec(&opt.v[i]);
-        let mut tensors = hf_streamed(&model.layout, ".exp_avg", &m);
-        tensors.extend(hf_streamed(&model.layout, ".exp_avg_sq", &v));
-        write_safetensors_streamed(&tmp.join(OPTIMIZER_FILE), &tensors, HashMap::new())?;
+        save_model_dir(model, tmp)?;
         let json =
             serde_json::to_string_pretty(state).map_err(|e| Error::Invalid(e.to_string()))?;
         crate::atomic::write_bytes(&tmp.join(STATE_FILE), json.as_bytes())?;
         let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
         crate::atomic::write_bytes(&tmp.join(GENSLM_CONFIG_FILE), toml.as_bytes())?;
         // Last, so it covers every file above; loads check it (`crate::checksum`).
+        let shards = shard_files(tmp)?;
         let mut files = model_files(&model.cfg);
-        files.extend([OPTIMIZER_FILE, STATE_FILE, GENSLM_CONFIG_FILE]);
-        crate::checksum::write_manifest(&tmp, &files)?;
+        files.extend(shards.iter().map(String::as_str));
+        files.extend([STATE_FILE, GENSLM_CONFIG_FILE]);
+        crate::checksum::write_manifest(tmp, &files)?;
         if final_dir.exists() {
             // Left by an interrupted run that got further than the checkpoint we resumed from.
             std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
         }
-        std::fs::rename(&tmp, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
+        std::fs::rename(tmp, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
         crate::atomic::write_bytes(&root.join("latest"), format!("{name}\n").as_bytes())
     })();
     if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
+        let _ = std::fs::remove_dir_all(tmp);
     }
     result.map(|_| final_dir)
 }
 
-/// A checkpoint read back.
-pub struct Loaded {
-    pub saved: Saved,
-    pub model: GenSlm,
-    pub opt: AdamW,
-}
-
-/// Loads `RUN/checkpoints/latest` onto `device` (the model; moments go to its plain device).
-pub fn load_latest(run: &Path, device: &burn::tensor::Device) -> Result<Loaded> {
-    let saved = read_saved(run)?;
-    let dir = saved.dir.clone();
-    let model = load_model_dir(&dir, device)?;
-    let opt_path = dir.join(OPTIMIZER_FILE);
-    let (mut tensors, _) = read_safetensors(&opt_path)?;
+/// Every parameter's full moments `(m, v)` (our layout) of checkpoint directory `dir`: from the
+/// optimizer shards, or from the single `optimizer.safetensors` of checkpoints written before
+/// the shards existed.
+pub fn read_checkpoint_moments(dir: &Path, layout: &Layout) -> Result<HostMoments> {
+    let legacy = dir.join(OPTIMIZER_FILE);
+    if !legacy.exists() {
+        return read_moments(dir, layout);
+    }
+    let (mut tensors, _) = read_safetensors(&legacy)?;
     let mut moments = Vec::new();
     for suffix in ["exp_avg", "exp_avg_sq"] {
         let tail = format!(".{suffix}");
@@ -124,11 +132,47 @@ pub fn load_latest(run: &Path, device: &burn::tensor::Device) -> Result<Loaded> 
                 })
             })
             .collect();
-        moments.push(from_hf_tensors(&model.layout, &mut these, &opt_path)?);
+        moments.push(from_hf_tensors(layout, &mut these, &legacy)?);
     }
     tensors.clear();
     let v = moments.pop().expect("two moments");
     let m = moments.pop().expect("two moments");
+    Ok((m, v))
+}
+
+/// A checkpoint's Adam moments as named tensors (`NAME.exp_avg`, `NAME.exp_avg_sq`, our
+/// layout's shapes), whatever layout wrote them: for comparing two runs' optimizer states.
+pub fn moment_tensors(dir: &Path) -> Result<HashMap<String, HostTensor>> {
+    let layout = Layout::new(&load_config(dir)?);
+    let (m, v) = read_checkpoint_moments(dir, &layout)?;
+    let mut out = HashMap::new();
+    for (suffix, values) in [("exp_avg", m), ("exp_avg_sq", v)] {
+        for (spec, data) in layout.specs.iter().zip(values) {
+            let name = format!("{}.{suffix}", spec.name);
+            let t = HostTensor {
+                name: name.clone(),
+                shape: spec.shape.clone(),
+                data,
+            };
+            out.insert(name, t);
+        }
+    }
+    Ok(out)
+}
+
+/// A checkpoint read back.
+pub struct Loaded {
+    pub saved: Saved,
+    pub model: GenSlm,
+    pub opt: AdamW,
+}
+
+/// Loads `RUN/checkpoints/latest` onto `device` (the model; moments go to its plain device).
+pub fn load_latest(run: &Path, device: &burn::tensor::Device) -> Result<Loaded> {
+    let saved = read_saved(run)?;
+    let dir = saved.dir.clone();
+    let model = load_model_dir(&dir, device)?;
+    let (m, v) = read_checkpoint_moments(&dir, &model.layout)?;
     let state = &saved.state;
     let opt = AdamW::from_host(state.adamw, state.optimizer_step, m, v, device);
     Ok(Loaded { saved, model, opt })

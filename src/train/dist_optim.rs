@@ -6,11 +6,12 @@ use burn::tensor::Tensor;
 use crate::error::Result;
 use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
+use crate::parallel::topology::Topology;
 use crate::parallel::zero::ZeroShard;
 use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW, AdamWConfig};
+use crate::train::optim_shards::MomentRun;
 use crate::train::shard::{
-    combine_norm, gather_shard_to_root, global_grad_norm, is_tp_slice, param_groups,
-    reduce_gradients, reduce_params,
+    combine_norm, global_grad_norm, is_tp_slice, param_groups, reduce_gradients, reduce_params,
 };
 
 /// Optimizer state of one rank.
@@ -178,65 +179,43 @@ impl DistOptim {
         Ok(outcome)
     }
 
-    /// The full optimizer state of this rank's TP slices (all moments, position rows gathered
-    /// over SP), as a checkpoint stores it once TP slices are joined, on the ranks of world rank
-    /// 0's TP group (`None` on the others; world rank 0 alone without TP). Every rank must call it. World rank 0
-    /// is DP rank 0 of SP group 0 and SP rank 0 of DP group 0, so only the DP group of SP rank
-    /// 0 gathers ZeRO's moments and only the SP group of DP rank 0 gathers position rows; no
-    /// other rank ever holds the whole state.
-    pub fn full_state(&self, model: &GenSlm, ranks: &Ranks) -> Result<Option<AdamW>> {
-        let (dp_root, sp_root) = (ranks.topo.dp_rank() == 0, ranks.topo.sp_rank() == 0);
-        let pos_shard = model
-            .layout
-            .embed_pos
-            .filter(|_| model.position_shard().is_some());
-        // This rank's moments of the position shard, gathered over SP where it is sharded.
-        let local_pos = match (self, pos_shard) {
-            (DistOptim::Replicated(o), Some(i)) => Some((o.m[i].clone(), o.v[i].clone())),
-            (
-                DistOptim::Zero {
-                    pos: Some((_, o)), ..
-                },
-                Some(_),
-            ) => Some((o.m[0].clone(), o.v[0].clone())),
-            _ => None,
-        };
-        let mut gathered_pos = None;
-        if let (Some((m, v)), true) = (local_pos, dp_root) {
-            let m = gather_shard_to_root(&m, ranks)?;
-            let v = gather_shard_to_root(&v, ranks)?;
-            gathered_pos = m.zip(v);
-        }
-        let zero_moments = match self {
-            DistOptim::Zero { shard, .. } if sp_root => {
-                shard.gather_moments(ranks.dp.as_ref(), ranks.bucket)?
+    /// The moments this rank writes into a checkpoint (`train::optim_shards`), chosen so that
+    /// every value is written by exactly one rank: a parameter replicated over TP ranks by TP
+    /// rank 0 only; replicated moments by the first rank of the data group; ZeRO-1's shards by
+    /// SP rank 0 (the SP ranks of a replica hold equal shards); the SP-split position rows by
+    /// every SP rank of DP replica 0 and CP rank 0.
+    pub fn moment_runs(&self, model: &GenSlm, topo: &Topology) -> Vec<MomentRun> {
+        let tp_ok = |i: usize| topo.tp_rank() == 0 || is_tp_slice(model, i);
+        let (replicated, sharded) = param_groups(model);
+        let pos_writer = topo.dp_rank() == 0 && topo.cp_rank() == 0 && topo.tp_rank() == 0;
+        let mut runs = Vec::new();
+        match self {
+            DistOptim::Replicated(o) => {
+                let first = topo.dp_rank() == 0 && topo.cp_rank() == 0 && topo.sp_rank() == 0;
+                for i in replicated.into_iter().filter(|&i| first && tp_ok(i)) {
+                    runs.push(MomentRun::whole(i, &o.m[i], &o.v[i]));
+                }
+                for i in sharded.into_iter().filter(|_| pos_writer) {
+                    runs.push(MomentRun::whole(i, &o.m[i], &o.v[i]));
+                }
             }
-            _ => None,
-        };
-        if !ranks.topo.gathers_slices() {
-            return Ok(None);
-        }
-        let mut full = match self {
-            DistOptim::Replicated(o) => o.clone(),
             DistOptim::Zero { shard, pos } => {
-                let mut o = AdamW::new(shard.opt.cfg, &model.params);
-                o.step = shard.opt.step;
-                let device = o.m[0].device();
-                for (i, m, v) in zero_moments.unwrap_or_default() {
-                    o.m[i] = crate::model::neox::host_to_param(m, &device);
-                    o.v[i] = crate::model::neox::host_to_param(v, &device);
+                for (k, s) in shard.segments.iter().enumerate() {
+                    if topo.sp_rank() == 0 && tp_ok(s.param) {
+                        runs.push(MomentRun {
+                            param: s.param,
+                            start: s.start,
+                            len: s.len,
+                            m: shard.opt.m[k].clone(),
+                            v: shard.opt.v[k].clone(),
+                        });
+                    }
                 }
-                if let Some((i, p)) = pos {
-                    o.m[*i] = p.m[0].clone();
-                    o.v[*i] = p.v[0].clone();
+                if let (Some((i, o)), true) = (pos, pos_writer) {
+                    runs.push(MomentRun::whole(*i, &o.m[0], &o.v[0]));
                 }
-                o
             }
-        };
-        if let (Some(i), Some((m, v))) = (pos_shard, gathered_pos) {
-            full.m[i] = m;
-            full.v[i] = v;
         }
-        Ok(Some(full))
+        runs
     }
 }

@@ -12,9 +12,11 @@ use crate::model::attention::SequenceParallel;
 use crate::model::neox::tokens_tensor;
 use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
+use crate::parallel::topology::Topology;
 use crate::train::dist_optim::{DistOptim, StepOutcome};
 use crate::train::layerwise::{forward_logits, loss_and_grads as layerwise};
 use crate::train::optim::AdamW;
+use crate::train::optim_shards::MomentRun;
 use crate::train::shard::{local_batch, LocalBatch};
 use crate::train::step::{loss_and_grads, require_micro_batches};
 use crate::train::zero_units::ZeroUnits;
@@ -142,6 +144,14 @@ impl Engine {
         match self {
             Engine::Whole { model, opt, .. } => opt.held_elements(model),
             Engine::Units(z) => z.held_elements(),
+        }
+    }
+
+    /// The moments this rank writes into a checkpoint (see `train::optim_shards`).
+    pub fn moment_runs(&self, topo: &Topology) -> Vec<MomentRun> {
+        match self {
+            Engine::Whole { model, opt, .. } => opt.moment_runs(model, topo),
+            Engine::Units(z) => z.moment_runs(),
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod layerwise;
 pub mod memory;
 pub mod metrics;
 pub mod optim;
+pub mod optim_shards;
 pub mod recompute;
 pub mod resume;
 pub mod run_dir;

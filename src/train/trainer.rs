@@ -9,8 +9,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burn::tensor::Tensor;
-
 use crate::backend::resolve_precision;
 use crate::config::Config;
 use crate::data::loader::{Batch, Corpus, Loader};
@@ -21,12 +19,15 @@ use crate::model::GenSlm;
 use crate::parallel::ranks::{abort_all, thread_grid, Ranks};
 use crate::parallel::tensor_slices::gather_slices;
 use crate::parallel::{Degrees, Topology};
-use crate::train::checkpoint::{load_latest, save_checkpoint, TrainerState};
+use crate::train::checkpoint::{
+    commit_checkpoint, load_latest, prepare_staging, staging_dir, TrainerState,
+};
 use crate::train::engine::Engine;
 use crate::train::metrics::{
     peak_rss_mib, train_flops_per_sequence, MetricsLog, RankMemory, StepMetrics,
 };
 use crate::train::optim::{AdamW, AdamWConfig};
+use crate::train::optim_shards::write_shard;
 use crate::train::resume::{check_resume, check_state};
 use crate::train::run_dir::prune_checkpoints;
 use crate::train::schedule::lr_at;
@@ -453,9 +454,11 @@ pub fn train_rank(
     Ok(summary)
 }
 
-/// Writes a checkpoint from rank 0 after gathering the learned-position shards, the ZeRO
-/// shards and the optimizer moments to it (the ranks that hold pieces take part); returns its
-/// directory on rank 0. The others wait for the write without a deadline: it can take minutes.
+/// Writes a checkpoint: every rank writes the Adam moments it holds into its own shard file
+/// (nothing gathers the optimizer state), the weights are gathered to world rank 0, which
+/// writes them and completes the directory; returns it on rank 0. The staging directory must
+/// be on a file system every rank sees. The others wait for the write without a deadline: it
+/// can take minutes.
 fn checkpoint(
     run: &Path,
     cfg: &Config,
@@ -463,9 +466,27 @@ fn checkpoint(
     state: &TrainerState,
     ranks: &Ranks,
 ) -> Result<Option<PathBuf>> {
-    let dir = match gather_full(engine, cfg, ranks)? {
-        Some((full, full_opt)) => {
-            let dir = save_checkpoint(run, cfg, &full, &full_opt, state)?;
+    let staging = if ranks.is_root() {
+        prepare_staging(run, state.step)?
+    } else {
+        staging_dir(run, state.step)
+    };
+    ranks.world.barrier_unbounded()?;
+    let runs = engine.moment_runs(&ranks.topo);
+    write_shard(
+        &staging,
+        engine.model(),
+        &runs,
+        ranks.topo.rank,
+        ranks.topo.world,
+    )?;
+    drop(runs);
+    let full = gather_weights(engine, cfg, ranks)?;
+    // Every shard is on disk before rank 0 lists them in the manifest.
+    ranks.world.barrier_unbounded()?;
+    let dir = match full {
+        Some(full) => {
+            let dir = commit_checkpoint(run, cfg, &full, state, &staging)?;
             prune_checkpoints(run, cfg.train.keep_checkpoints)?;
             Some(dir)
         }
@@ -475,13 +496,12 @@ fn checkpoint(
     Ok(dir)
 }
 
-/// The whole model and optimizer state on world rank 0 (`None` on the others).
-fn gather_full(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<(GenSlm, AdamW)>> {
-    let (model, opt) = match engine {
-        Engine::Units(z) => return z.gather_full(ranks),
-        Engine::Whole { model, opt, .. } => (model, opt),
+/// The whole model's weights on world rank 0 (`None` on the others).
+fn gather_weights(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<GenSlm>> {
+    let model = match engine {
+        Engine::Units(z) => return z.gather_weights(ranks),
+        Engine::Whole { model, .. } => model,
     };
-    let full_opt = opt.full_state(model, ranks)?;
     let mut table = None;
     if let (Some(pos), Some(_), 0) = (
         model.layout.embed_pos,
@@ -490,9 +510,9 @@ fn gather_full(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<(G
     ) {
         table = gather_shard_to_root(&model.params[pos], ranks)?;
     }
-    let Some(mut full_opt) = full_opt else {
+    if !ranks.topo.gathers_slices() {
         return Ok(None);
-    };
+    }
     let mut full = model.clone();
     if let (Some(pos), Some(t)) = (model.layout.embed_pos, table) {
         full.params[pos] = t;
@@ -502,15 +522,13 @@ fn gather_full(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<(G
     if ranks.topo.tp > 1 {
         // Only world rank 0's TP group is here: it joins its slices on rank 0.
         let layout = Layout::new(&full.cfg);
-        let join = |ts: &[Tensor<1>]| gather_slices(ts, &layout, ranks.tp.as_ref(), ranks.bucket);
-        let (p, m, v) = (join(&full.params)?, join(&full_opt.m)?, join(&full_opt.v)?);
-        let (Some(p), Some(m), Some(v)) = (p, m, v) else {
+        let joined = gather_slices(&full.params, &layout, ranks.tp.as_ref(), ranks.bucket)?;
+        let Some(p) = joined else {
             return Ok(None);
         };
         (full.params, full.layout, full.tp) = (p, layout, None);
-        (full_opt.m, full_opt.v) = (m, v);
     }
-    Ok(Some((full, full_opt)))
+    Ok(Some(full))
 }
 
 /// Mean next-token NLL over the validation windows, on a copy without autodiff. Every DP

@@ -33,6 +33,7 @@ use crate::parallel::zero::ZeroShard;
 use crate::train::dist_optim::StepOutcome;
 use crate::train::layerwise::{Unit, UnitWeights};
 use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW};
+use crate::train::optim_shards::MomentRun;
 use crate::train::shard::gather_shard_to_root;
 
 /// One unit's shard on this rank.
@@ -202,15 +203,11 @@ impl ZeroUnits {
         })
     }
 
-    /// The whole model and optimizer state on world rank 0 (`None` on the others), for a
-    /// checkpoint: every unit gathered to its group's rank 0 (values and moments), then the
-    /// position rows over the SP group. Every rank must call it; no rank but the root ever
-    /// holds more than its own share.
-    pub fn gather_full(&self, ranks: &Ranks) -> Result<Option<(GenSlm, AdamW)>> {
-        let n = self.model.params.len();
-        let mut params: Vec<Option<Vec<f32>>> = vec![None; n];
-        let mut m: Vec<Option<Vec<f32>>> = vec![None; n];
-        let mut v: Vec<Option<Vec<f32>>> = vec![None; n];
+    /// The whole model's weights on world rank 0 (`None` on the others), for a checkpoint:
+    /// every unit gathered to its group's rank 0, then the position rows over the SP group.
+    /// Every rank must call it; no rank but the root ever holds more than its own share.
+    pub fn gather_weights(&self, ranks: &Ranks) -> Result<Option<GenSlm>> {
+        let mut params: Vec<Option<Vec<f32>>> = vec![None; self.model.params.len()];
         let device = self.model.device.clone();
         for u in &self.units {
             let (c, b) = (u.comm.as_ref(), self.bucket);
@@ -219,46 +216,52 @@ impl ZeroUnits {
             } else {
                 u.shard.pieces_of(&self.model.params)
             };
-            let vals = u.shard.gather_to_root(&pieces, c, b)?;
-            let moments = u.shard.gather_moments(c, b)?;
-            let (Some(vals), Some(moments)) = (vals, moments) else {
+            let Some(vals) = u.shard.gather_to_root(&pieces, c, b)? else {
                 continue;
             };
             let split_rows = u.unit == Unit::Pos && self.model.position_shard().is_some();
-            for ((i, x), (_, mi, vi)) in vals.into_iter().zip(moments) {
-                if split_rows {
+            for (i, x) in vals {
+                params[i] = if split_rows {
                     // This rank holds its SP rank's rows: join them over the SP group.
-                    let join = |x: Vec<f32>| -> Result<Option<Vec<f32>>> {
-                        let t = host_to_param(x, &device);
-                        Ok(gather_shard_to_root(&t, ranks)?.map(|t| tensor_to_vec(&t)))
-                    };
-                    (params[i], m[i], v[i]) = (join(x)?, join(mi)?, join(vi)?);
+                    let t = host_to_param(x, &device);
+                    gather_shard_to_root(&t, ranks)?.map(|t| tensor_to_vec(&t))
                 } else {
-                    (params[i], m[i], v[i]) = (Some(x), Some(mi), Some(vi));
-                }
+                    Some(x)
+                };
             }
         }
         if !ranks.is_root() {
             return Ok(None);
         }
         let missing = || Error::Invalid("ZeRO: a unit did not reach rank 0".into());
-        let to_tensors = |xs: Vec<Option<Vec<f32>>>| -> Result<Vec<Tensor<1>>> {
-            xs.into_iter()
-                .map(|x| x.map(|x| host_to_param(x, &device)).ok_or_else(missing))
-                .collect()
-        };
         let mut model = self.model.clone();
-        model.params = to_tensors(params)?;
+        model.params = params
+            .into_iter()
+            .map(|x| x.map(|x| host_to_param(x, &device)).ok_or_else(missing))
+            .collect::<Result<_>>()?;
         if let Some(pos) = model.layout.embed_pos {
             model.layout.specs[pos].shape[0] = model.cfg.max_position_embeddings;
         }
         model.sp = None;
-        let first = &self.units[0].shard.opt;
-        let mut opt = AdamW::new(first.cfg, &model.params);
-        opt.step = first.step;
-        opt.m = to_tensors(m)?;
-        opt.v = to_tensors(v)?;
-        Ok(Some((model, opt)))
+        Ok(Some(model))
+    }
+
+    /// The moments this rank writes into a checkpoint: all it holds (every unit's shard is
+    /// its own; the SP ranks' position rows differ).
+    pub fn moment_runs(&self) -> Vec<MomentRun> {
+        self.units
+            .iter()
+            .flat_map(|u| {
+                let o = &u.shard.opt;
+                u.shard.segments.iter().enumerate().map(|(k, s)| MomentRun {
+                    param: s.param,
+                    start: s.start,
+                    len: s.len,
+                    m: o.m[k].clone(),
+                    v: o.v[k].clone(),
+                })
+            })
+            .collect()
     }
 }
 

@@ -7,6 +7,7 @@ use std::path::Path;
 use genslm::config::{Config, Position};
 use genslm::model::tensors::read_safetensors;
 use genslm::parallel::Degrees;
+use genslm::train::checkpoint::moment_tensors;
 use genslm::train::metrics::{read_metrics, StepMetrics};
 use genslm::train::trainer::{train, train_grid, DataSource, RunOptions};
 
@@ -83,14 +84,15 @@ pub fn same_curve(m: &[StepMetrics], reference: &[StepMetrics], what: &str) {
 /// to lr per step whatever the gradient's size, so sub-ulp gradient differences can move it
 /// by a fraction of that) and moments (1e-3 of the tensor's largest magnitude), by name.
 pub fn same_checkpoint(a: &Path, b: &Path, what: &str) {
-    for (file, moments) in [
-        ("model.safetensors", false),
-        ("optimizer.safetensors", true),
-    ] {
+    for (file, moments) in [("model.safetensors", false), ("optimizer", true)] {
+        // The optimizer state is sharded by rank: compare it assembled, by name.
         let read = |d: &Path| {
-            read_safetensors(&d.join(format!("checkpoints/step-{STEPS}/{file}")))
-                .unwrap()
-                .0
+            let dir = d.join(format!("checkpoints/step-{STEPS}"));
+            if moments {
+                moment_tensors(&dir).unwrap()
+            } else {
+                read_safetensors(&dir.join(file)).unwrap().0
+            }
         };
         let (ta, tb) = (read(a), read(b));
         assert_eq!(ta.len(), tb.len(), "{what}: {file} tensor count");
