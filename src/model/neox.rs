@@ -98,7 +98,11 @@ impl GenSlm {
             }
             params.push(host_to_param(v, device));
         }
-        Ok(Self {
+        Ok(Self::assemble(cfg, layout, params, device))
+    }
+
+    fn assemble(cfg: ModelConfig, layout: Layout, params: Vec<Tensor<1>>, device: &Device) -> Self {
+        Self {
             cfg,
             layout,
             params,
@@ -106,7 +110,18 @@ impl GenSlm {
             sp: None,
             tp: None,
             precision: Precision::Fp32,
-        })
+        }
+    }
+
+    /// A model with this configuration whose parameters are all empty (no values): the
+    /// skeleton a rank fills with only its share of the weights (ZeRO-3 builds from it).
+    pub fn empty(cfg: ModelConfig, device: &Device) -> Result<Self> {
+        cfg.validate().map_err(Error::Invalid)?;
+        let layout = Layout::new(&cfg);
+        let params = (0..layout.specs.len())
+            .map(|_| host_to_param(Vec::new(), device))
+            .collect();
+        Ok(Self::assemble(cfg, layout, params, device))
     }
 
     /// A freshly initialised model (Hugging Face's init: N(0, 0.02) weights, LayerNorm 1/0,

@@ -191,18 +191,22 @@ impl Layout {
     /// Initial values, drawn from `seed` parameter by parameter (each from its own stream, so
     /// a value does not depend on the order of the others).
     pub fn init_host(&self, seed: u64) -> Vec<Vec<f32>> {
-        self.specs
-            .iter()
-            .enumerate()
-            .map(|(k, s)| match s.init {
-                Init::Ones => vec![1.0; s.numel()],
-                Init::Zeros => vec![0.0; s.numel()],
-                Init::Normal(std) => {
-                    let mut g = SplitMix64::stream(seed, Domain::Init, k as u64);
-                    (0..s.numel()).map(|_| (g.normal() * std) as f32).collect()
-                }
-            })
+        (0..self.specs.len())
+            .map(|k| self.init_param(seed, k))
             .collect()
+    }
+
+    /// Parameter `k`'s initial values (one of [`Layout::init_host`]'s, drawn alone).
+    pub fn init_param(&self, seed: u64, k: usize) -> Vec<f32> {
+        let s = &self.specs[k];
+        match s.init {
+            Init::Ones => vec![1.0; s.numel()],
+            Init::Zeros => vec![0.0; s.numel()],
+            Init::Normal(std) => {
+                let mut g = SplitMix64::stream(seed, Domain::Init, k as u64);
+                (0..s.numel()).map(|_| (g.normal() * std) as f32).collect()
+            }
+        }
     }
 }
 

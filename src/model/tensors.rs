@@ -120,32 +120,7 @@ pub fn read_safetensors(
         let view = st
             .tensor(name)
             .map_err(|e| corrupt(format!("tensor {name}: {e}")))?;
-        let raw = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => raw
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::F16 => raw
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => raw
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(Error::Invalid(format!(
-                    "{}: tensor {name} has dtype {other:?}; genslm reads F32, F16 and BF16",
-                    path.display()
-                )))
-            }
-        };
-        if data.iter().any(|v| !v.is_finite()) {
-            return Err(corrupt(format!(
-                "tensor {name} holds NaN or infinite values"
-            )));
-        }
+        let data = decode(path, name, view.dtype(), view.data())?;
         out.insert(
             name.to_string(),
             HostTensor {
@@ -156,6 +131,108 @@ pub fn read_safetensors(
         );
     }
     Ok((out, metadata))
+}
+
+/// A tensor's little-endian bytes as f32, refusing dtypes genslm does not read and values
+/// that are not finite.
+fn decode(path: &Path, name: &str, dtype: Dtype, raw: &[u8]) -> Result<Vec<f32>> {
+    let data: Vec<f32> = match dtype {
+        Dtype::F32 => raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F16 => raw
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => raw
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(Error::Invalid(format!(
+                "{}: tensor {name} has dtype {other:?}; genslm reads F32, F16 and BF16",
+                path.display()
+            )))
+        }
+    };
+    if data.iter().any(|v| !v.is_finite()) {
+        return Err(Error::Invalid(format!(
+            "{}: corrupt checkpoint: tensor {name} holds NaN or infinite values",
+            path.display()
+        )));
+    }
+    Ok(data)
+}
+
+/// A safetensors file read one tensor at a time: the header is parsed once and each tensor's
+/// bytes are read with a seek, so a rank loading its share of a model of many GB never holds
+/// the whole file. It does not check the sha256 manifest (that needs every byte): callers
+/// check the files once with `checksum::verify`.
+pub struct TensorFile {
+    path: std::path::PathBuf,
+    /// Where the tensor data starts in the file.
+    data_start: u64,
+    header: safetensors::tensor::Metadata,
+}
+
+impl TensorFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        use std::io::Read;
+        let corrupt =
+            |msg: String| Error::Invalid(format!("{}: corrupt checkpoint: {msg}", path.display()));
+        let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let size = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        let mut n = [0u8; 8];
+        f.read_exact(&mut n).map_err(|e| corrupt(e.to_string()))?;
+        let n = u64::from_le_bytes(n);
+        if n.saturating_add(8) > size {
+            return Err(corrupt(format!(
+                "header of {n} bytes in a {size}-byte file"
+            )));
+        }
+        let mut head = vec![0u8; n as usize];
+        f.read_exact(&mut head)
+            .map_err(|e| corrupt(e.to_string()))?;
+        let header: safetensors::tensor::Metadata =
+            serde_json::from_slice(&head).map_err(|e| corrupt(e.to_string()))?;
+        if header.data_len() as u64 != size - 8 - n {
+            return Err(corrupt(format!(
+                "the header describes {} bytes of tensors, the file holds {}",
+                header.data_len(),
+                size - 8 - n
+            )));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            data_start: 8 + n,
+            header,
+        })
+    }
+
+    /// The file's string metadata.
+    pub fn metadata(&self) -> HashMap<String, String> {
+        self.header.metadata().clone().unwrap_or_default()
+    }
+
+    /// Tensor `name` as f32 (an error naming the file when it is absent).
+    pub fn read(&self, name: &str) -> Result<HostTensor> {
+        use std::io::{Read, Seek, SeekFrom};
+        let info = self.header.info(name).ok_or_else(|| {
+            Error::Invalid(format!("{}: tensor {name} is missing", self.path.display()))
+        })?;
+        let (a, b) = info.data_offsets;
+        let mut raw = vec![0u8; b - a];
+        let mut f = std::fs::File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        f.seek(SeekFrom::Start(self.data_start + a as u64))
+            .and_then(|_| f.read_exact(&mut raw))
+            .map_err(|e| Error::io(&self.path, e))?;
+        Ok(HostTensor {
+            name: name.to_string(),
+            shape: info.shape.clone(),
+            data: decode(&self.path, name, info.dtype, &raw)?,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -16,15 +16,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, TrainConfig};
 use crate::error::{Error, Result};
-use crate::model::io::{from_hf_tensors, load_config, load_model_dir, model_files, save_model_dir};
-use crate::model::params::Layout;
-use crate::model::tensors::{read_safetensors, HostTensor};
+use crate::model::io::{load_config, model_files, save_model_dir};
+use crate::model::tensors::HostTensor;
 use crate::model::GenSlm;
-use crate::train::optim::{AdamW, AdamWConfig};
-use crate::train::optim_shards::{read_moments, shard_files, HostMoments};
+use crate::train::optim::AdamWConfig;
+use crate::train::optim_shards::shard_files;
+use crate::train::param_source::ParamSource;
 
-/// The single optimizer file of checkpoints written before the shards (still read).
-pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
 pub const GENSLM_CONFIG_FILE: &str = "genslm.toml";
 
@@ -106,48 +104,16 @@ pub fn commit_checkpoint(
     result.map(|_| final_dir)
 }
 
-/// Every parameter's full moments `(m, v)` (our layout) of checkpoint directory `dir`: from the
-/// optimizer shards, or from the single `optimizer.safetensors` of checkpoints written before
-/// the shards existed.
-pub fn read_checkpoint_moments(dir: &Path, layout: &Layout) -> Result<HostMoments> {
-    let legacy = dir.join(OPTIMIZER_FILE);
-    if !legacy.exists() {
-        return read_moments(dir, layout);
-    }
-    let (mut tensors, _) = read_safetensors(&legacy)?;
-    let mut moments = Vec::new();
-    for suffix in ["exp_avg", "exp_avg_sq"] {
-        let tail = format!(".{suffix}");
-        let mut these: HashMap<String, HostTensor> = tensors
-            .iter()
-            .filter_map(|(k, t)| {
-                k.strip_suffix(&tail).map(|base| {
-                    (
-                        base.to_string(),
-                        HostTensor {
-                            name: base.to_string(),
-                            ..t.clone()
-                        },
-                    )
-                })
-            })
-            .collect();
-        moments.push(from_hf_tensors(layout, &mut these, &legacy)?);
-    }
-    tensors.clear();
-    let v = moments.pop().expect("two moments");
-    let m = moments.pop().expect("two moments");
-    Ok((m, v))
-}
-
 /// A checkpoint's Adam moments as named tensors (`NAME.exp_avg`, `NAME.exp_avg_sq`, our
 /// layout's shapes), whatever layout wrote them: for comparing two runs' optimizer states.
 pub fn moment_tensors(dir: &Path) -> Result<HashMap<String, HostTensor>> {
-    let layout = Layout::new(&load_config(dir)?);
-    let (m, v) = read_checkpoint_moments(dir, &layout)?;
+    let source = ParamSource::checkpoint(dir, &load_config(dir)?, true)?;
     let mut out = HashMap::new();
-    for (suffix, values) in [("exp_avg", m), ("exp_avg_sq", v)] {
-        for (spec, data) in layout.specs.iter().zip(values) {
+    for (i, spec) in source.layout().specs.iter().enumerate() {
+        let Some((m, v)) = source.moments(i)? else {
+            continue;
+        };
+        for (suffix, data) in [("exp_avg", m), ("exp_avg_sq", v)] {
             let name = format!("{}.{suffix}", spec.name);
             let t = HostTensor {
                 name: name.clone(),
@@ -158,24 +124,6 @@ pub fn moment_tensors(dir: &Path) -> Result<HashMap<String, HostTensor>> {
         }
     }
     Ok(out)
-}
-
-/// A checkpoint read back.
-pub struct Loaded {
-    pub saved: Saved,
-    pub model: GenSlm,
-    pub opt: AdamW,
-}
-
-/// Loads `RUN/checkpoints/latest` onto `device` (the model; moments go to its plain device).
-pub fn load_latest(run: &Path, device: &burn::tensor::Device) -> Result<Loaded> {
-    let saved = read_saved(run)?;
-    let dir = saved.dir.clone();
-    let model = load_model_dir(&dir, device)?;
-    let (m, v) = read_checkpoint_moments(&dir, &model.layout)?;
-    let state = &saved.state;
-    let opt = AdamW::from_host(state.adamw, state.optimizer_step, m, v, device);
-    Ok(Loaded { saved, model, opt })
 }
 
 /// The checkpoint a resume starts from: its trainer state and the config it ran with.

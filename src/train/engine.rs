@@ -4,22 +4,37 @@
 
 use std::sync::Arc;
 
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Tensor};
 
+use crate::config::{ModelConfig, Precision};
 use crate::data::loader::Batch;
 use crate::error::{Error, Result};
 use crate::model::attention::SequenceParallel;
-use crate::model::neox::tokens_tensor;
+use crate::model::neox::{host_to_param, tokens_tensor};
 use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::Topology;
 use crate::train::dist_optim::{DistOptim, StepOutcome};
 use crate::train::layerwise::{forward_logits, loss_and_grads as layerwise};
-use crate::train::optim::AdamW;
+use crate::train::optim::{AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
-use crate::train::shard::{local_batch, LocalBatch};
+use crate::train::param_source::ParamSource;
+use crate::train::shard::{local_batch, shard_model, LocalBatch};
 use crate::train::step::{loss_and_grads, require_micro_batches};
-use crate::train::zero_units::ZeroUnits;
+use crate::train::zero_units::{Fetched, ZeroUnits};
+
+/// What a rank's engine starts from.
+pub struct Start<'a> {
+    /// The model's configuration (a resume: the checkpoint's `config.json`).
+    pub model: ModelConfig,
+    pub precision: Precision,
+    pub source: &'a ParamSource,
+    pub adamw: AdamWConfig,
+    /// AdamW's bias-correction step count so far.
+    pub step: u64,
+    /// The autodiff device the model trains on.
+    pub device: &'a Device,
+}
 
 // One per rank, built once: boxing the larger variant would buy nothing.
 #[allow(clippy::large_enum_variant)]
@@ -53,6 +68,68 @@ impl Engine {
             opt,
             grads: None,
         }
+    }
+
+    /// This rank's engine for a model configured `start.model`, built from `start.source` one
+    /// parameter at a time. ZeRO-2/3 over several ranks start from a skeleton joined to its
+    /// groups and build their shards unit by unit, so no rank holds more than one unit's full
+    /// values (nor, resuming, its full moments); otherwise the whole model is built, then cut
+    /// for TP/SP.
+    pub fn build(start: Start<'_>, zero: u8, ranks: &Ranks, seq_len: usize) -> Result<Self> {
+        let Start {
+            model: cfg,
+            precision,
+            source,
+            adamw,
+            step,
+            device,
+        } = start;
+        let plain = device.clone().without_autodiff();
+        if zero >= 2 && ranks.topo.world > 1 {
+            let skeleton = GenSlm::empty(cfg, device)?.with_precision(precision);
+            let skeleton = shard_model(skeleton, None, ranks, seq_len)?;
+            // Under SP this rank keeps its rows of the learned-position table.
+            let pos = skeleton.layout.embed_pos.zip(skeleton.position_shard());
+            let rows = |i: usize, x: Vec<f32>| match pos {
+                Some((p, first)) if p == i => {
+                    let [n, h] = [
+                        skeleton.layout.specs[p].shape[0],
+                        skeleton.layout.specs[p].shape[1],
+                    ];
+                    x[first * h..(first + n) * h].to_vec()
+                }
+                _ => x,
+            };
+            let mut fetch = |i: usize| -> Result<Fetched> {
+                let x = host_to_param(rows(i, source.values(i)?), device);
+                let moments = source.moments(i)?.map(|(m, v)| {
+                    (
+                        host_to_param(rows(i, m), &plain),
+                        host_to_param(rows(i, v), &plain),
+                    )
+                });
+                Ok((x, moments))
+            };
+            let units = ZeroUnits::build(skeleton.clone(), adamw, step, &mut fetch, zero, ranks)?;
+            return Ok(Engine::Units(units));
+        }
+        let n = source.layout().specs.len();
+        let values = (0..n).map(|i| source.values(i)).collect::<Result<_>>()?;
+        let model = GenSlm::from_host(cfg, values, device)?.with_precision(precision);
+        let mut moments = AdamW::new(adamw, &model.params);
+        moments.step = step;
+        for i in 0..n {
+            if let Some((m, v)) = source.moments(i)? {
+                (moments.m[i], moments.v[i]) = (host_to_param(m, &plain), host_to_param(v, &plain));
+            }
+        }
+        let model = shard_model(
+            model,
+            Some((&mut moments.m, &mut moments.v)),
+            ranks,
+            seq_len,
+        )?;
+        Ok(Engine::new(model, moments, zero, ranks))
     }
 
     /// The model as this rank holds it (under ZeRO-3 every parameter is empty).

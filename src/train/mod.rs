@@ -8,6 +8,7 @@ pub mod memory;
 pub mod metrics;
 pub mod optim;
 pub mod optim_shards;
+pub mod param_source;
 pub mod recompute;
 pub mod resume;
 pub mod run_dir;

@@ -11,7 +11,7 @@
 //! once across the files; a gap or an overlap is an error naming the parameter.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::neox::tensor_to_vec;
 use crate::model::params::Layout;
-use crate::model::tensors::{read_safetensors, write_safetensors_streamed, Streamed};
+use crate::model::tensors::{write_safetensors_streamed, Streamed, TensorFile};
 use crate::model::GenSlm;
 use crate::parallel::tensor_slices::{as_matrix, slice_of, split_of, Split};
 
@@ -150,80 +150,123 @@ pub fn shard_files(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Every parameter's full moments `(m, v)` in our layout, assembled from the shard files of
-/// checkpoint directory `dir`.
-pub fn read_moments(dir: &Path, layout: &Layout) -> Result<HostMoments> {
-    let files = shard_files(dir)?;
-    if files.is_empty() {
-        return Err(Error::Invalid(format!(
-            "{}: no optimizer state ({SHARD_PREFIX}*.safetensors); cannot resume from it",
-            dir.display()
-        )));
-    }
-    let index: HashMap<&str, usize> = layout
-        .specs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.name.as_str(), i))
-        .collect();
-    let zeros = || -> Vec<Vec<f32>> { layout.specs.iter().map(|s| vec![0.0; s.numel()]).collect() };
-    let (mut m, mut v) = (zeros(), zeros());
-    let mut seen: Vec<Vec<bool>> = layout
-        .specs
-        .iter()
-        .map(|s| vec![false; s.numel()])
-        .collect();
-    for file in &files {
-        let path = dir.join(file);
-        let corrupt = |msg: String| {
-            Error::Invalid(format!(
-                "{}: corrupt optimizer shard: {msg}",
-                path.display()
-            ))
-        };
-        let (mut tensors, meta) = read_safetensors(&path)?;
-        let json = meta
-            .get(PIECES_KEY)
-            .ok_or_else(|| corrupt(format!("no {PIECES_KEY} metadata")))?;
-        let pieces: BTreeMap<String, Piece> =
-            serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
-        for (name, piece) in pieces {
-            let &i = index.get(name.as_str()).ok_or_else(|| {
-                corrupt(format!("it holds {name}, which this model does not have"))
-            })?;
-            let want = as_matrix(&layout.specs[i].shape);
-            check_piece(&piece, want).map_err(|msg| corrupt(format!("{name}: {msg}")))?;
-            let mut take = |suffix: &str| {
-                tensors
-                    .remove(&format!("{name}.{suffix}"))
-                    .filter(|t| t.data.len() == piece.len)
-                    .map(|t| t.data)
-                    .ok_or_else(|| {
-                        corrupt(format!(
-                            "{name}.{suffix} is missing or not {} long",
-                            piece.len
-                        ))
-                    })
-            };
-            let (pm, pv) = (take("exp_avg")?, take("exp_avg_sq")?);
-            place(&piece, &pm, &pv, &mut m[i], &mut v[i], &mut seen[i])
-                .map_err(|msg| corrupt(format!("{name}: {msg}")))?;
-        }
-    }
-    for (spec, s) in layout.specs.iter().zip(&seen) {
-        let covered = s.iter().filter(|&&x| x).count();
-        if covered != s.len() {
+/// The optimizer shards of one checkpoint, indexed by parameter: a parameter's moments are
+/// assembled when asked for, reading only its pieces (one parameter in memory at a time).
+pub struct MomentShards {
+    dir: PathBuf,
+    files: Vec<TensorFile>,
+    /// Parameter name → (file index, piece) for every piece of it.
+    pieces: HashMap<String, Vec<(usize, Piece)>>,
+}
+
+impl MomentShards {
+    /// Indexes the shard files of checkpoint directory `dir` (headers only) for a model of
+    /// `layout`. Their sha256 is not checked here (see [`TensorFile`]).
+    pub fn open(dir: &Path, layout: &Layout) -> Result<Self> {
+        let names = shard_files(dir)?;
+        if names.is_empty() {
             return Err(Error::Invalid(format!(
-                "{}: the optimizer shards ({} files) hold {covered} of the {} moment values of \
-                 {}; a rank's file is missing",
-                dir.display(),
-                files.len(),
-                s.len(),
-                spec.name
+                "{}: no optimizer state ({SHARD_PREFIX}*.safetensors); cannot resume from it",
+                dir.display()
             )));
         }
+        let shapes: HashMap<&str, [usize; 2]> = layout
+            .specs
+            .iter()
+            .map(|s| (s.name.as_str(), as_matrix(&s.shape)))
+            .collect();
+        let mut files = Vec::with_capacity(names.len());
+        let mut pieces: HashMap<String, Vec<(usize, Piece)>> = HashMap::new();
+        for name in &names {
+            let path = dir.join(name);
+            let corrupt = |msg: String| {
+                Error::Invalid(format!(
+                    "{}: corrupt optimizer shard: {msg}",
+                    path.display()
+                ))
+            };
+            let file = TensorFile::open(&path)?;
+            let meta = file.metadata();
+            let json = meta
+                .get(PIECES_KEY)
+                .ok_or_else(|| corrupt(format!("no {PIECES_KEY} metadata")))?;
+            let held: BTreeMap<String, Piece> =
+                serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
+            for (param, piece) in held {
+                let &want = shapes.get(param.as_str()).ok_or_else(|| {
+                    corrupt(format!("it holds {param}, which this model does not have"))
+                })?;
+                check_piece(&piece, want).map_err(|msg| corrupt(format!("{param}: {msg}")))?;
+                pieces.entry(param).or_default().push((files.len(), piece));
+            }
+            files.push(file);
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            files,
+            pieces,
+        })
     }
-    Ok((m, v))
+
+    /// The shard file names, for checking them against the manifest.
+    pub fn file_names(&self) -> Result<Vec<String>> {
+        shard_files(&self.dir)
+    }
+
+    /// Parameter `name`'s full moments `(m, v)` (our layout, `shape`); every value must be held
+    /// by exactly one piece.
+    pub fn moments(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let n: usize = shape.iter().product();
+        let (mut m, mut v, mut seen) = (vec![0.0; n], vec![0.0; n], vec![false; n]);
+        for (k, piece) in self.pieces.get(name).map(Vec::as_slice).unwrap_or_default() {
+            let file = &self.files[*k];
+            let take = |suffix: &str| -> Result<Vec<f32>> {
+                let t = file.read(&format!("{name}.{suffix}"))?;
+                if t.data.len() != piece.len {
+                    return Err(Error::Invalid(format!(
+                        "{}: corrupt optimizer shard: {name}.{suffix} holds {} values, its \
+                         piece {}",
+                        self.dir.display(),
+                        t.data.len(),
+                        piece.len
+                    )));
+                }
+                Ok(t.data)
+            };
+            let (pm, pv) = (take("exp_avg")?, take("exp_avg_sq")?);
+            place(piece, &pm, &pv, &mut m, &mut v, &mut seen).map_err(|msg| {
+                Error::Invalid(format!(
+                    "{}: optimizer shards: {name}: {msg}",
+                    self.dir.display()
+                ))
+            })?;
+        }
+        let covered = seen.iter().filter(|&&x| x).count();
+        if covered != n {
+            return Err(Error::Invalid(format!(
+                "{}: the optimizer shards ({} files) hold {covered} of the {n} moment values of \
+                 {name}; a rank's file is missing",
+                self.dir.display(),
+                self.files.len(),
+            )));
+        }
+        Ok((m, v))
+    }
+}
+
+/// Every parameter's full moments `(m, v)` in our layout, assembled from the shard files of
+/// checkpoint directory `dir` (checked against its manifest first).
+pub fn read_moments(dir: &Path, layout: &Layout) -> Result<HostMoments> {
+    let shards = MomentShards::open(dir, layout)?;
+    let names = shards.file_names()?;
+    crate::checksum::verify(dir, &names.iter().map(String::as_str).collect::<Vec<_>>())?;
+    let mut out: HostMoments = (Vec::new(), Vec::new());
+    for spec in &layout.specs {
+        let (m, v) = shards.moments(&spec.name, &spec.shape)?;
+        out.0.push(m);
+        out.1.push(v);
+    }
+    Ok(out)
 }
 
 /// A piece must lie inside its parameter of shape `want`.

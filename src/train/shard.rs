@@ -241,7 +241,10 @@ pub fn shard_model(
         for i in split_params(&model.layout) {
             let split = split_of(&model.layout, i).expect("a split parameter");
             let shape = model.layout.specs[i].shape.clone();
-            let mine = |x: &Tensor<1>| cut(x, &shape, split, t.tp, t.tp_rank());
+            let mine = |x: &Tensor<1>| match x.dims()[0] {
+                0 => x.clone(),
+                _ => cut(x, &shape, split, t.tp, t.tp_rank()),
+            };
             model.params[i] = mine(&model.params[i]);
             if let Some((m, v)) = moments.as_mut() {
                 m[i] = mine(&m[i]);
@@ -264,7 +267,12 @@ pub fn shard_model(
             model.layout.specs[pos].shape[1],
         ];
         let (first, count) = position_rows(t.padded_len(seq_len), rows, t.sp, t.sp_rank());
-        let cut = |t: &Tensor<1>| t.clone().narrow(0, first * h, count * h);
+        // A skeleton's parameters (`GenSlm::empty`, filled later from a `ParamSource`) hold no
+        // values: only the layout is cut.
+        let cut = |t: &Tensor<1>| match t.dims()[0] {
+            0 => t.clone(),
+            _ => t.clone().narrow(0, first * h, count * h),
+        };
         model.params[pos] = cut(&model.params[pos]);
         if let Some((m, v)) = moments {
             m[pos] = cut(&m[pos]);

@@ -13,6 +13,7 @@ use crate::backend::resolve_precision;
 use crate::config::Config;
 use crate::data::loader::{Batch, Corpus, Loader};
 use crate::error::{Error, Result};
+use crate::model::io::load_config;
 use crate::model::neox::tensor_to_vec;
 use crate::model::params::Layout;
 use crate::model::GenSlm;
@@ -20,19 +21,20 @@ use crate::parallel::ranks::{abort_all, thread_grid, Ranks};
 use crate::parallel::tensor_slices::gather_slices;
 use crate::parallel::{Degrees, Topology};
 use crate::train::checkpoint::{
-    commit_checkpoint, load_latest, prepare_staging, staging_dir, TrainerState,
+    commit_checkpoint, prepare_staging, read_saved, staging_dir, TrainerState,
 };
-use crate::train::engine::Engine;
+use crate::train::engine::{Engine, Start};
 use crate::train::metrics::{
     peak_rss_mib, train_flops_per_sequence, MetricsLog, RankMemory, StepMetrics,
 };
-use crate::train::optim::{AdamW, AdamWConfig};
+use crate::train::optim::AdamWConfig;
 use crate::train::optim_shards::write_shard;
+use crate::train::param_source::ParamSource;
 use crate::train::resume::{check_resume, check_state};
 use crate::train::run_dir::prune_checkpoints;
 use crate::train::schedule::lr_at;
 use crate::train::setup::{check_memory, load_corpus, prepare_run, validate_layout};
-use crate::train::shard::{gather_shard_to_root, local_batch, local_nll, shard_model};
+use crate::train::shard::{gather_shard_to_root, local_batch, local_nll};
 use crate::train::step::all_reduce_scalar;
 
 pub use crate::train::setup::{DataSource, RunOptions};
@@ -268,37 +270,22 @@ pub fn train_rank(
         weight_decay: t.weight_decay,
     };
 
-    let (mut engine, mut state) = if opts.resume {
-        let l = load_latest(run, &ad)?;
+    let (source, model_cfg, state) = if opts.resume {
+        let saved = read_saved(run)?;
         // Refused changes stop here too (prepare_run printed the notes of applied ones).
-        check_resume(&l.saved, cfg)?;
-        let mut moments = l.opt;
+        check_resume(&saved, cfg)?;
+        let mut model_cfg = load_config(&saved.dir)?;
         // Applied changes take effect: the optimizer's weight decay, the attention kernel.
-        moments.cfg = adamw;
-        let mut model = l.model.with_precision(precision);
-        model.cfg.attention = cfg.model.attention;
-        let model = shard_model(
-            model,
-            Some((&mut moments.m, &mut moments.v)),
-            ranks,
-            t.seq_len,
-        )?;
-        let engine = Engine::new(model, moments, t.zero, ranks);
-        let mut state = l.saved.state;
-        check_state(&state, t, &l.saved.dir)?;
+        model_cfg.attention = cfg.model.attention;
+        // Rank 0 checks every file against the manifest; the others read only their pieces.
+        let source = ParamSource::checkpoint(&saved.dir, &model_cfg, ranks.is_root())?;
+        let mut state = saved.state;
+        check_state(&state, t, &saved.dir)?;
         state.train = t.clone();
         state.adamw = adamw;
         state.data_fingerprint = Some(corpus.fingerprint.clone());
-        (engine, state)
+        (source, model_cfg, state)
     } else {
-        let model = shard_model(
-            GenSlm::init(cfg.model.clone(), t.seed, &ad)?.with_precision(precision),
-            None,
-            ranks,
-            t.seq_len,
-        )?;
-        let moments = AdamW::new(adamw, &model.params);
-        let engine = Engine::new(model, moments, t.zero, ranks);
         let state = TrainerState {
             step: 0,
             optimizer_step: 0,
@@ -307,8 +294,23 @@ pub fn train_rank(
             adamw,
             data_fingerprint: Some(corpus.fingerprint.clone()),
         };
-        (engine, state)
+        (
+            ParamSource::init(&cfg.model, t.seed),
+            cfg.model.clone(),
+            state,
+        )
     };
+    let start = Start {
+        model: model_cfg,
+        precision,
+        source: &source,
+        adamw,
+        step: state.optimizer_step,
+        device: &ad,
+    };
+    let mut engine = Engine::build(start, t.zero, ranks, t.seq_len)?;
+    let mut state = state;
+    drop(source);
     let mut loader = Loader::new(t.seed, state.loader_cursor);
     let mut log = if ranks.is_root() {
         Some(MetricsLog::open(

@@ -32,9 +32,14 @@ use crate::parallel::ranks::Ranks;
 use crate::parallel::zero::ZeroShard;
 use crate::train::dist_optim::StepOutcome;
 use crate::train::layerwise::{Unit, UnitWeights};
-use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW};
+use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::shard::gather_shard_to_root;
+
+/// Parameter `i`'s values as a rank holds them and their Adam moments (`None`: zeros).
+pub type Fetched = (Tensor<1>, Option<(Tensor<1>, Tensor<1>)>);
+/// Where [`ZeroUnits::build`] gets each parameter.
+pub type Fetch<'a> = dyn FnMut(usize) -> Result<Fetched> + 'a;
 
 /// One unit's shard on this rank.
 #[derive(Debug)]
@@ -64,61 +69,81 @@ pub struct ZeroUnits {
 impl ZeroUnits {
     /// Shards `model` (already cut for SP) and its full `moments` (our layout, position rows
     /// already cut) for this rank. `stage` is 2 or 3.
-    pub fn new(mut model: GenSlm, moments: AdamW, stage: u8, ranks: &Ranks) -> Self {
+    pub fn new(model: GenSlm, moments: AdamW, stage: u8, ranks: &Ranks) -> Self {
+        let params = model.params.clone();
+        let (cfg, step) = (moments.cfg, moments.step);
+        let mut fetch = |i: usize| -> Result<Fetched> {
+            Ok((
+                params[i].clone(),
+                Some((moments.m[i].clone(), moments.v[i].clone())),
+            ))
+        };
+        Self::build(model, cfg, step, &mut fetch, stage, ranks)
+            .expect("fetching from tensors in memory cannot fail")
+    }
+
+    /// Builds this rank's shards unit by unit from `fetch(i)`, parameter `i` as this rank
+    /// holds it (position rows cut under SP) with its moments (`None`: zeros), so that only one
+    /// unit's full values exist at a time. `model` gives the layout and groups (a skeleton
+    /// from `GenSlm::empty` will do: its parameters are replaced).
+    pub fn build(
+        mut model: GenSlm,
+        cfg: AdamWConfig,
+        step: u64,
+        fetch: &mut Fetch<'_>,
+        stage: u8,
+        ranks: &Ranks,
+    ) -> Result<Self> {
         let layout = model.layout.clone();
         let pos_split = model.position_shard().is_some();
-        let full = (moments.m.as_slice(), moments.v.as_slice(), moments.step);
-        let units = Unit::all(&layout)
-            .into_iter()
-            .map(|unit| {
-                let comm = if unit == Unit::Pos && pos_split {
-                    ranks.dp.clone()
-                } else {
-                    ranks.world.clone()
-                };
-                let params = unit.params(&layout);
-                let shard = ZeroShard::new(
-                    moments.cfg,
-                    params,
-                    &model.params,
-                    comm.as_ref(),
-                    Some(full),
-                );
-                // ZeRO-2's fp32 values are the full working copy's (cut again at each update).
-                let values = if stage >= 3 {
-                    shard.pieces_of(&model.params)
-                } else {
-                    Vec::new()
-                };
-                UnitShard {
-                    unit,
-                    comm,
-                    shard,
-                    values,
-                    grad: None,
+        let device = model.device.clone();
+        let empty = || host_to_param(Vec::new(), &device);
+        model.params = model.params.iter().map(|_| empty()).collect();
+        let mut units = Vec::new();
+        for unit in Unit::all(&layout) {
+            let comm = if unit == Unit::Pos && pos_split {
+                ranks.dp.clone()
+            } else {
+                ranks.world.clone()
+            };
+            let params = unit.params(&layout);
+            // Full values (and moments) of this unit only, at their indices.
+            let n = model.params.len();
+            let (mut all, mut m, mut v) = (vec![empty(); n], vec![empty(); n], vec![empty(); n]);
+            let mut resumed = true;
+            for &i in &params {
+                let (x, moments) = fetch(i)?;
+                all[i] = x;
+                match moments {
+                    Some((mi, vi)) => (m[i], v[i]) = (mi, vi),
+                    None => resumed = false,
                 }
-            })
-            .collect();
-        if stage >= 3 {
-            let device = model.device.clone();
-            model.params = model
-                .params
-                .iter()
-                .map(|_| host_to_param(Vec::new(), &device))
-                .collect();
-        } else {
-            model.params = model
-                .params
-                .into_iter()
-                .map(|p| p.autodiff().require_grad())
-                .collect();
+            }
+            let moments = resumed.then_some((m.as_slice(), v.as_slice(), step));
+            let shard = ZeroShard::new(cfg, params, &all, comm.as_ref(), moments);
+            // ZeRO-2's fp32 values are the full working copy's (cut again at each update).
+            let values = if stage >= 3 {
+                shard.pieces_of(&all)
+            } else {
+                for &i in &shard.params {
+                    model.params[i] = all[i].clone().autodiff().require_grad();
+                }
+                Vec::new()
+            };
+            units.push(UnitShard {
+                unit,
+                comm,
+                shard,
+                values,
+                grad: None,
+            });
         }
-        Self {
+        Ok(Self {
             stage,
             model,
             units,
             bucket: ranks.bucket,
-        }
+        })
     }
 
     fn unit_mut(&mut self, unit: Unit) -> &mut UnitShard {
