@@ -64,15 +64,16 @@ pub fn prepare_staging(run: &Path, step: u64) -> Result<PathBuf> {
     Ok(tmp)
 }
 
-/// Completes the checkpoint in `staging`, whose optimizer shards every rank has written: the
-/// weights (the whole `model`), trainer state, config and manifest, then the rename and the
-/// move of `latest`. On failure the staging directory is removed.
+/// Completes the checkpoint in `staging`, where the ranks have written `shards` optimizer
+/// shards: the weights (the whole `model`), trainer state, config and manifest, then the rename
+/// and the move of `latest`. On failure the staging directory is removed.
 pub fn commit_checkpoint(
     run: &Path,
     cfg: &Config,
     model: &GenSlm,
     state: &TrainerState,
     staging: &Path,
+    shards: usize,
 ) -> Result<PathBuf> {
     let root = checkpoints_dir(run);
     let name = format!("step-{}", state.step);
@@ -86,9 +87,18 @@ pub fn commit_checkpoint(
         let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
         crate::atomic::write_bytes(&tmp.join(GENSLM_CONFIG_FILE), toml.as_bytes())?;
         // Last, so it covers every file above; loads check it (`crate::checksum`).
-        let shards = shard_files(tmp)?;
+        let found = shard_files(tmp)?;
+        if found.len() != shards {
+            return Err(Error::Invalid(format!(
+                "{}: {shards} ranks wrote optimizer shards but {} are here; the run directory \
+                 must be on a file system every rank sees (with MPI across machines, a shared \
+                 one)",
+                tmp.display(),
+                found.len()
+            )));
+        }
         let mut files = model_files(&model.cfg);
-        files.extend(shards.iter().map(String::as_str));
+        files.extend(found.iter().map(String::as_str));
         files.extend([STATE_FILE, GENSLM_CONFIG_FILE]);
         crate::checksum::write_manifest(tmp, &files)?;
         if final_dir.exists() {

@@ -56,7 +56,7 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool) -> Result<bool> {
     Ok(created)
 }
 
-/// Removes the temporary entries (`.NAME.tmp-PID`, `.step-N.tmp-PID/`, `.data.parquet.new`)
+/// Removes the temporary entries (`.NAME.tmp-PID`, `.step-N.tmp/`, `.data.parquet.new`)
 /// that a killed save leaves in the run and checkpoint directories. Only the process that
 /// prepares the run calls it, before any rank writes.
 pub fn clean_stale(run: &Path) -> Result<()> {
@@ -66,7 +66,9 @@ pub fn clean_stale(run: &Path) -> Result<()> {
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && (name.contains(".tmp-") || name.ends_with(".new")) {
+            let temporary =
+                name.contains(".tmp-") || name.ends_with(".tmp") || name.ends_with(".new");
+            if name.starts_with('.') && temporary {
                 let p = e.path();
                 let r = if p.is_dir() {
                     std::fs::remove_dir_all(&p)

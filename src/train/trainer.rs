@@ -475,7 +475,7 @@ fn checkpoint(
     };
     ranks.world.barrier_unbounded()?;
     let runs = engine.moment_runs(&ranks.topo);
-    write_shard(
+    let wrote = write_shard(
         &staging,
         engine.model(),
         &runs,
@@ -484,11 +484,14 @@ fn checkpoint(
     )?;
     drop(runs);
     let full = gather_weights(engine, cfg, ranks)?;
-    // Every shard is on disk before rank 0 lists them in the manifest.
+    // Every shard is on disk before rank 0 lists them in the manifest; it checks it sees them
+    // all (ranks on other machines write to their own view of the run directory).
     ranks.world.barrier_unbounded()?;
+    let mut shards = [f32::from(u8::from(wrote.is_some()))];
+    ranks.world.all_reduce_sum(&mut shards)?;
     let dir = match full {
         Some(full) => {
-            let dir = commit_checkpoint(run, cfg, &full, state, &staging)?;
+            let dir = commit_checkpoint(run, cfg, &full, state, &staging, shards[0] as usize)?;
             prune_checkpoints(run, cfg.train.keep_checkpoints)?;
             Some(dir)
         }
