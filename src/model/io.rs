@@ -14,7 +14,7 @@ use crate::model::hf::{
     config_from_hf, config_to_hf, needs_remote_code, MODELING_FILE, MODELING_PY,
 };
 use crate::model::neox::tensor_to_vec;
-use crate::model::params::{transpose, Layout};
+use crate::model::params::{transpose, Layout, ParamSpec};
 use crate::model::tensors::{read_safetensors, write_safetensors_streamed, HostTensor, Streamed};
 use crate::model::GenSlm;
 
@@ -62,23 +62,29 @@ pub fn from_hf_tensors(
                 spec.name
             ))
         })?;
-        if t.shape != spec.hf_shape() {
-            return Err(Error::Invalid(format!(
-                "{}: tensor {} has shape {:?}, the config needs {:?}",
-                file.display(),
-                spec.name,
-                t.shape,
-                spec.hf_shape()
-            )));
-        }
-        out.push(if spec.hf_transposed {
-            // HF [out, in] → ours [in, out].
-            transpose(&t.data, spec.shape[1], spec.shape[0])
-        } else {
-            t.data
-        });
+        out.push(hf_to_ours(spec, t, file)?);
     }
     Ok(out)
+}
+
+/// One HF tensor (`t`, read from `file`) as parameter `spec`'s values in our layout: its shape
+/// checked against the config, transposed where HF's layout differs.
+pub fn hf_to_ours(spec: &ParamSpec, t: HostTensor, file: &Path) -> Result<Vec<f32>> {
+    if t.shape != spec.hf_shape() {
+        return Err(Error::Invalid(format!(
+            "{}: tensor {} has shape {:?}, the config needs {:?}",
+            file.display(),
+            t.name,
+            t.shape,
+            spec.hf_shape()
+        )));
+    }
+    Ok(if spec.hf_transposed {
+        // HF [out, in] → ours [in, out].
+        transpose(&t.data, spec.shape[1], spec.shape[0])
+    } else {
+        t.data
+    })
 }
 
 /// Writes the model directory's files ([`model_files`]) into `dir` (which must exist).

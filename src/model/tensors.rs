@@ -210,6 +210,10 @@ impl TensorFile {
         })
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The file's string metadata.
     pub fn metadata(&self) -> HashMap<String, String> {
         self.header.metadata().clone().unwrap_or_default()

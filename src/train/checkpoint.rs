@@ -78,38 +78,37 @@ pub fn commit_checkpoint(
     let root = checkpoints_dir(run);
     let name = format!("step-{}", state.step);
     let final_dir = root.join(&name);
-    let tmp = staging;
     let result = (|| {
-        save_model_dir(model, tmp)?;
+        save_model_dir(model, staging)?;
         let json =
             serde_json::to_string_pretty(state).map_err(|e| Error::Invalid(e.to_string()))?;
-        crate::atomic::write_bytes(&tmp.join(STATE_FILE), json.as_bytes())?;
+        crate::atomic::write_bytes(&staging.join(STATE_FILE), json.as_bytes())?;
         let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
-        crate::atomic::write_bytes(&tmp.join(GENSLM_CONFIG_FILE), toml.as_bytes())?;
+        crate::atomic::write_bytes(&staging.join(GENSLM_CONFIG_FILE), toml.as_bytes())?;
         // Last, so it covers every file above; loads check it (`crate::checksum`).
-        let found = shard_files(tmp)?;
+        let found = shard_files(staging)?;
         if found.len() != shards {
             return Err(Error::Invalid(format!(
                 "{}: {shards} ranks wrote optimizer shards but {} are here; the run directory \
                  must be on a file system every rank sees (with MPI across machines, a shared \
                  one)",
-                tmp.display(),
+                staging.display(),
                 found.len()
             )));
         }
         let mut files = model_files(&model.cfg);
         files.extend(found.iter().map(String::as_str));
         files.extend([STATE_FILE, GENSLM_CONFIG_FILE]);
-        crate::checksum::write_manifest(tmp, &files)?;
+        crate::checksum::write_manifest(staging, &files)?;
         if final_dir.exists() {
             // Left by an interrupted run that got further than the checkpoint we resumed from.
             std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
         }
-        std::fs::rename(tmp, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
+        std::fs::rename(staging, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
         crate::atomic::write_bytes(&root.join("latest"), format!("{name}\n").as_bytes())
     })();
     if result.is_err() {
-        let _ = std::fs::remove_dir_all(tmp);
+        let _ = std::fs::remove_dir_all(staging);
     }
     result.map(|_| final_dir)
 }

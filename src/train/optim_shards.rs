@@ -53,9 +53,6 @@ impl MomentRun {
     }
 }
 
-/// Every parameter's full first and second moments, one host vector each (our layout).
-pub type HostMoments = (Vec<Vec<f32>>, Vec<Vec<f32>>);
-
 /// Where one file's values of a parameter sit in the full parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Piece {
@@ -154,6 +151,8 @@ pub fn shard_files(dir: &Path) -> Result<Vec<String>> {
 /// assembled when asked for, reading only its pieces (one parameter in memory at a time).
 pub struct MomentShards {
     dir: PathBuf,
+    /// The shard file names, in `files`' order.
+    names: Vec<String>,
     files: Vec<TensorFile>,
     /// Parameter name → (file index, piece) for every piece of it.
     pieces: HashMap<String, Vec<(usize, Piece)>>,
@@ -203,14 +202,15 @@ impl MomentShards {
         }
         Ok(Self {
             dir: dir.to_path_buf(),
+            names,
             files,
             pieces,
         })
     }
 
     /// The shard file names, for checking them against the manifest.
-    pub fn file_names(&self) -> Result<Vec<String>> {
-        shard_files(&self.dir)
+    pub fn file_names(&self) -> &[String] {
+        &self.names
     }
 
     /// Parameter `name`'s full moments `(m, v)` (our layout, `shape`); every value must be held
@@ -252,21 +252,6 @@ impl MomentShards {
         }
         Ok((m, v))
     }
-}
-
-/// Every parameter's full moments `(m, v)` in our layout, assembled from the shard files of
-/// checkpoint directory `dir` (checked against its manifest first).
-pub fn read_moments(dir: &Path, layout: &Layout) -> Result<HostMoments> {
-    let shards = MomentShards::open(dir, layout)?;
-    let names = shards.file_names()?;
-    crate::checksum::verify(dir, &names.iter().map(String::as_str).collect::<Vec<_>>())?;
-    let mut out: HostMoments = (Vec::new(), Vec::new());
-    for spec in &layout.specs {
-        let (m, v) = shards.moments(&spec.name, &spec.shape)?;
-        out.0.push(m);
-        out.1.push(v);
-    }
-    Ok(out)
 }
 
 /// A piece must lie inside its parameter of shape `want`.

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::model::io::{CONFIG_FILE, WEIGHTS_FILE};
-use crate::model::params::{transpose, Layout, ParamSpec};
+use crate::model::io::{hf_to_ours, CONFIG_FILE, WEIGHTS_FILE};
+use crate::model::params::{Layout, ParamSpec};
 use crate::model::tensors::TensorFile;
 use crate::train::optim_shards::MomentShards;
 
@@ -61,7 +61,7 @@ impl ParamSource {
         if verify {
             let mut files = vec![CONFIG_FILE.to_string(), WEIGHTS_FILE.to_string()];
             match &moments {
-                Moments::Shards(s) => files.extend(s.file_names()?),
+                Moments::Shards(s) => files.extend_from_slice(s.file_names()),
                 Moments::Legacy(_) => files.push(OPTIMIZER_FILE.to_string()),
             }
             let names: Vec<&str> = files.iter().map(String::as_str).collect();
@@ -115,19 +115,6 @@ impl ParamSource {
 
 /// Tensor `spec.name + suffix` of `file` (HF's name and shape) in our layout.
 fn read_hf(file: &TensorFile, spec: &ParamSpec, suffix: &str) -> Result<Values> {
-    let name = format!("{}{suffix}", spec.name);
-    let t = file.read(&name)?;
-    if t.shape != spec.hf_shape() {
-        return Err(Error::Invalid(format!(
-            "tensor {name} has shape {:?}, the model's config says {:?} (does config.json match \
-             the weights?)",
-            t.shape,
-            spec.hf_shape()
-        )));
-    }
-    Ok(if spec.hf_transposed {
-        transpose(&t.data, spec.shape[1], spec.shape[0])
-    } else {
-        t.data
-    })
+    let t = file.read(&format!("{}{suffix}", spec.name))?;
+    hf_to_ours(spec, t, file.path())
 }

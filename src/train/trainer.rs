@@ -270,7 +270,7 @@ pub fn train_rank(
         weight_decay: t.weight_decay,
     };
 
-    let (source, model_cfg, state) = if opts.resume {
+    let (source, model_cfg, mut state) = if opts.resume {
         let saved = read_saved(run)?;
         // Refused changes stop here too (prepare_run printed the notes of applied ones).
         check_resume(&saved, cfg)?;
@@ -309,8 +309,6 @@ pub fn train_rank(
         device: &ad,
     };
     let mut engine = Engine::build(start, t.zero, ranks, t.seq_len)?;
-    let mut state = state;
-    drop(source);
     let mut loader = Loader::new(t.seed, state.loader_cursor);
     let mut log = if ranks.is_root() {
         Some(MetricsLog::open(
