@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Re-measures the peaks that tests/plan_calibration.rs holds (MEASURED and MEASURED_CKPT), as
-# "(config, run, sp, attention, seq_len, peak MiB)" rows to paste there. Run after any change to
+# Re-measures the peaks that tests/plan_calibration.rs holds (MEASURED and MEASURED_CKPT, as
+# "(config, run, sp, attention, seq_len, peak MiB)" rows; MEASURED_ZERO, as "(config, dp, sp,
+# zero, checkpointing, seq_len, peak MiB)" rows) to paste there. Run after any change to
 # what the model keeps alive, with release builds:
 #   scripts/measure_plan_calibration.sh target/release/genslm [GENSLM_WITH_MPI]
 # The second binary (built with --features mpi) adds the mpirun rows; without it they are skipped
@@ -43,3 +44,21 @@ fi
 echo "// MEASURED_CKPT"
 for s in 2048 4096 8192 16384; do row tiny bench 1 Flash $s "$(bench_peak $s flash+ckpt)"; done
 for s in 1024 4096 9968; do row genslm-25m train 1 Flash $s "$(train genslm-25m $s --checkpoint-activations)"; done
+if [ -n "$MPIBIN" ]; then
+  echo "// MEASURED_ZERO (2 steps: the second step's optimizer buffers meet the first's leftovers)"
+  zrow() { printf '    ("%s", %s, %s, %s, %s, %s, %s),\n' "$@"; }
+  zero() { # dp sp zero ckpt(true/false) seq_len
+    local dp=$1 sp=$2 z=$3 c=$4 s=$5 extra=()
+    [ "$c" = true ] && extra=(--checkpoint-activations)
+    rm -rf "$TMP/run"
+    mpirun --oversubscribe -np $((dp * sp)) "$MPIBIN" train --fasta data/lambda_virus.fa \
+      --config configs/genslm-25m.toml --out "$TMP/run" --steps 2 --seq-len "$s" --batch-size "$dp" \
+      --dp "$dp" --sp "$sp" --zero "$z" --val-fraction 0 --warmup 0 --quiet --skip-memory-check \
+      "${extra[@]}"
+    zrow genslm-25m "$dp" "$sp" "$z" "$c" "$s" "$(peak "$TMP/run")"
+  }
+  for s in 2048 4096; do for dp in 2 4; do for z in 1 2 3; do for c in false true; do
+    zero $dp 1 $z $c $s
+  done; done; done; done
+  for c in false true; do zero 2 2 3 $c 4096; done
+fi

@@ -3,6 +3,7 @@
 //! Data flow (docs/ARCHITECTURE.md §2): FASTA → [`data::fasta`] → [`tokenizer`] → [`data::dataset`]
 //! (parquet) → training. The CLI in `main.rs` only parses arguments and calls this library.
 
+pub mod alloc;
 pub mod atomic;
 pub mod backend;
 pub mod bench;

@@ -258,6 +258,8 @@ fn install_panic_hook() {
 }
 
 fn main() -> ExitCode {
+    // Before anything allocates: peaks that depend on shapes only (see genslm::alloc).
+    genslm::alloc::pin_thresholds();
     install_panic_hook();
     let cli = Cli::parse();
     match run(cli) {

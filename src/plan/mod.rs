@@ -285,6 +285,22 @@ pub struct Breakdown {
 }
 
 impl Breakdown {
+    /// `(1 − f)·self + f·other`, component by component.
+    pub fn mix(&self, other: &Breakdown, f: f64) -> Breakdown {
+        let m = |a: f64, b: f64| (1.0 - f) * a + f * b;
+        Breakdown {
+            parameters: m(self.parameters, other.parameters),
+            gradients: m(self.gradients, other.gradients),
+            optimizer_states: m(self.optimizer_states, other.optimizer_states),
+            activations: m(self.activations, other.activations),
+            attention: m(self.attention, other.attention),
+            position_table: m(self.position_table, other.position_table),
+            logits: m(self.logits, other.logits),
+            communication: m(self.communication, other.communication),
+            workspace: m(self.workspace, other.workspace),
+        }
+    }
+
     pub fn total(&self) -> f64 {
         self.rows().iter().map(|(_, v)| v).sum()
     }

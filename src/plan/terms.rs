@@ -472,9 +472,10 @@ pub(super) fn mask_creation(
 }
 
 /// The optimizer step: all gradients exist; gradient reductions and the AdamW update's new
-/// moments and weights (of one parameter tensor at a time) are added. On a CPU process whose
-/// allocator kept the activation memory the backward freed ([`cpu::retains_activations`]), the
-/// resident memory stays at the forward/backward level and the step's buffers come on top.
+/// moments and weights (of one parameter tensor at a time) are added. On a CPU process the
+/// allocator keeps the share of the activation memory the backward freed that was held in
+/// small tensors ([`cpu::retained_share`]): that share of the process stays at the
+/// forward/backward level with the step's buffers on top, the rest is returned.
 pub(super) fn optimizer_step(
     m: &ModelConfig,
     st: &Strategy,
@@ -496,21 +497,13 @@ pub(super) fn optimizer_step(
         0.0
     };
     let (communication, retained) = match hw.target {
-        Target::Gpu => (0.0, false),
+        Target::Gpu => (0.0, 0.0),
         Target::Cpu { .. } => (
             cpu::step_buffers(m, st, seq_len),
-            cpu::retains_activations(m, st, seq_len),
+            cpu::retained_share(m, st, seq_len),
         ),
     };
-    if retained {
-        // Resident: the forward/backward peak (gradients were allocated inside it).
-        return Breakdown {
-            communication: fb.communication + communication,
-            workspace: fb.workspace + adam,
-            ..*fb
-        };
-    }
-    Breakdown {
+    let returned = Breakdown {
         parameters,
         gradients,
         optimizer_states,
@@ -518,5 +511,12 @@ pub(super) fn optimizer_step(
         communication,
         workspace: fixed_workspace(hw) + adam,
         ..Default::default()
-    }
+    };
+    // Resident: the forward/backward peak (gradients were allocated inside it).
+    let kept = Breakdown {
+        communication: fb.communication + communication,
+        workspace: fb.workspace + adam,
+        ..*fb
+    };
+    returned.mix(&kept, retained)
 }

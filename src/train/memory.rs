@@ -21,7 +21,8 @@ fn strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
             dp,
             zero: t.zero,
             megatron_sp: false,
-            zero_over_sp: false,
+            // ZeRO-1 partitions over DP only, ZeRO-2/3 over DP × SP.
+            zero_over_sp: t.zero >= 2,
         },
         recipe: Recipe::Genslm,
         attention: cfg.model.attention,
