@@ -11,7 +11,7 @@
 //! 2048, rank 0 peaked at 941 MiB or at 1046–1110 MiB for the same layout. A fixed threshold
 //! makes the peak a function of the shapes alone, which the planner (`plan::cpu`) models.
 //!
-//! The threshold is pinned at glibc's ceiling, 32 MiB: every tensor below it is reused from
+//! The threshold is pinned at 32 MiB, the ceiling of glibc's dynamic threshold: every tensor below it is reused from
 //! the heap instead of being mapped and faulted in afresh. Measured on the 2-core Xeon,
 //! genslm-25m, seq 2048 (`genslm bench train`, interleaved, 2026-11-24): 829–834 tokens/s and
 //! peak 1087–1099 MiB pinned at 32 MiB, against 803–808 tokens/s and 1110–1113 MiB with the
@@ -22,6 +22,7 @@ pub const MMAP_THRESHOLD: usize = 32 << 20;
 
 /// Heap memory above the top of the heap is trimmed beyond this (glibc's dynamic mode keeps
 /// twice the mmap threshold; setting the threshold fixes this one too, so it is set alike).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_THRESHOLD: usize = 2 * MMAP_THRESHOLD;
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -38,20 +39,13 @@ mod glibc {
 }
 
 /// Fixes glibc's mmap and trim thresholds for this process (a no-op on other C libraries,
-/// whose allocators the planner's CPU terms were not measured with). Returns whether glibc
-/// accepted both.
-pub fn pin_thresholds() -> bool {
+/// whose allocators the planner's CPU terms were not measured with).
+pub fn pin_thresholds() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: mallopt only changes allocator parameters; both values are within glibc's
-        // documented ranges (the mmap threshold at most 32 MiB on 64-bit).
-        unsafe {
-            glibc::mallopt(glibc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as _) == 1
-                && glibc::mallopt(glibc::M_TRIM_THRESHOLD, TRIM_THRESHOLD as _) == 1
-        }
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    {
-        false
+    // SAFETY: mallopt only changes allocator parameters; a value glibc refuses leaves the
+    // default in place.
+    unsafe {
+        glibc::mallopt(glibc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as _);
+        glibc::mallopt(glibc::M_TRIM_THRESHOLD, TRIM_THRESHOLD as _);
     }
 }

@@ -4,11 +4,10 @@
 mod common;
 
 use common::repo;
-use genslm::config::{AttentionKind, Config, ModelConfig};
+use genslm::config::{AttentionKind, Config};
 use genslm::plan::cpu::CpuRun;
-use genslm::plan::{
-    estimate, Checkpointing, Hardware, Layout, Mask, Precision, Recipe, Strategy, Target, MIB,
-};
+use genslm::plan::{estimate, Hardware, Target, MIB};
+use genslm::train::memory::trainer_strategy;
 
 /// Peaks genslm measured on the 2-core development machine (Xeon 2.5 GHz, 23 GiB, glibc,
 /// release build; `--features mpi` with Open MPI 4.1.4 for the MPI rows):
@@ -96,39 +95,6 @@ const MEASURED_ZERO: &[(&str, usize, usize, u8, bool, usize, f64)] = &[
     ("genslm-25m", 2, 2, 3, true, 4096, 301.2),
 ];
 
-/// The strategy genslm's CPU trainer runs: its own layer recipe in fp32, rotary positions,
-/// Ulysses SP over `sp` processes, DP over `dp`, the optimizer partitioned by `zero`.
-fn cpu_strategy(
-    model: &ModelConfig,
-    dp: usize,
-    sp: usize,
-    zero: u8,
-    attention: AttentionKind,
-) -> Strategy {
-    Strategy {
-        layout: Layout {
-            tp: 1,
-            sp,
-            cp: 1,
-            dp,
-            zero,
-            megatron_sp: false,
-            // genslm's ZeRO-1 partitions over DP only, ZeRO-2/3 over DP × SP.
-            zero_over_sp: zero >= 2,
-        },
-        recipe: Recipe::Genslm,
-        attention,
-        positions: model.position,
-        shard_positions: true,
-        mask: Mask::None,
-        checkpointing: Checkpointing::None,
-        precision: Precision::Fp32,
-        batch_size: 1,
-        tied_embeddings: false,
-        vocab_size: model.vocab_size,
-    }
-}
-
 #[test]
 fn cpu_calibration_within_15_percent() {
     let mut worst: f64 = 0.0;
@@ -150,11 +116,13 @@ fn cpu_calibration_within_15_percent() {
                 .map(|&(c, dp, sp, z, ck, s, m)| (c, "mpi", dp, sp, z, flash, ck, s, m)),
         );
     for (name, run, dp, sp, zero, attention, ckpt, s, measured) in cases {
-        let cfg = Config::load(&repo().join(format!("configs/{name}.toml"))).unwrap();
-        let mut st = cpu_strategy(&cfg.model, dp, sp, zero, attention);
-        if ckpt {
-            st.checkpointing = Checkpointing::Full { partitioned: false };
-        }
+        // The strategy the trainer's own memory check plans the run with.
+        let mut cfg = Config::load(&repo().join(format!("configs/{name}.toml"))).unwrap();
+        cfg.model.attention = attention;
+        cfg.train.zero = zero;
+        cfg.train.checkpoint_activations = ckpt;
+        cfg.train.batch_size = dp;
+        let st = trainer_strategy(&cfg, dp, sp);
         let hw = Hardware {
             mem_bytes: 1e15,
             target: Target::Cpu {

@@ -173,6 +173,11 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Whether genslm's trainer partitions ZeRO stage `zero` over SP as well: ZeRO-1 spans
+    /// DP × CP only, ZeRO-2/3 every data rank (DP × CP × SP).
+    pub fn trainer_zero_over_sp(zero: u8) -> bool {
+        zero >= 2
+    }
     pub fn ranks(&self) -> usize {
         self.tp * self.sp * self.cp * self.dp
     }

@@ -116,7 +116,7 @@ pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<
                         megatron_sp: false,
                         // genslm's trainer partitions ZeRO-1 over DP × CP and ZeRO-2/3 over
                         // all ranks; on GPUs plan every stage as DeepSpeed-Ulysses does.
-                        zero_over_sp: !cpu || zero >= 2,
+                        zero_over_sp: !cpu || Layout::trainer_zero_over_sp(zero),
                     });
                 }
             }

@@ -10,8 +10,9 @@ use crate::plan::{
     estimate, Checkpointing, Hardware, Layout, Mask, Precision, Recipe, Strategy, Target, GIB,
 };
 
-/// The strategy genslm trains `cfg` with on CPU under `dp × sp`.
-fn strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
+/// The strategy genslm trains `cfg` with on CPU under `dp × sp` (`batch_size` is the global
+/// batch, split over DP).
+pub fn trainer_strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
     let t = &cfg.train;
     Strategy {
         layout: Layout {
@@ -21,8 +22,7 @@ fn strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
             dp,
             zero: t.zero,
             megatron_sp: false,
-            // ZeRO-1 partitions over DP only, ZeRO-2/3 over DP × SP.
-            zero_over_sp: t.zero >= 2,
+            zero_over_sp: Layout::trainer_zero_over_sp(t.zero),
         },
         recipe: Recipe::Genslm,
         attention: cfg.model.attention,
@@ -49,7 +49,7 @@ pub fn predicted_peak(
     in_process: usize,
     seq_len: usize,
 ) -> f64 {
-    let st = strategy(cfg, dp, sp);
+    let st = trainer_strategy(cfg, dp, sp);
     let run = if dp * sp == 1 {
         CpuRun::Train
     } else {
