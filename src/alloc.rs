@@ -11,19 +11,24 @@
 //! 2048, rank 0 peaked at 941 MiB or at 1046–1110 MiB for the same layout. A fixed threshold
 //! makes the peak a function of the shapes alone, which the planner (`plan::cpu`) models.
 //!
-//! The threshold is pinned at 32 MiB, the ceiling of glibc's dynamic threshold: every tensor below it is reused from
-//! the heap instead of being mapped and faulted in afresh. Measured on the 2-core Xeon,
-//! genslm-25m, seq 2048 (`genslm bench train`, interleaved, 2026-11-24): 829–834 tokens/s and
-//! peak 1087–1099 MiB pinned at 32 MiB, against 803–808 tokens/s and 1110–1113 MiB with the
-//! dynamic default, and 736–750 tokens/s pinned at 12 MiB.
+//! The threshold is pinned at 32 MiB, the ceiling of glibc's dynamic threshold: every tensor
+//! below it is reused from the heap instead of being mapped and faulted in afresh. Measured on
+//! the 2-core Xeon, genslm-25m, seq 2048 (`genslm bench train`, interleaved, 2026-11-24):
+//! 829–834 tokens/s and peak 1087–1099 MiB pinned at 32 MiB, against 803–808 tokens/s and
+//! 1110–1113 MiB with the dynamic default, and 736–750 tokens/s pinned at 12 MiB. Trimming is
+//! off (see [`NEVER_TRIM`]): with the fused optimizer step, 953–993 tokens/s against 914–954
+//! with glibc's 64 MiB trim threshold (same runs interleaved, 2026-11-24), peak unchanged.
 
 /// Requests of at least this many bytes are mapped and returned to the system on free.
 pub const MMAP_THRESHOLD: usize = 32 << 20;
 
-/// Heap memory above the top of the heap is trimmed beyond this (glibc's dynamic mode keeps
-/// twice the mmap threshold; setting the threshold fixes this one too, so it is set alike).
+/// The trim threshold that turns trimming off (mallopt(3)): free memory at the top of the heap
+/// stays resident. Each training step frees its activations after the backward and allocates
+/// them again in the next forward; trimmed, those pages went back to the kernel and were
+/// faulted in and zeroed afresh every step (`clear_page` was 12% of a genslm-25m step at seq
+/// 2048). Kept, the process holds its peak heap between steps, which it needs again anyway.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-const TRIM_THRESHOLD: usize = 2 * MMAP_THRESHOLD;
+const NEVER_TRIM: std::os::raw::c_int = -1;
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod glibc {
@@ -46,6 +51,6 @@ pub fn pin_thresholds() {
     // default in place.
     unsafe {
         glibc::mallopt(glibc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as _);
-        glibc::mallopt(glibc::M_TRIM_THRESHOLD, TRIM_THRESHOLD as _);
+        glibc::mallopt(glibc::M_TRIM_THRESHOLD, NEVER_TRIM);
     }
 }

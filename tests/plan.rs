@@ -191,7 +191,7 @@ fn naive_softmax_backward_peaks_at_4_probabilities_plus_the_buffer() {
 }
 
 #[test]
-fn genslm_layer_keeps_21h_per_token_then_19h_under_ulysses() {
+fn genslm_layer_keeps_18h_per_token_then_16h_under_ulysses() {
     let (h, a, i, s) = (512usize, 8usize, 2048usize, 4096usize);
     let mut st = megatron(
         layout(1, 1, 1, 0, false),
@@ -200,16 +200,19 @@ fn genslm_layer_keeps_21h_per_token_then_19h_under_ulysses() {
     );
     st.recipe = Recipe::Genslm;
     st.precision = Precision::Fp32;
-    // Rotary, one rank: 13·h + 2·i fp32 elements per token (= 21·h for i = 4h; the fused
-    // gelu_fast keeps only its input, where the composed one kept four more i-wide tensors).
+    // Rotary, one rank: 10·h + 2·i fp32 elements per token (= 18·h for i = 4h): the layer's
+    // input (kept by the fused LayerNorm), LN1's output, the attention output, LN2's output,
+    // the rotated Q and K beside the QKV buffer V pins (6·h), fc1's output and gelu's (2·i).
+    // The fused gelu_fast keeps only its input, where the composed one kept four more i-wide
+    // tensors; burn's composed LayerNorm kept two more h-wide tensors each.
     let (act, att) = one_layer(&st, h, a, i, s);
-    close(act, 4.0 * s as f64 * (13 * h + 2 * i) as f64, "p = 1");
-    close(act, 4.0 * s as f64 * 21.0 * h as f64, "21h");
+    close(act, 4.0 * s as f64 * (10 * h + 2 * i) as f64, "p = 1");
+    close(act, 4.0 * s as f64 * 18.0 * h as f64, "18h");
     close(att, 4.0 * (a * s) as f64, "log-sum-exp");
-    // Ulysses p = 2: q, k, v no longer pin the fused QKV buffer: 11·h + 2·i per local token.
+    // Ulysses p = 2: q, k, v no longer pin the fused QKV buffer: 8·h + 2·i per local token.
     st.layout = layout(1, 2, 1, 0, false);
     let (act, _) = one_layer(&st, h, a, i, s);
-    close(act, 4.0 * (s / 2) as f64 * (11 * h + 2 * i) as f64, "p = 2");
+    close(act, 4.0 * (s / 2) as f64 * (8 * h + 2 * i) as f64, "p = 2");
     // Naive attention (burn): 2 fp32 per score kept plus each layer's bool causal mask.
     st.layout = layout(1, 1, 1, 0, false);
     st.attention = AttentionKind::Naive;
@@ -484,7 +487,7 @@ fn checkpointed_logits_peak_at_the_loss() {
 }
 
 /// Context parallelism: a rank of CP c holds s/c tokens of every region, so genslm's layer
-/// keeps 13·h + 2·i elements per local token (as on one rank: q, k, v stay views of the fused
+/// keeps 10·h + 2·i elements per local token (as on one rank: q, k, v stay views of the fused
 /// QKV buffer), the log-sum-exp a·s/c; the ring's blocks are (2·(2e + 8) + 4)·h bytes per
 /// local token; weights are replicated over CP, so ZeRO partitions over D·c; naive attention
 /// and a materialised mask are refused with CP.
@@ -504,7 +507,7 @@ fn context_parallel_splits_every_region_and_zero_spans_it() {
     let (act, att) = one_layer(&st, h, a, i, s);
     close(
         act,
-        4.0 * (s / c) as f64 * (13 * h + 2 * i) as f64,
+        4.0 * (s / c) as f64 * (10 * h + 2 * i) as f64,
         "cp 4 layer",
     );
     close(att, 4.0 * (a * s / c) as f64, "cp 4 log-sum-exp");

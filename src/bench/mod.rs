@@ -215,7 +215,7 @@ pub fn train_steps(
             .iter()
             .map(|p| p.clone().without_autodiff())
             .collect();
-        let new = opt.update(params, grads, &model.layout.specs, 1e-4);
+        let new = opt.update(params, grads, 1.0, &model.layout.specs, 1e-4);
         // Reading one value waits for the step's work on lazy backends.
         let _ = tensor_to_vec(&new[0].clone().sum());
         model.params = new

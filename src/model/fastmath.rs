@@ -2,14 +2,32 @@
 //! call per element), a macro that compiles a loop for the widest vectors the CPU has, chosen
 //! at run time, and the copy of a tensor's values to the host slices the loops run on.
 
-use burn::tensor::Tensor;
+use burn::backend::{tensor::FloatTensor, Flex};
+use burn::tensor::{DType, Tensor};
 
-/// A tensor's values, row-major, as f32 (taking the tensor lets a contiguous buffer that
-/// nothing else holds come out without a copy).
-pub fn host_f32<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data()
-        .try_into_vec::<f32>()
-        .expect("the fused CPU ops take f32 tensors only")
+/// A CPU tensor whose f32 values lie in one slice ([`values`]): the tensor itself when it is
+/// contiguous (no copy: autodiff often holds the same buffer for the backward, so taking the
+/// values out would copy them), else a contiguous copy of a strided view.
+pub fn host_f32<const D: usize>(t: Tensor<D>) -> FloatTensor<Flex> {
+    assert_eq!(
+        t.dtype(),
+        DType::F32,
+        "the fused CPU ops take f32 tensors only"
+    );
+    let t = t
+        .try_into_primitive::<Flex>()
+        .expect("the fused CPU ops run on the CPU backend");
+    if t.as_slice::<f32>().is_some() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+/// The values of a tensor from [`host_f32`], row-major.
+pub fn values(t: &FloatTensor<Flex>) -> &[f32] {
+    t.as_slice::<f32>()
+        .expect("host_f32 gives contiguous f32 tensors")
 }
 
 /// e^x for x ≤ 0 (softmax with its max subtracted, tanh through e^(−2|u|)), to a few ulp:

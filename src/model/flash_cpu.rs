@@ -14,7 +14,7 @@ use burn::tensor::{DType, Tensor, TensorData};
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
-use super::fastmath::{dispatched, exp_neg, host_f32 as host};
+use super::fastmath::{dispatched, exp_neg, host_f32 as host, values};
 use super::flash::{key_end, record, tiled_forward, FlashAttentionOps, FlashParams, LEFT};
 use super::flash_backward::tiled_backward;
 
@@ -368,7 +368,8 @@ impl FlashAttentionOps for Flex {
             let n = dims_of(&q, &k, &v);
             record_call(n, &params, false);
             let device = q.device();
-            let (o, lse) = forward(&host(q), &host(k), &host(v), n, &params);
+            let (q, k, v) = (host(q), host(k), host(v));
+            let (o, lse) = forward(values(&q), values(&k), values(&v), n, &params);
             (
                 Tensor::<4>::from_data(TensorData::new(o, [n.b, n.h, n.sq, n.dv]), &device),
                 Tensor::<3>::from_data(TensorData::new(lse, [n.b, n.h, n.sq]), &device),
@@ -402,14 +403,14 @@ impl FlashAttentionOps for Flex {
             let n = dims_of(&q, &k, &v);
             record_call(n, &params, true);
             let device = q.device();
-            let lse = host(lse);
+            let (q, k, v, o, lse, d_o) = (host(q), host(k), host(v), host(o), host(lse), host(d_o));
             let (dq, dk, dv) = backward(
-                &host(q),
-                &host(k),
-                &host(v),
-                &host(o),
-                &lse,
-                &host(d_o),
+                values(&q),
+                values(&k),
+                values(&v),
+                values(&o),
+                values(&lse),
+                values(&d_o),
                 n,
                 &params,
             );

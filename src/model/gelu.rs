@@ -20,7 +20,7 @@ use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, F
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::fastmath::{dispatched, exp_neg, host_f32};
+use super::fastmath::{dispatched, exp_neg, host_f32, values};
 
 /// √(2/π), and the cubic coefficient, as transformers' `gelu_fast` writes them.
 const C: f32 = 0.797_884_6;
@@ -111,8 +111,8 @@ impl GeluOps for Flex {
         let y = if x.dtype() == DType::F32 {
             let (dims, device) = (x.dims(), x.device());
             let xs = host_f32(x);
-            let mut y = vec![0.0; xs.len()];
-            fwd_slices(&xs, &mut y);
+            let mut y = vec![0.0; values(&xs).len()];
+            fwd_slices(values(&xs), &mut y);
             Tensor::<3>::from_data(TensorData::new(y, dims), &device)
         } else {
             gelu_fast_composed(x)
@@ -126,8 +126,8 @@ impl GeluOps for Flex {
         let dx = if x.dtype() == DType::F32 && dy.dtype() == DType::F32 {
             let (dims, device) = (x.dims(), x.device());
             let (xs, dys) = (host_f32(x), host_f32(dy));
-            let mut dx = vec![0.0; xs.len()];
-            bwd_slices(&xs, &dys, &mut dx);
+            let mut dx = vec![0.0; values(&xs).len()];
+            bwd_slices(values(&xs), values(&dys), &mut dx);
             Tensor::<3>::from_data(TensorData::new(dx, dims), &device)
         } else {
             gelu_fast_bwd_composed(x, dy)

@@ -6,7 +6,7 @@
 //! Parameters are a flat list of 1-D tensors (see `params.rs`), reshaped where used.
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::module::{embedding, layer_norm, linear};
+use burn::tensor::module::{embedding, linear};
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::config::{ModelConfig, Position, Precision};
@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::model::attention::{attention, naive_attention, AttnOptions, SequenceParallel};
 use crate::model::cache::{KvCache, LayerKv};
 use crate::model::gelu::gelu_fast;
+use crate::model::layer_norm::layer_norm;
 use crate::model::params::{Layout, ParamSpec};
 use crate::model::position::{alibi_slopes, apply_rotary, cat_runs, rotary_tables_at, Positions};
 use crate::model::tensor_parallel::{
@@ -207,7 +208,7 @@ impl GenSlm {
         let y = layer_norm(
             self.full(x),
             self.vec(w),
-            Some(self.vec(b)),
+            self.vec(b),
             self.cfg.layer_norm_eps,
         );
         self.compute(y)

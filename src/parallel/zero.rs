@@ -199,12 +199,13 @@ impl ZeroShard {
             .collect())
     }
 
-    /// AdamW on this rank's `pieces` of the parameters with its `grad_chunk`; returns the new
-    /// pieces.
+    /// AdamW on this rank's `pieces` of the parameters with its `grad_chunk` scaled by
+    /// `grad_scale`; returns the new pieces.
     pub fn update_pieces(
         &mut self,
         pieces: Vec<Tensor<1>>,
         grad_chunk: Vec<Tensor<1>>,
+        grad_scale: f64,
         specs: &[ParamSpec],
         lr: f64,
     ) -> Vec<Tensor<1>> {
@@ -213,21 +214,25 @@ impl ZeroShard {
             .iter()
             .map(|s| specs[s.param].clone())
             .collect();
-        self.opt.update(pieces, grad_chunk, &seg_specs, lr)
+        self.opt
+            .update(pieces, grad_chunk, grad_scale, &seg_specs, lr)
     }
 
     /// AdamW on this rank's chunk, then the all-gather that gives everyone the new values.
+    // The update's inputs and the all-gather's, passed through: a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub fn update(
         &mut self,
         params: &mut [Tensor<1>],
         grad_chunk: Vec<Tensor<1>>,
+        grad_scale: f64,
         specs: &[ParamSpec],
         lr: f64,
         comm: &dyn Communicator,
         bucket: usize,
     ) -> Result<()> {
         let pieces = self.pieces_of(params);
-        let new = self.update_pieces(pieces, grad_chunk, specs, lr);
+        let new = self.update_pieces(pieces, grad_chunk, grad_scale, specs, lr);
         let device = params[self.params[0]].device();
         let full = self.all_gather(new, comm, bucket, &device)?;
         for (&i, t) in self.params.iter().zip(full) {

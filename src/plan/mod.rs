@@ -112,7 +112,7 @@ pub enum Recipe {
         score_buffer: bool,
     },
     /// genslm's GPT-NeoX layer under burn autodiff (`src/model/neox.rs`): the tensors each op
-    /// saves, `21·h` elements per token per layer for a 4h MLP (see [`terms`]). Gradients are
+    /// saves, `18·h` fp32 elements per token per layer for a 4h MLP (see [`terms`]). Gradients are
     /// allocated as the backward frees activations.
     Genslm,
 }

@@ -85,8 +85,8 @@ impl System {
             System::Genslm => {
                 "Ulysses SP = min(GPUs, 64 heads), DP = rest, ZeRO-3 over DP×SP, genslm's own \
                  flash attention, learned positions sharded over SP, bf16 mixed precision, \
-                 genslm's GPT-NeoX layer under burn autodiff (21·h saved elements per token per \
-                 layer), no activation checkpointing, codon vocabulary (69)"
+                 genslm's GPT-NeoX layer under burn autodiff (its saved tensors counted op \
+                 by op), no activation checkpointing, codon vocabulary (69)"
             }
             System::GenslmCheckpointed => {
                 "as (d) with full activation checkpointing (genslm train \

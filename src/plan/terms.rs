@@ -42,6 +42,14 @@ struct LayerTerms {
     work_scores: f64,
 }
 
+/// Elements per token one layer keeps in `h`-wide tensors (all it keeps but the MLP's two
+/// `i`-wide ones), for the CPU model's allocator retention.
+fn narrow_elements(m: &ModelConfig, st: &Strategy) -> f64 {
+    let lt = layer_terms(m, st);
+    let e = st.precision.activation_bytes();
+    (lt.seq + lt.head) / e - 2.0 * m.intermediate_size as f64
+}
+
 fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
     let e = st.precision.activation_bytes();
     let (h, i) = (m.hidden_size as f64, m.intermediate_size as f64);
@@ -94,11 +102,14 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
             } else {
                 4.0 * h
             };
+            // The fused LayerNorm keeps its fp32 input: the layer's input, one tensor for LN1
+            // and LN2 in fp32, one fp32 copy each under 16-bit compute.
+            let ln_inputs = if e == 4.0 { 4.0 * h } else { 2.0 * 4.0 * h };
             LayerTerms {
-                // LN1: centred and normalised input (burn's decomposed layer_norm keeps both),
-                // its output (the QKV matmul's input); the attention output reshaped for the
-                // dense matmul; LN2's two and its output (fc1's input): 7·h elements.
-                seq: 7.0 * e * h,
+                // The LayerNorms' inputs; LN1's output (the QKV matmul's input); the attention
+                // output reshaped for the dense matmul; LN2's output (fc1's input): 4·h
+                // elements in fp32.
+                seq: ln_inputs + 3.0 * e * h,
                 // fc1 output (the fused gelu_fast keeps only its input) and gelu's output
                 // (fc2's input): 2·i elements; with qkvo, 14·h for i = 4h and rotary at p = 1.
                 head: qkvo * e + 2.0 * e * i,
@@ -127,10 +138,10 @@ fn head_terms(m: &ModelConfig, st: &Strategy) -> (f64, f64) {
         // Final LN input and LM-head input (e·h each); logits (e), their fp32 copy in the
         // vocab-parallel cross entropy whose softmax is kept (4), its fp32 gradient (4).
         Recipe::Megatron { .. } => (2.0 * e * h, e + 8.0),
-        // Final LN: centred, normalised, output (embed_out's input); log_softmax keeps
+        // Final LN: its fp32 input and its output (embed_out's input); log_softmax keeps
         // exp(x − max) and the logits and the log-probabilities' gradient are live when the
         // backward starts: 3 vocabulary-wide tensors.
-        Recipe::Genslm => (3.0 * e * h, 3.0 * e),
+        Recipe::Genslm => ((4.0 + e) * h, 3.0 * e),
     }
 }
 
@@ -491,7 +502,10 @@ pub(super) fn optimizer_step(
         st.vocab_size as f64,
     );
     let largest = (v * h).max(h * i).max(3.0 * h * h) / st.layout.tp as f64;
-    let adam = if has_optimizer(hw) {
+    // AdamW's temporaries for the largest parameter: three full-size ones as composed tensor
+    // ops (CubeCL); none on CPU, where one fused pass updates the moments in place and writes
+    // only the new values (`train::optim_cpu`).
+    let adam = if has_optimizer(hw) && hw.target == Target::Gpu {
         3.0 * 4.0 * largest
     } else {
         0.0
@@ -500,7 +514,7 @@ pub(super) fn optimizer_step(
         Target::Gpu => (0.0, 0.0),
         Target::Cpu { .. } => (
             cpu::step_buffers(m, st, seq_len),
-            cpu::retained_share(m, st, seq_len),
+            cpu::retained_share(m, st, seq_len, narrow_elements(m, st)),
         ),
     };
     let returned = Breakdown {

@@ -112,8 +112,7 @@ impl DistOptim {
                 let applied = loss_finite && norm.is_finite();
                 if applied {
                     let k = clip_factor(norm, max_norm);
-                    let grads = grads.into_iter().map(|g| g * k).collect();
-                    params = opt.update(params, grads, &model.layout.specs, lr);
+                    params = opt.update(params, grads, k, &model.layout.specs, lr);
                 }
                 StepOutcome {
                     grad_norm: norm,
@@ -143,10 +142,10 @@ impl DistOptim {
                 let applied = loss_finite && norm.is_finite();
                 if applied {
                     let k = clip_factor(norm, max_norm);
-                    let chunk = chunk.into_iter().map(|g| g * k).collect();
                     shard.update(
                         &mut params,
                         chunk,
+                        k,
                         &model.layout.specs,
                         lr,
                         ranks.dp.as_ref(),
@@ -155,7 +154,8 @@ impl DistOptim {
                     if let Some((i, o)) = pos {
                         let new = o.update(
                             vec![params[*i].clone()],
-                            vec![grads[*i].clone() * k],
+                            vec![grads[*i].clone()],
+                            k,
                             std::slice::from_ref(&model.layout.specs[*i]),
                             lr,
                         );

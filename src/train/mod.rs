@@ -7,6 +7,7 @@ pub mod layerwise;
 pub mod memory;
 pub mod metrics;
 pub mod optim;
+pub mod optim_cpu;
 pub mod optim_shards;
 pub mod param_source;
 pub mod recompute;

@@ -12,6 +12,7 @@ use burn::tensor::Tensor;
 
 use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::params::ParamSpec;
+use crate::train::optim_cpu;
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdamWConfig {
@@ -77,12 +78,13 @@ impl AdamW {
         )
     }
 
-    /// One update of `params` (plain tensors) with `grads`, already scaled by the clip factor.
-    /// Returns the new parameter values.
+    /// One update of `params` (plain tensors) with `grads` scaled by `grad_scale` (the clip
+    /// factor). Returns the new parameter values.
     pub fn update(
         &mut self,
         params: Vec<Tensor<1>>,
         grads: Vec<Tensor<1>>,
+        grad_scale: f64,
         specs: &[ParamSpec],
         lr: f64,
     ) -> Vec<Tensor<1>> {
@@ -93,9 +95,34 @@ impl AdamW {
         let bc2 = 1.0 - c.beta2.powi(t);
         let mut out = Vec::with_capacity(params.len());
         for (i, (p, g)) in params.into_iter().zip(grads).enumerate() {
+            let decays = specs[i].decay && c.weight_decay != 0.0;
+            let fused = (optim_cpu::on_flex(&p) && optim_cpu::on_flex(&g))
+                .then(|| {
+                    let s = optim_cpu::AdamScalars {
+                        grad_scale: grad_scale as f32,
+                        beta1: c.beta1 as f32,
+                        beta2: c.beta2 as f32,
+                        decay: if decays {
+                            (1.0 - lr * c.weight_decay) as f32
+                        } else {
+                            1.0
+                        },
+                        bc1: bc1 as f32,
+                        bc2: bc2 as f32,
+                        eps: c.eps as f32,
+                        lr: lr as f32,
+                    };
+                    optim_cpu::adamw(&p, &g, &mut self.m[i], &mut self.v[i], s)
+                })
+                .flatten();
+            if let Some(p) = fused {
+                out.push(p);
+                continue;
+            }
+            let g = if grad_scale == 1.0 { g } else { g * grad_scale };
             let m = self.m[i].clone() * c.beta1 + g.clone() * (1.0 - c.beta1);
             let v = self.v[i].clone() * c.beta2 + g.clone() * g * (1.0 - c.beta2);
-            let p = if specs[i].decay && c.weight_decay != 0.0 {
+            let p = if decays {
                 p * (1.0 - lr * c.weight_decay)
             } else {
                 p
@@ -112,12 +139,24 @@ impl AdamW {
 
 /// Σ g² of one gradient tensor (the building block of every global-norm computation).
 pub fn sum_of_squares(g: &Tensor<1>) -> f64 {
+    if let Some(sq) = optim_cpu::on_flex(g)
+        .then(|| optim_cpu::sum_of_squares(g))
+        .flatten()
+    {
+        return sq;
+    }
     tensor_to_vec(&(g.clone() * g.clone()).sum())[0] as f64
 }
 
 /// Whether every element of `t` is finite: 0·x is 0 for finite x and NaN for ±Inf and NaN, so
 /// one exact reduction answers (x² could overflow for large finite values).
 pub fn all_finite(t: &Tensor<1>) -> bool {
+    if let Some(ok) = optim_cpu::on_flex(t)
+        .then(|| optim_cpu::all_finite(t))
+        .flatten()
+    {
+        return ok;
+    }
     tensor_to_vec(&(t.clone() * 0.0).sum())[0].is_finite()
 }
 
@@ -166,7 +205,9 @@ mod tests {
         for (step, g) in gs.iter().enumerate() {
             p = opt.update(
                 p,
-                vec![t(&[g[0] as f32, g[1] as f32])],
+                // Twice the gradient, halved by the clip factor.
+                vec![t(&[2.0 * g[0] as f32, 2.0 * g[1] as f32])],
+                0.5,
                 std::slice::from_ref(&spec),
                 0.1,
             );
@@ -196,5 +237,23 @@ mod tests {
         assert!((n - 5.0).abs() < 1e-9);
         assert!((clip_factor(5.0, 1.0) - 1.0 / (5.0 + 1e-6)).abs() < 1e-12);
         assert_eq!(clip_factor(0.5, 1.0), 1.0);
+        // Over many chunks, against an f64 sum.
+        let xs: Vec<f32> = (0..100_003)
+            .map(|i| ((i % 977) as f32 - 488.0) * 1e-3)
+            .collect();
+        let want: f64 = xs.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+        assert!((sum_of_squares(&t(&xs)) - want).abs() < 1e-9 * want);
+    }
+
+    #[test]
+    fn finiteness_sees_every_element() {
+        let mut xs = vec![1.0f32; 70_001];
+        xs[3] = f32::MAX;
+        assert!(all_finite(&t(&xs)));
+        for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+            let mut ys = xs.clone();
+            ys[70_000] = bad;
+            assert!(!all_finite(&t(&ys)), "{bad}");
+        }
     }
 }

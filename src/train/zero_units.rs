@@ -199,13 +199,12 @@ impl ZeroUnits {
             let specs = self.model.layout.specs.clone();
             let device = self.model.device.clone();
             for (u, chunk) in self.units.iter_mut().zip(chunks) {
-                let chunk = chunk.into_iter().map(|g| g * k).collect();
                 let pieces = if self.stage >= 3 {
                     std::mem::take(&mut u.values)
                 } else {
                     u.shard.pieces_of(&self.model.params)
                 };
-                u.values = u.shard.update_pieces(pieces, chunk, &specs, lr);
+                u.values = u.shard.update_pieces(pieces, chunk, k, &specs, lr);
                 bad[0] += u.values.iter().filter(|p| !all_finite(p)).count() as f64;
                 if self.stage == 2 {
                     let full = u.shard.all_gather(
