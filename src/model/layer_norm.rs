@@ -110,27 +110,33 @@ fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
     acc.iter().sum::<f32>() + (full..n).map(f).sum::<f32>()
 }
 
-dispatched!(fwd_rows, (x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, y: &mut [f32], stats: &mut [f32]), {
+/// A row's statistics: its mean and 1/√(var + ε), one value per row each.
+struct Stats<T> {
+    mean: T,
+    rstd: T,
+}
+
+dispatched!(fwd_rows, (x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, y: &mut [f32], st: Stats<&mut [f32]>), {
     let h = gamma.len();
-    for ((x, y), st) in x.chunks_exact(h).zip(y.chunks_exact_mut(h)).zip(stats.chunks_exact_mut(2)) {
-        let mean = lane_sum(h, |i| x[i]) / h as f32;
-        let var = lane_sum(h, |i| (x[i] - mean) * (x[i] - mean)) / h as f32;
+    let rows = x.chunks_exact(h).zip(y.chunks_exact_mut(h));
+    for (((x, y), mean), rstd) in rows.zip(st.mean.iter_mut()).zip(st.rstd.iter_mut()) {
+        let m = lane_sum(h, |i| x[i]) / h as f32;
+        let var = lane_sum(h, |i| (x[i] - m) * (x[i] - m)) / h as f32;
         let r = 1.0 / (var + eps).sqrt();
         for i in 0..h {
-            y[i] = (x[i] - mean) * r * gamma[i] + beta[i];
+            y[i] = (x[i] - m) * r * gamma[i] + beta[i];
         }
-        st[0] = mean;
-        st[1] = r;
+        *mean = m;
+        *rstd = r;
     }
 });
 
 // `cols` holds dγ's partial sums then dβ's (2·h).
-dispatched!(bwd_rows, (x: &[f32], gamma: &[f32], stats: &[f32], dy: &[f32], dx: &mut [f32], cols: &mut [f32]), {
+dispatched!(bwd_rows, (x: &[f32], gamma: &[f32], st: Stats<&[f32]>, dy: &[f32], dx: &mut [f32], cols: &mut [f32]), {
     let h = gamma.len();
     let (dg, db) = cols.split_at_mut(h);
     let rows = x.chunks_exact(h).zip(dy.chunks_exact(h)).zip(dx.chunks_exact_mut(h));
-    for (((x, dy), dx), st) in rows.zip(stats.chunks_exact(2)) {
-        let (mean, r) = (st[0], st[1]);
+    for (((x, dy), dx), (&mean, &r)) in rows.zip(st.mean.iter().zip(st.rstd)) {
         let a = lane_sum(h, |i| dy[i] * gamma[i]) / h as f32;
         let b = lane_sum(h, |i| dy[i] * gamma[i] * (x[i] - mean) * r) / h as f32;
         for i in 0..h {
@@ -142,27 +148,27 @@ dispatched!(bwd_rows, (x: &[f32], gamma: &[f32], stats: &[f32], dy: &[f32], dx: 
     }
 });
 
-fn fwd_slices(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+fn fwd_slices(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> (Vec<f32>, Stats<Vec<f32>>) {
     let h = gamma.len();
     let mut y = vec![0.0; x.len()];
-    let mut stats = vec![0.0; 2 * (x.len() / h)];
+    let (mut mean, mut rstd) = (vec![0.0; x.len() / h], vec![0.0; x.len() / h]);
     y.par_chunks_mut(ROWS * h)
-        .zip(stats.par_chunks_mut(ROWS * 2))
+        .zip(mean.par_chunks_mut(ROWS).zip(rstd.par_chunks_mut(ROWS)))
         .zip(x.par_chunks(ROWS * h))
-        .for_each(|((y, st), x)| fwd_rows(x, gamma, beta, eps, y, st));
-    (y, stats)
+        .for_each(|((y, (mean, rstd)), x)| fwd_rows(x, gamma, beta, eps, y, Stats { mean, rstd }));
+    (y, Stats { mean, rstd })
 }
 
-fn bwd_slices(x: &[f32], gamma: &[f32], stats: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+fn bwd_slices(x: &[f32], gamma: &[f32], st: Stats<&[f32]>, dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let h = gamma.len();
     let mut dx = vec![0.0; x.len()];
     let cols = dx
         .par_chunks_mut(ROWS * h)
         .zip(x.par_chunks(ROWS * h).zip(dy.par_chunks(ROWS * h)))
-        .zip(stats.par_chunks(ROWS * 2))
-        .map(|((dx, (x, dy)), st)| {
+        .zip(st.mean.par_chunks(ROWS).zip(st.rstd.par_chunks(ROWS)))
+        .map(|((dx, (x, dy)), (mean, rstd))| {
             let mut cols = vec![0.0f32; 2 * h];
-            bwd_rows(x, gamma, st, dy, dx, &mut cols);
+            bwd_rows(x, gamma, Stats { mean, rstd }, dy, dx, &mut cols);
             cols
         })
         .reduce(
@@ -177,7 +183,7 @@ fn bwd_slices(x: &[f32], gamma: &[f32], stats: &[f32], dy: &[f32]) -> (Vec<f32>,
 
 const LEFT: &str = "layer_norm: the result left the backend of its input";
 
-fn on_flex<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
+fn wrap<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
     Tensor::<D>::from_primitive::<Flex>(t)
 }
 
@@ -192,18 +198,21 @@ impl LayerNormOps for Flex {
         beta: FloatTensor<Self>,
         eps: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (x, gamma, beta) = (on_flex::<3>(x), on_flex::<1>(gamma), on_flex::<1>(beta));
+        let (x, gamma, beta) = (wrap::<3>(x), wrap::<1>(gamma), wrap::<1>(beta));
         if [x.dtype(), gamma.dtype(), beta.dtype()] != [DType::F32; 3] {
             let (y, m, r) = fwd_composed(x, gamma, beta, eps);
             return (prim(y), prim(m), prim(r));
         }
         let ([b, s, h], device) = (x.dims(), x.device());
         let (x, gamma, beta) = (host_f32(x), host_f32(gamma), host_f32(beta));
-        let (y, stats) = fwd_slices(values(&x), values(&gamma), values(&beta), eps as f32);
-        let stats = Tensor::<4>::from_data(TensorData::new(stats, [b, s, 1, 2]), &device);
-        let stat = |k| prim(stats.clone().narrow(3, k, 1).reshape([b, s, 1]));
-        let y = Tensor::<3>::from_data(TensorData::new(y, [b, s, h]), &device);
-        (prim(y), stat(0), stat(1))
+        let (y, st) = fwd_slices(values(&x), values(&gamma), values(&beta), eps as f32);
+        let t3 = |v: Vec<f32>, w: usize| {
+            prim(Tensor::<3>::from_data(
+                TensorData::new(v, [b, s, w]),
+                &device,
+            ))
+        };
+        (t3(y, h), t3(st.mean, 1), t3(st.rstd, 1))
     }
 
     fn layer_norm_bwd(
@@ -213,8 +222,8 @@ impl LayerNormOps for Flex {
         rstd: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (x, gamma, dy) = (on_flex::<3>(x), on_flex::<1>(gamma), on_flex::<3>(dy));
-        let (mean, rstd) = (on_flex::<3>(mean), on_flex::<3>(rstd));
+        let (x, gamma, dy) = (wrap::<3>(x), wrap::<1>(gamma), wrap::<3>(dy));
+        let (mean, rstd) = (wrap::<3>(mean), wrap::<3>(rstd));
         let f32s = [
             x.dtype(),
             gamma.dtype(),
@@ -227,10 +236,13 @@ impl LayerNormOps for Flex {
             return (prim(dx), prim(dg), prim(db));
         }
         let ([b, s, h], device) = (x.dims(), x.device());
-        // Back to one `[rows, 2]` buffer, the layout the row loop reads.
-        let stats = Tensor::cat(vec![mean, rstd], 2);
-        let (x, gamma, dy, stats) = (host_f32(x), host_f32(gamma), host_f32(dy), host_f32(stats));
-        let (dx, mut cols) = bwd_slices(values(&x), values(&gamma), values(&stats), values(&dy));
+        let (x, gamma, dy) = (host_f32(x), host_f32(gamma), host_f32(dy));
+        let (mean, rstd) = (host_f32(mean), host_f32(rstd));
+        let st = Stats {
+            mean: values(&mean),
+            rstd: values(&rstd),
+        };
+        let (dx, mut cols) = bwd_slices(values(&x), values(&gamma), st, values(&dy));
         let db = cols.split_off(h);
         let t1 = |v: Vec<f32>| prim(Tensor::<1>::from_data(TensorData::new(v, [h]), &device));
         let dx = prim(Tensor::<3>::from_data(
@@ -409,8 +421,12 @@ mod tests {
         let (x, dy) = (data(rows * h, 0.3), data(rows * h, -0.1));
         let (g, b) = (data(h, 1.0), data(h, 0.2));
         let eps = 1e-5;
-        let (y, stats) = fwd_slices(&x, &g, &b, eps as f32);
-        let (dx, cols) = bwd_slices(&x, &g, &stats, &dy);
+        let (y, st) = fwd_slices(&x, &g, &b, eps as f32);
+        let stats = Stats {
+            mean: &st.mean[..],
+            rstd: &st.rstd[..],
+        };
+        let (dx, cols) = bwd_slices(&x, &g, stats, &dy);
         let (mut dg, mut db) = (vec![0f64; h], vec![0f64; h]);
         for r in 0..rows {
             let xr: Vec<f64> = x[r * h..(r + 1) * h].iter().map(|&v| v.into()).collect();

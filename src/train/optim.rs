@@ -96,27 +96,22 @@ impl AdamW {
         let mut out = Vec::with_capacity(params.len());
         for (i, (p, g)) in params.into_iter().zip(grads).enumerate() {
             let decays = specs[i].decay && c.weight_decay != 0.0;
-            let fused = (optim_cpu::on_flex(&p) && optim_cpu::on_flex(&g))
-                .then(|| {
-                    let s = optim_cpu::AdamScalars {
-                        grad_scale: grad_scale as f32,
-                        beta1: c.beta1 as f32,
-                        beta2: c.beta2 as f32,
-                        decay: if decays {
-                            (1.0 - lr * c.weight_decay) as f32
-                        } else {
-                            1.0
-                        },
-                        bc1: bc1 as f32,
-                        bc2: bc2 as f32,
-                        eps: c.eps as f32,
-                        lr: lr as f32,
-                    };
-                    optim_cpu::adamw(&p, &g, &mut self.m[i], &mut self.v[i], s)
-                })
-                .flatten();
-            if let Some(p) = fused {
-                out.push(p);
+            if optim_cpu::on_flex(&p) && optim_cpu::on_flex(&g) {
+                let s = optim_cpu::AdamScalars {
+                    grad_scale: grad_scale as f32,
+                    beta1: c.beta1 as f32,
+                    beta2: c.beta2 as f32,
+                    decay: if decays {
+                        (1.0 - lr * c.weight_decay) as f32
+                    } else {
+                        1.0
+                    },
+                    bc1: bc1 as f32,
+                    bc2: bc2 as f32,
+                    eps: c.eps as f32,
+                    lr: lr as f32,
+                };
+                out.push(optim_cpu::adamw(&p, &g, &mut self.m[i], &mut self.v[i], s));
                 continue;
             }
             let g = if grad_scale == 1.0 { g } else { g * grad_scale };
@@ -139,11 +134,8 @@ impl AdamW {
 
 /// Σ g² of one gradient tensor (the building block of every global-norm computation).
 pub fn sum_of_squares(g: &Tensor<1>) -> f64 {
-    if let Some(sq) = optim_cpu::on_flex(g)
-        .then(|| optim_cpu::sum_of_squares(g))
-        .flatten()
-    {
-        return sq;
+    if optim_cpu::on_flex(g) {
+        return optim_cpu::sum_of_squares(g);
     }
     tensor_to_vec(&(g.clone() * g.clone()).sum())[0] as f64
 }
@@ -151,11 +143,8 @@ pub fn sum_of_squares(g: &Tensor<1>) -> f64 {
 /// Whether every element of `t` is finite: 0·x is 0 for finite x and NaN for ±Inf and NaN, so
 /// one exact reduction answers (x² could overflow for large finite values).
 pub fn all_finite(t: &Tensor<1>) -> bool {
-    if let Some(ok) = optim_cpu::on_flex(t)
-        .then(|| optim_cpu::all_finite(t))
-        .flatten()
-    {
-        return ok;
+    if optim_cpu::on_flex(t) {
+        return optim_cpu::all_finite(t);
     }
     tensor_to_vec(&(t.clone() * 0.0).sum())[0].is_finite()
 }

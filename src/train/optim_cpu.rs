@@ -12,7 +12,7 @@ use burn::backend::{tensor::FloatTensor, DispatchDevice, Flex};
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use crate::model::fastmath::dispatched;
+use crate::model::fastmath::{dispatched, host_f32, values};
 
 /// Elements per task: big enough to amortise the thread hand-off, small enough to split one
 /// parameter over the threads.
@@ -39,61 +39,59 @@ pub fn on_flex(t: &Tensor<1>) -> bool {
     t.dtype() == DType::F32 && matches!(t.device().as_dispatch(), DispatchDevice::Flex(_))
 }
 
-fn primitive(t: Tensor<1>) -> FloatTensor<Flex> {
-    t.try_into_primitive::<Flex>()
-        .expect("checked by on_flex: the tensor is on the CPU backend")
-}
-
-/// The values of a contiguous flex tensor as one slice (`None` for a strided view).
-fn slice(t: &FloatTensor<Flex>) -> Option<&[f32]> {
-    t.as_slice::<f32>()
-}
-
-/// Whether `t`'s buffer holds exactly its elements, in order (so its storage can be updated in
-/// place as the tensor's values).
-fn whole_buffer(t: &FloatTensor<Flex>) -> bool {
+/// `t` as a flex tensor whose buffer holds exactly its values, in order, so the buffer can be
+/// updated in place as the tensor (a copy only for a strided view or a view into a larger
+/// buffer).
+fn own_buffer(t: Tensor<1>) -> FloatTensor<Flex> {
+    let t = host_f32(t);
     let n = t.layout().num_elements();
-    t.layout().contiguous_offsets() == Some((0, n)) && t.bytes().len() == 4 * n
+    if t.layout().contiguous_offsets() == Some((0, n)) && t.bytes().len() == 4 * n {
+        t
+    } else {
+        <FloatTensor<Flex>>::from_data(t.into_data())
+    }
 }
 
-/// One AdamW update of flex tensors: `m` and `v` in place, the new parameter returned. `None`
-/// (nothing changed) when a tensor is a strided view, for the composed path to handle.
+/// One AdamW update of flex tensors (see [`on_flex`]): `m` and `v` in place, the new parameter
+/// returned.
 pub fn adamw(
     p: &Tensor<1>,
     g: &Tensor<1>,
     m: &mut Tensor<1>,
     v: &mut Tensor<1>,
     s: AdamScalars,
-) -> Option<Tensor<1>> {
-    let (pp, gp) = (primitive(p.clone()), primitive(g.clone()));
-    let (ps, gs) = (slice(&pp)?, slice(&gp)?);
-    let dummy = || Tensor::<1>::empty([0], &p.device());
-    let mut mp = primitive(std::mem::replace(m, dummy()));
-    let mut vp = primitive(std::mem::replace(v, dummy()));
+) -> Tensor<1> {
+    let (pp, gp) = (host_f32(p.clone()), host_f32(g.clone()));
+    let (ps, gs) = (values(&pp), values(&gp));
     let n = ps.len();
-    let fits = gs.len() == n
-        && whole_buffer(&mp)
-        && whole_buffer(&vp)
-        && mp.layout().num_elements() == n
-        && vp.layout().num_elements() == n;
-    let out = fits.then(|| {
-        let mut out = vec![0.0f32; n];
-        // Copy-on-write: a moment a checkpoint writer still shares is copied once, else the
-        // buffer is updated where it lies.
-        let (ms, vs) = (mp.storage_mut::<f32>(), vp.storage_mut::<f32>());
-        out.par_chunks_mut(CHUNK)
-            .zip(ms.par_chunks_mut(CHUNK))
-            .zip(vs.par_chunks_mut(CHUNK))
-            .enumerate()
-            .for_each(|(c, ((o, m), v))| {
-                let r = c * CHUNK..c * CHUNK + o.len();
-                adamw_chunk(&ps[r.clone()], &gs[r], m, v, o, s);
-            });
-        Tensor::<1>::from_data(TensorData::new(out, [n]), &p.device())
-    });
+    assert_eq!(
+        gs.len(),
+        n,
+        "AdamW: a gradient of another size than its parameter"
+    );
+    // Taken out (an empty tensor left in place), so the buffers are not shared by `self`.
+    let dummy = || Tensor::<1>::empty([0], &p.device());
+    let mut mp = own_buffer(std::mem::replace(m, dummy()));
+    let mut vp = own_buffer(std::mem::replace(v, dummy()));
+    let mut out = vec![0.0f32; n];
+    // Copy-on-write: a moment a checkpoint writer still shares is copied once, else the buffer
+    // is updated where it lies.
+    let (ms, vs) = (mp.storage_mut::<f32>(), vp.storage_mut::<f32>());
+    assert!(
+        ms.len() == n && vs.len() == n,
+        "AdamW: moments of another size than the parameter"
+    );
+    out.par_chunks_mut(CHUNK)
+        .zip(ms.par_chunks_mut(CHUNK))
+        .zip(vs.par_chunks_mut(CHUNK))
+        .enumerate()
+        .for_each(|(c, ((o, m), v))| {
+            let r = c * CHUNK..c * CHUNK + o.len();
+            adamw_chunk(&ps[r.clone()], &gs[r], m, v, o, s);
+        });
     *m = Tensor::from_primitive::<Flex>(mp);
     *v = Tensor::from_primitive::<Flex>(vp);
-    out
+    Tensor::<1>::from_data(TensorData::new(out, [n]), &p.device())
 }
 
 // The same operations, in the same order and precision, as the composed update in optim.rs.
@@ -109,11 +107,10 @@ dispatched!(adamw_chunk, (p: &[f32], g: &[f32], m: &mut [f32], v: &mut [f32], ou
     }
 });
 
-/// Σ x² of a flex tensor, accumulated in f64 (`None` for a strided view).
-pub fn sum_of_squares(t: &Tensor<1>) -> Option<f64> {
-    let tp = primitive(t.clone());
-    let xs = slice(&tp)?;
-    Some(xs.par_chunks(CHUNK).map(sum_sq_chunk).sum())
+/// Σ x² of a flex tensor, accumulated in f64.
+pub fn sum_of_squares(t: &Tensor<1>) -> f64 {
+    let tp = host_f32(t.clone());
+    values(&tp).par_chunks(CHUNK).map(sum_sq_chunk).sum()
 }
 
 dispatched!(sum_sq_chunk, (x: &[f32]) -> f64, {
@@ -130,17 +127,11 @@ dispatched!(sum_sq_chunk, (x: &[f32]) -> f64, {
     acc.iter().sum::<f64>() + tail
 });
 
-/// Whether every element of a flex tensor is finite (`None` for a strided view).
-pub fn all_finite(t: &Tensor<1>) -> Option<bool> {
-    let tp = primitive(t.clone());
-    let xs = slice(&tp)?;
-    Some(
-        xs.par_chunks(CHUNK)
-            .map(max_magnitude_bits)
-            .max()
-            .unwrap_or(0)
-            < INF_BITS,
-    )
+/// Whether every element of a flex tensor is finite.
+pub fn all_finite(t: &Tensor<1>) -> bool {
+    let tp = host_f32(t.clone());
+    let most = values(&tp).par_chunks(CHUNK).map(max_magnitude_bits).max();
+    most.unwrap_or(0) < INF_BITS
 }
 
 /// The bits of +∞: a float's bits without the sign are at least this exactly when it is ±∞ or
