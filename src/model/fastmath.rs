@@ -1,6 +1,7 @@
 //! What the fused CPU ops share: an exp that compiles to SIMD (libm's `expf` is one scalar
 //! call per element), a macro that compiles a loop for the widest vectors the CPU has, chosen
-//! at run time, and the copy of a tensor's values to the host slices the loops run on.
+//! at run time, the copy of a tensor's values to the host slices the loops run on, and the gemm
+//! call their products use.
 
 use burn::backend::{tensor::FloatTensor, Flex};
 use burn::tensor::{DType, Tensor};
@@ -28,6 +29,118 @@ pub fn host_f32<const D: usize>(t: Tensor<D>) -> FloatTensor<Flex> {
 pub fn values(t: &FloatTensor<Flex>) -> &[f32] {
     t.as_slice::<f32>()
         .expect("host_f32 gives contiguous f32 tensors")
+}
+
+/// Who runs a [`matmul`]: the calling thread (the op's own tasks are the parallel unit), or
+/// gemm's split of the product over the rayon pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    Serial,
+    Pool,
+}
+
+/// `dst (m×n, row stride dst_rs) = [dst +] lhs (m×k) · rhs (k×n)`, strides in elements
+/// (row, column).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: &[f32],
+    lhs_strides: (usize, usize),
+    rhs: &[f32],
+    rhs_strides: (usize, usize),
+    threads: Threads,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(dst.len() >= (m - 1) * dst_rs + n);
+    // SAFETY: `dst` covers every element the stride reaches (asserted); `gemm` checks the
+    // inputs' extents; `dst` does not alias them (distinct borrows).
+    unsafe {
+        gemm_raw(
+            (m, n, k),
+            dst.as_mut_ptr(),
+            dst_rs,
+            accumulate,
+            (lhs, lhs_strides),
+            (rhs, rhs_strides),
+            threads,
+        )
+    };
+}
+
+/// `lhs (m×k) · rhs (k×n)` into a new row-major vector, written once by the product (no zeroing
+/// pass before it).
+pub fn matmul_new(
+    (m, n, k): (usize, usize, usize),
+    lhs: (&[f32], (usize, usize)),
+    rhs: (&[f32], (usize, usize)),
+    threads: Threads,
+) -> Vec<f32> {
+    let len = m * n;
+    if k == 0 {
+        return vec![0.0; len]; // an empty sum (gemm would have nothing to write)
+    }
+    let mut out = Vec::<f32>::with_capacity(len);
+    if len > 0 {
+        // SAFETY: the capacity holds m·n elements; gemm without accumulation writes every one
+        // of them and reads none, so all `len` are initialised before `set_len`.
+        unsafe {
+            gemm_raw((m, n, k), out.as_mut_ptr(), n, false, lhs, rhs, threads);
+            out.set_len(len);
+        }
+    }
+    out
+}
+
+/// # Safety
+/// `dst` must be valid for writes (and reads, when accumulating) of the `m×n` elements at row
+/// stride `dst_rs`, and must not alias the inputs.
+unsafe fn gemm_raw(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    (lhs, (lhs_rs, lhs_cs)): (&[f32], (usize, usize)),
+    (rhs, (rhs_rs, rhs_cs)): (&[f32], (usize, usize)),
+    threads: Threads,
+) {
+    if k > 0 && m > 0 && n > 0 {
+        // The input slices must cover every element the strides reach.
+        assert!(lhs.len() > (m - 1) * lhs_rs + (k - 1) * lhs_cs);
+        assert!(rhs.len() > (k - 1) * rhs_rs + (n - 1) * rhs_cs);
+    }
+    let parallelism = match threads {
+        Threads::Serial => gemm::Parallelism::None,
+        Threads::Pool => gemm::Parallelism::Rayon(0),
+    };
+    // SAFETY: the caller vouches for `dst`; the asserts bound every input offset.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
 }
 
 /// e^x for x ≤ 0 (softmax with its max subtracted, tanh through e^(−2|u|)), to a few ulp:

@@ -11,10 +11,9 @@
 
 use burn::backend::{tensor::FloatTensor, Flex};
 use burn::tensor::{DType, Tensor, TensorData};
-use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
-use super::fastmath::{dispatched, exp_neg, host_f32 as host, values};
+use super::fastmath::{dispatched, exp_neg, host_f32 as host, matmul, values, Threads::Serial};
 use super::flash::{key_end, record, tiled_forward, FlashAttentionOps, FlashParams, LEFT};
 use super::flash_backward::tiled_backward;
 
@@ -29,55 +28,6 @@ pub struct Dims {
     pub dv: usize,
 }
 
-/// `dst (m×n, row stride dst_rs) = [dst +] lhs (m×k) · rhs (k×n)`, strides in elements
-/// (row, column), single-threaded (tasks are the parallel unit).
-#[allow(clippy::too_many_arguments)]
-fn matmul(
-    (m, n, k): (usize, usize, usize),
-    dst: &mut [f32],
-    dst_rs: usize,
-    accumulate: bool,
-    lhs: &[f32],
-    (lhs_rs, lhs_cs): (usize, usize),
-    rhs: &[f32],
-    (rhs_rs, rhs_cs): (usize, usize),
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    // The slices must cover every element the strides reach.
-    assert!(dst.len() >= (m - 1) * dst_rs + n);
-    if k > 0 {
-        assert!(lhs.len() > (m - 1) * lhs_rs + (k - 1) * lhs_cs);
-        assert!(rhs.len() > (k - 1) * rhs_rs + (n - 1) * rhs_cs);
-    }
-    // SAFETY: the asserts above bound every offset the strides produce; `dst` does not alias
-    // the inputs (distinct borrows).
-    unsafe {
-        gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            if accumulate { 1.0 } else { 0.0 },
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
-    }
-}
-
 /// Global positions and what a score at (query `qp`, key `kp`) gets added or masked.
 struct Scores<'a> {
     p: &'a FlashParams,
@@ -87,28 +37,59 @@ struct Scores<'a> {
 }
 
 impl Scores<'_> {
-    /// Scales the raw `q·k` row of query `qi` over keys `ks..ks + row.len()`, adds the bias and
-    /// masks keys after the query (−∞).
-    fn finish_row(&self, row: &mut [f32], qi: usize, ks: usize) {
-        let qp = (self.p.q_offset + qi) as i64;
-        let k0 = (self.p.k_offset + ks) as i64;
-        match self.neg_slope {
-            Some(ns) => {
-                let causal = self.p.causal;
-                for (j, s) in row.iter_mut().enumerate() {
-                    let dist = (qp - k0 - j as i64) as f32;
-                    let dist = if causal { dist } else { dist.abs() };
-                    *s = *s * self.scale + ns * dist;
-                }
-            }
-            None => row.iter_mut().for_each(|s| *s *= self.scale),
-        }
+    /// How many keys of `[ks, ks + len)` query `qi` sees: all, or (causal) those up to itself.
+    fn visible(&self, qi: usize, ks: usize, len: usize) -> usize {
         if self.p.causal {
-            let visible = (qp + 1 - k0).clamp(0, row.len() as i64) as usize;
-            row[visible..].fill(f32::NEG_INFINITY);
+            let qp = (self.p.q_offset + qi) as i64;
+            let k0 = (self.p.k_offset + ks) as i64;
+            (qp + 1 - k0).clamp(0, len as i64) as usize
+        } else {
+            len
         }
     }
+
+    /// Splits the raw `q·k` row of query `qi` over keys from `ks` into the keys it sees and
+    /// the masked rest, which gets probability 0; scales the seen scores, adds the bias, and
+    /// returns the seen part and its max (−∞ when nothing is seen).
+    fn finish_row<'r>(&self, row: &'r mut [f32], qi: usize, ks: usize) -> (&'r mut [f32], f32) {
+        let visible = self.visible(qi, ks, row.len());
+        let (row, masked) = row.split_at_mut(visible);
+        masked.fill(0.0);
+        let max = match self.neg_slope {
+            Some(ns) => {
+                let qp = (self.p.q_offset + qi) as i64;
+                let k0 = (self.p.k_offset + ks) as i64;
+                for (j, s) in row.iter_mut().enumerate() {
+                    let dist = (qp - k0 - j as i64) as f32;
+                    let dist = if self.p.causal { dist } else { dist.abs() };
+                    *s = *s * self.scale + ns * dist;
+                }
+                row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+            }
+            None => scale_max(row, self.scale),
+        };
+        (row, max)
+    }
 }
+
+// `row[j] *= scale`; returns the max (sixteen lanes of compares, so the loop vectorises: a
+// fold over `f32::max` is a chain of dependent scalar ops, as slow per tile as its products).
+dispatched!(scale_max, (row: &mut [f32], scale: f32) -> f32, {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = row.chunks_exact_mut(16);
+    for c in &mut chunks {
+        for (x, m) in c.iter_mut().zip(lanes.iter_mut()) {
+            *x *= scale;
+            *m = if *x > *m { *x } else { *m };
+        }
+    }
+    let mut max = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    for x in chunks.into_remainder() {
+        *x *= scale;
+        max = if *x > max { *x } else { max };
+    }
+    max
+});
 
 // `row[j] = e^(row[j] − shift)`; returns the sum (sixteen lanes, so the loop vectorises).
 dispatched!(exp_shift_sum, (row: &mut [f32], shift: f32) -> f32, {
@@ -223,11 +204,9 @@ fn forward_block(
         let s = &mut s[..nq * nk];
         // S = Q_blk · K_blkᵀ (K rows are the columns of the product).
         let kb = &k[ks * d..(ks + nk) * d];
-        matmul((nq, nk, d), s, nk, false, qb, (d, 1), kb, (1, d));
+        matmul((nq, nk, d), s, nk, false, qb, (d, 1), kb, (1, d), Serial);
         for i in 0..nq {
-            let row = &mut s[i * nk..(i + 1) * nk];
-            sc.finish_row(row, qs + i, ks);
-            let row_max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let (row, row_max) = sc.finish_row(&mut s[i * nk..(i + 1) * nk], qs + i, ks);
             let m_new = m[i].max(row_max);
             if m_new == f32::NEG_INFINITY {
                 row.fill(0.0); // nothing visible yet in this row
@@ -242,7 +221,7 @@ fn forward_block(
         }
         // acc += P · V_blk.
         let vb = &v[ks * dv..(ks + nk) * dv];
-        matmul((nq, dv, nk), acc, dv, true, s, (nk, 1), vb, (dv, 1));
+        matmul((nq, dv, nk), acc, dv, true, s, (nk, 1), vb, (dv, 1), Serial);
     }
     for i in 0..nq {
         let inv = 1.0 / l[i];
@@ -327,26 +306,45 @@ fn backward_head(
             let qb = &q[qs * d..(qs + nq) * d];
             let dob = &d_o[qs * dv..(qs + nq) * dv];
             // P = exp(S − L).
-            matmul((nq, nk, d), s, nk, false, qb, (d, 1), kb, (1, d));
+            matmul((nq, nk, d), s, nk, false, qb, (d, 1), kb, (1, d), Serial);
             for i in 0..nq {
-                let row = &mut s[i * nk..(i + 1) * nk];
-                sc.finish_row(row, qs + i, ks);
+                let (row, _) = sc.finish_row(&mut s[i * nk..(i + 1) * nk], qs + i, ks);
                 exp_shift_sum(row, lse[qs + i]);
             }
             // dV_blk += Pᵀ · dO_blk.
             let dvb = &mut dv_out[ks * dv..(ks + nk) * dv];
-            matmul((nk, dv, nq), dvb, dv, true, s, (1, nk), dob, (dv, 1));
+            matmul(
+                (nk, dv, nq),
+                dvb,
+                dv,
+                true,
+                s,
+                (1, nk),
+                dob,
+                (dv, 1),
+                Serial,
+            );
             // dP = dO_blk · V_blkᵀ; dS = P ∘ (dP − D)·scale.
-            matmul((nq, nk, dv), dp, nk, false, dob, (dv, 1), vb, (1, dv));
+            matmul(
+                (nq, nk, dv),
+                dp,
+                nk,
+                false,
+                dob,
+                (dv, 1),
+                vb,
+                (1, dv),
+                Serial,
+            );
             for i in 0..nq {
                 let r = i * nk..(i + 1) * nk;
                 softmax_grad_row(&s[r.clone()], &mut dp[r], delta[qs + i], sc.scale);
             }
             // dQ_blk += dS · K_blk; dK_blk += dSᵀ · Q_blk.
             let dqb = &mut dq[qs * d..(qs + nq) * d];
-            matmul((nq, d, nk), dqb, d, true, dp, (nk, 1), kb, (d, 1));
+            matmul((nq, d, nk), dqb, d, true, dp, (nk, 1), kb, (d, 1), Serial);
             let dkb = &mut dk[ks * d..(ks + nk) * d];
-            matmul((nk, d, nq), dkb, d, true, dp, (1, nk), qb, (d, 1));
+            matmul((nk, d, nq), dkb, d, true, dp, (1, nk), qb, (d, 1), Serial);
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod gelu;
 pub mod hf;
 pub mod io;
 pub mod layer_norm;
+pub mod linear;
 pub mod neox;
 pub mod params;
 pub mod position;

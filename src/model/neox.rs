@@ -6,7 +6,7 @@
 //! Parameters are a flat list of 1-D tensors (see `params.rs`), reshaped where used.
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::module::{embedding, linear};
+use burn::tensor::module::embedding;
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::config::{ModelConfig, Position, Precision};
@@ -15,6 +15,7 @@ use crate::model::attention::{attention, naive_attention, AttnOptions, SequenceP
 use crate::model::cache::{KvCache, LayerKv};
 use crate::model::gelu::gelu_fast;
 use crate::model::layer_norm::layer_norm;
+use crate::model::linear::linear;
 use crate::model::params::{Layout, ParamSpec};
 use crate::model::position::{alibi_slopes, apply_rotary, cat_runs, rotary_tables_at, Positions};
 use crate::model::tensor_parallel::{
