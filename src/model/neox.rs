@@ -9,15 +9,16 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::module::embedding;
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
-use crate::config::{ModelConfig, Position, Precision};
+use crate::config::{AttentionKind, ModelConfig, Position, Precision};
 use crate::error::{Error, Result};
 use crate::model::attention::{attention, naive_attention, AttnOptions, SequenceParallel};
 use crate::model::cache::{KvCache, LayerKv};
 use crate::model::gelu::gelu_fast;
 use crate::model::layer_norm::layer_norm;
 use crate::model::linear::linear;
-use crate::model::params::{Layout, ParamSpec};
+use crate::model::params::{LayerParams, Layout, ParamSpec};
 use crate::model::position::{alibi_slopes, apply_rotary, cat_runs, rotary_tables_at, Positions};
+use crate::model::qkv_attention::qkv_attention;
 use crate::model::tensor_parallel::{
     split_range, vocab_embedding, vocab_parallel_nll, TensorParallel,
 };
@@ -441,6 +442,14 @@ impl GenSlm {
         let qkv = self.dense(a_in, l.qkv_w, Some(l.qkv_b));
         // HF's fused layout: per head [q | k | v], each head_dim wide. Rotary and attention run
         // in fp32 (softmax statistics in fp32 whatever the compute dtype).
+        // One rank, no cache, rotary: the split, rotary and FlashAttention as one op.
+        if let (None, Past::None, Some((cos, sin))) = (&self.sp, &past, &ctx.rope) {
+            if c.attention == AttentionKind::Flash {
+                let rot = c.rotary_dims();
+                let o = qkv_attention(self.full(qkv), (cos, sin), heads, rot, &ctx.attn);
+                return self.layer_end(l, x, o, None);
+            }
+        }
         let qkv = self.full(qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2));
         let mut q = qkv.clone().narrow(3, 0, d);
         let mut k = qkv.clone().narrow(3, d, d);
@@ -473,7 +482,18 @@ impl GenSlm {
             }
             (None, Past::None) => attention(q, k, v, &ctx.attn, c.attention),
         };
-        let o = o.swap_dims(1, 2).reshape([b, s, heads * d]);
+        self.layer_end(l, x, o.swap_dims(1, 2).reshape([b, s, heads * d]), kv_out)
+    }
+
+    /// The rest of a layer from the attention output `o: [b, s, heads·d]`: its projection, the
+    /// MLP on the layer input, and the parallel residual.
+    fn layer_end(
+        &self,
+        l: &LayerParams,
+        x: Tensor<3>,
+        o: Tensor<3>,
+        kv_out: Option<LayerKv>,
+    ) -> (Tensor<3>, Option<LayerKv>) {
         let attn_out = self.dense_out(o, l.dense_w, l.dense_b);
         let m_in = self.copy_in(self.norm(x.clone(), l.ln2_w, l.ln2_b));
         let m = gelu_fast(self.dense(m_in, l.fc1_w, Some(l.fc1_b)));

@@ -92,15 +92,23 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
             }
         }
         Recipe::Genslm => {
-            // Q, K, V as flash attention keeps them and its output O: 4h. Without Ulysses
-            // exchanges, V is a view of the fused QKV output, which keeps all 3h of it alive;
-            // with rotary, Q and K are new tensors (rotate-half and cat), otherwise views too.
-            let qkvo = if st.layout.sp > 1 {
-                4.0 * h
-            } else if st.positions == Position::Rotary {
-                6.0 * h
+            // One rank's whole sequence with rotary FlashAttention runs the fused QKV
+            // attention op (model::qkv_attention): it keeps the fp32 QKV projection (3h) and
+            // its fp32 output, which is the dense matmul's input in fp32 (counted below) and a
+            // tensor of its own under 16-bit compute. Otherwise Q, K, V as flash attention
+            // keeps them and its output O: 4h. Without Ulysses exchanges, V is a view of the
+            // fused QKV output, which keeps all 3h of it alive; with rotary, Q and K are new
+            // tensors (rotate-half and cat), otherwise views too.
+            let fused = st.layout.sp == 1
+                && st.layout.cp == 1
+                && st.positions == Position::Rotary
+                && !naive;
+            let qkvo_bytes = if fused {
+                4.0 * (3.0 * h + if e == 4.0 { 0.0 } else { h })
+            } else if st.layout.sp == 1 && st.positions == Position::Rotary {
+                6.0 * h * e
             } else {
-                4.0 * h
+                4.0 * h * e
             };
             // The fused LayerNorm keeps its fp32 input: the layer's input, one tensor for LN1
             // and LN2 in fp32, one fp32 copy each under 16-bit compute.
@@ -111,8 +119,8 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
                 // elements in fp32.
                 seq: ln_inputs + 3.0 * e * h,
                 // fc1 output (the fused gelu_fast keeps only its input) and gelu's output
-                // (fc2's input): 2·i elements; with qkvo, 14·h for i = 4h and rotary at p = 1.
-                head: qkvo * e + 2.0 * e * i,
+                // (fc2's input): 2·i elements; with the fused attention's 3h, 11·h for i = 4h.
+                head: qkvo_bytes + 2.0 * e * i,
                 // softmax keeps exp(x − max) and the probabilities (the matmul with V).
                 scores: if naive { 2.0 * e } else { 0.0 },
                 buffer: 0.0,
