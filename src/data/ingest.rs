@@ -126,14 +126,23 @@ pub fn tokenize_to_parquet(
         "tokenize {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
     );
     let writer = DatasetWriter::create(out, opts.vocab)?;
-    // Two threads (see ingest_queue): this one parses, validates and tokenizes; the other
-    // hashes and encodes parquet. On any error the writer is dropped unfinished, which removes
-    // its temporary file.
-    let budget = Budget::default();
+    // Three threads in a line (see ingest_queue): this one parses, validates and tokenizes;
+    // the next hashes each record's cleaned bases (MD5 is serial within a record and as much
+    // work as the first thread's, so it gets a thread to itself); the last encodes parquet.
+    // On any error the writer is dropped unfinished, which removes its temporary file.
+    let (budget, hashed_budget) = (Budget::default(), Budget::default());
     let (mut tx, rx) = ingest_queue::queue::<OwnedRow>(&budget);
+    let (mut hashed_tx, hashed_rx) = ingest_queue::queue::<OwnedRow>(&hashed_budget);
     std::thread::scope(|scope| {
         let writing = scope.spawn(move || -> Result<DatasetWriter> {
             let mut writer = writer;
+            hashed_rx.drain(|item| match item {
+                Item::End(Some(row)) => writer.push(&row.row()),
+                _ => Ok(()),
+            })?;
+            Ok(writer)
+        });
+        let hashing = scope.spawn(move || -> Result<()> {
             let mut md5 = Md5::new();
             rx.drain(|item| {
                 match item {
@@ -142,13 +151,14 @@ pub fn tokenize_to_parquet(
                         let digest = md5.finalize_reset();
                         if let Some(mut row) = row {
                             row.md5 = hex(&digest);
-                            writer.push(&row.row())?;
+                            let cost = row.tokens.len();
+                            hashed_tx.end(Some(row), cost)?;
                         }
                     }
                 }
                 Ok(())
             })?;
-            Ok(writer)
+            hashed_tx.flush()
         });
         let read = read_all(
             &files,
@@ -161,16 +171,11 @@ pub fn tokenize_to_parquet(
         )
         .and_then(|()| tx.flush());
         drop(tx);
-        // The writer's own error explains a closed queue better than the reader's.
-        let writer = writing.join().map_err(|p| {
-            let why = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Error::Invalid(format!("the parquet writer thread panicked: {why}"))
-        })?;
+        // The last stage's error explains a closed queue better than the stages before it.
+        let hashed = hashing.join().map_err(panicked);
+        let writer = writing.join().map_err(panicked)?;
         let writer = writer?;
+        hashed??;
         read?;
         if summary.records == 0 {
             return Err(Error::Invalid(format!(
@@ -270,7 +275,7 @@ fn read_all(
                 ));
             }
             summary.codons += tokens.len() as u64 - specials;
-            summary.unk += tokens.iter().filter(|&&t| t == unk).count() as u64;
+            summary.unk += count_id(&tokens, unk);
             let row = OwnedRow {
                 id: rec.id.to_string(),
                 description: rec.description.to_string(),
@@ -314,6 +319,24 @@ fn read_all(
     Ok(())
 }
 
+/// Occurrences of `id` in `ids`. Counted in byte lanes 255 ids at a time so that it vectorises
+/// (a plain filter-count widened each byte to a 64-bit sum, 4% of the reading thread).
+fn count_id(ids: &[u8], id: u8) -> u64 {
+    ids.chunks(255)
+        .map(|c| u64::from(c.iter().fold(0u8, |n, &t| n + u8::from(t == id))))
+        .sum()
+}
+
+/// A worker thread's panic as an error.
+fn panicked(p: Box<dyn std::any::Any + Send>) -> Error {
+    let why = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    Error::Invalid(format!("an ingest thread panicked: {why}"))
+}
+
 /// Lower-case hex of a digest.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -323,4 +346,19 @@ pub fn hex(bytes: &[u8]) -> String {
         s.push(DIGITS[(b & 15) as usize] as char);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_id_counts_across_its_lanes() {
+        let ids: Vec<u8> = (0..2000u32).map(|i| (i * i % 7) as u8).collect();
+        for id in 0..8 {
+            let want = ids.iter().filter(|&&t| t == id).count() as u64;
+            assert_eq!(count_id(&ids, id), want, "id {id}");
+        }
+        assert_eq!(count_id(&[3; 600], 3), 600);
+    }
 }

@@ -1,11 +1,13 @@
-//! The queue between ingest's two threads: cleaned bases and finished rows, in file order.
+//! The queue between two of ingest's threads: cleaned bases and finished rows, in file order.
 //!
-//! The reader thread parses, cleans and tokenizes; the writer thread hashes the cleaned bases
-//! and encodes parquet, which splits the work about evenly over two cores (MD5 alone is a
-//! third of it, and one record's hash cannot be split). Bases travel in batches of about
-//! 1 MiB and rows ride in the same batches, so a genome of small records costs a few wake-ups
-//! per megabyte rather than one per record. The queue is bounded in bytes, so a few
-//! chromosome-sized records never pile up; one larger than the bound passes alone.
+//! Ingest runs three threads in a line: the reader parses, cleans and tokenizes; the hasher
+//! takes the cleaned bases through this queue and computes each record's MD5 (about as much
+//! work as the reader's, and one record's hash cannot be split); the writer takes the hashed
+//! rows through a second queue of this kind, without bases, and encodes parquet. Bases travel
+//! in batches of about 1 MiB and rows ride in the same batches, so a genome of small records
+//! costs a few wake-ups per megabyte rather than one per record. The queue is bounded in
+//! bytes, so a few chromosome-sized records never pile up; one larger than the bound passes
+//! alone.
 
 use std::sync::mpsc;
 use std::sync::{Condvar, Mutex};

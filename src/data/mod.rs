@@ -1,5 +1,6 @@
 //! Data: FASTA reading and validation, tokenized parquet datasets, the ingest pipeline.
 
+mod clean;
 pub mod dataset;
 pub mod fasta;
 pub mod ingest;
