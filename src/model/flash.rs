@@ -131,13 +131,15 @@ pub trait FlashAttentionOps: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// The differentiable op: the output only. Under autodiff its backward is
-    /// `flash_attention_bwd`.
+    /// `flash_attention_bwd`; elsewhere it is just the forward.
     fn flash_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         params: FlashParams,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        Self::flash_attention_fwd(q, k, v, params).0
+    }
 }
 
 pub(crate) const LEFT: &str = "flash attention: a tile result left the backend of its inputs";

@@ -422,15 +422,6 @@ impl FlashAttentionOps for Flex {
         let u = |t: Tensor<4>| t.try_into_primitive::<Self>().expect(LEFT);
         (u(dq), u(dk), u(dv))
     }
-
-    fn flash_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        params: FlashParams,
-    ) -> FloatTensor<Self> {
-        Self::flash_attention_fwd(q, k, v, params).0
-    }
 }
 
 fn dims_of(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>) -> Dims {

@@ -177,13 +177,4 @@ impl FlashAttentionOps for Cube {
             wrap(&q, kd, dv, q.dtype),
         )
     }
-
-    fn flash_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        params: FlashParams,
-    ) -> FloatTensor<Self> {
-        Self::flash_attention_fwd(q, k, v, params).0
-    }
 }

@@ -33,8 +33,10 @@ pub trait GeluOps: Backend {
     fn gelu_fast_fwd(x: FloatTensor<Self>) -> FloatTensor<Self>;
     /// `dy · d gelu/dx` at `x`.
     fn gelu_fast_bwd(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self>;
-    /// The differentiable op (under autodiff, saves only `x`).
-    fn gelu_fast(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// The differentiable op (under autodiff, saves only `x`); elsewhere just the forward.
+    fn gelu_fast(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::gelu_fast_fwd(x)
+    }
 }
 
 /// `gelu_fast(x)`, differentiable on an autodiff device.
@@ -134,10 +136,6 @@ impl GeluOps for Flex {
         };
         dx.try_into_primitive::<Self>().expect(LEFT)
     }
-
-    fn gelu_fast(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        Self::gelu_fast_fwd(x)
-    }
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
@@ -154,10 +152,6 @@ impl GeluOps for burn::backend::Cube {
         gelu_fast_bwd_composed(w(x), w(dy))
             .try_into_primitive::<Self>()
             .expect(LEFT)
-    }
-
-    fn gelu_fast(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        Self::gelu_fast_fwd(x)
     }
 }
 

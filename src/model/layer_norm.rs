@@ -42,13 +42,16 @@ pub trait LayerNormOps: Backend {
         rstd: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-    /// The differentiable op (under autodiff, saves the input, the weight and the statistics).
+    /// The differentiable op (under autodiff, saves the input, the weight and the statistics;
+    /// elsewhere just the forward).
     fn layer_norm(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         eps: f64,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        Self::layer_norm_fwd(x, gamma, beta, eps).0
+    }
 }
 
 /// LayerNorm of `x: [b, s, h]` with weight and bias `[h]`, differentiable on an autodiff
@@ -251,15 +254,6 @@ impl LayerNormOps for Flex {
         ));
         (dx, t1(cols), t1(db))
     }
-
-    fn layer_norm(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        eps: f64,
-    ) -> FloatTensor<Self> {
-        Self::layer_norm_fwd(x, gamma, beta, eps).0
-    }
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
@@ -297,15 +291,6 @@ impl LayerNormOps for burn::backend::Cube {
         );
         let p1 = |t: Tensor<1>| t.try_into_primitive::<Self>().expect(LEFT);
         (dx.try_into_primitive::<Self>().expect(LEFT), p1(dg), p1(db))
-    }
-
-    fn layer_norm(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        eps: f64,
-    ) -> FloatTensor<Self> {
-        Self::layer_norm_fwd(x, gamma, beta, eps).0
     }
 }
 

@@ -40,12 +40,15 @@ pub trait LinearOps: Backend {
         w: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-    /// The differentiable op (under autodiff, saves the input and the weight).
+    /// The differentiable op (under autodiff, saves the input and the weight; elsewhere just
+    /// the forward).
     fn linear(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        Self::linear_fwd(x, w, b)
+    }
 }
 
 /// `x·w (+ b)` for `x: [b, s, n]`, `w: [n, m]`, `b: [m]`, differentiable on an autodiff device.
@@ -199,14 +202,6 @@ impl LinearOps for Flex {
         };
         prims!(Self, dx, dw, db)
     }
-
-    fn linear(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        Self::linear_fwd(x, w, b)
-    }
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
@@ -237,14 +232,6 @@ impl LinearOps for burn::backend::Cube {
             Tensor::<3>::from_primitive::<Self>(dy),
         );
         prims!(Self, dx, dw, db)
-    }
-
-    fn linear(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        Self::linear_fwd(x, w, b)
     }
 }
 

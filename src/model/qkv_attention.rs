@@ -65,13 +65,16 @@ pub trait QkvAttentionOps: Backend {
         d_o: FloatTensor<Self>,
         params: QkvParams,
     ) -> FloatTensor<Self>;
-    /// The differentiable op (under autodiff, saves qkv, the tables, o and lse).
+    /// The differentiable op (under autodiff, saves qkv, the tables, o and lse; elsewhere just
+    /// the forward).
     fn qkv_attention(
         qkv: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
         params: QkvParams,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        Self::qkv_attention_fwd(qkv, cos, sin, params).0
+    }
 }
 
 /// Rotary self-attention (FlashAttention with `opts`) of the fused projection `qkv`, with
@@ -358,15 +361,6 @@ impl QkvAttentionOps for Flex {
         };
         dqkv.try_into_primitive::<Self>().expect(LEFT)
     }
-
-    fn qkv_attention(
-        qkv: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        params: QkvParams,
-    ) -> FloatTensor<Self> {
-        Self::qkv_attention_fwd(qkv, cos, sin, params).0
-    }
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
@@ -411,15 +405,6 @@ impl QkvAttentionOps for burn::backend::Cube {
         )
         .try_into_primitive::<Self>()
         .expect(LEFT)
-    }
-
-    fn qkv_attention(
-        qkv: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        params: QkvParams,
-    ) -> FloatTensor<Self> {
-        Self::qkv_attention_fwd(qkv, cos, sin, params).0
     }
 }
 

@@ -71,13 +71,6 @@ impl AdamW {
         }
     }
 
-    pub fn moments_to_host(&self) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-        (
-            self.m.iter().map(tensor_to_vec).collect(),
-            self.v.iter().map(tensor_to_vec).collect(),
-        )
-    }
-
     /// One update of `params` (plain tensors) with `grads` scaled by `grad_scale` (the clip
     /// factor). Returns the new parameter values.
     pub fn update(
