@@ -35,3 +35,27 @@ impl Error {
         }
     }
 }
+
+/// The message a panic carried (`panic!` with a literal gives a `&str`, with a format a
+/// `String`); `None` for other payloads.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+}
+
+#[cfg(test)]
+mod panic_tests {
+    use super::panic_message;
+
+    #[test]
+    fn panic_message_reads_literal_and_formatted_payloads() {
+        let literal = std::panic::catch_unwind(|| panic!("plain")).unwrap_err();
+        let formatted = std::panic::catch_unwind(|| panic!("rank {}", 3)).unwrap_err();
+        let other = std::panic::catch_unwind(|| std::panic::panic_any(7u8)).unwrap_err();
+        assert_eq!(panic_message(literal.as_ref()), Some("plain"));
+        assert_eq!(panic_message(formatted.as_ref()), Some("rank 3"));
+        assert_eq!(panic_message(other.as_ref()), None);
+    }
+}

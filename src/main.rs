@@ -243,12 +243,7 @@ fn install_panic_hook() {
         {
             return;
         }
-        let msg = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied())
-            .unwrap_or("unknown failure");
+        let msg = genslm::error::panic_message(info.payload()).unwrap_or("unknown failure");
         let at = info
             .location()
             .map(|l| format!(" ({}:{})", l.file(), l.line()))

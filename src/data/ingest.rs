@@ -329,11 +329,7 @@ fn count_id(ids: &[u8], id: u8) -> u64 {
 
 /// A worker thread's panic as an error.
 fn panicked(p: Box<dyn std::any::Any + Send>) -> Error {
-    let why = p
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_default();
+    let why = crate::error::panic_message(p.as_ref()).unwrap_or_default();
     Error::Invalid(format!("an ingest thread panicked: {why}"))
 }
 

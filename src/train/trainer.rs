@@ -218,11 +218,7 @@ fn injected_fault(rank: usize, step: u64) -> Result<()> {
 pub fn run_rank_guarded<T>(ranks: &Ranks, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let rank = ranks.topo.rank;
     let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let msg = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "panicked".into());
+        let msg = crate::error::panic_message(p.as_ref()).unwrap_or("panicked");
         Err(Error::Invalid(format!("rank {rank}: {msg}")))
     });
     if let Err(e) = &out {
