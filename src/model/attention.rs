@@ -39,7 +39,9 @@ pub trait SequenceParallel: std::fmt::Debug + Send + Sync {
 
     /// With learned positions split over the ranks: the first row of the table rows this rank
     /// holds (`None`: every rank holds the whole table).
-    fn position_shard(&self) -> Option<usize>;
+    fn position_shard(&self) -> Option<usize> {
+        None
+    }
 
     /// Tensor elements this rank has sent in forward exchanges so far (all layers): the
     /// communication volume the run logs.

@@ -112,28 +112,6 @@ pub fn reduce_scatter_bucketed(
     Ok(())
 }
 
-/// All-gather of equal blocks: `full` (`size · mine.len()` elements) receives every rank's
-/// `mine` in rank order.
-pub fn all_gather_bucketed(
-    comm: &dyn Communicator,
-    mine: &[f32],
-    full: &mut [f32],
-    bucket: usize,
-) -> Result<()> {
-    gather_bucketed(comm, mine, Some(full), None, bucket)
-}
-
-/// Gather of equal blocks to `root` only (`full` is `Some` there, `None` elsewhere).
-pub fn gather_to_root_bucketed(
-    comm: &dyn Communicator,
-    mine: &[f32],
-    full: Option<&mut [f32]>,
-    root: usize,
-    bucket: usize,
-) -> Result<()> {
-    gather_bucketed(comm, mine, full, Some(root), bucket)
-}
-
 /// Every rank's `mine` (lengths may differ between ranks) concatenated in rank order, on every
 /// rank (`root: None`) or on `root` only (`None` elsewhere). The lengths travel first; the
 /// data then moves in equal blocks padded to the longest, as MPI and NCCL require.
@@ -161,8 +139,10 @@ pub fn gather_unequal(
     }))
 }
 
-/// All-gather (`root: None`) or gather to one rank, in pieces of at most `bucket` elements.
-fn gather_bucketed(
+/// All-gather of equal blocks (`root: None`; `full`, `size · mine.len()` elements, receives
+/// every rank's `mine` in rank order) or gather to `root` only (`full` is `Some` there, `None`
+/// elsewhere), in pieces of at most `bucket` elements.
+pub fn gather_bucketed(
     comm: &dyn Communicator,
     mine: &[f32],
     mut full: Option<&mut [f32]>,
@@ -201,9 +181,8 @@ fn gather_bucketed(
 /// The device-side twin of the staging buffers above, for groups whose tensors stay on the
 /// device (NCCL): `parts` concatenated and zero-padded to `len` elements.
 pub fn pack(parts: impl Iterator<Item = Tensor<1>>, len: usize, device: &Device) -> Tensor<1> {
-    let v: Vec<Tensor<1>> = parts.filter(|t| t.dims()[0] > 0).collect();
+    let mut v: Vec<Tensor<1>> = parts.filter(|t| t.dims()[0] > 0).collect();
     let real: usize = v.iter().map(|t| t.dims()[0]).sum();
-    let mut v = v;
     if len > real {
         v.push(Tensor::zeros([len - real], device));
     }
@@ -226,6 +205,16 @@ pub fn unpack(flat: &Tensor<1>, lens: impl Iterator<Item = usize>) -> Vec<Tensor
         };
         at += n;
         t
+    })
+    .collect()
+}
+
+/// The host twin of [`unpack`]: `flat` cut into consecutive vectors of `lens` elements.
+pub fn unpack_host(flat: &[f32], lens: impl Iterator<Item = usize>) -> Vec<Vec<f32>> {
+    let mut at = 0;
+    lens.map(|n| {
+        at += n;
+        flat[at - n..at].to_vec()
     })
     .collect()
 }
@@ -293,9 +282,9 @@ mod tests {
                 let mut mine = vec![0.0; block];
                 reduce_scatter_bucketed(c, &flat, &mut mine, bucket).unwrap();
                 let mut full = vec![0.0; 3 * block];
-                all_gather_bucketed(c, &mine, &mut full, bucket).unwrap();
+                gather_bucketed(c, &mine, Some(&mut full[..]), None, bucket).unwrap();
                 let mut at_root = (c.rank() == 1).then(|| vec![0.0; 3 * block]);
-                gather_to_root_bucketed(c, &mine, at_root.as_deref_mut(), 1, bucket).unwrap();
+                gather_bucketed(c, &mine, at_root.as_deref_mut(), Some(1), bucket).unwrap();
                 (mine, full, at_root)
             });
             let sum: Vec<f32> = (0..15)

@@ -89,7 +89,25 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// `send` goes to rank `rank + 1` in one message; returns rank `rank − 1`'s, in `send`'s
     /// shapes, device and dtype. The default stages host copies.
     fn ring_pass_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
-        host_ring_pass_tensors(self, send)
+        let meta: Vec<_> = send
+            .iter()
+            .map(|t| (t.dims(), t.device(), t.dtype()))
+            .collect();
+        let mut flat = Vec::new();
+        for t in send {
+            flat.extend(to_host(t, "ring_pass")?);
+        }
+        let got = self.ring_pass(&flat)?;
+        let mut at = 0;
+        Ok(meta
+            .into_iter()
+            .map(|(shape, device, dtype)| {
+                let n: usize = shape.iter().product();
+                let piece = got[at..at + n].to_vec();
+                at += n;
+                Tensor::from_data(TensorData::new(piece, shape), (&device, dtype))
+            })
+            .collect())
     }
     /// Element-wise sum over the group of a flat tensor (equal lengths on every rank). The
     /// default stages a host copy.
@@ -146,32 +164,6 @@ pub fn host_all_to_all_tensors<C: Communicator + ?Sized, const D: usize>(
         .all_to_all(host)?
         .into_iter()
         .map(|v| Tensor::from_data(TensorData::new(v, shape), (&device, dtype)))
-        .collect())
-}
-
-/// [`Communicator::ring_pass_tensors`] through one host buffer.
-pub fn host_ring_pass_tensors<C: Communicator + ?Sized, const D: usize>(
-    comm: &C,
-    send: Vec<Tensor<D>>,
-) -> Result<Vec<Tensor<D>>> {
-    let meta: Vec<_> = send
-        .iter()
-        .map(|t| (t.dims(), t.device(), t.dtype()))
-        .collect();
-    let mut flat = Vec::new();
-    for t in send {
-        flat.extend(to_host(t, "ring_pass")?);
-    }
-    let got = comm.ring_pass(&flat)?;
-    let mut at = 0;
-    Ok(meta
-        .into_iter()
-        .map(|(shape, device, dtype)| {
-            let n: usize = shape.iter().product();
-            let piece = got[at..at + n].to_vec();
-            at += n;
-            Tensor::from_data(TensorData::new(piece, shape), (&device, dtype))
-        })
         .collect())
 }
 

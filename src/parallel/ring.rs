@@ -354,10 +354,6 @@ impl SequenceParallel for RingGroup {
         ring_attention(q, k, v, opts, self)
     }
 
-    fn position_shard(&self) -> Option<usize> {
-        None
-    }
-
     fn elements_sent(&self) -> u64 {
         self.sent_forward.load(Ordering::Relaxed)
     }
@@ -383,10 +379,6 @@ impl SequenceParallel for UlyssesRing {
     ) -> Tensor<4> {
         let ring = |q, k, v, o: &AttnOptions| ring_attention(q, k, v, o, &self.ring);
         ulysses_attention(q, k, v, opts, &self.ulysses, &ring)
-    }
-
-    fn position_shard(&self) -> Option<usize> {
-        None
     }
 
     fn elements_sent(&self) -> u64 {

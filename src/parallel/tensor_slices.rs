@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::params::Layout;
 use crate::model::tensor_parallel::split_range;
-use crate::parallel::bucket::gather_unequal;
+use crate::parallel::bucket::{gather_unequal, unpack_host};
 use crate::parallel::comm::Communicator;
 
 /// How a parameter is split over the TP group.
@@ -163,14 +163,8 @@ pub fn gather_slices(
         let got = gather_unequal(comm, &tensor_to_vec(t), Some(0), bucket)?;
         if let (Some(out), Some(all)) = (out.as_mut(), got) {
             let shape = &full.specs[i].shape;
-            let mut at = 0;
-            let parts: Vec<Vec<f32>> = (0..tp)
-                .map(|r| {
-                    let n: usize = slice_of(shape, split, tp, r).2.iter().product();
-                    at += n;
-                    all[at - n..at].to_vec()
-                })
-                .collect();
+            let lens = (0..tp).map(|r| slice_of(shape, split, tp, r).2.iter().product());
+            let parts = unpack_host(&all, lens);
             out[i] = host_to_param(join(&parts, shape, split), &t.device());
         }
     }

@@ -47,11 +47,6 @@ impl Degrees {
 }
 
 impl Topology {
-    /// A DP × SP grid (CP = TP = 1).
-    pub fn new(rank: usize, dp: usize, sp: usize) -> Result<Self> {
-        Self::grid(rank, dp, 1, sp)
-    }
-
     /// A DP × CP × SP grid (TP = 1).
     pub fn grid(rank: usize, dp: usize, cp: usize, sp: usize) -> Result<Self> {
         Self::of(rank, Degrees::new(dp, cp, sp))
@@ -100,14 +95,7 @@ impl Topology {
     }
 
     pub fn single() -> Self {
-        Self {
-            world: 1,
-            rank: 0,
-            dp: 1,
-            sp: 1,
-            cp: 1,
-            tp: 1,
-        }
+        Self::of(0, Degrees::new(1, 1, 1)).expect("the 1×1×1 grid")
     }
 
     pub fn tp_rank(&self) -> usize {
@@ -249,11 +237,11 @@ mod tests {
 
     #[test]
     fn groups() {
-        let t = Topology::new(5, 2, 4).unwrap();
+        let t = Topology::grid(5, 2, 1, 4).unwrap();
         assert_eq!((t.sp_rank(), t.dp_rank()), (1, 1));
         assert_eq!(t.sp_group(), vec![4, 5, 6, 7]);
         assert_eq!(t.dp_group(), vec![1, 5]);
-        assert!(Topology::new(8, 2, 4).is_err());
+        assert!(Topology::grid(8, 2, 1, 4).is_err());
         assert!(t.validate(4).is_ok());
         assert!(t
             .validate(3)

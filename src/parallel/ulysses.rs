@@ -44,12 +44,6 @@ impl SpGroup {
             pos_shard: None,
         }
     }
-    pub fn degree(&self) -> usize {
-        self.comm.size()
-    }
-    pub fn rank(&self) -> usize {
-        self.comm.rank()
-    }
 }
 
 /// Which way an exchange goes.
@@ -127,7 +121,7 @@ impl<B: Backend + UlyssesOps, C: CheckpointStrategy> UlyssesOps for Autodiff<B, 
 
 /// The exchange on plain tensors: split along one dim, all-to-all, concatenate along the other.
 fn exchange(x: Tensor<4>, params: &ExchangeParams) -> Tensor<4> {
-    let p = params.group.degree();
+    let p = params.group.comm.size();
     let (split_dim, cat_dim) = match params.direction {
         Direction::SeqToHeads => (1, 2),
         Direction::HeadsToSeq => (2, 1),
@@ -175,10 +169,10 @@ pub fn ulysses_attention(
     group: &SpGroup,
     attend: LocalAttention<'_>,
 ) -> Tensor<4> {
-    let p = group.degree();
+    let p = group.comm.size();
     let heads = q.dims()[1];
     let hp = heads.div_ceil(p);
-    let r = group.rank();
+    let r = group.comm.rank();
     let scatter = |x: Tensor<4>| exchange_op(pad_heads(x, hp * p), group, Direction::SeqToHeads);
     let (q, k, v) = (scatter(q), scatter(k), scatter(v));
     let local = AttnOptions {

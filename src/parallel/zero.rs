@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::params::ParamSpec;
 use crate::parallel::bucket::{
-    all_gather_bucketed, gather_to_root_bucketed, pack, reduce_scatter_bucketed, unpack,
+    gather_bucketed, pack, reduce_scatter_bucketed, unpack, unpack_host,
 };
 use crate::parallel::comm::Communicator;
 use crate::train::optim::{AdamW, AdamWConfig};
@@ -54,6 +54,14 @@ pub struct ZeroShard {
 /// Elements per rank when `total` elements are padded to a multiple of `d`.
 pub fn block_len(total: usize, d: usize) -> usize {
     total.div_ceil(d)
+}
+
+/// `values` concatenated on the host and zero-padded to `len` elements.
+fn padded(values: impl Iterator<Item = Vec<f32>>, len: usize) -> Vec<f32> {
+    let mut flat = Vec::with_capacity(len);
+    values.for_each(|v| flat.extend_from_slice(&v));
+    flat.resize(len, 0.0);
+    flat
 }
 
 /// The segments of the flat range `[from, from + len)` over parameters of lengths `lens`.
@@ -124,14 +132,6 @@ impl ZeroShard {
         Self::cut(&self.segments, all)
     }
 
-    /// This rank's block of `values` (one host vector per segment), zero-padded to `block`.
-    fn padded_block(&self, values: impl Iterator<Item = Vec<f32>>) -> Vec<f32> {
-        let mut mine = Vec::with_capacity(self.block);
-        values.for_each(|v| mine.extend_from_slice(&v));
-        mine.resize(self.block, 0.0);
-        mine
-    }
-
     /// This rank's chunk of the group-summed gradients, reduce-scattered in buckets over
     /// `comm`. `grads` holds one full gradient per parameter of the shard, in `params` order.
     pub fn reduce_scatter(
@@ -148,25 +148,14 @@ impl ZeroShard {
             let mine = comm.reduce_scatter_tensor(flat)?;
             return Ok(unpack(&mine, self.segments.iter().map(|s| s.len)));
         }
-        let mut flat = vec![0.0f32; self.block * n];
-        let mut at = 0;
-        for g in grads {
-            let g = tensor_to_vec(g);
-            flat[at..at + g.len()].copy_from_slice(&g);
-            at += g.len();
-        }
+        let flat = padded(grads.iter().map(tensor_to_vec), self.block * n);
         let mut mine = vec![0.0f32; self.block];
         reduce_scatter_bucketed(comm, &flat, &mut mine, bucket)?;
         drop(flat);
-        let mut at = 0;
-        Ok(self
-            .segments
-            .iter()
-            .map(|s| {
-                let t = host_to_param(mine[at..at + s.len].to_vec(), &device);
-                at += s.len;
-                t
-            })
+        let lens = self.segments.iter().map(|s| s.len);
+        Ok(unpack_host(&mine, lens)
+            .into_iter()
+            .map(|v| host_to_param(v, &device))
             .collect())
     }
 
@@ -184,18 +173,12 @@ impl ZeroShard {
             let all = comm.all_gather_tensor(mine)?;
             return Ok(unpack(&all, self.lens.iter().copied()));
         }
-        let mine = self.padded_block(pieces.iter().map(tensor_to_vec));
+        let mine = padded(pieces.iter().map(tensor_to_vec), self.block);
         let mut flat = vec![0.0f32; self.block * comm.size()];
-        all_gather_bucketed(comm, &mine, &mut flat, bucket)?;
-        let mut at = 0;
-        Ok(self
-            .lens
-            .iter()
-            .map(|&n| {
-                let t = host_to_param(flat[at..at + n].to_vec(), device);
-                at += n;
-                t
-            })
+        gather_bucketed(comm, &mine, Some(&mut flat[..]), None, bucket)?;
+        Ok(unpack_host(&flat, self.lens.iter().copied())
+            .into_iter()
+            .map(|v| host_to_param(v, device))
             .collect())
     }
 
@@ -249,23 +232,17 @@ impl ZeroShard {
         comm: &dyn Communicator,
         bucket: usize,
     ) -> Result<Option<Vec<FullParam>>> {
-        let mine = self.padded_block(pieces.iter().map(tensor_to_vec));
+        let mine = padded(pieces.iter().map(tensor_to_vec), self.block);
         let mut full = (comm.rank() == 0).then(|| vec![0.0f32; self.block * comm.size()]);
-        gather_to_root_bucketed(comm, &mine, full.as_deref_mut(), 0, bucket)?;
-        let Some(full) = full else {
-            return Ok(None);
-        };
-        let mut at = 0;
-        Ok(Some(
+        gather_bucketed(comm, &mine, full.as_deref_mut(), Some(0), bucket)?;
+        Ok(full.map(|f| {
+            let lens = self.lens.iter().copied();
             self.params
                 .iter()
-                .zip(&self.lens)
-                .map(|(&i, &n)| {
-                    at += n;
-                    (i, full[at - n..at].to_vec())
-                })
-                .collect(),
-        ))
+                .copied()
+                .zip(unpack_host(&f, lens))
+                .collect()
+        }))
     }
 }
 

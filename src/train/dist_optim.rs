@@ -105,7 +105,7 @@ impl DistOptim {
             .iter()
             .map(|p| p.clone().without_autodiff())
             .collect();
-        let outcome = match self {
+        let (grad_norm, applied) = match self {
             DistOptim::Replicated(opt) => {
                 reduce_gradients(&mut grads, model, ranks)?;
                 let norm = global_grad_norm(&grads, model, ranks)?;
@@ -114,11 +114,7 @@ impl DistOptim {
                     let k = clip_factor(norm, max_norm);
                     params = opt.update(params, grads, k, &model.layout.specs, lr);
                 }
-                StepOutcome {
-                    grad_norm: norm,
-                    applied,
-                    params_finite: true,
-                }
+                (norm, applied)
             }
             DistOptim::Zero { shard, pos } => {
                 // Replicated: sum over SP here, over DP inside the reduce-scatter.
@@ -162,21 +158,20 @@ impl DistOptim {
                         params[*i] = new.into_iter().next().expect("one tensor");
                     }
                 }
-                StepOutcome {
-                    grad_norm: norm,
-                    applied,
-                    params_finite: true,
-                }
+                (norm, applied)
             }
         };
-        let mut outcome = outcome;
         // Every rank holds the same full parameters, so all agree.
-        outcome.params_finite = !outcome.applied || params.iter().all(all_finite);
+        let params_finite = !applied || params.iter().all(all_finite);
         model.params = params
             .into_iter()
             .map(|p| p.autodiff().require_grad())
             .collect();
-        Ok(outcome)
+        Ok(StepOutcome {
+            grad_norm,
+            applied,
+            params_finite,
+        })
     }
 
     /// The moments this rank writes into a checkpoint (`train::optim_shards`), chosen so that
@@ -188,34 +183,24 @@ impl DistOptim {
         let tp_ok = |i: usize| topo.tp_rank() == 0 || is_tp_slice(model, i);
         let (replicated, sharded) = param_groups(model);
         let pos_writer = topo.dp_rank() == 0 && topo.cp_rank() == 0 && topo.tp_rank() == 0;
-        let mut runs = Vec::new();
         match self {
             DistOptim::Replicated(o) => {
                 let first = topo.dp_rank() == 0 && topo.cp_rank() == 0 && topo.sp_rank() == 0;
-                for i in replicated.into_iter().filter(|&i| first && tp_ok(i)) {
-                    runs.push(MomentRun::whole(i, &o.m[i], &o.v[i]));
-                }
-                for i in sharded.into_iter().filter(|_| pos_writer) {
-                    runs.push(MomentRun::whole(i, &o.m[i], &o.v[i]));
-                }
+                let replicated = replicated.into_iter().filter(|&i| first && tp_ok(i));
+                let sharded = sharded.into_iter().filter(|_| pos_writer);
+                let whole = |i: usize| MomentRun::whole(i, &o.m[i], &o.v[i]);
+                replicated.chain(sharded).map(whole).collect()
             }
             DistOptim::Zero { shard, pos } => {
-                for (k, s) in shard.segments.iter().enumerate() {
-                    if topo.sp_rank() == 0 && tp_ok(s.param) {
-                        runs.push(MomentRun {
-                            param: s.param,
-                            start: s.start,
-                            len: s.len,
-                            m: shard.opt.m[k].clone(),
-                            v: shard.opt.v[k].clone(),
-                        });
-                    }
-                }
+                let mine = MomentRun::of_shard(shard);
+                let mut runs: Vec<_> = mine
+                    .filter(|r| topo.sp_rank() == 0 && tp_ok(r.param))
+                    .collect();
                 if let (Some((i, o)), true) = (pos, pos_writer) {
                     runs.push(MomentRun::whole(*i, &o.m[0], &o.v[0]));
                 }
+                runs
             }
         }
-        runs
     }
 }

@@ -9,6 +9,7 @@ use crate::plan::cpu::CpuRun;
 use crate::plan::{
     estimate, Checkpointing, Hardware, Layout, Mask, Precision, Recipe, Strategy, Target, GIB,
 };
+use crate::train::metrics::proc_kib;
 
 /// The strategy genslm trains `cfg` with on CPU under `dp × sp` (`batch_size` is the global
 /// batch, split over DP).
@@ -65,16 +66,7 @@ pub fn predicted_peak(
 /// Bytes this process can still use: `MemAvailable`, bounded by a cgroup v2 limit when one is
 /// set. `None` where neither can be read (the check is then skipped).
 pub fn available_bytes() -> Option<f64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let avail_kib: f64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    let mut avail = avail_kib * 1024.0;
+    let mut avail = proc_kib("/proc/meminfo", "MemAvailable:")? as f64 * 1024.0;
     let read = |f: &str| -> Option<f64> {
         std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
             .ok()?

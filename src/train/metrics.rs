@@ -110,16 +110,17 @@ pub fn train_flops_per_sequence(m: &ModelConfig, s: usize) -> f64 {
 
 /// Peak resident memory of this process in MiB (`VmHWM`), or 0 where unavailable.
 pub fn peak_rss_mib() -> f64 {
-    proc_status_kib("VmHWM:").map_or(0.0, |k| k as f64 / 1024.0)
+    proc_kib("/proc/self/status", "VmHWM:").map_or(0.0, |k| k as f64 / 1024.0)
 }
 
 /// Current resident memory in MiB (`VmRSS`).
 pub fn rss_mib() -> f64 {
-    proc_status_kib("VmRSS:").map_or(0.0, |k| k as f64 / 1024.0)
+    proc_kib("/proc/self/status", "VmRSS:").map_or(0.0, |k| k as f64 / 1024.0)
 }
 
-fn proc_status_kib(key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+/// The kB value of the line starting with `key` in a /proc file (`status`, `meminfo`).
+pub(crate) fn proc_kib(path: &str, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
     let line = s.lines().find(|l| l.starts_with(key))?;
     line[key.len()..]
         .trim()

@@ -10,7 +10,7 @@
 
 use burn::tensor::Tensor;
 
-use crate::model::neox::{host_to_param, tensor_to_vec};
+use crate::model::neox::tensor_to_vec;
 use crate::model::params::ParamSpec;
 use crate::train::optim_cpu;
 
@@ -51,23 +51,6 @@ impl AdamW {
             step: 0,
             m: params.iter().map(zeros).collect(),
             v: params.iter().map(zeros).collect(),
-        }
-    }
-
-    /// Restores moments from host vectors (our layout), e.g. from a checkpoint.
-    pub fn from_host(
-        cfg: AdamWConfig,
-        step: u64,
-        m: Vec<Vec<f32>>,
-        v: Vec<Vec<f32>>,
-        device: &burn::tensor::Device,
-    ) -> Self {
-        let dev = device.clone().without_autodiff();
-        Self {
-            cfg,
-            step,
-            m: m.into_iter().map(|x| host_to_param(x, &dev)).collect(),
-            v: v.into_iter().map(|x| host_to_param(x, &dev)).collect(),
         }
     }
 

@@ -22,6 +22,7 @@ use crate::model::params::Layout;
 use crate::model::tensors::{write_safetensors_streamed, Streamed, TensorFile};
 use crate::model::GenSlm;
 use crate::parallel::tensor_slices::{as_matrix, slice_of, split_of, Split};
+use crate::parallel::zero::ZeroShard;
 
 /// File names of the shards start with this.
 pub const SHARD_PREFIX: &str = "optimizer-rank";
@@ -50,6 +51,22 @@ impl MomentRun {
             m: m.clone(),
             v: v.clone(),
         }
+    }
+
+    /// The runs of a ZeRO shard: one per segment, with its moments.
+    pub fn of_shard(shard: &ZeroShard) -> impl Iterator<Item = Self> + '_ {
+        let o = &shard.opt;
+        shard
+            .segments
+            .iter()
+            .zip(o.m.iter().zip(&o.v))
+            .map(|(s, (m, v))| Self {
+                param: s.param,
+                start: s.start,
+                len: s.len,
+                m: m.clone(),
+                v: v.clone(),
+            })
     }
 }
 

@@ -102,7 +102,6 @@ pub fn train_grid(
     for ranks in thread_grid(d, timeout) {
         let (cfg, corpus, run) = (cfg.clone(), corpus.clone(), run.to_path_buf());
         let opts = RunOptions {
-            progress: opts.progress && ranks.is_root(),
             thread_rank: ranks.topo.rank,
             ranks_in_process: n,
             ..opts.clone()
@@ -187,11 +186,7 @@ pub fn train_with_ranks(
             };
             load_corpus(cfg, &data, run, None)?
         };
-        let opts = RunOptions {
-            progress: opts.progress && ranks.is_root(),
-            ..opts.clone()
-        };
-        train_rank(cfg, &corpus, run, &opts, ranks)
+        train_rank(cfg, &corpus, run, opts, ranks)
     })
 }
 
@@ -227,14 +222,14 @@ pub fn run_rank_guarded<T>(ranks: &Ranks, f: impl FnOnce() -> Result<T>) -> Resu
     out
 }
 
-/// The root cause among the ranks' results: the first error that is not another rank's
-/// "stopping" echo, else rank 0's result.
 /// `R:S` of a test hook.
 fn rank_step(spec: &str) -> Option<(u64, u64)> {
     let (r, s) = spec.split_once(':')?;
     Some((r.parse().ok()?, s.parse().ok()?))
 }
 
+/// The root cause among the ranks' results: the first error that is not another rank's
+/// "stopping" echo, else rank 0's result.
 fn first_error_or_root(mut results: Vec<Result<TrainSummary>>) -> Result<TrainSummary> {
     let cause = results
         .iter()
@@ -316,7 +311,7 @@ pub fn train_rank(
     };
 
     let bar = crate::progress::bar(
-        opts.progress,
+        opts.progress && ranks.is_root(),
         Some(t.steps),
         "train {bar:30} {pos}/{len} {msg} eta {eta}",
     );

@@ -273,19 +273,8 @@ impl ZeroUnits {
     /// The moments this rank writes into a checkpoint: all it holds (every unit's shard is
     /// its own; the SP ranks' position rows differ).
     pub fn moment_runs(&self) -> Vec<MomentRun> {
-        self.units
-            .iter()
-            .flat_map(|u| {
-                let o = &u.shard.opt;
-                u.shard.segments.iter().enumerate().map(|(k, s)| MomentRun {
-                    param: s.param,
-                    start: s.start,
-                    len: s.len,
-                    m: o.m[k].clone(),
-                    v: o.v[k].clone(),
-                })
-            })
-            .collect()
+        let shards = self.units.iter().map(|u| &u.shard);
+        shards.flat_map(MomentRun::of_shard).collect()
     }
 }
 
