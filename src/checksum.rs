@@ -8,7 +8,6 @@
 //! loads as before.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
@@ -24,16 +23,10 @@ fn hex(digest: &[u8]) -> String {
 
 /// Hex sha256 of a file, read in 1 MiB pieces.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, f);
+    std::io::copy(&mut reader, &mut hasher).map_err(|e| Error::io(path, e))?;
     Ok(hex(&hasher.finalize()))
 }
 

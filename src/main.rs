@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
 use genslm::data::fasta::OnInvalid;
 use genslm::data::ingest::{tokenize_to_parquet, IngestOptions};
@@ -29,17 +29,8 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum VocabArg {
-    Genslm69,
-    Genslm71,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum OnInvalidArg {
-    Error,
-    Skip,
-}
+cli::mirror!(VocabArg => VocabKind { Genslm69, Genslm71 });
+cli::mirror!(OnInvalidArg => OnInvalid { Error, Skip });
 
 #[derive(Subcommand)]
 enum Command {
@@ -139,14 +130,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             drop_partial_codon,
         } => {
             let opts = IngestOptions {
-                vocab: match vocab {
-                    VocabArg::Genslm69 => VocabKind::Genslm69,
-                    VocabArg::Genslm71 => VocabKind::Genslm71,
-                },
-                on_invalid: match on_invalid {
-                    OnInvalidArg::Error => OnInvalid::Error,
-                    OnInvalidArg::Skip => OnInvalid::Skip,
-                },
+                vocab: vocab.into(),
+                on_invalid: on_invalid.into(),
                 trailing: if drop_partial_codon {
                     Trailing::Drop
                 } else {

@@ -14,11 +14,7 @@ pub enum DtypeArg {
     F16,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Debug)]
-pub enum ImplArg {
-    Genslm,
-    Cubek,
-}
+super::mirror!(ImplArg => genslm::bench::AttnImpl { Genslm, Cubek });
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
@@ -253,10 +249,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                 },
                 causal: !no_causal,
                 iters,
-                imp: match imp {
-                    ImplArg::Genslm => genslm::bench::AttnImpl::Genslm,
-                    ImplArg::Cubek => genslm::bench::AttnImpl::Cubek,
-                },
+                imp: imp.into(),
             };
             let r = genslm::bench::attention_op(&compute, &case)?;
             let fwd_bwd = match (r.fwd_bwd_s, r.tflops_fwd_bwd) {

@@ -1,22 +1,12 @@
 //! `--backend`, `--device` and `--precision`, shared by train, score, embed and generate.
 
-use clap::ValueEnum;
-
 use genslm::backend::{BackendKind, Compute, DeviceChoice};
 use genslm::config::Precision;
 
-#[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
-pub enum BackendArg {
-    Cpu,
-    Cuda,
-    Wgpu,
-}
+use super::mirror;
 
-#[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
-pub enum PrecisionArg {
-    Fp32,
-    Bf16,
-}
+mirror!(BackendArg => BackendKind { Cpu, Cuda, Wgpu });
+mirror!(PrecisionArg => Precision { Fp32, Bf16 });
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DeviceArgs {
@@ -38,20 +28,13 @@ pub struct DeviceArgs {
 impl DeviceArgs {
     pub fn choice(&self) -> DeviceChoice {
         DeviceChoice {
-            backend: match self.backend {
-                BackendArg::Cpu => BackendKind::Cpu,
-                BackendArg::Cuda => BackendKind::Cuda,
-                BackendArg::Wgpu => BackendKind::Wgpu,
-            },
+            backend: self.backend.into(),
             index: self.device,
         }
     }
 
     pub fn precision(&self) -> Option<Precision> {
-        self.precision.map(|p| match p {
-            PrecisionArg::Fp32 => Precision::Fp32,
-            PrecisionArg::Bf16 => Precision::Bf16,
-        })
+        self.precision.map(Into::into)
     }
 
     pub fn compute(&self) -> Compute {

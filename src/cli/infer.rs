@@ -2,15 +2,12 @@
 
 use std::path::PathBuf;
 
-use clap::ValueEnum;
+use genslm::infer::embed::Pool;
 
 use super::device::DeviceArgs;
+use super::mirror;
 
-#[derive(Clone, Copy, ValueEnum, PartialEq)]
-pub enum PoolArg {
-    Mean,
-    Last,
-}
+mirror!(PoolArg => Pool { Mean, Last });
 
 /// `genslm embed`.
 #[derive(clap::Args)]
@@ -87,17 +84,14 @@ pub struct GenerateArgs {
 }
 
 pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
-    use genslm::infer::embed::{embed_to_parquet, EmbedInput, EmbedOptions, Pool};
+    use genslm::infer::embed::{embed_to_parquet, EmbedInput, EmbedOptions};
     let input = match a.data {
         Some(p) => EmbedInput::Parquet(p),
         None => EmbedInput::Fasta(a.fasta),
     };
     let opts = EmbedOptions {
         layer: a.layer,
-        pool: match a.pool {
-            PoolArg::Mean => Pool::Mean,
-            PoolArg::Last => Pool::Last,
-        },
+        pool: a.pool.into(),
         seq_len: a.seq_len,
         batch_size: a.batch_size,
         progress: !quiet,

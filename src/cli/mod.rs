@@ -6,20 +6,21 @@ pub mod infer;
 pub mod plan;
 pub mod train;
 
-use clap::ValueEnum;
+/// A clap value enum mirroring the library enum `$lib` variant for variant, with the conversion
+/// into it: the library holds no clap definitions, and clap's derive cannot reach its types.
+macro_rules! mirror {
+    ($name:ident => $lib:ty { $($(#[$attr:meta])* $v:ident),+ $(,)? }) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+        pub enum $name { $($(#[$attr])* $v),+ }
 
-/// `--attention` of `train` and `bench step`.
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
-pub enum AttentionArg {
-    Flash,
-    Naive,
-}
-
-impl From<AttentionArg> for genslm::config::AttentionKind {
-    fn from(a: AttentionArg) -> Self {
-        match a {
-            AttentionArg::Flash => Self::Flash,
-            AttentionArg::Naive => Self::Naive,
+        impl From<$name> for $lib {
+            fn from(a: $name) -> Self {
+                match a { $($name::$v => Self::$v),+ }
+            }
         }
-    }
+    };
 }
+pub(crate) use mirror;
+
+// `--attention` of `train` and `bench step`.
+mirror!(AttentionArg => genslm::config::AttentionKind { Flash, Naive });

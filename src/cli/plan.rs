@@ -3,61 +3,20 @@
 
 use std::path::PathBuf;
 
-use clap::ValueEnum;
 use genslm::config::Position;
 use genslm::plan::request::{PlanDevice, PlanRequest};
 use genslm::plan::Precision;
 
-use super::AttentionArg;
+use super::{mirror, AttentionArg};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PositionArg {
-    Rotary,
-    Learned,
-    Alibi,
-}
-
-impl From<PositionArg> for Position {
-    fn from(p: PositionArg) -> Self {
-        match p {
-            PositionArg::Rotary => Position::Rotary,
-            PositionArg::Learned => Position::Learned,
-            PositionArg::Alibi => Position::Alibi,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PrecisionArg {
-    Bf16,
-    Fp32,
-}
-
-impl From<PrecisionArg> for Precision {
-    fn from(p: PrecisionArg) -> Self {
-        match p {
-            PrecisionArg::Bf16 => Precision::Bf16,
-            PrecisionArg::Fp32 => Precision::Fp32,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DeviceArg {
+mirror!(PositionArg => Position { Rotary, Learned, Alibi });
+mirror!(PrecisionArg => Precision { Bf16, Fp32 });
+mirror!(DeviceArg => PlanDevice {
     /// GPUs (CUDA context and allocator reserve).
     Gpu,
     /// CPU processes running genslm (one per rank; process baseline, fp32).
     Cpu,
-}
-
-impl From<DeviceArg> for PlanDevice {
-    fn from(d: DeviceArg) -> Self {
-        match d {
-            DeviceArg::Gpu => PlanDevice::Gpu,
-            DeviceArg::Cpu => PlanDevice::Cpu,
-        }
-    }
-}
+});
 
 /// `genslm plan`.
 #[derive(Debug, Clone, clap::Args)]

@@ -288,48 +288,26 @@ impl DatasetReader {
             path: self.path.clone(),
             msg,
         };
-        let col = |name: &str| {
-            batch
-                .column_by_name(name)
-                .cloned()
-                .ok_or_else(|| derr(format!("missing column `{name}`")))
-        };
-        let id = col("id")?;
-        let description = col("description")?;
-        let source = col("source")?;
-        let length = col("length")?;
-        let gc = col("gc_content")?;
-        let md5 = col("md5")?;
-        let tokens = col("tokens")?;
+        // A missing column is reported before one of the wrong type.
+        if let Some(f) = schema()
+            .fields()
+            .iter()
+            .find(|f| batch.column_by_name(f.name()).is_none())
+        {
+            return Err(derr(format!("missing column `{}`", f.name())));
+        }
         let bad = |name: &str| derr(format!("column `{name}` has the wrong type"));
-        let id = id
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .ok_or_else(|| bad("id"))?;
-        let description = description
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .ok_or_else(|| bad("description"))?;
-        let source = source
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .ok_or_else(|| bad("source"))?;
-        let length = length
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .ok_or_else(|| bad("length"))?;
-        let gc = gc
-            .as_any()
-            .downcast_ref::<Float64Array>()
-            .ok_or_else(|| bad("gc_content"))?;
-        let md5 = md5
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .ok_or_else(|| bad("md5"))?;
-        let tokens = tokens
-            .as_any()
-            .downcast_ref::<ListArray>()
-            .ok_or_else(|| bad("tokens"))?;
+        fn typed<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Option<&'a T> {
+            batch.column_by_name(name)?.as_any().downcast_ref::<T>()
+        }
+        let id = typed::<StringArray>(batch, "id").ok_or_else(|| bad("id"))?;
+        let description = typed::<StringArray>(batch, "description");
+        let description = description.ok_or_else(|| bad("description"))?;
+        let source = typed::<StringArray>(batch, "source").ok_or_else(|| bad("source"))?;
+        let length = typed::<Int64Array>(batch, "length").ok_or_else(|| bad("length"))?;
+        let gc = typed::<Float64Array>(batch, "gc_content").ok_or_else(|| bad("gc_content"))?;
+        let md5 = typed::<StringArray>(batch, "md5").ok_or_else(|| bad("md5"))?;
+        let tokens = typed::<ListArray>(batch, "tokens").ok_or_else(|| bad("tokens"))?;
         for i in 0..batch.num_rows() {
             let t = tokens.value(i);
             let t = t

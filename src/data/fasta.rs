@@ -27,19 +27,6 @@ pub enum OnInvalid {
     Skip,
 }
 
-impl std::str::FromStr for OnInvalid {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "error" => Ok(OnInvalid::Error),
-            "skip" => Ok(OnInvalid::Skip),
-            o => Err(Error::Invalid(format!(
-                "unknown --on-invalid value '{o}': expected error or skip"
-            ))),
-        }
-    }
-}
-
 /// True when `path`'s name ends in a FASTA extension, optionally followed by a compression one.
 pub fn has_fasta_extension(path: &Path) -> bool {
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else {

@@ -13,25 +13,15 @@ use crate::data::ingest_queue::{self, Budget, Item};
 use crate::error::{Error, Result};
 use crate::tokenizer::{CodonTokenizer, Trailing, VocabKind};
 
-/// Settings of one ingest run.
-#[derive(Debug, Clone)]
+/// Settings of one ingest run (the default: GenSLM's vocabulary and trailing [UNK], stop on
+/// an invalid record, no progress bar).
+#[derive(Debug, Clone, Default)]
 pub struct IngestOptions {
     pub vocab: VocabKind,
     pub on_invalid: OnInvalid,
     pub trailing: Trailing,
     /// Show a progress bar (it still hides itself when stderr is not a terminal).
     pub progress: bool,
-}
-
-impl Default for IngestOptions {
-    fn default() -> Self {
-        Self {
-            vocab: VocabKind::Genslm69,
-            on_invalid: OnInvalid::Error,
-            trailing: Trailing::Unk,
-            progress: false,
-        }
-    }
 }
 
 /// What an ingest run did.

@@ -9,7 +9,6 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::infer::embed::{embed_tokens, Pool};
 use crate::infer::generate::{generate, GenerateOptions};
-use crate::infer::sample::SamplingParams;
 use crate::model::GenSlm;
 use crate::rng::SplitMix64;
 
@@ -90,16 +89,11 @@ pub fn generation(
 ) -> Result<GenerateBench> {
     let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
     let opts = GenerateOptions {
-        prompt: "ATG".into(),
         num: samples,
         max_codons: 1 + new_codons,
-        sampling: SamplingParams::default(),
-        seed: 0,
-        stop_at_stop_codon: false,
         batch_size: samples,
         use_cache,
-        progress: false,
-        compute: Default::default(),
+        ..Default::default()
     };
     let start = Instant::now();
     let mut codons = 0;

@@ -21,7 +21,7 @@ use burn::tensor::{Tensor, TensorData};
 use md5::{Digest, Md5};
 
 use crate::backend::Compute;
-use crate::data::dataset::DatasetReader;
+use crate::data::dataset::{DatasetReader, TokenizedRecord};
 use crate::data::fasta::{self, OnInvalid};
 use crate::data::ingest::hex;
 use crate::error::{Error, Result};
@@ -175,17 +175,6 @@ pub fn embed_tokens(
         .collect())
 }
 
-/// A record waiting for its embedding.
-struct Pending {
-    id: String,
-    description: String,
-    source: String,
-    md5: String,
-    length: u64,
-    gc_content: f64,
-    tokens: Vec<u32>,
-}
-
 /// Records are embedded in groups of about this many windows per batch slot.
 const GROUP_BATCHES: usize = 4;
 /// ... or when this many tokens are waiting.
@@ -197,7 +186,7 @@ struct Pipeline<'a> {
     opts: &'a EmbedOptions,
     layer: usize,
     window: Option<usize>,
-    pending: Vec<Pending>,
+    pending: Vec<TokenizedRecord>,
     pending_windows: usize,
     pending_tokens: usize,
     tokens: u64,
@@ -205,7 +194,7 @@ struct Pipeline<'a> {
 }
 
 impl Pipeline<'_> {
-    fn push(&mut self, p: Pending) -> Result<()> {
+    fn push(&mut self, p: TokenizedRecord) -> Result<()> {
         if p.tokens.is_empty() {
             return Err(Error::Invalid(format!(
                 "record '{}' ({}): no tokens to embed",
@@ -340,22 +329,14 @@ pub fn embed_to_parquet(
                     model.cfg.vocab_size
                 )));
             }
-            pipe.push(Pending {
-                id: r.id,
-                description: r.description,
-                source: r.source,
-                md5: r.md5,
-                length: r.length,
-                gc_content: r.gc_content,
-                tokens: r.tokens,
-            })?;
+            pipe.push(r)?;
         }
     } else if let EmbedInput::Fasta(paths) = input {
         for f in fasta::discover(paths)? {
             let source = f.display().to_string();
             let mut warn = |w: String| eprintln!("warning: {w}");
             fasta::read_file(&f, OnInvalid::Error, &mut warn, &mut |rec, _| {
-                pipe.push(Pending {
+                pipe.push(TokenizedRecord {
                     id: rec.id.to_string(),
                     description: rec.description.to_string(),
                     source: source.clone(),

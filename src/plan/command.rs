@@ -3,7 +3,7 @@
 
 use super::report::{gib, single_report, sweep_report, tokens};
 use super::request::{PlanDevice, PlanRequest};
-use super::search::{best_of, layouts, sweep, Candidate};
+use super::search::{best_of, evaluate, layouts, sweep, Candidate};
 use super::{estimate, granule, published, Estimate, Target, GIB};
 use crate::config::{Config, ModelConfig, Position};
 use crate::error::{Error, Result};
@@ -86,7 +86,7 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     }
     let candidates = layouts(&model, a, gpus)?;
     let searched = candidates.len() > 1;
-    let best = best_of(&model, a, mem_bytes, candidates)
+    let best = best_of(evaluate(&model, a, mem_bytes, candidates))
         .ok_or_else(|| Error::Invalid("no layout to evaluate".into()))?;
     let at_max = estimate(&model, &best.strategy, &best.hardware, best.max_seq_len);
     let at_len = a

@@ -331,15 +331,8 @@ pub fn report(cells: &[Cell]) -> String {
         s,
         "Longest trainable sequence on A100-40GB GPUs, in K = 1024 tokens: published / predicted (error)"
     );
-    let cols = [
-        System::MegatronLm,
-        System::OldMds,
-        System::NewMds,
-        System::Genslm,
-        System::GenslmCheckpointed,
-    ];
     let _ = write!(s, "{:<6}{:>5}", "model", "GPUs");
-    for c in cols {
+    for c in System::ALL {
         let w = if c.label().starts_with("(d") { 18 } else { 22 };
         let _ = write!(s, "  {:<w$}", c.label());
     }
@@ -349,7 +342,7 @@ pub fn report(cells: &[Cell]) -> String {
     for name in ["25B", "33B"] {
         for gpus in GPUS {
             let _ = write!(s, "{name:<6}{gpus:>5}");
-            for c in cols {
+            for c in System::ALL {
                 let cell = cells
                     .iter()
                     .find(|x| x.model == name && x.gpus == gpus && x.system == c)
@@ -375,7 +368,7 @@ pub fn report(cells: &[Cell]) -> String {
     for a in COMMON {
         let _ = writeln!(s, "  - {a}");
     }
-    for c in cols {
+    for c in System::ALL {
         let _ = writeln!(s, "  {}: {}", c.label(), c.assumptions());
     }
     let _ = writeln!(s, "\nThe cells that miss:");

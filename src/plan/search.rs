@@ -149,23 +149,16 @@ pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<
 
 /// The layout with the longest sequence; ties go to the lower ZeRO stage, then more DP, then
 /// less TP.
-pub fn best_of(
-    model: &ModelConfig,
-    a: &PlanRequest,
-    mem_bytes: f64,
-    layouts: Vec<Layout>,
-) -> Option<Candidate> {
-    evaluate(model, a, mem_bytes, layouts)
-        .into_iter()
-        .min_by_key(|c| {
-            let l = &c.strategy.layout;
-            (
-                std::cmp::Reverse(c.max_seq_len),
-                l.zero,
-                std::cmp::Reverse(l.dp),
-                l.tp,
-            )
-        })
+pub fn best_of(candidates: Vec<Candidate>) -> Option<Candidate> {
+    candidates.into_iter().min_by_key(|c| {
+        let l = &c.strategy.layout;
+        (
+            std::cmp::Reverse(c.max_seq_len),
+            l.zero,
+            std::cmp::Reverse(l.dp),
+            l.tp,
+        )
+    })
 }
 
 pub fn evaluate(
@@ -242,12 +235,7 @@ pub fn sweep(
             tp_ulysses: best_in(&|l| l.tp > 1 && l.sp > 1 && l.cp == 1),
             context: best_in(&|l| l.cp > 1),
             layouts_evaluated: all.len(),
-            best: match best_of(
-                model,
-                a,
-                mem_bytes,
-                all.iter().map(|c| c.strategy.layout).collect(),
-            ) {
+            best: match best_of(all) {
                 Some(b) => b,
                 None => continue,
             },
