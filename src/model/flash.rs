@@ -80,11 +80,7 @@ pub(crate) fn record(f: impl FnOnce(&mut TileStats)) {
 /// Everything besides the tensors that the op needs: [`AttnOptions`] plus the block sizes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlashParams {
-    pub causal: bool,
-    /// Per-head ALiBi slopes (one per head of q).
-    pub alibi: Option<Vec<f64>>,
-    pub q_offset: usize,
-    pub k_offset: usize,
+    pub opts: AttnOptions,
     pub block_q: usize,
     pub block_k: usize,
 }
@@ -96,10 +92,7 @@ impl FlashParams {
             "flash attention blocks must be non-empty"
         );
         Self {
-            causal: opts.causal,
-            alibi: opts.alibi.clone(),
-            q_offset: opts.q_offset,
-            k_offset: opts.k_offset,
+            opts: opts.clone(),
             block_q,
             block_k,
         }
@@ -141,8 +134,6 @@ pub trait FlashAttentionOps: Backend {
         Self::flash_attention_fwd(q, k, v, params).0
     }
 }
-
-pub(crate) const LEFT: &str = "flash attention: a tile result left the backend of its inputs";
 
 impl<B: Backend + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps for Autodiff<B, C> {
     /// Not differentiable on its own (the output is untracked); use `flash_attention`.
@@ -234,7 +225,7 @@ fn check_shapes(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>, params: &FlashParam
         k.dims(),
         v.dims()
     );
-    if let Some(s) = &params.alibi {
+    if let Some(s) = &params.opts.alibi {
         assert_eq!(s.len(), h, "one ALiBi slope per head");
     }
 }
@@ -349,6 +340,7 @@ impl Tile {
     }
 
     pub(crate) fn causal(&self, p: &FlashParams) -> Causal {
+        let p = &p.opts;
         if !p.causal {
             return Causal::Full;
         }
@@ -365,8 +357,8 @@ impl Tile {
 
     /// `pos_q − pos_k` over the tile, `[1, 1, nq, nk]` (exact integers, then float).
     fn distance(&self, p: &FlashParams, device: &Device) -> Tensor<4> {
-        let q0 = (p.q_offset + self.qs) as i64;
-        let k0 = (p.k_offset + self.ks) as i64;
+        let q0 = (p.opts.q_offset + self.qs) as i64;
+        let k0 = (p.opts.k_offset + self.ks) as i64;
         let shape = [1, 1, self.nq, self.nk];
         let qp = Tensor::<1, Int>::arange(q0..q0 + self.nq as i64, device)
             .reshape([1, 1, self.nq, 1])
@@ -398,7 +390,7 @@ impl Tile {
         let dist = self.distance(p, &device).cast(s.dtype());
         if let Some(neg_slopes) = neg_slopes {
             // bias = −slope_h · (i − j) causal, −slope_h · |i − j| otherwise: [1, h, nq, nk].
-            let d = if p.causal {
+            let d = if p.opts.causal {
                 dist.clone()
             } else {
                 dist.clone().abs()
@@ -416,7 +408,7 @@ impl Tile {
 
 /// The negated slopes `−slope_h` as `[1, h, 1, 1]`, broadcast over a tile.
 pub(crate) fn neg_slopes_tensor(p: &FlashParams, like: &Tensor<4>) -> Option<Tensor<4>> {
-    p.alibi.as_ref().map(|s| {
+    p.opts.alibi.as_ref().map(|s| {
         let h = s.len();
         let data: Vec<f32> = s.iter().map(|&x| -x as f32).collect();
         Tensor::<4>::from_data(TensorData::new(data, [1, h, 1, 1]), &like.device())
@@ -426,8 +418,9 @@ pub(crate) fn neg_slopes_tensor(p: &FlashParams, like: &Tensor<4>) -> Option<Ten
 
 /// The last key index (exclusive) any query of `[qs, qs + nq)` can see.
 pub(crate) fn key_end(qs: usize, nq: usize, sk: usize, p: &FlashParams) -> usize {
-    if p.causal {
-        (p.q_offset + qs + nq).saturating_sub(p.k_offset).min(sk)
+    let o = &p.opts;
+    if o.causal {
+        (o.q_offset + qs + nq).saturating_sub(o.k_offset).min(sk)
     } else {
         sk
     }

@@ -14,8 +14,9 @@ use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::fastmath::{dispatched, exp_neg, host_f32 as host, matmul, values, Threads::Serial};
-use super::flash::{key_end, record, tiled_forward, FlashAttentionOps, FlashParams, LEFT};
+use super::flash::{key_end, record, tiled_forward, FlashAttentionOps, FlashParams};
 use super::flash_backward::tiled_backward;
+use super::primitive::Primitive;
 
 /// Shapes: q `[bh, sq, d]`, k `[bh, sk, d]`, v `[bh, sk, dv]` (batch and heads flattened).
 #[derive(Debug, Clone, Copy)]
@@ -39,9 +40,9 @@ struct Scores<'a> {
 impl Scores<'_> {
     /// How many keys of `[ks, ks + len)` query `qi` sees: all, or (causal) those up to itself.
     fn visible(&self, qi: usize, ks: usize, len: usize) -> usize {
-        if self.p.causal {
-            let qp = (self.p.q_offset + qi) as i64;
-            let k0 = (self.p.k_offset + ks) as i64;
+        if self.p.opts.causal {
+            let qp = (self.p.opts.q_offset + qi) as i64;
+            let k0 = (self.p.opts.k_offset + ks) as i64;
             (qp + 1 - k0).clamp(0, len as i64) as usize
         } else {
             len
@@ -57,11 +58,11 @@ impl Scores<'_> {
         masked.fill(0.0);
         let max = match self.neg_slope {
             Some(ns) => {
-                let qp = (self.p.q_offset + qi) as i64;
-                let k0 = (self.p.k_offset + ks) as i64;
+                let qp = (self.p.opts.q_offset + qi) as i64;
+                let k0 = (self.p.opts.k_offset + ks) as i64;
                 for (j, s) in row.iter_mut().enumerate() {
                     let dist = (qp - k0 - j as i64) as f32;
-                    let dist = if self.p.causal { dist } else { dist.abs() };
+                    let dist = if self.p.opts.causal { dist } else { dist.abs() };
                     *s = *s * self.scale + ns * dist;
                 }
                 row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
@@ -118,8 +119,8 @@ dispatched!(softmax_grad_row, (p: &[f32], dp: &mut [f32], delta: f32, scale: f32
 
 /// The first query index that sees any key of `[ks, ..)`.
 fn query_start(ks: usize, p: &FlashParams) -> usize {
-    if p.causal {
-        (p.k_offset + ks).saturating_sub(p.q_offset)
+    if p.opts.causal {
+        (p.opts.k_offset + ks).saturating_sub(p.opts.q_offset)
     } else {
         0
     }
@@ -129,7 +130,7 @@ fn scores_of(p: &FlashParams, d: usize, head: usize) -> Scores<'_> {
     Scores {
         p,
         scale: 1.0 / (d as f32).sqrt(),
-        neg_slope: p.alibi.as_ref().map(|s| -(s[head] as f32)),
+        neg_slope: p.opts.alibi.as_ref().map(|s| -(s[head] as f32)),
     }
 }
 
@@ -360,8 +361,8 @@ impl FlashAttentionOps for Flex {
         v: FloatTensor<Self>,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let w = |t| Tensor::<4>::from_primitive::<Self>(t);
-        let (q, k, v) = (w(q), w(k), w(v));
+        let (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>) =
+            (Self::tensor(q), Self::tensor(k), Self::tensor(v));
         let (o, lse) = if [&q, &k, &v].iter().all(|t| t.dtype() == DType::F32) {
             let n = dims_of(&q, &k, &v);
             record_call(n, &params, false);
@@ -375,10 +376,7 @@ impl FlashAttentionOps for Flex {
         } else {
             tiled_forward(q, k, v, &params)
         };
-        (
-            o.try_into_primitive::<Self>().expect(LEFT),
-            lse.try_into_primitive::<Self>().expect(LEFT),
-        )
+        (Self::prim(o), Self::prim(lse))
     }
 
     fn flash_attention_bwd(
@@ -390,9 +388,14 @@ impl FlashAttentionOps for Flex {
         d_o: FloatTensor<Self>,
         params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let w = |t| Tensor::<4>::from_primitive::<Self>(t);
-        let (q, k, v, o, d_o) = (w(q), w(k), w(v), w(o), w(d_o));
-        let lse = Tensor::<3>::from_primitive::<Self>(lse);
+        let (q, k, v, o, d_o): (Tensor<4>, Tensor<4>, Tensor<4>, Tensor<4>, Tensor<4>) = (
+            Self::tensor(q),
+            Self::tensor(k),
+            Self::tensor(v),
+            Self::tensor(o),
+            Self::tensor(d_o),
+        );
+        let lse: Tensor<3> = Self::tensor(lse);
         let f32s = [&q, &k, &v, &o, &d_o]
             .iter()
             .all(|t| t.dtype() == DType::F32)
@@ -419,8 +422,7 @@ impl FlashAttentionOps for Flex {
         } else {
             tiled_backward(q, k, v, o, lse, d_o, &params)
         };
-        let u = |t: Tensor<4>| t.try_into_primitive::<Self>().expect(LEFT);
-        (u(dq), u(dk), u(dv))
+        (Self::prim(dq), Self::prim(dk), Self::prim(dv))
     }
 }
 

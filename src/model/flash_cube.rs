@@ -11,13 +11,14 @@
 use std::sync::Once;
 
 use burn::backend::{tensor::FloatTensor, Cube};
-use burn::tensor::{DType, Shape, Tensor};
+use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use genslm_kernels::{AttnConfig, AttnShape, Dtype};
 
 use super::flash::{tiled_forward, FlashAttentionOps, FlashParams};
 use super::flash_backward::tiled_backward;
+use super::primitive::Primitive;
 
 /// What the kernels need to know about a call, or why they cannot take it.
 fn plan(q: &CubeTensor, v: &CubeTensor, k_len: usize) -> Result<(Dtype, AttnShape), String> {
@@ -61,13 +62,14 @@ fn dims(t: &CubeTensor) -> [usize; 4] {
 
 fn config(p: &FlashParams) -> AttnConfig {
     AttnConfig {
-        causal: p.causal,
+        causal: p.opts.causal,
         alibi: p
+            .opts
             .alibi
             .as_ref()
             .map(|s| s.iter().map(|&x| x as f32).collect()),
-        q_offset: p.q_offset,
-        k_offset: p.k_offset,
+        q_offset: p.opts.q_offset,
+        k_offset: p.opts.k_offset,
     }
 }
 
@@ -111,12 +113,9 @@ impl FlashAttentionOps for Cube {
             Ok(p) => p,
             Err(why) => {
                 fallback_warning(&why);
-                let w = |t| Tensor::<4>::from_primitive::<Self>(t);
-                let (o, lse) = tiled_forward(w(q), w(k), w(v), &params);
-                return (
-                    o.try_into_primitive::<Self>().expect(KERNEL),
-                    lse.try_into_primitive::<Self>().expect(KERNEL),
-                );
+                let (o, lse) =
+                    tiled_forward(Self::tensor(q), Self::tensor(k), Self::tensor(v), &params);
+                return (Self::prim(o), Self::prim(lse));
             }
         };
         let (o, lse) = genslm_kernels::forward(
@@ -150,11 +149,17 @@ impl FlashAttentionOps for Cube {
         let (dtype, shape) = match plan(&q, &v, dims(&k)[2]) {
             Ok(p) if lse.dtype == DType::F32 && d_o.dtype == q.dtype && o.dtype == q.dtype => p,
             Ok(_) | Err(_) => {
-                let w = |t| Tensor::<4>::from_primitive::<Self>(t);
-                let lse = Tensor::<3>::from_primitive::<Self>(lse).cast(q.dtype);
-                let (dq, dk, dv) = tiled_backward(w(q), w(k), w(v), w(o), lse, w(d_o), &params);
-                let u = |t: Tensor<4>| t.try_into_primitive::<Self>().expect(KERNEL);
-                return (u(dq), u(dk), u(dv));
+                let lse = Self::tensor::<3>(lse).cast(q.dtype);
+                let (dq, dk, dv) = tiled_backward(
+                    Self::tensor(q),
+                    Self::tensor(k),
+                    Self::tensor(v),
+                    Self::tensor(o),
+                    lse,
+                    Self::tensor(d_o),
+                    &params,
+                );
+                return (Self::prim(dq), Self::prim(dk), Self::prim(dv));
             }
         };
         let (dq, dk, dv) = genslm_kernels::backward(

@@ -21,21 +21,30 @@ use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::fastmath::{dispatched, exp_neg, host_f32, values};
+use super::primitive::Primitive;
 
 /// √(2/π), and the cubic coefficient, as transformers' `gelu_fast` writes them.
 const C: f32 = 0.797_884_6;
 const A: f32 = 0.044_715;
 
-/// The activation op on `[b, s, i]` tensors.
+/// The activation op on `[b, s, i]` tensors: under autodiff it saves only `x` and its backward
+/// is [`GeluKernels::gelu_fast_bwd`]; elsewhere it is the forward.
 #[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait GeluOps: Backend {
+    fn gelu_fast(x: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+/// The op's kernels, on the backends that compute.
+pub trait GeluKernels: Backend {
     /// `0.5·x·(1 + tanh(C·(x + A·x³)))`.
     fn gelu_fast_fwd(x: FloatTensor<Self>) -> FloatTensor<Self>;
     /// `dy · d gelu/dx` at `x`.
     fn gelu_fast_bwd(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self>;
-    /// The differentiable op (under autodiff, saves only `x`); elsewhere just the forward.
+}
+
+impl<B: GeluKernels> GeluOps for B {
     fn gelu_fast(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        Self::gelu_fast_fwd(x)
+        B::gelu_fast_fwd(x)
     }
 }
 
@@ -107,10 +116,10 @@ dispatched!(bwd_chunk, (x: &[f32], dy: &[f32], dx: &mut [f32]), {
     }
 });
 
-impl GeluOps for Flex {
+impl GeluKernels for Flex {
     fn gelu_fast_fwd(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let x = Tensor::<3>::from_primitive::<Self>(x);
-        let y = if x.dtype() == DType::F32 {
+        let x: Tensor<3> = Self::tensor(x);
+        Self::prim(if x.dtype() == DType::F32 {
             let (dims, device) = (x.dims(), x.device());
             let xs = host_f32(x);
             let mut y = vec![0.0; values(&xs).len()];
@@ -118,14 +127,12 @@ impl GeluOps for Flex {
             Tensor::<3>::from_data(TensorData::new(y, dims), &device)
         } else {
             gelu_fast_composed(x)
-        };
-        y.try_into_primitive::<Self>().expect(LEFT)
+        })
     }
 
     fn gelu_fast_bwd(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
-        let x = Tensor::<3>::from_primitive::<Self>(x);
-        let dy = Tensor::<3>::from_primitive::<Self>(dy);
-        let dx = if x.dtype() == DType::F32 && dy.dtype() == DType::F32 {
+        let (x, dy): (Tensor<3>, Tensor<3>) = (Self::tensor(x), Self::tensor(dy));
+        Self::prim(if x.dtype() == DType::F32 && dy.dtype() == DType::F32 {
             let (dims, device) = (x.dims(), x.device());
             let (xs, dys) = (host_f32(x), host_f32(dy));
             let mut dx = vec![0.0; values(&xs).len()];
@@ -133,45 +140,27 @@ impl GeluOps for Flex {
             Tensor::<3>::from_data(TensorData::new(dx, dims), &device)
         } else {
             gelu_fast_bwd_composed(x, dy)
-        };
-        dx.try_into_primitive::<Self>().expect(LEFT)
+        })
     }
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-impl GeluOps for burn::backend::Cube {
+impl GeluKernels for burn::backend::Cube {
     fn gelu_fast_fwd(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let x = Tensor::<3>::from_primitive::<Self>(x);
-        gelu_fast_composed(x)
-            .try_into_primitive::<Self>()
-            .expect(LEFT)
+        Self::prim(gelu_fast_composed(Self::tensor(x)))
     }
 
     fn gelu_fast_bwd(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
-        let w = |t| Tensor::<3>::from_primitive::<Self>(t);
-        gelu_fast_bwd_composed(w(x), w(dy))
-            .try_into_primitive::<Self>()
-            .expect(LEFT)
+        Self::prim(gelu_fast_bwd_composed(Self::tensor(x), Self::tensor(dy)))
     }
 }
 
-const LEFT: &str = "gelu: the result left the backend of its input";
-
-impl<B: Backend + GeluOps, Ck: CheckpointStrategy> GeluOps for Autodiff<B, Ck> {
-    /// Not differentiable on its own (the output is untracked); use `gelu_fast`.
-    fn gelu_fast_fwd(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        FloatTensor::<Self>::new(B::gelu_fast_fwd(x.into_primitive()))
-    }
-
-    fn gelu_fast_bwd(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
-        FloatTensor::<Self>::new(B::gelu_fast_bwd(x.into_primitive(), dy.into_primitive()))
-    }
-
+impl<B: GeluKernels, Ck: CheckpointStrategy> GeluOps for Autodiff<B, Ck> {
     fn gelu_fast(x: FloatTensor<Self>) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct GeluBackward;
 
-        impl<B: Backend + GeluOps> Backward<B, 1> for GeluBackward {
+        impl<B: GeluKernels> Backward<B, 1> for GeluBackward {
             type State = FloatTensor<B>;
 
             fn backward(

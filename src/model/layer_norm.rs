@@ -23,10 +23,23 @@ use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::fastmath::{dispatched, host_f32, values};
+use super::primitive::Primitive;
 
-/// The op on `[b, s, h]` inputs with `[h]` weight and bias.
+/// The op on `[b, s, h]` inputs with `[h]` weight and bias: under autodiff it saves the input,
+/// the weight and the statistics, and its backward is [`LayerNormKernels::layer_norm_bwd`];
+/// elsewhere it is the forward.
 #[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait LayerNormOps: Backend {
+    fn layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f64,
+    ) -> FloatTensor<Self>;
+}
+
+/// The op's kernels, on the backends that compute.
+pub trait LayerNormKernels: Backend {
     /// `(y, μ, r)`: the output and each row's mean and 1/√(var + ε) (`[b, s, 1]`).
     fn layer_norm_fwd(
         x: FloatTensor<Self>,
@@ -42,15 +55,16 @@ pub trait LayerNormOps: Backend {
         rstd: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-    /// The differentiable op (under autodiff, saves the input, the weight and the statistics;
-    /// elsewhere just the forward).
+}
+
+impl<B: LayerNormKernels> LayerNormOps for B {
     fn layer_norm(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         eps: f64,
     ) -> FloatTensor<Self> {
-        Self::layer_norm_fwd(x, gamma, beta, eps).0
+        B::layer_norm_fwd(x, gamma, beta, eps).0
     }
 }
 
@@ -184,33 +198,24 @@ fn bwd_slices(x: &[f32], gamma: &[f32], st: Stats<&[f32]>, dy: &[f32]) -> (Vec<f
     (dx, cols)
 }
 
-const LEFT: &str = "layer_norm: the result left the backend of its input";
-
-fn wrap<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
-    Tensor::<D>::from_primitive::<Flex>(t)
-}
-
-fn prim<const D: usize>(t: Tensor<D>) -> FloatTensor<Flex> {
-    t.try_into_primitive::<Flex>().expect(LEFT)
-}
-
-impl LayerNormOps for Flex {
+impl LayerNormKernels for Flex {
     fn layer_norm_fwd(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         eps: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (x, gamma, beta) = (wrap::<3>(x), wrap::<1>(gamma), wrap::<1>(beta));
+        let (x, gamma, beta): (Tensor<3>, Tensor<1>, Tensor<1>) =
+            (Self::tensor(x), Self::tensor(gamma), Self::tensor(beta));
         if [x.dtype(), gamma.dtype(), beta.dtype()] != [DType::F32; 3] {
             let (y, m, r) = fwd_composed(x, gamma, beta, eps);
-            return (prim(y), prim(m), prim(r));
+            return (Self::prim(y), Self::prim(m), Self::prim(r));
         }
         let ([b, s, h], device) = (x.dims(), x.device());
         let (x, gamma, beta) = (host_f32(x), host_f32(gamma), host_f32(beta));
         let (y, st) = fwd_slices(values(&x), values(&gamma), values(&beta), eps as f32);
         let t3 = |v: Vec<f32>, w: usize| {
-            prim(Tensor::<3>::from_data(
+            Self::prim(Tensor::<3>::from_data(
                 TensorData::new(v, [b, s, w]),
                 &device,
             ))
@@ -225,8 +230,9 @@ impl LayerNormOps for Flex {
         rstd: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (x, gamma, dy) = (wrap::<3>(x), wrap::<1>(gamma), wrap::<3>(dy));
-        let (mean, rstd) = (wrap::<3>(mean), wrap::<3>(rstd));
+        let (x, gamma, dy): (Tensor<3>, Tensor<1>, Tensor<3>) =
+            (Self::tensor(x), Self::tensor(gamma), Self::tensor(dy));
+        let (mean, rstd): (Tensor<3>, Tensor<3>) = (Self::tensor(mean), Self::tensor(rstd));
         let f32s = [
             x.dtype(),
             gamma.dtype(),
@@ -236,7 +242,7 @@ impl LayerNormOps for Flex {
         ];
         if f32s != [DType::F32; 5] {
             let (dx, dg, db) = bwd_composed(x, gamma, mean, rstd, dy);
-            return (prim(dx), prim(dg), prim(db));
+            return (Self::prim(dx), Self::prim(dg), Self::prim(db));
         }
         let ([b, s, h], device) = (x.dims(), x.device());
         let (x, gamma, dy) = (host_f32(x), host_f32(gamma), host_f32(dy));
@@ -247,8 +253,8 @@ impl LayerNormOps for Flex {
         };
         let (dx, mut cols) = bwd_slices(values(&x), values(&gamma), st, values(&dy));
         let db = cols.split_off(h);
-        let t1 = |v: Vec<f32>| prim(Tensor::<1>::from_data(TensorData::new(v, [h]), &device));
-        let dx = prim(Tensor::<3>::from_data(
+        let t1 = |v: Vec<f32>| Self::prim(Tensor::<1>::from_data(TensorData::new(v, [h]), &device));
+        let dx = Self::prim(Tensor::<3>::from_data(
             TensorData::new(dx, [b, s, h]),
             &device,
         ));
@@ -257,7 +263,7 @@ impl LayerNormOps for Flex {
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-impl LayerNormOps for burn::backend::Cube {
+impl LayerNormKernels for burn::backend::Cube {
     fn layer_norm_fwd(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -265,13 +271,12 @@ impl LayerNormOps for burn::backend::Cube {
         eps: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let (y, m, r) = fwd_composed(
-            Tensor::from_primitive::<Self>(x),
-            Tensor::from_primitive::<Self>(gamma),
-            Tensor::from_primitive::<Self>(beta),
+            Self::tensor(x),
+            Self::tensor(gamma),
+            Self::tensor(beta),
             eps,
         );
-        let p = |t: Tensor<3>| t.try_into_primitive::<Self>().expect(LEFT);
-        (p(y), p(m), p(r))
+        (Self::prim(y), Self::prim(m), Self::prim(r))
     }
 
     fn layer_norm_bwd(
@@ -281,55 +286,18 @@ impl LayerNormOps for burn::backend::Cube {
         rstd: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let w3 = |t| Tensor::<3>::from_primitive::<Self>(t);
         let (dx, dg, db) = bwd_composed(
-            w3(x),
-            Tensor::from_primitive::<Self>(gamma),
-            w3(mean),
-            w3(rstd),
-            w3(dy),
+            Self::tensor(x),
+            Self::tensor(gamma),
+            Self::tensor(mean),
+            Self::tensor(rstd),
+            Self::tensor(dy),
         );
-        let p1 = |t: Tensor<1>| t.try_into_primitive::<Self>().expect(LEFT);
-        (dx.try_into_primitive::<Self>().expect(LEFT), p1(dg), p1(db))
+        (Self::prim(dx), Self::prim(dg), Self::prim(db))
     }
 }
 
-impl<B: Backend + LayerNormOps, Ck: CheckpointStrategy> LayerNormOps for Autodiff<B, Ck> {
-    /// Not differentiable on its own (the outputs are untracked); use `layer_norm`.
-    fn layer_norm_fwd(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        eps: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (y, m, r) = B::layer_norm_fwd(
-            x.into_primitive(),
-            gamma.into_primitive(),
-            beta.into_primitive(),
-            eps,
-        );
-        let w = FloatTensor::<Self>::new;
-        (w(y), w(m), w(r))
-    }
-
-    fn layer_norm_bwd(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        mean: FloatTensor<Self>,
-        rstd: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dx, dg, db) = B::layer_norm_bwd(
-            x.into_primitive(),
-            gamma.into_primitive(),
-            mean.into_primitive(),
-            rstd.into_primitive(),
-            dy.into_primitive(),
-        );
-        let w = FloatTensor::<Self>::new;
-        (w(dx), w(dg), w(db))
-    }
-
+impl<B: LayerNormKernels, Ck: CheckpointStrategy> LayerNormOps for Autodiff<B, Ck> {
     fn layer_norm(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -339,7 +307,7 @@ impl<B: Backend + LayerNormOps, Ck: CheckpointStrategy> LayerNormOps for Autodif
         #[derive(Debug)]
         struct LayerNormBackward;
 
-        impl<B: Backend + LayerNormOps> Backward<B, 3> for LayerNormBackward {
+        impl<B: LayerNormKernels> Backward<B, 3> for LayerNormBackward {
             // The input, the weight, and the row statistics.
             type State = (
                 FloatTensor<B>,

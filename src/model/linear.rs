@@ -24,10 +24,21 @@ use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::fastmath::{dispatched, host_f32, matmul, matmul_new, values, Threads};
+use super::primitive::Primitive;
 
-/// The op on `x: [b, s, n]`, `w: [n, m]`, `b: [m]`.
+/// The op on `x: [b, s, n]`, `w: [n, m]`, `b: [m]`: under autodiff it saves the input and the
+/// weight, and its backward is [`LinearKernels::linear_bwd`]; elsewhere it is the forward.
 #[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait LinearOps: Backend {
+    fn linear(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+}
+
+/// The op's kernels, on the backends that compute.
+pub trait LinearKernels: Backend {
     /// `x·w + b`: `[b, s, m]`.
     fn linear_fwd(
         x: FloatTensor<Self>,
@@ -40,14 +51,15 @@ pub trait LinearOps: Backend {
         w: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-    /// The differentiable op (under autodiff, saves the input and the weight; elsewhere just
-    /// the forward).
+}
+
+impl<B: LinearKernels> LinearOps for B {
     fn linear(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        Self::linear_fwd(x, w, b)
+        B::linear_fwd(x, w, b)
     }
 }
 
@@ -145,39 +157,22 @@ dispatched!(add_row, (acc: &mut [f32], row: &[f32]), {
     }
 });
 
-const LEFT: &str = "linear: the result left the backend of its input";
-
-/// The gradients as the backend's primitives.
-macro_rules! prims {
-    ($b:ty, $dx:expr, $dw:expr, $db:expr) => {
-        (
-            $dx.try_into_primitive::<$b>().expect(LEFT),
-            $dw.try_into_primitive::<$b>().expect(LEFT),
-            $db.try_into_primitive::<$b>().expect(LEFT),
-        )
-    };
-}
-
-impl LinearOps for Flex {
+impl LinearKernels for Flex {
     fn linear_fwd(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let x = Tensor::<3>::from_primitive::<Self>(x);
-        let (w, b) = (
-            Tensor::<2>::from_primitive::<Self>(w),
-            Tensor::<1>::from_primitive::<Self>(b),
-        );
-        let y = if [x.dtype(), w.dtype(), b.dtype()] == [DType::F32; 3] {
+        let (x, w, b): (Tensor<3>, Tensor<2>, Tensor<1>) =
+            (Self::tensor(x), Self::tensor(w), Self::tensor(b));
+        Self::prim(if [x.dtype(), w.dtype(), b.dtype()] == [DType::F32; 3] {
             let ([bs, s, n], m, device) = (x.dims(), w.dims()[1], x.device());
             let (xs, ws, b) = (host_f32(x), host_f32(w), host_f32(b));
             let y = fwd_slices(values(&xs), values(&ws), values(&b), (bs * s, n, m));
             Tensor::<3>::from_data(TensorData::new(y, [bs, s, m]), &device)
         } else {
             burn::tensor::module::linear(x, w, Some(b))
-        };
-        y.try_into_primitive::<Self>().expect(LEFT)
+        })
     }
 
     fn linear_bwd(
@@ -185,9 +180,8 @@ impl LinearOps for Flex {
         w: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let x = Tensor::<3>::from_primitive::<Self>(x);
-        let w = Tensor::<2>::from_primitive::<Self>(w);
-        let dy = Tensor::<3>::from_primitive::<Self>(dy);
+        let (x, w, dy): (Tensor<3>, Tensor<2>, Tensor<3>) =
+            (Self::tensor(x), Self::tensor(w), Self::tensor(dy));
         let (dx, dw, db) = if [x.dtype(), w.dtype(), dy.dtype()] == [DType::F32; 3] {
             let ([bs, s, n], m, device) = (x.dims(), w.dims()[1], x.device());
             let (xs, ws, dys) = (host_f32(x), host_f32(w), host_f32(dy));
@@ -200,52 +194,22 @@ impl LinearOps for Flex {
         } else {
             bwd_composed(x, w, dy)
         };
-        prims!(Self, dx, dw, db)
+        (Self::prim(dx), Self::prim(dw), Self::prim(db))
     }
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-impl LinearOps for burn::backend::Cube {
+impl LinearKernels for burn::backend::Cube {
     fn linear_fwd(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let x = Tensor::<3>::from_primitive::<Self>(x);
-        let (w, b) = (
-            Tensor::<2>::from_primitive::<Self>(w),
-            Tensor::<1>::from_primitive::<Self>(b),
-        );
-        burn::tensor::module::linear(x, w, Some(b))
-            .try_into_primitive::<Self>()
-            .expect(LEFT)
-    }
-
-    fn linear_bwd(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dx, dw, db) = bwd_composed(
-            Tensor::<3>::from_primitive::<Self>(x),
-            Tensor::<2>::from_primitive::<Self>(w),
-            Tensor::<3>::from_primitive::<Self>(dy),
-        );
-        prims!(Self, dx, dw, db)
-    }
-}
-
-impl<B: Backend + LinearOps, Ck: CheckpointStrategy> LinearOps for Autodiff<B, Ck> {
-    /// Not differentiable on its own (the output is untracked); use `linear`.
-    fn linear_fwd(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        FloatTensor::<Self>::new(B::linear_fwd(
-            x.into_primitive(),
-            w.into_primitive(),
-            b.into_primitive(),
+        let x = Self::tensor::<3>(x);
+        Self::prim(burn::tensor::module::linear(
+            x,
+            Self::tensor(w),
+            Some(Self::tensor(b)),
         ))
     }
 
@@ -254,12 +218,12 @@ impl<B: Backend + LinearOps, Ck: CheckpointStrategy> LinearOps for Autodiff<B, C
         w: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dx, dw, db) =
-            B::linear_bwd(x.into_primitive(), w.into_primitive(), dy.into_primitive());
-        let t = FloatTensor::<Self>::new;
-        (t(dx), t(dw), t(db))
+        let (dx, dw, db) = bwd_composed(Self::tensor(x), Self::tensor(w), Self::tensor(dy));
+        (Self::prim(dx), Self::prim(dw), Self::prim(db))
     }
+}
 
+impl<B: LinearKernels, Ck: CheckpointStrategy> LinearOps for Autodiff<B, Ck> {
     fn linear(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
@@ -268,7 +232,7 @@ impl<B: Backend + LinearOps, Ck: CheckpointStrategy> LinearOps for Autodiff<B, C
         #[derive(Debug)]
         struct LinearBackward;
 
-        impl<B: Backend + LinearOps> Backward<B, 3> for LinearBackward {
+        impl<B: LinearKernels> Backward<B, 3> for LinearBackward {
             // The input and the weight.
             type State = (FloatTensor<B>, FloatTensor<B>);
 

@@ -19,6 +19,7 @@ pub mod linear;
 pub mod neox;
 pub mod params;
 pub mod position;
+pub(crate) mod primitive;
 pub mod qkv_attention;
 pub mod tensor_parallel;
 pub mod tensors;

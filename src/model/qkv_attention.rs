@@ -34,6 +34,7 @@ use super::flash::{
 };
 use super::flash_cpu::{self, Dims};
 use super::position::apply_rotary;
+use super::primitive::Primitive;
 
 /// What the op needs besides its tensors.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,9 +46,21 @@ pub struct QkvParams {
 }
 
 /// Shapes: qkv `[b, s, heads·3d]`, cos and sin `[1, 1, s, rot]` (Hugging Face's tables, halves
-/// repeated), output and its gradient `[b, s, heads·d]`, lse `[b, heads, s]`.
+/// repeated), output and its gradient `[b, s, heads·d]`, lse `[b, heads, s]`. Under autodiff
+/// the op saves qkv, the tables, o and lse, and its backward is
+/// [`QkvAttentionKernels::qkv_attention_bwd`]; elsewhere it is the forward.
 #[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait QkvAttentionOps: Backend {
+    fn qkv_attention(
+        qkv: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        params: QkvParams,
+    ) -> FloatTensor<Self>;
+}
+
+/// The op's kernels, on the backends that compute.
+pub trait QkvAttentionKernels: Backend {
     /// `(o, lse)`.
     fn qkv_attention_fwd(
         qkv: FloatTensor<Self>,
@@ -65,15 +78,16 @@ pub trait QkvAttentionOps: Backend {
         d_o: FloatTensor<Self>,
         params: QkvParams,
     ) -> FloatTensor<Self>;
-    /// The differentiable op (under autodiff, saves qkv, the tables, o and lse; elsewhere just
-    /// the forward).
+}
+
+impl<B: QkvAttentionKernels> QkvAttentionOps for B {
     fn qkv_attention(
         qkv: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
         params: QkvParams,
     ) -> FloatTensor<Self> {
-        Self::qkv_attention_fwd(qkv, cos, sin, params).0
+        B::qkv_attention_fwd(qkv, cos, sin, params).0
     }
 }
 
@@ -126,15 +140,6 @@ fn heads_composed(x: Tensor<3>, heads: usize) -> Tensor<4> {
     x.reshape([b, s, heads, w / heads]).swap_dims(1, 2)
 }
 
-fn opts(p: &QkvParams) -> AttnOptions {
-    AttnOptions {
-        causal: p.flash.causal,
-        alibi: p.flash.alibi.clone(),
-        q_offset: p.flash.q_offset,
-        k_offset: p.flash.k_offset,
-    }
-}
-
 fn fwd_composed(
     qkv: Tensor<3>,
     cos: &Tensor<4>,
@@ -143,7 +148,7 @@ fn fwd_composed(
 ) -> (Tensor<3>, Tensor<3>) {
     let (q, k, v) = split_composed(qkv, cos, sin, p);
     let (bq, bk) = (p.flash.block_q, p.flash.block_k);
-    let (o, lse) = flash_attention_forward(q, k, v, &opts(p), bq, bk);
+    let (o, lse) = flash_attention_forward(q, k, v, &p.flash.opts, bq, bk);
     (merge_composed(o), lse)
 }
 
@@ -160,7 +165,7 @@ fn bwd_composed(
     let (q, k, v) = split_composed(qkv, cos, sin, p);
     let (o, d_o) = (heads_composed(o, p.heads), heads_composed(d_o, p.heads));
     let (bq, bk) = (p.flash.block_q, p.flash.block_k);
-    let (dq, dk, dv) = flash_attention_backward(q, k, v, o, lse, d_o, &opts(p), bq, bk);
+    let (dq, dk, dv) = flash_attention_backward(q, k, v, o, lse, d_o, &p.flash.opts, bq, bk);
     // Rotary's transpose: the rotation by −θ.
     let neg_sin = sin.clone().neg();
     let dq = apply_rotary(dq, cos, &neg_sin, p.rot);
@@ -293,20 +298,15 @@ fn shape_of(qkv: &Tensor<3>, cos: &Tensor<4>, p: &QkvParams) -> Shape {
     }
 }
 
-const LEFT: &str = "qkv attention: the result left the backend of its input";
-
-impl QkvAttentionOps for Flex {
+impl QkvAttentionKernels for Flex {
     fn qkv_attention_fwd(
         qkv: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
         params: QkvParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let qkv = Tensor::<3>::from_primitive::<Self>(qkv);
-        let (cos, sin) = (
-            Tensor::<4>::from_primitive::<Self>(cos),
-            Tensor::<4>::from_primitive::<Self>(sin),
-        );
+        let (qkv, cos, sin): (Tensor<3>, Tensor<4>, Tensor<4>) =
+            (Self::tensor(qkv), Self::tensor(cos), Self::tensor(sin));
         let (o, lse) = if [qkv.dtype(), cos.dtype(), sin.dtype()] == [DType::F32; 3] {
             let (n, device) = (shape_of(&qkv, &cos, &params), qkv.device());
             let (qkv, cos, sin) = (host_f32(qkv), host_f32(cos), host_f32(sin));
@@ -320,10 +320,7 @@ impl QkvAttentionOps for Flex {
         } else {
             fwd_composed(qkv, &cos, &sin, &params)
         };
-        (
-            o.try_into_primitive::<Self>().expect(LEFT),
-            lse.try_into_primitive::<Self>().expect(LEFT),
-        )
+        (Self::prim(o), Self::prim(lse))
     }
 
     fn qkv_attention_bwd(
@@ -335,14 +332,18 @@ impl QkvAttentionOps for Flex {
         d_o: FloatTensor<Self>,
         params: QkvParams,
     ) -> FloatTensor<Self> {
-        let w3 = |t| Tensor::<3>::from_primitive::<Self>(t);
-        let w4 = |t| Tensor::<4>::from_primitive::<Self>(t);
-        let (qkv, cos, sin, o, lse, d_o) = (w3(qkv), w4(cos), w4(sin), w3(o), w3(lse), w3(d_o));
+        let (qkv, o, lse, d_o): (Tensor<3>, Tensor<3>, Tensor<3>, Tensor<3>) = (
+            Self::tensor(qkv),
+            Self::tensor(o),
+            Self::tensor(lse),
+            Self::tensor(d_o),
+        );
+        let (cos, sin): (Tensor<4>, Tensor<4>) = (Self::tensor(cos), Self::tensor(sin));
         let f32s = [&qkv, &o, &lse, &d_o]
             .iter()
             .all(|t| t.dtype() == DType::F32)
             && [cos.dtype(), sin.dtype()] == [DType::F32; 2];
-        let dqkv = if f32s {
+        Self::prim(if f32s {
             let (n, device) = (shape_of(&qkv, &cos, &params), qkv.device());
             let dims = qkv.dims();
             let (qkv, cos, sin) = (host_f32(qkv), host_f32(cos), host_f32(sin));
@@ -358,13 +359,12 @@ impl QkvAttentionOps for Flex {
             Tensor::<3>::from_data(TensorData::new(dqkv, dims), &device)
         } else {
             bwd_composed(qkv, &cos, &sin, o, lse, d_o, &params)
-        };
-        dqkv.try_into_primitive::<Self>().expect(LEFT)
+        })
     }
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-impl QkvAttentionOps for burn::backend::Cube {
+impl QkvAttentionKernels for burn::backend::Cube {
     fn qkv_attention_fwd(
         qkv: FloatTensor<Self>,
         cos: FloatTensor<Self>,
@@ -372,15 +372,12 @@ impl QkvAttentionOps for burn::backend::Cube {
         params: QkvParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (o, lse) = fwd_composed(
-            Tensor::<3>::from_primitive::<Self>(qkv),
-            &Tensor::<4>::from_primitive::<Self>(cos),
-            &Tensor::<4>::from_primitive::<Self>(sin),
+            Self::tensor(qkv),
+            &Self::tensor(cos),
+            &Self::tensor(sin),
             &params,
         );
-        (
-            o.try_into_primitive::<Self>().expect(LEFT),
-            lse.try_into_primitive::<Self>().expect(LEFT),
-        )
+        (Self::prim(o), Self::prim(lse))
     }
 
     fn qkv_attention_bwd(
@@ -392,59 +389,19 @@ impl QkvAttentionOps for burn::backend::Cube {
         d_o: FloatTensor<Self>,
         params: QkvParams,
     ) -> FloatTensor<Self> {
-        let w3 = |t| Tensor::<3>::from_primitive::<Self>(t);
-        let w4 = |t| Tensor::<4>::from_primitive::<Self>(t);
-        bwd_composed(
-            w3(qkv),
-            &w4(cos),
-            &w4(sin),
-            w3(o),
-            w3(lse),
-            w3(d_o),
+        Self::prim(bwd_composed(
+            Self::tensor(qkv),
+            &Self::tensor(cos),
+            &Self::tensor(sin),
+            Self::tensor(o),
+            Self::tensor(lse),
+            Self::tensor(d_o),
             &params,
-        )
-        .try_into_primitive::<Self>()
-        .expect(LEFT)
+        ))
     }
 }
 
-impl<B: Backend + QkvAttentionOps, Ck: CheckpointStrategy> QkvAttentionOps for Autodiff<B, Ck> {
-    /// Not differentiable on its own (the outputs are untracked); use `qkv_attention`.
-    fn qkv_attention_fwd(
-        qkv: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        params: QkvParams,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (o, lse) = B::qkv_attention_fwd(
-            qkv.into_primitive(),
-            cos.into_primitive(),
-            sin.into_primitive(),
-            params,
-        );
-        (FloatTensor::<Self>::new(o), FloatTensor::<Self>::new(lse))
-    }
-
-    fn qkv_attention_bwd(
-        qkv: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        o: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_o: FloatTensor<Self>,
-        params: QkvParams,
-    ) -> FloatTensor<Self> {
-        FloatTensor::<Self>::new(B::qkv_attention_bwd(
-            qkv.into_primitive(),
-            cos.into_primitive(),
-            sin.into_primitive(),
-            o.into_primitive(),
-            lse.into_primitive(),
-            d_o.into_primitive(),
-            params,
-        ))
-    }
-
+impl<B: QkvAttentionKernels, Ck: CheckpointStrategy> QkvAttentionOps for Autodiff<B, Ck> {
     fn qkv_attention(
         qkv: FloatTensor<Self>,
         cos: FloatTensor<Self>,
@@ -454,7 +411,7 @@ impl<B: Backend + QkvAttentionOps, Ck: CheckpointStrategy> QkvAttentionOps for A
         #[derive(Debug)]
         struct QkvBackward;
 
-        impl<B: Backend + QkvAttentionOps> Backward<B, 1> for QkvBackward {
+        impl<B: QkvAttentionKernels> Backward<B, 1> for QkvBackward {
             // qkv, cos, sin, o, lse, and the parameters.
             type State = (
                 FloatTensor<B>,

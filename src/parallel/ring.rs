@@ -29,6 +29,7 @@ use crate::model::attention_op::{differentiable, AttentionKernels};
 use crate::model::flash::{
     flash_attention_backward, flash_attention_forward, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q,
 };
+use crate::model::primitive::Primitive;
 use crate::parallel::comm::Communicator;
 use crate::parallel::ulysses::{ulysses_attention, SpGroup};
 
@@ -74,8 +75,6 @@ pub trait RingOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-const LEFT: &str = "ring attention: a result left the backend of its input";
-
 /// The ring's forward and backward on a concrete backend, through the tensor-level ring below;
 /// autodiff reaches them through [`AttentionKernels`].
 macro_rules! ring_for {
@@ -87,12 +86,13 @@ macro_rules! ring_for {
                 k: FloatTensor<$backend>,
                 v: FloatTensor<$backend>,
             ) -> (FloatTensor<$backend>, FloatTensor<$backend>) {
-                let t = |x| Tensor::<4>::from_primitive::<$backend>(x);
-                let (o, lse) = ring_forward(t(q), t(k), t(v), self);
-                (
-                    o.try_into_primitive::<$backend>().expect(LEFT),
-                    lse.try_into_primitive::<$backend>().expect(LEFT),
-                )
+                let (o, lse) = ring_forward(
+                    <$backend>::tensor(q),
+                    <$backend>::tensor(k),
+                    <$backend>::tensor(v),
+                    self,
+                );
+                (<$backend>::prim(o), <$backend>::prim(lse))
             }
 
             fn backward(
@@ -108,13 +108,19 @@ macro_rules! ring_for {
                 FloatTensor<$backend>,
                 FloatTensor<$backend>,
             ) {
-                let t = |x| Tensor::<4>::from_primitive::<$backend>(x);
-                let lse = Tensor::<3>::from_primitive::<$backend>(lse);
-                let (dq, dk, dv) = ring_backward(t(q), t(k), t(v), t(o), lse, t(d_o), self);
+                let (dq, dk, dv) = ring_backward(
+                    <$backend>::tensor(q),
+                    <$backend>::tensor(k),
+                    <$backend>::tensor(v),
+                    <$backend>::tensor(o),
+                    <$backend>::tensor(lse),
+                    <$backend>::tensor(d_o),
+                    self,
+                );
                 (
-                    dq.try_into_primitive::<$backend>().expect(LEFT),
-                    dk.try_into_primitive::<$backend>().expect(LEFT),
-                    dv.try_into_primitive::<$backend>().expect(LEFT),
+                    <$backend>::prim(dq),
+                    <$backend>::prim(dk),
+                    <$backend>::prim(dv),
                 )
             }
         }
