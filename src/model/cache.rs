@@ -30,10 +30,6 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// A cache that holds `tokens` tokens without growing.
     pub fn with_capacity(tokens: usize) -> Self {
         KvCache {

@@ -27,23 +27,6 @@ pub struct Streamed<'a> {
     pub values: Box<dyn Fn() -> Vec<f32> + 'a>,
 }
 
-/// Writes `tensors` (and string `metadata`) to `path` atomically.
-pub fn write_safetensors(
-    path: &Path,
-    tensors: &[HostTensor],
-    metadata: HashMap<String, String>,
-) -> Result<()> {
-    let streamed: Vec<Streamed> = tensors
-        .iter()
-        .map(|t| Streamed {
-            name: t.name.clone(),
-            shape: t.shape.clone(),
-            values: Box::new(move || t.data.clone()),
-        })
-        .collect();
-    write_safetensors_streamed(path, &streamed, metadata)
-}
-
 /// Writes a safetensors file atomically, one tensor at a time: the header (names, F32, shapes,
 /// contiguous offsets, padded to 8 bytes as the format recommends), then each tensor's
 /// little-endian bytes through a buffered writer.
@@ -253,7 +236,12 @@ mod tests {
             data: vec![1.0, -2.0, 3.5, 0.0, 1e-3, 7.0],
         };
         let meta = HashMap::from([("k".to_string(), "v".to_string())]);
-        write_safetensors(&p, std::slice::from_ref(&t), meta.clone()).unwrap();
+        let s = Streamed {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            values: Box::new(|| t.data.clone()),
+        };
+        write_safetensors_streamed(&p, &[s], meta.clone()).unwrap();
         let (back, m) = read_safetensors(&p).unwrap();
         assert_eq!(back["a.weight"], t);
         assert_eq!(m, meta);
