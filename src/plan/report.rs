@@ -145,9 +145,10 @@ pub(super) fn sweep_report(
     rows: &[SweepRow],
 ) -> String {
     let mut s = String::new();
-    let what = match a.device {
-        PlanDevice::Gpu => "GPU",
-        PlanDevice::Cpu => "process",
+    // The first column's header: "processes" would not fit its six characters.
+    let (what, column) = match a.device {
+        PlanDevice::Gpu => ("GPU", "GPUs"),
+        PlanDevice::Cpu => ("process", "procs"),
     };
     let _ = writeln!(
         s,
@@ -170,13 +171,7 @@ pub(super) fn sweep_report(
     let _ = writeln!(
         s,
         "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  best layout",
-        what.to_string() + "s",
-        "DP only",
-        "TP",
-        "Ulysses SP",
-        "TP+Ulysses",
-        "CP (+any)",
-        "best"
+        column, "DP only", "TP", "Ulysses SP", "TP+Ulysses", "CP (+any)", "best"
     );
     for r in rows {
         let cell = |n: usize| if n == 0 { "-".to_string() } else { tokens(n) };
