@@ -13,7 +13,7 @@ use crate::data::ingest_queue::{self, Budget, Item};
 use crate::error::{Error, Result};
 use crate::tokenizer::{CodonTokenizer, Trailing, VocabKind};
 
-/// Settings of one ingest run (the default: GenSLM's vocabulary and trailing [UNK], stop on
+/// Settings of one ingest run (the default: GenSLM's vocabulary and trailing `[UNK]`, stop on
 /// an invalid record, no progress bar).
 #[derive(Debug, Clone, Default)]
 pub struct IngestOptions {

@@ -6,9 +6,10 @@
 //! Fused, the forward and the backward are one pass each over slices (threads over chunks, a
 //! polynomial exp the compiler vectorises), and only the input is kept.
 //!
-//! Same extension pattern as FlashAttention: [`GeluOps`] is implemented for `Flex` (the loops
-//! below), for `Autodiff` (a [`Backward`] that calls the inner backend's `gelu_fast_bwd`), and
-//! for CubeCL backends with the composed tensor formulas.
+//! The pattern LayerNorm, linear and QKV attention share: [`GeluKernels`] (forward and backward)
+//! is implemented for `Flex` (the loops below) and for CubeCL backends (the composed tensor
+//! formulas); [`GeluOps`], the backend extension, is the forward on those and, for `Autodiff`,
+//! a [`Backward`] that calls the inner backend's `gelu_fast_bwd`.
 
 use burn::backend::autodiff::{
     checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},

@@ -60,6 +60,7 @@ pub fn block_len(total: usize, d: usize) -> usize {
 fn padded(values: impl Iterator<Item = Vec<f32>>, len: usize) -> Vec<f32> {
     let mut flat = Vec::with_capacity(len);
     values.for_each(|v| flat.extend_from_slice(&v));
+    assert!(flat.len() <= len, "{} values do not fit {len}", flat.len());
     flat.resize(len, 0.0);
     flat
 }
