@@ -17,8 +17,15 @@ use crate::error::{Error, Result};
 /// The manifest's file name inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "checksums.sha256";
 
-fn hex(digest: &[u8]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+/// Lower-case hex of a digest (a table lookup per nibble: ingest calls it once per record).
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
 }
 
 /// Hex sha256 of a file, read in 1 MiB pieces.

@@ -417,6 +417,7 @@ mod tests {
             }
         }
     }
+
     /// The vector path maps every byte as the scalar walk does: all 256 byte values, and runs
     /// of bases with a sprinkling of other letters, at lengths around its 48-byte groups.
     #[test]

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use md5::{Digest, Md5};
 
+use crate::checksum::hex;
 use crate::data::dataset::{DatasetWriter, Row};
 use crate::data::fasta::{self, OnInvalid};
 use crate::data::ingest_queue::{self, Budget, Item};
@@ -321,17 +322,6 @@ fn count_id(ids: &[u8], id: u8) -> u64 {
 fn panicked(p: Box<dyn std::any::Any + Send>) -> Error {
     let why = crate::error::panic_message(p.as_ref()).unwrap_or_default();
     Error::Invalid(format!("an ingest thread panicked: {why}"))
-}
-
-/// Lower-case hex of a digest.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
 }
 
 #[cfg(test)]

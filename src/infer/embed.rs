@@ -21,9 +21,9 @@ use burn::tensor::{Tensor, TensorData};
 use md5::{Digest, Md5};
 
 use crate::backend::Compute;
+use crate::checksum::hex;
 use crate::data::dataset::{DatasetReader, TokenizedRecord};
 use crate::data::fasta::{self, OnInvalid};
-use crate::data::ingest::hex;
 use crate::error::{Error, Result};
 use crate::infer::embed_io::{EmbeddingRow, EmbeddingWriter};
 use crate::infer::window::resolve_window;

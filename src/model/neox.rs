@@ -440,8 +440,6 @@ impl GenSlm {
         let heads = self.spec(l.qkv_w).shape[1] / (3 * d);
         let a_in = self.copy_in(self.norm(x.clone(), l.ln1_w, l.ln1_b));
         let qkv = self.dense(a_in, l.qkv_w, Some(l.qkv_b));
-        // HF's fused layout: per head [q | k | v], each head_dim wide. Rotary and attention run
-        // in fp32 (softmax statistics in fp32 whatever the compute dtype).
         // One rank, no cache, rotary: the split, rotary and FlashAttention as one op.
         if let (None, Past::None, Some((cos, sin))) = (&self.sp, &past, &ctx.rope) {
             if c.attention == AttentionKind::Flash {
@@ -450,6 +448,8 @@ impl GenSlm {
                 return self.layer_end(l, x, o, None);
             }
         }
+        // HF's fused layout: per head [q | k | v], each head_dim wide. Rotary and attention run
+        // in fp32 (softmax statistics in fp32 whatever the compute dtype).
         let qkv = self.full(qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2));
         let mut q = qkv.clone().narrow(3, 0, d);
         let mut k = qkv.clone().narrow(3, d, d);

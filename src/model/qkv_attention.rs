@@ -121,20 +121,20 @@ fn split_composed(
     sin: &Tensor<4>,
     p: &QkvParams,
 ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-    let [b, s, w] = qkv.dims();
-    let d = w / (3 * p.heads);
-    let qkv = qkv.reshape([b, s, p.heads, 3 * d]).swap_dims(1, 2);
+    let d = qkv.dims()[2] / (3 * p.heads);
+    let qkv = heads_composed(qkv, p.heads);
     let q = apply_rotary(qkv.clone().narrow(3, 0, d), cos, sin, p.rot);
     let k = apply_rotary(qkv.clone().narrow(3, d, d), cos, sin, p.rot);
     (q, k, qkv.narrow(3, 2 * d, d))
 }
 
-/// `[b, heads, s, d]` → `[b, s, heads·d]`, and back.
+/// `[b, heads, s, d]` → `[b, s, heads·d]` (the inverse of [`heads_composed`]).
 fn merge_composed(x: Tensor<4>) -> Tensor<3> {
     let [b, h, s, d] = x.dims();
     x.swap_dims(1, 2).reshape([b, s, h * d])
 }
 
+/// `[b, s, heads·w]` → `[b, heads, s, w]`.
 fn heads_composed(x: Tensor<3>, heads: usize) -> Tensor<4> {
     let [b, s, w] = x.dims();
     x.reshape([b, s, heads, w / heads]).swap_dims(1, 2)
@@ -173,7 +173,7 @@ fn bwd_composed(
     merge_composed(Tensor::cat(vec![dq, dk, dv], 3))
 }
 
-/// The loops' view of a call: `bh` = batch·heads, `s` tokens, head dim `d`, `rot` rotary dims.
+/// The loops' view of a call: batch `b`, `h` heads, `s` tokens, head dim `d`, `rot` rotary dims.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     b: usize,
@@ -280,7 +280,7 @@ fn transpose_heads(x: &[f32], n: Shape, to_tokens: bool) -> Vec<f32> {
     out
 }
 
-/// The loops' shape of a call, if every tensor is f32 (else the composed path runs).
+/// The loops' shape of a call (the caller has checked that every tensor is f32).
 fn shape_of(qkv: &Tensor<3>, cos: &Tensor<4>, p: &QkvParams) -> Shape {
     let [b, s, w] = qkv.dims();
     assert_eq!(
