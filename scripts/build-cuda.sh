@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# Builds a runnable CUDA binary: cargo build --release --features cuda,nccl,mpi.
-# Usage: scripts/build-cuda.sh [--offline-llvm]
-# FEATURES=cuda,nccl drops MPI (the binary then needs no libmpi where it runs: one process,
-# ranks as threads); clusters want the default, which launches one process per GPU.
+# Builds a runnable CUDA binary and, with --bundle, the compressed package carried to a GPU
+# machine (docs/GPU.md).
+# Usage: scripts/build-cuda.sh [--offline-llvm] [--nvrtc] [--bundle]
+#   default     features cuda,nccl: one process, ranks as threads, no libmpi needed where it
+#               runs; kernels compiled at run time through LLVM to PTX (needs libdevice.10.bc).
+#   --nvrtc     adds cuda-nvrtc: kernels compiled from CUDA C++ by NVRTC instead (the fallback
+#               when the LLVM route fails on a GPU; needs libnvrtc and the toolkit's headers).
+#   --bundle    strips and xz-compresses the binary into target/gpu-bundle/ with its NEEDED
+#               list, SHA256SUMS and any library a CUDA machine would lack; fails when the
+#               bundle passes 60 MiB or needs a newer glibc than GLIBC_MAX (2.39: Ubuntu 24.04).
+#               Run once plain and once with --nvrtc: both variants share the bundle directory.
+# FEATURES=cuda,nccl,mpi builds for clusters (one process per GPU under mpirun/srun); such a
+# binary needs libmpi where it runs, which the GPU machine here does not have.
 # burn-cuda -> cubecl-llvm -> tracel-llvm-bundler, whose build script downloads an LLVM 23.1
 # bundle from GitHub. Where GitHub is out of reach (or with --offline-llvm), Debian's LLVM 22
 # stands in for that bundle: the bundler only checks for a marker file, then runs llvm-config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-OFFLINE=0
-case "${1:-}" in
-  "") ;; --offline-llvm) OFFLINE=1 ;;
-  *) echo "usage: $0 [--offline-llvm]" >&2; exit 2 ;;
-esac
+OFFLINE=0 NVRTC=0 BUNDLE=0
+for arg in "$@"; do
+  case "$arg" in
+    --offline-llvm) OFFLINE=1 ;; --nvrtc) NVRTC=1 ;; --bundle) BUNDLE=1 ;;
+    *) echo "usage: $0 [--offline-llvm] [--nvrtc] [--bundle]" >&2; exit 2 ;;
+  esac
+done
+START=$(date +%s)
 
 # Cargo.toml pins cudarc's `cuda-12080` bindings; they load libcuda/libnccl/libnvrtc with dlopen
 # at run time, so no toolkit is needed here. cudarc's build script gives CUDARC_CUDA_VERSION
@@ -38,7 +50,9 @@ URL="https://github.com/tracel-ai/tracel-llvm/releases/download/v23.1.0-4/$ASSET
 # The bundler fetches this small sidecar first, with a plain GET: probe the same way.
 PROBE="${URL%.tar.xz}.checksums.json"
 
-FEATURES="${FEATURES:-cuda,nccl,mpi}"
+FEATURES="${FEATURES:-cuda,nccl}"
+VARIANT=llvm
+if (( NVRTC )); then FEATURES="$FEATURES,cuda-nvrtc"; VARIANT=nvrtc; fi
 build() { cargo build --release --locked --features "$FEATURES"; }
 
 ensure_pkgs() {  # dpkg -s alone also passes for removed-but-not-purged packages
@@ -100,7 +114,7 @@ fi
 
 BIN="$CARGO_TARGET_DIR/release/genslm"
 SIZE=$(stat -c %s "$BIN")
-echo "== built $BIN: $SIZE bytes ($(awk -v s="$SIZE" 'BEGIN{printf "%.1f", s/1048576}') MiB)"
-ldd "$BIN" | grep -E 'libcuda|libnccl|libnvrtc' ||
-  echo "   (no libcuda/libnccl/libnvrtc in ldd: cudarc dlopen()s them at run time," \
-    "so they must be on the loader path when the binary runs, not now)"
+echo "== built $BIN ($FEATURES): $SIZE bytes ($(awk -v s="$SIZE" 'BEGIN{printf "%.1f", s/1048576}') MiB)" \
+  "in $(( $(date +%s) - START )) s"
+(( BUNDLE )) || exit 0
+exec scripts/gpu-bundle.sh "$BIN" "$VARIANT" "$FEATURES"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Type-checks (and lints) the CUDA build (features cuda + nccl, with and without mpi) on a machine with no
-# GPU and no internet. burn-cuda pulls cubecl-llvm, whose build script downloads an LLVM bundle;
-# it skips the download when DOCS_RS is set (the docs.rs path), which only type-checks — so
-# this proves the GPU code compiles, not that it links or runs (scripts/build-cuda.sh does).
+# Type-checks (and lints) the CUDA build (features cuda + nccl, with and without mpi, and the
+# NVRTC variant) on a machine with no GPU and no internet. burn-cuda pulls cubecl-llvm, whose
+# build script downloads an LLVM bundle; it skips the download when DOCS_RS is set (the docs.rs
+# path), which only type-checks — so this proves the GPU code compiles, not that it links or
+# runs (scripts/build-cuda.sh does).
 # Its own target dir: sharing the CPU build's would rebuild burn with other features each time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +15,6 @@ echo "== cargo clippy --features cuda,nccl (DOCS_RS=1, target $CARGO_TARGET_DIR)
 cargo clippy --locked --features cuda,nccl --all-targets -- -D warnings
 echo "== cargo clippy --features cuda,nccl,mpi"
 cargo clippy --locked --features cuda,nccl,mpi --all-targets -- -D warnings
+echo "== cargo clippy --features cuda-nvrtc,nccl (kernels compiled by NVRTC: the fallback bundle)"
+cargo clippy --locked --features cuda-nvrtc,nccl --all-targets -- -D warnings
 echo "== the CUDA build type-checks"

@@ -1,70 +1,97 @@
 #!/usr/bin/env bash
-# The GPU check: needs only a genslm binary built with the `cuda` feature
-# (scripts/build-cuda.sh), an NVIDIA GPU with its driver, nvidia-smi and python3 — no Rust.
-# Usage: scripts/gpu-smoke.sh BINARY [WORK_DIR]
-# Prints one markdown table:
-#   (1) tiny and genslm-25m, 20 steps on cuda (bf16) vs cpu (fp32): worst per-step loss gap;
-#   (2) tokens/s, TFLOPS, MFU and peak GPU memory of genslm-25m and genslm-250m training at
-#       seq 2K, 8K and the longest power of two that fits (batch 1);
-#   (3) embed and generate on cuda;
-#   (4) with 2+ GPUs: --sp 2 (under mpirun when present: NCCL on device buffers; else two
-#       thread ranks) vs --sp 1, losses.
-# PEAK_TFLOPS (default 989, H100/H200 SXM dense bf16) sets the MFU denominator.
+# The GPU check after scripts/gpu-probe.sh passes (docs/GPU.md): parts chosen with PARTS, each
+# at most about 8 minutes (one device command may run 10), rows printed and appended to
+# $OUT/smoke-VARIANT.md as they are measured, so a timeout keeps what ran; the runs' logs go
+# to $OUT/smoke-logs-VARIANT.tar.xz (the device tool brings back 8 files at most).
+# Usage: PARTS=correctness,throughput bash scripts/gpu-smoke.sh [llvm|nvrtc]
+#   correctness  tiny and genslm-25m, 20 steps, cuda fp32 (<= 1e-3 relative per step) and bf16
+#                (<= 2e-2) against the CPU curve (REF_DIR, else made here first)
+#   throughput   genslm-25m and genslm-250m at seq 2K, 8K, then doubling while it fits:
+#                tokens/s, TFLOPS, MFU (PEAK_TFLOPS, default 989: H100/H200 SXM dense bf16),
+#                peak GPU memory (nvidia-smi, sampled every 100 ms)
+#   infer        score, embed and generate on cuda with a model trained here for 5 steps
+#   attention    the op alone, bf16, causal: genslm's kernels vs cubek vs PyTorch SDPA at
+#                ATTN_SEQS (1024,4096,16384,32768) × d 64/128, and ALiBi (ours vs SDPA)
+#   sp           with 2+ GPUs: --sp 2 against --sp 1
+# The CPU curves take seconds; make them on the dev machine and carry them to save GPU time:
+#   PARTS=ref BIN=target/release/genslm bash scripts/gpu-smoke.sh   (writes REF_DIR)
 set -uo pipefail
-BIN=$(realpath "$1")
 cd "$(dirname "$0")/.."
-WORK=${2:-$(mktemp -d)}
-mkdir -p "$WORK"
+VARIANT=${1:-llvm}
+PARTS=",${PARTS:-correctness,throughput,infer,attention,sp},"
+OUTDIR=${OUT:-target/gpu-smoke}
+REF_DIR=${REF_DIR:-target/gpu-bundle/ref}
 PEAK=${PEAK_TFLOPS:-989}
-NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-TABLE="$WORK/table.md"
-GPU=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)
-{ echo "GPU: $GPU ($NGPU visible); $(date -u +%F); binary $(basename "$BIN")"; echo
-  echo "| check | result | figures |"; echo "|---|---|---|"; } > "$TABLE"
-row() { echo "| $1 | $2 | $3 |" >> "$TABLE"; }
+PART_S=${PART_S:-450}
+mkdir -p "$OUTDIR" "$REF_DIR"
+ROWS="$OUTDIR/smoke-$VARIANT.md"
+WORK=${WORK:-$(mktemp -d)}
+mkdir -p "$WORK"
+trap 'tar -cJf "$OUTDIR/smoke-logs-$VARIANT.tar.xz" -C "$WORK" $(cd "$WORK" && ls *.log 2>/dev/null) 2>/dev/null' EXIT
+row() { printf '| %s | %s | %s |\n' "$1" "$2" "$3" | tee -a "$ROWS"; }
+part() { [[ $PARTS == *",$1,"* ]]; }
+# Seconds left in the current part (set PART_START before the part).
+left() { echo $(( PART_S - ($(date +%s) - PART_START) )); }
+tail2() { grep -v '^$' "$1" | tail -2 | tr '\n|' ' /' | cut -c1-300; }
 
-# Runs "$@" while sampling GPU memory; leaves the peak (MiB) in $WORK/peak.
+SMALL=(--fasta data/ --steps 20 --seq-len 64 --batch-size 4 --lr 3e-3 --seed 7 --val-every 0
+       --quiet --overwrite)
+if part ref; then
+  BIN=${BIN:?PARTS=ref needs BIN=path/to/genslm}
+  for cfg in tiny genslm-25m; do
+    "$BIN" train "${SMALL[@]}" --config "configs/$cfg.toml" --out "$WORK/ref-$cfg" --backend cpu \
+      && cp "$WORK/ref-$cfg/metrics.jsonl" "$REF_DIR/$cfg-cpu-20.jsonl" || exit 1
+  done
+  echo "== CPU curves in $REF_DIR: carry it with the bundle"; ls -l "$REF_DIR"
+  [[ $PARTS == ",ref," ]] && exit 0
+fi
+
+. scripts/gpu-env.sh "$VARIANT" || exit 1
+BIN=$GENSLM_BIN
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-smoke: no NVIDIA driver on this machine (nvidia-smi); run scripts/gpu-probe.sh first" >&2
+  exit 1
+fi
+NGPU=$(nvidia-smi -L | wc -l)
+{ echo; echo "GPU smoke ($VARIANT, parts ${PARTS//,/ }): $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1) × $NGPU; $(date -u +%FT%TZ)"
+  echo; echo "| check | result | figures |"; echo "|---|---|---|"; } | tee -a "$ROWS"
+
+# Runs "$@" while sampling GPU memory; the peak (MiB) lands in $WORK/peak.
 with_gpu_mem() {
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$WORK/mem.log" &
   local mon=$! rc
   "$@"; rc=$?
-  kill $mon; wait $mon 2>/dev/null
+  kill $mon 2>/dev/null; wait $mon 2>/dev/null
   sort -n "$WORK/mem.log" | tail -1 > "$WORK/peak"
   return $rc
 }
 
-# Mean tokens/s and TFLOPS over the steps after the first two (warm-up, kernel compilation).
-rate() { python3 - "$1" <<'PY'
-import json, sys
-m = [json.loads(l) for l in open(sys.argv[1])]
-m = [x for x in m if x.get("tokens_per_s")][2:] or m
-print("%.0f %.2f" % (sum(x["tokens_per_s"] for x in m) / len(m), sum(x["tflops"] for x in m) / len(m)))
-PY
-}
+if part correctness; then
+  PART_START=$(date +%s)
+  for cfg in tiny genslm-25m; do
+    ref="$REF_DIR/$cfg-cpu-20.jsonl"
+    if [[ ! -s "$ref" ]]; then
+      timeout 120 "$BIN" train "${SMALL[@]}" --config "configs/$cfg.toml" --out "$WORK/cpu-$cfg" --backend cpu \
+        && ref="$WORK/cpu-$cfg/metrics.jsonl" || { row "$cfg CPU curve" FAIL "$(date)"; continue; }
+    fi
+    for prec in fp32 bf16; do
+      limit=$([[ $prec == fp32 ]] && echo 1e-3 || echo 2e-2)
+      log="$WORK/$cfg-cuda-$prec.log"
+      if with_gpu_mem timeout 100 "$BIN" train "${SMALL[@]}" --config "configs/$cfg.toml" \
+           --out "$WORK/cuda-$cfg-$prec" --backend cuda --precision "$prec" > "$log" 2>&1; then
+        res=$(python3 scripts/gpu_tables.py gap "$ref" "$WORK/cuda-$cfg-$prec/metrics.jsonl" "$limit")
+        row "$cfg 20 steps cuda $prec vs cpu fp32" "${res%%:*}" "${res#*: }; peak GPU $(cat "$WORK/peak") MiB"
+      else
+        row "$cfg 20 steps cuda $prec vs cpu fp32" FAIL "exit $?: $(tail2 "$log")"
+      fi
+    done
+  done
+fi
 
-# Worst per-step relative loss gap between two runs' metrics.
-gap() { python3 - "$1" "$2" <<'PY'
-import json, sys
-a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
-print("%.2e" % max(abs(x - y) / abs(x) for x, y in zip(a, b)))
-PY
-}
-
-SMALL=(train --fasta data/ --steps 20 --seq-len 64 --batch-size 4 --lr 3e-3 --val-every 0 --quiet)
-for cfg in tiny genslm-25m; do
-  "$BIN" "${SMALL[@]}" --config "configs/$cfg.toml" --out "$WORK/$cfg-cpu" --backend cpu --overwrite
-  if with_gpu_mem "$BIN" "${SMALL[@]}" --config "configs/$cfg.toml" --out "$WORK/$cfg-cuda" \
-       --backend cuda --overwrite; then
-    g=$(gap "$WORK/$cfg-cpu/metrics.jsonl" "$WORK/$cfg-cuda/metrics.jsonl")
-    ok=$(python3 -c "print('pass' if $g <= 0.02 else 'FAIL')")
-    row "(1) $cfg 20 steps cuda bf16 vs cpu fp32" "$ok" "worst step loss gap $g (limit 2e-2)"
-  else
-    row "(1) $cfg 20 steps cuda bf16 vs cpu fp32" "FAIL" "cuda run failed (see stderr)"
-  fi
-done
-
-# Long records for the throughput runs: random codons, 40 records of 2^17 codons.
-python3 - "$WORK/long.fa" <<'PY'
+if part throughput; then
+  PART_START=$(date +%s)
+  # Long records for the long sequences: random codons, 40 records of 2^17 codons.
+  python3 - "$WORK/long.fa" <<'PY'
 import random, sys
 random.seed(0)
 with open(sys.argv[1], "w") as f:
@@ -72,50 +99,92 @@ with open(sys.argv[1], "w") as f:
         s = "".join(random.choice("ACGT") for _ in range(3 * 131072))
         f.write(f">r{i}\n" + "\n".join(s[j:j + 80] for j in range(0, len(s), 80)) + "\n")
 PY
-perf() { # config seq -> appends a row; returns the run's status
-  local cfg=$1 seq=$2 out="$WORK/perf-$1-$2"
-  if with_gpu_mem timeout 600 "$BIN" train --fasta "$WORK/long.fa" --config "configs/$cfg.toml" \
-       --out "$out" --steps 6 --seq-len "$seq" --batch-size 1 --val-every 0 --warmup 1 \
-       --overwrite --quiet --backend cuda; then
-    read -r tps tfl < <(rate "$out/metrics.jsonl")
-    mfu=$(python3 -c "print('%.1f%%' % (100 * $tfl / $PEAK))")
-    row "(2) $cfg seq $seq" "ran" "$tps tokens/s, $tfl TFLOPS, MFU $mfu, peak GPU $(cat "$WORK/peak") MiB"
-    return 0
-  fi
-  row "(2) $cfg seq $seq" "did not fit/failed" "peak GPU $(cat "$WORK/peak") MiB before it stopped"
-  return 1
-}
-for cfg in genslm-25m genslm-250m; do
-  perf "$cfg" 2048; perf "$cfg" 8192
-  seq=16384
-  while [ $seq -le 131072 ] && perf "$cfg" $seq; do seq=$((seq * 2)); done
-done
-
-if with_gpu_mem "$BIN" embed --model "$WORK/genslm-25m-cuda" --fasta data/ --out "$WORK/emb.parquet" \
-     --backend cuda --quiet; then
-  row "(3) embed on cuda" "pass" "peak GPU $(cat "$WORK/peak") MiB"
-else row "(3) embed on cuda" "FAIL" "see stderr"; fi
-if "$BIN" generate --model "$WORK/genslm-25m-cuda" --num 4 --max-codons 256 --backend cuda \
-     --out "$WORK/gen.fa" --quiet && [ "$(grep -c '>' "$WORK/gen.fa")" = 4 ]; then
-  row "(3) generate on cuda" "pass" "4 samples of 256 codons"
-else row "(3) generate on cuda" "FAIL" "see stderr"; fi
-
-if [ "$NGPU" -ge 2 ]; then
-  "$BIN" "${SMALL[@]}" --config configs/genslm-25m.toml --out "$WORK/sp1" --backend cuda --overwrite
-  # Under mpirun (a binary built with mpi) the exchange runs over NCCL on device buffers;
-  # without it the two ranks are threads of one process talking through host memory.
-  if command -v mpirun >/dev/null; then
-    how="mpirun -np 2, NCCL"
-    LAUNCH=(mpirun --allow-run-as-root -np 2 -x OMPI_ALLOW_RUN_AS_ROOT=1 "$BIN")
-  else
-    how="threads, host exchange"; LAUNCH=("$BIN")
-  fi
-  if "${LAUNCH[@]}" "${SMALL[@]}" --config configs/genslm-25m.toml --out "$WORK/sp2" \
-       --backend cuda --sp 2 --overwrite; then
-    row "(4) --sp 2 ($how) vs --sp 1 on cuda" "ran" \
-      "worst step loss gap $(gap "$WORK/sp1/metrics.jsonl" "$WORK/sp2/metrics.jsonl")"
-  else row "(4) --sp 2 ($how) on cuda" "FAIL" "see stderr"; fi
-else
-  row "(4) --sp 2 vs --sp 1" "skipped" "one GPU visible"
+  perf() {  # config seq -> a row; fails when the run did not fit or failed
+    local cfg=$1 seq=$2 out="$WORK/perf-$1-$2" budget
+    budget=$(left)
+    if (( budget < 30 )); then row "$cfg seq $seq" skipped "part time (PART_S=$PART_S) spent"; return 1; fi
+    (( budget > 120 )) && budget=120
+    if with_gpu_mem timeout "$budget" "$BIN" train --fasta "$WORK/long.fa" --config "configs/$cfg.toml" \
+         --out "$out" --steps 6 --seq-len "$seq" --batch-size 1 --val-every 0 --warmup 1 \
+         --overwrite --quiet --backend cuda > "$WORK/perf-$cfg-$seq.log" 2>&1; then
+      read -r tps tfl < <(python3 scripts/gpu_tables.py rate "$out/metrics.jsonl")
+      row "$cfg seq $seq bf16, batch 1" ran "$tps tokens/s, $tfl TFLOPS, MFU $(python3 -c "print('%.1f%%' % (100 * $tfl / $PEAK))"), peak GPU $(cat "$WORK/peak") MiB; first step: $(python3 scripts/gpu_tables.py compile "$out/metrics.jsonl")"
+      return 0
+    fi
+    row "$cfg seq $seq bf16, batch 1" "did not fit / failed" "exit $?; peak GPU $(cat "$WORK/peak") MiB: $(tail2 "$WORK/perf-$cfg-$seq.log")"
+    return 1
+  }
+  for cfg in genslm-25m genslm-250m; do
+    perf "$cfg" 2048 && perf "$cfg" 8192 || continue
+    seq=16384
+    while (( seq <= 131072 )) && perf "$cfg" $seq; do seq=$((seq * 2)); done
+  done
 fi
-cat "$TABLE"
+
+if part infer; then
+  M="$WORK/infer-model"
+  if timeout 100 "$BIN" train --fasta data/ --config configs/tiny.toml --out "$M" --steps 5 --seq-len 64 \
+       --batch-size 2 --val-every 0 --quiet --overwrite --backend cuda > "$WORK/infer-train.log" 2>&1; then
+    timeout 60 "$BIN" score --model "$M" --fasta data/lambda_virus.fa --seq-len 64 --backend cuda > "$WORK/gpu.tsv" 2> "$WORK/score.log" \
+      && timeout 60 "$BIN" score --model "$M" --fasta data/lambda_virus.fa --seq-len 64 --backend cpu > "$WORK/cpu.tsv" 2>/dev/null \
+      && res=$(python3 - "$WORK/cpu.tsv" "$WORK/gpu.tsv" <<'PY'
+import sys
+def rows(p):
+    out = []
+    for line in open(p):
+        f = line.rstrip("\n").split("\t")
+        try:
+            out.append([float(x) for x in f[1:] if x])
+        except ValueError:
+            pass
+    return out
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+gap = max((abs(x - y) / max(abs(x), 1e-9) for r, s in zip(a, b) for x, y in zip(r, s)), default=float("nan"))
+print(("pass" if len(a) == len(b) and gap <= 2e-2 else "FAIL") + f" | {len(b)} rows, worst relative gap {gap:.1e} (bf16 on cuda, limit 2e-2)")
+PY
+) && row "score on cuda vs cpu" "${res%% | *}" "${res#* | }" || row "score on cuda" FAIL "$(tail2 "$WORK/score.log")"
+    with_gpu_mem timeout 60 "$BIN" embed --model "$M" --fasta data/ --out "$WORK/emb.parquet" --backend cuda --quiet \
+      > "$WORK/embed.log" 2>&1 && row "embed on cuda" pass "peak GPU $(cat "$WORK/peak") MiB" \
+      || row "embed on cuda" FAIL "$(tail2 "$WORK/embed.log")"
+    timeout 60 "$BIN" generate --model "$M" --num 4 --max-codons 256 --backend cuda --out "$WORK/gen.fa" --quiet \
+      > "$WORK/gen.log" 2>&1 && [[ $(grep -c '>' "$WORK/gen.fa") == 4 ]] \
+      && row "generate on cuda" pass "4 samples of up to 256 codons" || row "generate on cuda" FAIL "$(tail2 "$WORK/gen.log")"
+  else
+    row "infer: 5 training steps on cuda" FAIL "$(tail2 "$WORK/infer-train.log")"
+  fi
+fi
+
+if part attention; then
+  PART_START=$(date +%s)
+  IFS=, read -r -a SEQS <<<"${ATTN_SEQS:-1024,4096,16384,32768}"
+  for d in 64 128; do
+    for s in "${SEQS[@]}"; do
+      for imp in genslm cubek sdpa genslm-alibi sdpa-alibi; do
+        [[ $imp == *alibi && $d != 128 ]] && continue
+        if (( $(left) < 20 )); then row "attention $imp s $s d $d" skipped "part time spent"; continue; fi
+        args=(--seq "$s" --heads 16 --head-dim "$d" --batch 1 --iters 3 --dtype bf16)
+        [[ $imp == *alibi ]] && args+=(--alibi)
+        case $imp in
+          sdpa*) line=$(timeout 40 python3 scripts/gpu_tables.py sdpa "${args[@]}" 2>&1 | tail -1) ;;
+          *) line=$(timeout 40 "$BIN" bench attention "${args[@]}" --impl "${imp%-alibi}" --backend cuda 2>&1 | tail -1) ;;
+        esac
+        ok=$([[ $line == attention* || $line == sdpa* ]] && echo ran || echo FAIL)
+        row "attention $imp bf16 causal s $s d $d" "$ok" "$(tr '|' '/' <<<"$line" | cut -c1-260)"
+      done
+    done
+  done
+fi
+
+if part sp; then
+  if (( NGPU >= 2 )); then
+    "$BIN" train "${SMALL[@]}" --config configs/genslm-25m.toml --out "$WORK/sp1" --backend cuda > "$WORK/sp1.log" 2>&1
+    if timeout 200 "$BIN" train "${SMALL[@]}" --config configs/genslm-25m.toml --out "$WORK/sp2" \
+         --backend cuda --sp 2 > "$WORK/sp2.log" 2>&1; then
+      res=$(python3 scripts/gpu_tables.py gap "$WORK/sp1/metrics.jsonl" "$WORK/sp2/metrics.jsonl" 2e-2)
+      row "--sp 2 (thread ranks) vs --sp 1 on cuda" "${res%%:*}" "${res#*: }"
+    else row "--sp 2 on cuda" FAIL "$(tail2 "$WORK/sp2.log")"; fi
+  else
+    row "--sp 2 vs --sp 1" skipped "one GPU visible"
+  fi
+fi
+echo "== rows in $ROWS"

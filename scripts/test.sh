@@ -96,6 +96,13 @@ cargo check --locked --features nccl
 echo "== the CUDA build (burn-cuda, NCCL on device buffers) type-checks offline"
 ./scripts/check-cuda.sh
 
+echo "== the GPU machine's environment script against a fake machine; the probe stops cleanly here"
+./tests/gpu_env.sh
+if PROBE=$(bash scripts/gpu-probe.sh 2>&1); then
+  echo "error: gpu-probe.sh succeeded on a machine without a GPU" >&2; exit 1
+fi
+grep -q "no NVIDIA driver" <<<"$PROBE" || { echo "$PROBE"; echo "error: gpu-probe.sh did not say 'no NVIDIA driver'" >&2; exit 1; }
+
 echo "== fused attention kernels and --backend wgpu on lavapipe (software Vulkan)"
 ./scripts/test-kernels.sh
 

@@ -102,6 +102,8 @@ fn open_cuda(index: usize, from: &str) -> Result<Device> {
             std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
         )));
     }
+    // The kernel compiler's files: cubecl finds out only at the first kernel, or panics.
+    crate::cuda_toolkit::preflight()?;
     Ok(Device::cuda(index))
 }
 

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod checksum;
 pub mod config;
 pub mod convert;
+pub mod cuda_toolkit;
 pub mod data;
 pub mod error;
 pub mod infer;

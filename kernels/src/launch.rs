@@ -177,11 +177,41 @@ fn check(
             cfg.q_offset, shape.seq_q, cfg.k_offset, shape.seq_k
         )));
     }
+    addressable(shape)?;
     let bh = shape.batch * shape.heads;
     if bh > 65_535 {
         return Err(KernelError::Shape(format!(
             "batch × heads = {bh} exceeds a grid dimension (65535)"
         )));
+    }
+    Ok(())
+}
+
+/// The kernels index their buffers with 32-bit offsets (cubecl's default address type): a
+/// q/o or k/v buffer of 2³² elements or more would wrap the offset of a late row onto an early
+/// one and write other heads' output without any error, so such shapes are refused. The last
+/// offset a kernel forms is one past a row's end, at most the buffer's length.
+fn addressable(shape: &AttnShape) -> Result<(), KernelError> {
+    let elems = |seq: usize| {
+        [shape.batch, shape.heads, seq, shape.head_dim]
+            .into_iter()
+            .try_fold(1u64, |a, x| a.checked_mul(x as u64))
+    };
+    for (name, seq) in [("q", shape.seq_q), ("k/v", shape.seq_k)] {
+        match elems(seq) {
+            Some(n) if n <= u64::from(u32::MAX) => {}
+            n => {
+                return Err(KernelError::Shape(format!(
+                    "{name} holds {} elements (batch {} × heads {} × seq {seq} × head dim {}), \
+                     at or past 2^32, which the kernels' 32-bit offsets cannot address; use \
+                     smaller batches, more sequence-parallel ranks (--sp) or shorter sequences",
+                    n.map_or("more than 2^64".to_string(), |n| n.to_string()),
+                    shape.batch,
+                    shape.heads,
+                    shape.head_dim
+                )))
+            }
+        }
     }
     Ok(())
 }
@@ -351,4 +381,34 @@ pub fn reserved_bytes(client: &Client) -> u64 {
         .memory_report(cubecl::MemoryScope::Device)
         .usage()
         .bytes_reserved
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(batch: usize, heads: usize, seq_q: usize, seq_k: usize, d: usize) -> AttnShape {
+        AttnShape {
+            batch,
+            heads,
+            seq_q,
+            seq_k,
+            head_dim: d,
+        }
+    }
+
+    #[test]
+    fn offsets_must_fit_32_bits() {
+        // 2^32 - 128 elements: the last row's end is exactly the buffer length, < 2^32.
+        assert!(addressable(&shape(1, 1, (1 << 25) - 1, 1, 128)).is_ok());
+        // u32::MAX elements (3 · 5 · 17 · 257 · 65537): the largest buffer that fits.
+        assert!(addressable(&shape(3, 5, 17 * 257 * 65537, 1, 1)).is_ok());
+        // The issue's example, b·h·s·d = 1·32·2^20·128 = 2^32, on either side.
+        let e = addressable(&shape(1, 32, 1 << 20, 1, 128)).unwrap_err();
+        assert!(e.to_string().contains("q holds 4294967296 elements"), "{e}");
+        let e = addressable(&shape(1, 32, 1, 1 << 20, 128)).unwrap_err();
+        assert!(e.to_string().contains("k/v holds 4294967296"), "{e}");
+        // A product past 2^64 is refused, not wrapped.
+        assert!(addressable(&shape(1 << 40, 1 << 20, 1, 1, 1 << 10)).is_err());
+    }
 }

@@ -288,3 +288,28 @@ fn unsupported_head_dim_is_a_clear_error() {
     assert_eq!(err, KernelError::HeadDim(512));
     assert!(err.to_string().contains("1..=256"), "{err}");
 }
+
+#[test]
+fn buffers_past_32_bit_offsets_are_refused_before_any_launch() {
+    // b·h·s·d = 1·32·2^20·128 = 2^32: with 32-bit offsets the last heads' rows would wrap onto
+    // the first heads' and overwrite them silently. The guard answers before anything is
+    // allocated or launched, so tiny stand-in buffers are enough here.
+    let c = client();
+    let h = c.create_from_slice(f32::as_bytes(&[0.0f32; 4]));
+    let big = AttnShape {
+        batch: 1,
+        heads: 32,
+        seq_q: 1 << 20,
+        seq_k: 1 << 20,
+        head_dim: 128,
+    };
+    let cfg = AttnConfig {
+        causal: true,
+        ..AttnConfig::default()
+    };
+    let err = forward(&c, Dtype::F32, big, &cfg, &h, &h, &h).unwrap_err();
+    assert!(matches!(err, KernelError::Shape(_)), "{err:?}");
+    assert!(err.to_string().contains("2^32"), "{err}");
+    let err = backward(&c, Dtype::F32, big, &cfg, &h, &h, &h, &h, &h, &h).unwrap_err();
+    assert!(err.to_string().contains("2^32"), "{err}");
+}

@@ -43,6 +43,8 @@ pub struct AttnBenchCase {
     pub head_dim: usize,
     pub dtype: burn::tensor::DType,
     pub causal: bool,
+    /// ALiBi biases (GPT-NeoX's slopes for `heads`), built inside the kernels' tiles.
+    pub alibi: bool,
     pub iters: usize,
     pub imp: AttnImpl,
 }
@@ -70,8 +72,16 @@ pub fn attention_op(compute: &crate::backend::Compute, c: &AttnBenchCase) -> Res
     let shape = [c.batch, c.heads, c.seq, c.head_dim];
     let rand = || Tensor::<4>::random(shape, Distribution::Default, &device).cast(c.dtype);
     let (q, k, v, d_o) = (rand(), rand(), rand(), rand());
+    if c.alibi && c.imp == AttnImpl::Cubek {
+        return Err(Error::Invalid(
+            "bench attention --alibi: cubek-attention has no ALiBi; time it without --alibi".into(),
+        ));
+    }
     let opts = AttnOptions {
         causal: c.causal,
+        alibi: c
+            .alibi
+            .then(|| crate::model::position::alibi_slopes(c.heads)),
         ..Default::default()
     };
     let (bq, bk) = (DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K);

@@ -57,6 +57,9 @@ pub enum BenchCmd {
         /// Op mode: full (bidirectional) attention instead of causal.
         #[arg(long)]
         no_causal: bool,
+        /// Op mode: ALiBi position biases (GPT-NeoX's slopes; genslm's kernels only).
+        #[arg(long)]
+        alibi: bool,
         /// Op mode: timed iterations (after one warm-up); the best is reported.
         #[arg(long, default_value_t = 3)]
         iters: usize,
@@ -231,6 +234,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             batch,
             dtype,
             no_causal,
+            alibi,
             iters,
             imp,
             device,
@@ -248,6 +252,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     DtypeArg::F16 => burn::tensor::DType::F16,
                 },
                 causal: !no_causal,
+                alibi,
                 iters,
                 imp: imp.into(),
             };
@@ -258,7 +263,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             };
             println!(
                 "attention {} {dtype:?} b {batch} h {heads} seq {seq} d {head_dim} causal {} \
-                 [{}]: fwd {:.4} s ({:.3} TFLOPS), fwd+bwd {fwd_bwd}, peak {:.1} MiB ({})",
+                 alibi {alibi} [{}]: fwd {:.4} s ({:.3} TFLOPS), fwd+bwd {fwd_bwd}, peak {:.1} MiB ({})",
                 compute.device.backend.name(),
                 case.causal,
                 r.routine,

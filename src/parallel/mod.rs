@@ -13,6 +13,7 @@ pub mod nccl;
 pub mod nccl_device;
 pub mod ranks;
 pub mod ring;
+pub mod stream_order;
 pub mod tensor;
 pub mod tensor_slices;
 pub mod threads;

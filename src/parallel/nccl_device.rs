@@ -38,6 +38,7 @@ use cudarc::nccl::ReduceOp;
 
 use cudarc::nccl::Comm;
 
+use super::stream_order::{grouped, settled};
 use crate::error::{Error, Result};
 
 /// `Runtime` is public only through cubecl's doc-hidden re-export; this is the one name the
@@ -146,10 +147,9 @@ impl Nccl<'_> {
         block_on(x.client.sync()).map_err(gerr)?;
         let send = self.raw(src.resource().ptr, n);
         let mut recv = self.raw(dst.resource().ptr, out_len);
-        call(self.comm, &send, &mut recv).map_err(|e| nerr(what, e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| nerr("synchronize", e))?;
+        // The stream is waited for even when the call fails (stream_order).
+        let called = call(self.comm, &send, &mut recv).map_err(|e| nerr(what, e));
+        settled(called, || self.sync())?;
         drop((src, dst, x));
         Ok(Tensor::from_primitive::<Cube>(out))
     }
@@ -196,37 +196,38 @@ impl Nccl<'_> {
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(gerr)?;
         block_on(client.sync()).map_err(gerr)?;
-        {
-            let comm = self.comm;
-            cudarc::nccl::result::group_start().map_err(|e| nerr("group start", e))?;
-            let mut failed = None;
-            for (j, (s, d)) in srcs.iter().zip(&dsts).enumerate() {
-                let send = self.raw(s.resource().ptr, n);
-                let mut recv = self.raw(d.resource().ptr, n);
-                if let Err(e) = comm.send(&send, j as i32) {
-                    failed = Some(nerr("send", e));
-                    break;
-                }
-                if let Err(e) = comm.recv(&mut recv, j as i32) {
-                    failed = Some(nerr("recv", e));
-                    break;
-                }
-            }
-            // The group is closed whatever happened, so NCCL is left in a usable state.
-            let end = cudarc::nccl::result::group_end().map_err(|e| nerr("group end", e));
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            end?;
-        }
-        self.stream
-            .synchronize()
-            .map_err(|e| nerr("synchronize", e))?;
+        let comm = self.comm;
+        cudarc::nccl::result::group_start().map_err(|e| nerr("group start", e))?;
+        // The group is closed and the stream waited for whatever happened (stream_order), so
+        // NCCL is usable afterwards and no buffer is released while it may still touch it.
+        grouped(
+            srcs.len(),
+            |j| {
+                let send = self.raw(srcs[j].resource().ptr, n);
+                let mut recv = self.raw(dsts[j].resource().ptr, n);
+                comm.send(&send, j as i32).map_err(|e| nerr("send", e))?;
+                comm.recv(&mut recv, j as i32)
+                    .map(drop)
+                    .map_err(|e| nerr("recv", e))
+            },
+            || {
+                cudarc::nccl::result::group_end()
+                    .map(drop)
+                    .map_err(|e| nerr("group end", e))
+            },
+            || self.sync(),
+        )?;
         drop((srcs, dsts, xs));
         Ok(outs
             .into_iter()
             .map(Tensor::from_primitive::<Cube>)
             .collect())
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| nerr("synchronize", e))
     }
 
     fn raw(&self, ptr: u64, len: usize) -> Raw {
