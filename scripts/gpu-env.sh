@@ -21,20 +21,30 @@
 _genslm_gpu_env() {
   local R=${GPU_ENV_ROOT:-} variant=${1:-${GENSLM_VARIANT:-llvm}}
   local bundle=${BUNDLE_DIR:-target/gpu-bundle} priv=${GENSLM_GPU_DIR:-$PWD/target/gpu-env}
+  # Sourced into the caller's shell: its errexit/pipefail must not end it on a search that
+  # finds nothing (`local -` restores the options when this returns).
+  local -
+  set +e +o pipefail
   local d f t sp
-  say() { printf 'gpu-env: %-16s %s\n' "$1" "$2"; }
+  _ge_say() { printf 'gpu-env: %-16s %s\n' "$1" "$2"; }
   # First existing path among the arguments (globs already expanded), skipping stub/compat dirs.
-  first() { for f in "$@"; do [[ -e "$f" && "$f" != */stubs/* && "$f" != */compat/* ]] && { echo "$f"; return 0; }; done; return 1; }
-  # Highest-versioned library matching NAME.so.* under the given directories.
-  lib_in() {
-    local name=$1; shift
-    find "$@" -maxdepth 1 \( -name "$name.so.[0-9]*" -o -name "$name.so" \) 2>/dev/null \
-      | grep -v -e /stubs/ -e /compat/ | sort -V | tail -1
+  _ge_first() { for f in "$@"; do [[ -e "$f" && "$f" != */stubs/* && "$f" != */compat/* ]] && { echo "$f"; return 0; }; done; return 1; }
+  # NAME.so.* in the first of the given directories that has one (their order is the
+  # priority), the highest version there.
+  _ge_lib_in() {
+    local name=$1 dir hit; shift
+    for dir in "$@"; do
+      [[ -d "$dir" && "$dir" != */stubs* && "$dir" != */compat* ]] || continue
+      hit=$(find "$dir" -maxdepth 1 \( -name "$name.so.[0-9]*" -o -name "$name.so" \) 2>/dev/null | sort -V | tail -1)
+      [[ -n "$hit" ]] && { echo "$hit"; return 0; }
+    done
+    return 1
   }
 
   # Toolkits: CUDA_PATH first, then the usual places (newest versioned directory last wins ties).
   local toolkits=()
-  [[ -n "${CUDA_PATH:-}" ]] && toolkits+=("$CUDA_PATH")
+  # (A CUDA_PATH this script made earlier in the same shell is rebuilt, not searched.)
+  [[ -n "${CUDA_PATH:-}" && "$CUDA_PATH" != "$priv"/* ]] && toolkits+=("$CUDA_PATH")
   for d in "$R/usr/local/cuda" $(ls -d "$R"/usr/local/cuda-* 2>/dev/null | sort -Vr) "$R/opt/cuda" "$R/usr/lib/cuda"; do
     [[ -d "$d" ]] && toolkits+=("$d")
   done
@@ -57,20 +67,23 @@ _genslm_gpu_env() {
   if [[ -z "$R" ]]; then
     cuda=$(ldconfig -p 2>/dev/null | awk '$1 == "libcuda.so.1" {print $NF}' | grep -v -e /stubs/ -e /compat/ | head -1)
   fi
-  [[ -n "$cuda" ]] || cuda=$(lib_in libcuda "$R/usr/lib/x86_64-linux-gnu" "$R/usr/lib64" "$R/usr/local/nvidia/lib64" "$R/usr/lib/wsl/lib")
-  nccl=$(lib_in libnccl "${libdirs[@]}")
-  nvrtc=$(lib_in libnvrtc "${libdirs[@]}")
+  [[ -n "$cuda" ]] || cuda=$(_ge_lib_in libcuda "$R/usr/lib/x86_64-linux-gnu" "$R/usr/lib64" "$R/usr/local/nvidia/lib64" "$R/usr/lib/wsl/lib")
+  nccl=$(_ge_lib_in libnccl "${libdirs[@]}")
+  nvrtc=$(_ge_lib_in libnvrtc "${libdirs[@]}")
   for t in "${toolkits[@]}"; do
     [[ -z "$libdevice" && -f "$t/nvvm/libdevice/libdevice.10.bc" ]] && libdevice="$t/nvvm/libdevice/libdevice.10.bc"
     [[ -z "$include" && -f "$t/include/cuda.h" ]] && include="$t/include"
   done
   for sp in "${sites[@]}"; do
-    [[ -n "$libdevice" ]] || libdevice=$(first "$sp"/nvidia/*/nvvm/libdevice/libdevice.10.bc \
+    [[ -n "$libdevice" ]] || libdevice=$(_ge_first "$sp"/nvidia/*/nvvm/libdevice/libdevice.10.bc \
       "$sp"/nvidia/*/*/nvvm/libdevice/libdevice.10.bc "$sp"/triton/backends/nvidia/lib/libdevice.10.bc) || libdevice=""
-    [[ -n "$include" ]] || include=$(dirname "$(first "$sp"/nvidia/*/include/cuda.h "$sp"/nvidia/*/*/include/cuda.h)" 2>/dev/null) || include=""
+    [[ -n "$include" ]] || include=$(dirname "$(_ge_first "$sp"/nvidia/*/include/cuda.h "$sp"/nvidia/*/*/include/cuda.h)" 2>/dev/null) || include=""
     [[ "$include" == "." ]] && include=""
   done
 
+  # Real files, not links into the private directory about to be rebuilt.
+  [[ -n "$libdevice" ]] && libdevice=$(readlink -f "$libdevice")
+  [[ -n "$include" ]] && include=$(readlink -f "$include")
   mkdir -p "$priv/lib" "$priv/bin" || return 1
   # Links from an earlier source on another layout go first.
   rm -rf "$priv/lib/libnccl.so" "$priv/lib/libnvrtc.so" "$priv/cuda"
@@ -104,18 +117,18 @@ _genslm_gpu_env() {
   unset IFS
   export LD_LIBRARY_PATH="$path"
 
-  say libcuda.so.1 "${cuda:-MISSING (no NVIDIA driver library: is this a GPU machine?)}"
-  say libnccl "${nccl:-MISSING (needed only for several GPUs)}"
-  say libnvrtc "${nvrtc:-MISSING (needed by the nvrtc variant)}"
-  say libdevice.10.bc "${libdevice:-MISSING (needed by the llvm variant for exp/log/tanh)}"
-  say include "${include:-MISSING (needed by the nvrtc variant)}"
-  say CUDA_PATH "${CUDA_PATH:-unset}"
-  say LD_LIBRARY_PATH "$LD_LIBRARY_PATH"
+  _ge_say libcuda.so.1 "${cuda:-MISSING (no NVIDIA driver library: is this a GPU machine?)}"
+  _ge_say libnccl "${nccl:-MISSING (needed only for several GPUs)}"
+  _ge_say libnvrtc "${nvrtc:-MISSING (needed by the nvrtc variant)}"
+  _ge_say libdevice.10.bc "${libdevice:-MISSING (needed by the llvm variant for exp/log/tanh)}"
+  _ge_say include "${include:-MISSING (needed by the nvrtc variant)}"
+  _ge_say CUDA_PATH "${CUDA_PATH:-unset}"
+  _ge_say LD_LIBRARY_PATH "$LD_LIBRARY_PATH"
 
   # The binary: unpacked once, checked against the checksum of the stripped build.
   local xzf="$bundle/genslm-$variant.xz" sumf="$bundle/genslm-$variant.sha256" bin="$priv/bin/genslm-$variant"
   if [[ ! -f "$xzf" || ! -f "$sumf" ]]; then
-    say binary "MISSING: no $xzf (+ .sha256); build it with scripts/build-cuda.sh --bundle and carry target/gpu-bundle"
+    _ge_say binary "MISSING: no $xzf (+ .sha256); build it with scripts/build-cuda.sh --bundle and carry target/gpu-bundle"
     return 1
   fi
   local want have
@@ -127,14 +140,17 @@ _genslm_gpu_env() {
       xz -dc "$xzf" > "$bin.tmp"
     else
       python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$xzf" "$bin.tmp"
-    fi || { rm -f "$bin.tmp"; say binary "CORRUPT: $xzf does not decompress"; return 1; }
+    fi || { rm -f "$bin.tmp"; _ge_say binary "CORRUPT: $xzf does not decompress"; return 1; }
     have=$(sha256sum "$bin.tmp" | awk '{print $1}')
     if [[ "$have" != "$want" ]]; then
-      rm -f "$bin.tmp"; say binary "CORRUPT: $xzf unpacks to sha256 $have, expected $want"; return 1
+      rm -f "$bin.tmp"; _ge_say binary "CORRUPT: $xzf unpacks to sha256 $have, expected $want"; return 1
     fi
     chmod +x "$bin.tmp" && mv "$bin.tmp" "$bin"
   fi
   export GENSLM_BIN="$bin"
-  say binary "$bin ($variant; sha256 ${want:0:16}…)"
+  _ge_say binary "$bin ($variant; sha256 ${want:0:16}…)"
 }
 _genslm_gpu_env "$@"
+_ge_rc=$?
+unset -f _genslm_gpu_env _ge_say _ge_first _ge_lib_in
+return $_ge_rc 2>/dev/null || exit $_ge_rc

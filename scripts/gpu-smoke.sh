@@ -104,14 +104,16 @@ PY
     budget=$(left)
     if (( budget < 30 )); then row "$cfg seq $seq" skipped "part time (PART_S=$PART_S) spent"; return 1; fi
     (( budget > 120 )) && budget=120
-    if with_gpu_mem timeout "$budget" "$BIN" train --fasta "$WORK/long.fa" --config "configs/$cfg.toml" \
-         --out "$out" --steps 6 --seq-len "$seq" --batch-size 1 --val-every 0 --warmup 1 \
-         --overwrite --quiet --backend cuda > "$WORK/perf-$cfg-$seq.log" 2>&1; then
+    local rc=0
+    with_gpu_mem timeout "$budget" "$BIN" train --fasta "$WORK/long.fa" --config "configs/$cfg.toml" \
+      --out "$out" --steps 6 --seq-len "$seq" --batch-size 1 --val-every 0 --warmup 1 \
+      --overwrite --quiet --backend cuda > "$WORK/perf-$cfg-$seq.log" 2>&1 || rc=$?
+    if (( rc == 0 )); then
       read -r tps tfl < <(python3 scripts/gpu_tables.py rate "$out/metrics.jsonl")
       row "$cfg seq $seq bf16, batch 1" ran "$tps tokens/s, $tfl TFLOPS, MFU $(python3 -c "print('%.1f%%' % (100 * $tfl / $PEAK))"), peak GPU $(cat "$WORK/peak") MiB; first step: $(python3 scripts/gpu_tables.py compile "$out/metrics.jsonl")"
       return 0
     fi
-    row "$cfg seq $seq bf16, batch 1" "did not fit / failed" "exit $?; peak GPU $(cat "$WORK/peak") MiB: $(tail2 "$WORK/perf-$cfg-$seq.log")"
+    row "$cfg seq $seq bf16, batch 1" "did not fit / failed" "exit $rc$( (( rc == 124 )) && echo " (timeout ${budget} s)"); peak GPU $(cat "$WORK/peak") MiB: $(tail2 "$WORK/perf-$cfg-$seq.log")"
     return 1
   }
   for cfg in genslm-25m genslm-250m; do

@@ -202,12 +202,21 @@ impl Compute {
 /// `RAYON_NUM_THREADS` when set, else the cores divided among the processes a launcher started
 /// on this node (so `mpirun -np 4` on 8 cores does not run 4 × 8 threads).
 pub fn set_cpu_threads(threads: Option<usize>) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let n = match threads {
         Some(0) => return Err(Error::Invalid("--threads 0: must be at least 1".into())),
+        // Each thread is a real one with its own stack: an absurd count stalls the machine
+        // before any error could come.
+        Some(n) if n > max_threads(cores) => {
+            return Err(Error::Invalid(format!(
+                "--threads {n}: more than {} (4 × the {cores} cores this process may use); \
+                 more threads than cores only slow the CPU backend down",
+                max_threads(cores)
+            )))
+        }
         Some(n) => n,
         None if std::env::var_os("RAYON_NUM_THREADS").is_some() => return Ok(()),
         None => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let local = local_size(|k| std::env::var(k).ok()).unwrap_or(1);
             (cores / local).max(1)
         }
@@ -216,6 +225,11 @@ pub fn set_cpu_threads(threads: Option<usize>) -> Result<()> {
         .num_threads(n)
         .build_global()
         .map_err(|e| Error::Invalid(format!("--threads {n}: {e}")))
+}
+
+/// The most `--threads` accepts on `cores` cores.
+fn max_threads(cores: usize) -> usize {
+    4 * cores
 }
 
 /// Threads the CPU backend computes on.
@@ -254,6 +268,19 @@ mod tests {
             ..cuda
         };
         assert_eq!(pinned.gpu_index(0, env(&both)), (5, "--device".to_string()));
+    }
+
+    #[test]
+    fn absurd_thread_counts_are_refused_before_any_thread_starts() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for n in [4 * cores + 1, usize::MAX] {
+            let e = set_cpu_threads(Some(n)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("--threads {n}: more than {}", 4 * cores)),
+                "{e}"
+            );
+        }
+        assert!(set_cpu_threads(Some(0)).is_err());
     }
 
     #[test]

@@ -4,8 +4,11 @@
 //! safetensors has no checksum of its own: a flipped byte inside tensor data still parses and
 //! loads as a different model. The manifest is in `sha256sum`'s format, so
 //! `sha256sum -c checksums.sha256` in the checkpoint directory checks it without genslm.
-//! A directory without a manifest (a foreign model, or a checkpoint from an older genslm)
-//! loads as before.
+//! A directory without a manifest loads as before when it is a foreign model (a Hugging Face
+//! directory, a Hugging Face Trainer checkpoint); one that is plainly genslm's own checkpoint
+//! (optimizer shards, or `trainer_state.json` beside `genslm.toml`) is refused without one,
+//! and so is any file such a checkpoint's manifest does not list: otherwise deleting or
+//! trimming the manifest would switch every check off.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,6 +19,12 @@ use crate::error::{Error, Result};
 
 /// The manifest's file name inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "checksums.sha256";
+
+/// Files only a genslm training checkpoint holds (`train::checkpoint` and
+/// `train::optim_shards` name theirs with these): their presence makes the manifest mandatory.
+pub(crate) const GENSLM_STATE_FILE: &str = "trainer_state.json";
+pub(crate) const GENSLM_SHARD_PREFIX: &str = "optimizer-rank";
+pub(crate) const GENSLM_SETTINGS_FILE: &str = "genslm.toml";
 
 /// Lower-case hex of a digest (a table lookup per nibble: ingest calls it once per record).
 pub fn hex(bytes: &[u8]) -> String {
@@ -56,9 +65,16 @@ fn manifest(dir: &Path) -> Result<Option<HashMap<String, String>>> {
     };
     let mut listed = HashMap::new();
     for (i, line) in text.lines().enumerate() {
-        let entry = line.split_once("  ").filter(|(h, n)| {
-            h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) && !n.is_empty()
-        });
+        // sha256sum writes "HASH  name", or "HASH *name" in binary mode.
+        let entry = (line.len() > 66 && line.is_char_boundary(64))
+            .then(|| (&line[..64], &line[64..]))
+            .and_then(|(h, rest)| {
+                let name = rest
+                    .strip_prefix("  ")
+                    .or_else(|| rest.strip_prefix(" *"))?;
+                let ok = h.bytes().all(|b| b.is_ascii_hexdigit()) && !name.is_empty();
+                ok.then_some((h, name))
+            });
         let Some((hash, name)) = entry else {
             return Err(Error::Invalid(format!(
                 "{}: line {}: not a sha256sum line ('<64 hex digits>  <file>')",
@@ -79,16 +95,62 @@ fn mismatch(path: &Path, got: &str, want: &str) -> Error {
     ))
 }
 
+/// What makes `dir` a genslm training checkpoint, if anything: an optimizer shard, or the
+/// trainer state beside genslm's settings. (`trainer_state.json` alone is no sign: the
+/// Hugging Face Trainer writes one into every checkpoint of its own.)
+fn genslm_marker(dir: &Path) -> Option<String> {
+    if dir.join(GENSLM_STATE_FILE).exists() && dir.join(GENSLM_SETTINGS_FILE).exists() {
+        return Some(format!("{GENSLM_STATE_FILE} and {GENSLM_SETTINGS_FILE}"));
+    }
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.starts_with(GENSLM_SHARD_PREFIX).then_some(name)
+    })
+}
+
+/// A manifest (file name → hex sha256) and what makes its directory genslm's, if anything.
+type Manifest = (HashMap<String, String>, Option<String>);
+
+/// The manifest of `dir`, or an error when `dir` is a genslm checkpoint without one.
+fn required_manifest(dir: &Path) -> Result<Option<Manifest>> {
+    let marker = genslm_marker(dir);
+    match (manifest(dir)?, marker) {
+        (Some(m), marker) => Ok(Some((m, marker))),
+        (None, None) => Ok(None),
+        (None, Some(marker)) => Err(Error::Invalid(format!(
+            "{}: a genslm checkpoint (it holds {marker}) without its {MANIFEST_FILE}: its files \
+             cannot be checked, so it is refused. Restore the manifest from a copy; if you trust \
+             the files as they are, write one with `sha256sum` over them (its format)",
+            dir.display()
+        ))),
+    }
+}
+
+/// A file a genslm checkpoint's manifest does not list.
+fn unlisted(path: &Path, marker: &str) -> Error {
+    Error::Invalid(format!(
+        "{}: not listed in {MANIFEST_FILE} of this genslm checkpoint (it holds {marker}), so it \
+         cannot be checked and is refused; the manifest was edited or belongs to other files",
+        path.display()
+    ))
+}
+
 /// Checks `files` (names inside `dir`) against `dir`'s manifest, reading each from disk. No
-/// manifest: nothing to check. A file the manifest lists whose content differs is an error
-/// naming the file.
+/// manifest: nothing to check, unless `dir` is a genslm checkpoint (an error). A file the
+/// manifest lists whose content differs is an error naming the file; so is a file that exists
+/// but is not listed, in a genslm checkpoint.
 pub fn verify(dir: &Path, files: &[&str]) -> Result<()> {
-    let Some(listed) = manifest(dir)? else {
+    let Some((listed, marker)) = required_manifest(dir)? else {
         return Ok(());
     };
     for name in files {
         let Some(want) = listed.get(*name) else {
-            continue;
+            // A file that is not there is not read (callers treat absent optional files,
+            // such as genslm.toml, themselves).
+            match &marker {
+                Some(m) if dir.join(name).exists() => return Err(unlisted(&dir.join(name), m)),
+                _ => continue,
+            }
         };
         let path = dir.join(name);
         if !path.is_file() {
@@ -107,13 +169,19 @@ pub fn verify(dir: &Path, files: &[&str]) -> Result<()> {
 
 /// Checks the `bytes` just read from `path` against the manifest beside it, so a large file
 /// is hashed from memory rather than read a second time. No manifest, or a file it does not
-/// list: nothing to check.
+/// list: nothing to check, unless the directory is a genslm checkpoint (as in [`verify`]).
 pub fn verify_read(path: &Path, bytes: &[u8]) -> Result<()> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
         return Ok(());
     };
-    let Some(want) = manifest(dir)?.and_then(|mut m| m.remove(name)) else {
+    let Some((mut listed, marker)) = required_manifest(dir)? else {
         return Ok(());
+    };
+    let Some(want) = listed.remove(name) else {
+        return match marker {
+            Some(m) => Err(unlisted(path, &m)),
+            None => Ok(()),
+        };
     };
     let got = hex(&Sha256::digest(bytes));
     if got != want {
@@ -168,5 +236,56 @@ mod tests {
         std::fs::write(d.join(MANIFEST_FILE), "nonsense\n").unwrap();
         let e = verify(d, &["a.bin"]).unwrap_err().to_string();
         assert!(e.contains(MANIFEST_FILE) && e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn a_genslm_checkpoint_needs_a_manifest_that_lists_what_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("model.safetensors"), b"weights").unwrap();
+        std::fs::write(d.join("genslm.toml"), b"[train]").unwrap();
+        // A foreign directory: no manifest, nothing to check.
+        verify(d, &["model.safetensors"]).unwrap();
+        for marker in [
+            "trainer_state.json",
+            "optimizer-rank00000-of-00001.safetensors",
+        ] {
+            std::fs::write(d.join(marker), b"{}").unwrap();
+            let e = verify(d, &["model.safetensors"]).unwrap_err().to_string();
+            assert!(
+                e.contains(marker) && e.contains("without its checksums"),
+                "{e}"
+            );
+            let e = verify_read(&d.join("model.safetensors"), b"weights").unwrap_err();
+            assert!(e.to_string().contains(marker), "{e}");
+            std::fs::remove_file(d.join(marker)).unwrap();
+        }
+        // A Hugging Face Trainer checkpoint has a trainer_state.json but no genslm.toml: it
+        // loads unchecked, as any foreign directory.
+        std::fs::rename(d.join("genslm.toml"), d.join("other.toml")).unwrap();
+        std::fs::write(d.join("trainer_state.json"), b"{}").unwrap();
+        verify(d, &["model.safetensors"]).unwrap();
+        std::fs::rename(d.join("other.toml"), d.join("genslm.toml")).unwrap();
+        // A manifest that leaves out a file the command reads (here genslm.toml) checks it
+        // no longer: refused, and an empty manifest likewise.
+        write_manifest(d, &["model.safetensors", "trainer_state.json"]).unwrap();
+        verify(d, &["model.safetensors"]).unwrap();
+        let e = verify(d, &["model.safetensors", "genslm.toml"]).unwrap_err();
+        assert!(e.to_string().contains("genslm.toml: not listed"), "{e}");
+        std::fs::write(d.join(MANIFEST_FILE), b"").unwrap();
+        assert!(verify_read(&d.join("model.safetensors"), b"weights").is_err());
+    }
+
+    #[test]
+    fn sha256sum_binary_mode_lines_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("abc"), b"abc").unwrap();
+        // FIPS 180-2's digest of "abc", as `sha256sum -b abc` writes it.
+        let line = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad *abc\n";
+        std::fs::write(d.join(MANIFEST_FILE), line).unwrap();
+        verify(d, &["abc"]).unwrap();
+        std::fs::write(d.join("abc"), b"abd").unwrap();
+        assert!(verify(d, &["abc"]).is_err());
     }
 }

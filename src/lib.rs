@@ -22,6 +22,7 @@ pub mod plan;
 pub mod plot;
 pub mod progress;
 pub mod rng;
+pub mod run_lock;
 pub mod tokenizer;
 pub mod train;
 

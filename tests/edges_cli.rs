@@ -152,8 +152,22 @@ fn a_forged_trainer_state_is_refused() {
         !ok && err.contains("trainer_state.json") && err.contains("sha256"),
         "{err}"
     );
-    // Without a manifest (older genslm, hand-made) the state's own consistency checks apply.
-    std::fs::remove_file(out.join("checkpoints/step-1/checksums.sha256")).unwrap();
+    // A forger who also rewrites the manifest (with sha256sum, its format) meets the state's
+    // own consistency checks.
+    let ckpt = out.join("checkpoints/step-1");
+    let rehash = || {
+        let names: Vec<String> = std::fs::read_to_string(ckpt.join("checksums.sha256"))
+            .unwrap()
+            .lines()
+            .map(|l| l[66..].to_string())
+            .collect();
+        let o = std::process::Command::new("sha256sum")
+            .args(&names)
+            .current_dir(&ckpt)
+            .output()
+            .expect("sha256sum (coreutils) runs");
+        std::fs::write(ckpt.join("checksums.sha256"), o.stdout).unwrap();
+    };
     for (from, to, want) in [
         ("\"step\": 1,", "\"step\": 99999,", "outside this run"),
         (
@@ -164,6 +178,7 @@ fn a_forged_trainer_state_is_refused() {
     ] {
         assert!(text.contains(from), "{text}");
         std::fs::write(&state, text.replace(from, to)).unwrap();
+        rehash();
         let (ok, err) = train(&out, &["--steps", "4", "--resume"]);
         assert!(
             !ok && err.contains("trainer_state.json") && err.contains(want),

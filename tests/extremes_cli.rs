@@ -49,6 +49,11 @@ fn every_numeric_flag_at_u64_max() {
         "--rank-timeout-s",
         "--max-consecutive-skips",
         "--keep-checkpoints",
+        "--cp",
+        "--tp",
+        "--zero",
+        "--threads",
+        "--device",
     ];
     for (k, f) in train_flags.iter().enumerate() {
         let o = out(&format!("t{k}"));
@@ -139,6 +144,7 @@ fn every_numeric_flag_at_u64_max() {
     let c25 = arg(&repo().join("configs/genslm-25m.toml"));
     for f in [
         "--batch-size",
+        "--cp",
         "--dp",
         "--gpus-per-node",
         "--seq-len",

@@ -52,6 +52,28 @@ grep -q "libcuda.so.1 *$M/usr/lib/x86_64-linux-gnu/libcuda.so.1" <<<"$OUT" || fa
 # A second source reuses the unpacked binary (same checksum) and still succeeds.
 OUT=$(run); [[ $(get RC) == 0 ]] || fail "second run"
 
+echo "== sourced twice in one shell under set -euo pipefail (llvm, then nvrtc): the shell lives on"
+printf '#!/bin/sh\necho nvrtc\n' > "$B/raw/genslm-nvrtc"
+(cd "$B/raw" && sha256sum genslm-nvrtc) > "$B/genslm-nvrtc.sha256"
+xz -c "$B/raw/genslm-nvrtc" > "$B/genslm-nvrtc.xz"
+rm -rf "$M/usr/local/cuda-13.0/nvvm"   # libdevice only in triton's wheel: a private CUDA_PATH
+OUT=$(env -i PATH="$PATH" HOME="$T" GPU_ENV_ROOT="$M" BUNDLE_DIR="$B" GENSLM_GPU_DIR="$T/priv2" \
+  bash -c 'set -euo pipefail; . scripts/gpu-env.sh llvm >/dev/null; . scripts/gpu-env.sh nvrtc >/dev/null
+           echo "BIN=$GENSLM_BIN"; echo "LIBDEVICE=$(readlink -f "$CUDA_PATH/nvvm/libdevice/libdevice.10.bc")"')
+echo "$OUT"
+[[ $(get BIN) == "$T/priv2/bin/genslm-nvrtc" ]] || fail "second source in one set -e shell"
+[[ $(get LIBDEVICE) == "$SP/triton/backends/nvidia/lib/libdevice.10.bc" ]] || fail "libdevice link after a second source: $(get LIBDEVICE)"
+
+echo "== the newest library of the first place that has one: the toolkit's, then the system's, then the wheels'"
+touchf "$M/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.1"
+touchf "$SP/nvidia/nccl/lib/libnccl.so.2.27.3"
+OUT=$(run)
+[[ $(readlink "$T/priv/lib/libnccl.so") == "$M/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.1" ]] || fail "library priority: $(readlink "$T/priv/lib/libnccl.so")"
+rm "$M/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.1"
+OUT=$(run)
+[[ $(readlink "$T/priv/lib/libnccl.so") == "$SP/nvidia/nccl/lib/libnccl.so.2.27.3" ]] || fail "highest version in a directory: $(readlink "$T/priv/lib/libnccl.so")"
+rm "$SP/nvidia/nccl/lib/libnccl.so.2.27.3"
+
 echo "== no toolkit libdevice: triton's copy behind a private toolkit-shaped CUDA_PATH"
 rm -rf "$M/usr/local/cuda-13.0"
 OUT=$(run); echo "$OUT"

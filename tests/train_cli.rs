@@ -267,10 +267,16 @@ fn a_flipped_byte_inside_a_tensor_is_refused() {
         }
         flip(file);
     }
-    // Without the manifest (a foreign directory) the same flipped file loads: safetensors
-    // alone cannot tell.
+    // Without the manifest the checkpoint is refused: it is plainly genslm's own (optimizer
+    // shards), so deleting the manifest does not switch the check off.
     flip("model.safetensors");
     std::fs::remove_file(ckpt.join("checksums.sha256")).unwrap();
+    let (ok, err) = score();
+    assert!(!ok && err.contains("without its checksums.sha256"), "{err}");
+    // As a foreign model directory (no trainer state, no optimizer shards) the same flipped
+    // file loads: safetensors alone cannot tell.
+    std::fs::remove_file(ckpt.join("trainer_state.json")).unwrap();
+    std::fs::remove_file(ckpt.join("optimizer-rank00000-of-00001.safetensors")).unwrap();
     let (ok, err) = score();
     assert!(ok, "{err}");
 }

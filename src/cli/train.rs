@@ -158,6 +158,9 @@ pub fn train_launched(
 }
 
 pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
+    if a.stop_after == Some(0) {
+        anyhow::bail!("--stop-after 0: must be at least 1 (it ends the invocation after N steps)");
+    }
     let device = a.device.choice();
     // Before anything is read or written: a backend this build or machine lacks is an error.
     device.check()?;

@@ -49,6 +49,8 @@ pub fn trained_window(model_dir: &Path) -> Result<Option<usize>> {
     if !file.exists() {
         return Ok(None);
     }
+    // The window changes every score: the file must be the one the checkpoint was saved with.
+    crate::checksum::verify(&dir, &[crate::train::checkpoint::GENSLM_CONFIG_FILE])?;
     let cfg = crate::config::Config::load(&file).map_err(|e| {
         Error::Invalid(format!(
             "{e} (the training settings beside the model, which give the default window; \

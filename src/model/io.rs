@@ -127,6 +127,25 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig> {
     config_from_hf(&text).map_err(|msg| Error::Config { file: path, msg })
 }
 
+/// The checkpoint a `checkpoints/latest` file (at `latest`, holding `text`) names: one
+/// `step-N` directory beside it. Anything else — a path, `..`, another run's directory — is
+/// refused, so a run never resumes from (or prunes around) another run's state.
+pub fn latest_step_dir(latest: &Path, text: &str) -> Result<PathBuf> {
+    let name = text.trim();
+    let ok = name
+        .strip_prefix("step-")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if !ok {
+        return Err(Error::Invalid(format!(
+            "{}: names '{}', not a step-N checkpoint of this run (genslm writes only such \
+             names; a path elsewhere is refused)",
+            latest.display(),
+            name.escape_debug()
+        )));
+    }
+    Ok(latest.with_file_name(name))
+}
+
 /// Resolves what a user passes as `--model`: a model directory (with config.json), a run
 /// directory (its `checkpoints/latest`), or a run's `checkpoints/` directory.
 pub fn resolve_model_dir(path: &Path) -> Result<PathBuf> {
@@ -137,7 +156,7 @@ pub fn resolve_model_dir(path: &Path) -> Result<PathBuf> {
         let latest = ckpts.join("latest");
         if latest.is_file() {
             let name = std::fs::read_to_string(&latest).map_err(|e| Error::io(&latest, e))?;
-            let dir = ckpts.join(name.trim());
+            let dir = latest_step_dir(&latest, &name)?;
             if dir.join(CONFIG_FILE).is_file() {
                 return Ok(dir);
             }

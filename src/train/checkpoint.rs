@@ -23,8 +23,8 @@ use crate::train::optim::AdamWConfig;
 use crate::train::optim_shards::shard_files;
 use crate::train::param_source::ParamSource;
 
-pub const STATE_FILE: &str = "trainer_state.json";
-pub const GENSLM_CONFIG_FILE: &str = "genslm.toml";
+pub const STATE_FILE: &str = crate::checksum::GENSLM_STATE_FILE;
+pub const GENSLM_CONFIG_FILE: &str = crate::checksum::GENSLM_SETTINGS_FILE;
 
 /// Everything besides weights and moments needed to continue a run exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -154,7 +154,7 @@ pub fn read_saved(run: &Path) -> Result<Saved> {
             run.display()
         ))
     })?;
-    let dir = root.join(name.trim());
+    let dir = crate::model::io::latest_step_dir(&latest, &name)?;
     crate::checksum::verify(&dir, &[STATE_FILE, GENSLM_CONFIG_FILE])?;
     let state_path = dir.join(STATE_FILE);
     let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;

@@ -25,7 +25,7 @@ use crate::parallel::tensor_slices::{as_matrix, slice_of, split_of, Split};
 use crate::parallel::zero::ZeroShard;
 
 /// File names of the shards start with this.
-pub const SHARD_PREFIX: &str = "optimizer-rank";
+pub const SHARD_PREFIX: &str = crate::checksum::GENSLM_SHARD_PREFIX;
 const PIECES_KEY: &str = "genslm_moment_pieces";
 const FORMAT_KEY: &str = "format";
 const FORMAT: &str = "genslm optimizer shard 1";

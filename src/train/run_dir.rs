@@ -15,11 +15,11 @@ const RUN_ENTRIES: [&str; 5] = [
     "data.sources.json",
 ];
 
-/// Makes `run` ready for a run: refuses a fresh run into a directory that already holds one
-/// (unless `overwrite`, which removes that run first), creates it if needed, and removes the
-/// temporary files of killed saves. Returns whether the directory was created here (so a run
-/// that fails before its first step can remove it again).
-pub fn claim(run: &Path, resume: bool, overwrite: bool) -> Result<bool> {
+/// Makes `run` (which exists and is locked) ready for a run: refuses a fresh run into a
+/// directory that already holds one unless `overwrite`, which removes that run first — but
+/// never an entry that `inputs` (what this run reads) are or lie inside — and removes the
+/// temporary files of killed saves.
+pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> Result<()> {
     let existing = ["checkpoints/latest", "metrics.jsonl"]
         .iter()
         .map(|e| run.join(e))
@@ -38,8 +38,26 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool) -> Result<bool> {
                     .join(", ")
             )));
         }
-        for e in RUN_ENTRIES {
-            let p = run.join(e);
+        let inputs: Vec<PathBuf> = inputs
+            .iter()
+            .filter_map(|p| p.canonicalize().ok())
+            .collect();
+        let entries: Vec<PathBuf> = RUN_ENTRIES.iter().map(|e| run.join(e)).collect();
+        // Checked for all entries before anything is removed.
+        for p in entries.iter().filter(|p| p.exists()) {
+            let Ok(canon) = p.canonicalize() else {
+                continue;
+            };
+            if let Some(input) = inputs.iter().find(|i| i.starts_with(&canon)) {
+                return Err(Error::Invalid(format!(
+                    "--overwrite would delete {}, but this run reads {} from it; move the input \
+                     out of the run directory first, or choose another --out",
+                    p.display(),
+                    input.display()
+                )));
+            }
+        }
+        for p in entries {
             let r = if p.is_dir() {
                 std::fs::remove_dir_all(&p)
             } else if p.exists() {
@@ -50,10 +68,7 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool) -> Result<bool> {
             r.map_err(|e| Error::io(&p, e))?;
         }
     }
-    let created = !run.exists();
-    std::fs::create_dir_all(run).map_err(|e| Error::io(run, e))?;
-    clean_stale(run)?;
-    Ok(created)
+    clean_stale(run)
 }
 
 /// Removes the temporary entries (`.NAME.tmp-PID`, `.step-N.tmp/`, `.data.parquet.new`)
@@ -82,28 +97,82 @@ pub fn clean_stale(run: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Keeps the newest `keep` checkpoint directories (`step-N`) and removes older ones; the one
-/// `latest` names is never removed. `keep == 0` keeps all.
-pub fn prune_checkpoints(run: &Path, keep: usize) -> Result<()> {
+/// Keeps `latest` and the newest `keep − 1` checkpoints before it, and removes older ones.
+/// Never removed: `latest`, the checkpoint this run resumed from (`resumed_from`: its
+/// rollback point), and checkpoints of later steps than `latest` (left by a run that went
+/// further before `latest` was moved back: the user's, until this run writes those steps
+/// again). `keep == 0` keeps all.
+pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> Result<()> {
     if keep == 0 {
         return Ok(());
     }
     let root = checkpoints_dir(run);
-    let latest = std::fs::read_to_string(root.join("latest")).unwrap_or_default();
-    let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)
+    let latest = root.join("latest");
+    let text = std::fs::read_to_string(&latest).map_err(|e| Error::io(&latest, e))?;
+    let newest = crate::model::io::latest_step_dir(&latest, &text)?;
+    let Some(newest) = step_of(&newest.file_name().unwrap_or_default().to_string_lossy()) else {
+        return Ok(());
+    };
+    let mut older: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)
         .map_err(|e| Error::io(&root, e))?
         .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let n = name.strip_prefix("step-")?.parse::<u64>().ok()?;
-            (name != latest.trim()).then(|| (n, e.path()))
-        })
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| Some((step_of(&e.file_name().to_string_lossy())?, e.path())))
+        .filter(|&(n, _)| n < newest && Some(n) != resumed_from)
         .collect();
-    steps.sort();
+    older.sort();
     // `latest` itself is one of the kept ones.
-    let removable = steps.len().saturating_sub(keep.saturating_sub(1));
-    for (_, p) in steps.into_iter().take(removable) {
+    let removable = older.len().saturating_sub(keep - 1);
+    for (_, p) in older.into_iter().take(removable) {
         std::fs::remove_dir_all(&p).map_err(|e| Error::io(&p, e))?;
     }
     Ok(())
+}
+
+/// N of a `step-N` directory name.
+fn step_of(name: &str) -> Option<u64> {
+    name.strip_prefix("step-")?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steps(run: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(checkpoints_dir(run))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("step-"))
+            .collect();
+        v.sort_by_key(|n| step_of(n));
+        v
+    }
+
+    #[test]
+    fn pruning_spares_latest_the_resume_point_and_later_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        let root = checkpoints_dir(run);
+        for n in [2, 4, 6, 8, 10] {
+            std::fs::create_dir_all(root.join(format!("step-{n}"))).unwrap();
+        }
+        // A rollback: `latest` moved back to step-6, the run resumed from step-4 (its own
+        // earlier rollback) and then wrote step-6 again.
+        std::fs::write(root.join("latest"), "step-6\n").unwrap();
+        prune_checkpoints(run, 1, Some(4)).unwrap();
+        assert_eq!(steps(run), ["step-4", "step-6", "step-8", "step-10"]);
+        // keep 2: latest and the one before it; step-2 went already.
+        std::fs::create_dir_all(root.join("step-2")).unwrap();
+        prune_checkpoints(run, 2, None).unwrap();
+        assert_eq!(steps(run), ["step-4", "step-6", "step-8", "step-10"]);
+        prune_checkpoints(run, 1, None).unwrap();
+        assert_eq!(steps(run), ["step-6", "step-8", "step-10"]);
+        // keep 0 keeps everything; a `latest` pointing elsewhere stops the pruning.
+        prune_checkpoints(run, 0, None).unwrap();
+        std::fs::write(root.join("latest"), "../../other/checkpoints/step-2\n").unwrap();
+        let e = prune_checkpoints(run, 1, None).unwrap_err().to_string();
+        assert!(e.contains("not a step-N checkpoint"), "{e}");
+        assert_eq!(steps(run), ["step-6", "step-8", "step-10"]);
+    }
 }

@@ -12,6 +12,7 @@ use crate::data::ingest::{tokenize_to_parquet, IngestOptions};
 use crate::data::loader::Corpus;
 use crate::error::{Error, Result};
 use crate::parallel::Topology;
+use crate::run_lock::RunLock;
 use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{read_saved, Saved};
 use crate::train::memory::{available_bytes, check_fits};
@@ -89,37 +90,74 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
     check_positions(&cfg.model, t.seq_len)
 }
 
+impl DataSource {
+    /// The files and directories the run reads its data from.
+    pub fn inputs(&self) -> Vec<PathBuf> {
+        match self {
+            DataSource::Fasta(paths) => paths.clone(),
+            DataSource::Parquet(p) => vec![p.clone()],
+        }
+    }
+}
+
 /// Checks the config (and, resuming, that the checkpoint can continue under it), loads the
-/// corpus, and writes the resolved config into the run directory. A refused resume writes
-/// nothing.
+/// corpus, and writes the resolved config into the run directory. The run directory is
+/// locked first (`run_lock`): the returned lock must be held until the run ends. A refused
+/// resume writes nothing.
 pub fn prepare_run(
     cfg: &Config,
     data: &DataSource,
     run: &Path,
     opts: &RunOptions,
-) -> Result<Corpus> {
+) -> Result<(Corpus, RunLock)> {
     cfg.model.validate().map_err(Error::Invalid)?;
     cfg.train.validate().map_err(Error::Invalid)?;
-    let saved = if opts.resume {
-        let saved = read_saved(run)?;
-        for note in check_resume(&saved, cfg)? {
-            eprintln!("note: {note}");
-        }
-        Some(saved)
-    } else {
-        None
+    if opts.resume && !run.is_dir() {
+        return Err(Error::Invalid(format!(
+            "cannot resume: {} does not exist (start a run there without --resume)",
+            run.display()
+        )));
+    }
+    // Whether this process made the directory decides whether a failed start removes it:
+    // `create_dir` answers that atomically (two processes can both see it missing).
+    if let Some(parent) = run.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    let created = match std::fs::create_dir(run) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(Error::io(run, e)),
     };
-    let created = claim(run, opts.resume, opts.overwrite)?;
-    let corpus = load_corpus(cfg, data, run, saved.as_ref()).and_then(|c| {
+    // Refused here, nothing is removed: the directory is another process's from now on.
+    let lock = RunLock::acquire(run, "train")?;
+    let result = (|| {
+        let saved = if opts.resume {
+            let saved = read_saved(run)?;
+            for note in check_resume(&saved, cfg)? {
+                eprintln!("note: {note}");
+            }
+            Some(saved)
+        } else {
+            None
+        };
+        claim(run, opts.resume, opts.overwrite, &data.inputs())?;
+        let corpus = load_corpus(cfg, data, run, saved.as_ref())?;
         let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
         crate::atomic::write_bytes(&run.join("config.toml"), toml.as_bytes())?;
-        Ok(c)
-    });
-    if corpus.is_err() && created {
-        // Nothing of a run that never started stays behind.
-        let _ = std::fs::remove_dir_all(run);
+        Ok(corpus)
+    })();
+    match result {
+        Ok(corpus) => Ok((corpus, lock)),
+        Err(e) => {
+            if created {
+                // Nothing of a run that never started stays behind; removed while the lock
+                // is still held, so no other process is inside.
+                let _ = std::fs::remove_dir_all(run);
+            }
+            drop(lock);
+            Err(e)
+        }
     }
-    corpus
 }
 
 /// The training corpus. From FASTA, tokenized into `RUN/data.parquet`, which a resume reuses

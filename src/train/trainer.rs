@@ -56,7 +56,7 @@ pub fn train(
     run: &Path,
     opts: &RunOptions,
 ) -> Result<TrainSummary> {
-    let corpus = prepare_run(cfg, data, run, opts)?;
+    let (corpus, _lock) = prepare_run(cfg, data, run, opts)?;
     train_rank(cfg, &corpus, run, opts, &Ranks::single())
 }
 
@@ -95,7 +95,8 @@ pub fn train_grid(
         }
         return train(cfg, data, run, opts);
     }
-    let corpus = Arc::new(prepare_run(cfg, data, run, opts)?);
+    let (corpus, _lock) = prepare_run(cfg, data, run, opts)?;
+    let corpus = Arc::new(corpus);
     let timeout = Duration::from_secs(cfg.train.rank_timeout_s);
     let (tx, rx) = std::sync::mpsc::channel();
     let mut started = 0;
@@ -173,18 +174,20 @@ pub fn train_with_ranks(
     run_rank_guarded(ranks, || {
         validate_layout(cfg, &ranks.topo)?;
         check_memory(cfg, ranks.topo.dp, ranks.topo.seq_degree(), 1, opts)?;
-        // Rank 0 may tokenize for a long time: the others wait without a deadline.
-        let corpus = if ranks.is_root() {
+        // Rank 0 may tokenize for a long time: the others wait without a deadline. It holds
+        // the run directory's lock until the run ends.
+        let (corpus, _lock) = if ranks.is_root() {
             let c = prepare_run(cfg, data, run, opts);
             ranks.world.barrier_unbounded()?;
-            c?
+            let (c, lock) = c?;
+            (c, Some(lock))
         } else {
             ranks.world.barrier_unbounded()?;
             let data = match data {
                 DataSource::Fasta(_) => DataSource::Parquet(run.join("data.parquet")),
                 other => other.clone(),
             };
-            load_corpus(cfg, &data, run, None)?
+            (load_corpus(cfg, &data, run, None)?, None)
         };
         train_rank(cfg, &corpus, run, opts, ranks)
     })
@@ -433,7 +436,8 @@ pub fn train_rank(
             .is_some_and(|n| state.step - first_step >= n);
         let every = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
         if every || last || stopping {
-            summary.last_checkpoint = checkpoint(run, cfg, &engine, &state, ranks)?;
+            let resumed_from = opts.resume.then_some(first_step);
+            summary.last_checkpoint = checkpoint(run, cfg, &engine, &state, ranks, resumed_from)?;
         }
         if stopping {
             break;
@@ -456,6 +460,7 @@ fn checkpoint(
     engine: &Engine,
     state: &TrainerState,
     ranks: &Ranks,
+    resumed_from: Option<u64>,
 ) -> Result<Option<PathBuf>> {
     let staging = if ranks.is_root() {
         prepare_staging(run, state.step)?
@@ -481,7 +486,7 @@ fn checkpoint(
     let dir = match full {
         Some(full) => {
             let dir = commit_checkpoint(run, cfg, &full, state, &staging, shards[0] as usize)?;
-            prune_checkpoints(run, cfg.train.keep_checkpoints)?;
+            prune_checkpoints(run, cfg.train.keep_checkpoints, resumed_from)?;
             Some(dir)
         }
         None => None,

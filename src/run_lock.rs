@@ -1,0 +1,137 @@
+//! One process at a time in a run directory: an advisory lock (`flock`) on `DIR/.genslm.lock`,
+//! taken before anything in the directory is read for a resume, removed by `--overwrite` or
+//! cleaned, and held until the run ends. The kernel drops it when the holder exits, however it
+//! exits, so a crashed or killed run never blocks the next one; the file itself stays (removing
+//! it would let two processes lock two different files of one name).
+//!
+//! Linux's NFS client (v4, and v3 through its lock manager) turns `flock` into a lock the
+//! server sees from every machine; Lustre and BeeGFS do only when mounted with their lock
+//! option (`-o flock`), and refuse it otherwise — then the run goes on after a warning that
+//! says nothing stops a second run, rather than not at all.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// The lock file's name inside a run directory.
+pub const LOCK_FILE: &str = ".genslm.lock";
+
+/// A held lock; dropping it (or the process ending) releases it.
+#[derive(Debug)]
+pub struct RunLock {
+    _file: Option<File>,
+    pub path: PathBuf,
+}
+
+impl RunLock {
+    /// Locks `dir` (which must exist) for `what` (e.g. "train"), or says who holds it.
+    pub fn acquire(dir: &Path, what: &str) -> Result<RunLock> {
+        let path = dir.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                // The holder wrote who it is right after locking; a reader may catch the
+                // moment between, hence the fallback.
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                let holder = holder.trim();
+                return Err(Error::Invalid(format!(
+                    "{}: in use by another genslm ({}); nothing was changed. Wait for it to end \
+                     (the lock goes when that process exits, even if it is killed), or choose \
+                     another --out",
+                    dir.display(),
+                    if holder.is_empty() {
+                        "it is starting"
+                    } else {
+                        holder
+                    }
+                )));
+            }
+            Err(TryLockError::Error(e)) if unsupported(&e) => {
+                eprintln!(
+                    "warning: {}: this file system does not support file locks ({e}); nothing \
+                     stops a second run from writing into this directory at the same time",
+                    path.display()
+                );
+                return Ok(RunLock { _file: None, path });
+            }
+            Err(TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+        }
+        let who = holder_line(what);
+        let written = (|| {
+            file.set_len(0)?;
+            (&file).write_all(who.as_bytes())
+        })();
+        written.map_err(|e| Error::io(&path, e))?;
+        Ok(RunLock {
+            _file: Some(file),
+            path,
+        })
+    }
+}
+
+/// Errors a file system without locks answers `flock` with.
+fn unsupported(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::Unsupported;
+    // ENOLCK (37), ENOSYS (38), EOPNOTSUPP (95): what NFS without a lock manager, Lustre and
+    // BeeGFS without their lock option, and FUSE file systems return.
+    e.kind() == Unsupported || matches!(e.raw_os_error(), Some(37 | 38 | 95))
+}
+
+/// Who holds the lock, for the message a second process prints.
+fn holder_line(what: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "an unknown host".into());
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!(
+        "genslm {what}, process {} on {host}, since {since} s after the Unix epoch\n",
+        std::process::id()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_is_refused_naming_the_holder_and_freed_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = RunLock::acquire(dir.path(), "train").unwrap();
+        // flock locks belong to an open file: a second open of the same file conflicts even
+        // inside one process, as another process's would.
+        let e = RunLock::acquire(dir.path(), "train")
+            .unwrap_err()
+            .to_string();
+        let pid = format!("process {}", std::process::id());
+        assert!(
+            e.contains("in use by another genslm") && e.contains(&pid),
+            "{e}"
+        );
+        drop(first);
+        let again = RunLock::acquire(dir.path(), "tokenize").unwrap();
+        let holder = std::fs::read_to_string(&again.path).unwrap();
+        assert!(holder.starts_with("genslm tokenize, process"), "{holder}");
+    }
+
+    #[test]
+    fn a_lock_file_left_by_a_dead_process_does_not_block() {
+        let dir = tempfile::tempdir().unwrap();
+        // What a killed run leaves: the file, with its holder line, and no lock on it.
+        std::fs::write(dir.path().join(LOCK_FILE), "genslm train, process 1 on x\n").unwrap();
+        RunLock::acquire(dir.path(), "train").unwrap();
+    }
+}

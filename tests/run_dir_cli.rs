@@ -1,0 +1,210 @@
+//! The run directory against concurrent and clumsy use (issue 37): one process at a time
+//! (a lock the kernel releases when its holder dies), `--overwrite` never deletes the input
+//! being read, `latest` never leads outside the run, and a genslm checkpoint whose manifest is
+//! missing or edited is refused by every command that reads it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{arg, bin, repo, run};
+
+fn tiny_args(out: &Path, steps: &str, seed: &str) -> Vec<String> {
+    [
+        "train",
+        "--fasta",
+        &arg(&repo().join("data")),
+        "--config",
+        &arg(&repo().join("configs/tiny.toml")),
+        "--out",
+        &arg(out),
+        "--quiet",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--steps",
+        steps,
+        "--seed",
+        seed,
+        "--val-every",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn train(out: &Path, steps: &str, extra: &[&str]) -> (bool, String) {
+    let mut a = tiny_args(out, steps, "3");
+    a.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+    let (ok, _, err) = run(&refs);
+    (ok, err)
+}
+
+/// A child process killed when the test ends, whatever ends it.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A long training run in the background, once it holds the lock and has written its config.
+fn start_long_run(out: &Path) -> Killed {
+    let child = Killed(
+        bin()
+            .args(tiny_args(out, "1000000", "11"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let want = format!("process {} ", child.0.id());
+    let t = Instant::now();
+    while !(std::fs::read_to_string(out.join(".genslm.lock")).is_ok_and(|s| s.contains(&want))
+        && out.join("config.toml").exists())
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the run did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+#[test]
+fn a_live_run_directory_refuses_a_second_train_a_resume_and_an_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut first = start_long_run(&out);
+    let pid = format!("process {}", first.0.id());
+    for extra in [&[][..], &["--resume"][..], &["--overwrite"][..]] {
+        let (ok, err) = train(&out, "2", extra);
+        assert!(!ok, "{extra:?} ran beside a live run");
+        assert!(
+            err.contains("in use by another genslm") && err.contains(&pid),
+            "{extra:?}: {err}"
+        );
+    }
+    // The live run's files are untouched: still its own config (seed 11), still running.
+    let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(config.contains("seed = 11"), "{config}");
+    assert!(first.0.try_wait().unwrap().is_none(), "the first run died");
+    // Killed, it leaves its lock file behind, which blocks nobody.
+    drop(first);
+    let (ok, err) = train(&out, "2", &["--overwrite"]);
+    assert!(ok, "{err}");
+    let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(config.contains("seed = 3"), "{config}");
+}
+
+#[test]
+fn overwrite_refuses_to_delete_the_dataset_it_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    assert!(train(&out, "2", &[]).0);
+    let data = out.join("data.parquet");
+    let (ok, _, err) = run(&[
+        "train",
+        "--data",
+        &arg(&data),
+        "--config",
+        &arg(&repo().join("configs/tiny.toml")),
+        "--out",
+        &arg(&out),
+        "--overwrite",
+        "--quiet",
+        "--steps",
+        "2",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("--overwrite would delete") && err.contains("data.parquet"),
+        "{err}"
+    );
+    assert!(data.is_file() && out.join("checkpoints/latest").is_file());
+}
+
+/// A finished 2-step run whose checkpoint the test then tampers with.
+fn finished_run(dir: &Path) -> (PathBuf, PathBuf) {
+    let out = dir.join("run");
+    let (ok, err) = train(&out, "2", &[]);
+    assert!(ok, "{err}");
+    (out.clone(), out.join("checkpoints/step-2"))
+}
+
+fn score(model: &Path) -> (bool, String) {
+    let (ok, _, err) = run(&[
+        "score",
+        "--model",
+        &arg(model),
+        "--fasta",
+        &arg(&repo().join("data/lambda_virus.fa")),
+    ]);
+    (ok, err)
+}
+
+#[test]
+fn latest_outside_the_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) = finished_run(dir.path());
+    let (other, _) = finished_run(&dir.path().join("other"));
+    std::fs::write(
+        out.join("checkpoints/latest"),
+        "../../other/run/checkpoints/step-2\n",
+    )
+    .unwrap();
+    assert!(other.join("checkpoints/step-2").is_dir());
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(!ok && err.contains("not a step-N checkpoint"), "{err}");
+    let (ok, err) = score(&out);
+    assert!(!ok && err.contains("not a step-N checkpoint"), "{err}");
+}
+
+#[test]
+fn a_genslm_checkpoint_without_a_full_manifest_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, ckpt) = finished_run(dir.path());
+    let manifest = ckpt.join("checksums.sha256");
+    let full = std::fs::read_to_string(&manifest).unwrap();
+    assert!(score(&out).0, "the intact checkpoint scores");
+
+    // The manifest leaves out genslm.toml (which sets the default window): score and resume
+    // refuse, naming it.
+    let without: String = full
+        .lines()
+        .filter(|l| !l.ends_with("genslm.toml"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&manifest, without).unwrap();
+    let (ok, err) = score(&out);
+    assert!(!ok && err.contains("genslm.toml: not listed"), "{err}");
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(!ok && err.contains("genslm.toml: not listed"), "{err}");
+
+    // No manifest at all: every command that loads it refuses, naming what it saw.
+    std::fs::remove_file(&manifest).unwrap();
+    let (ok, err) = score(&out);
+    assert!(!ok && err.contains("without its checksums.sha256"), "{err}");
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(!ok && err.contains("without its checksums.sha256"), "{err}");
+    let (ok, _, err) = run(&["generate", "--model", &arg(&out), "--max-codons", "8"]);
+    assert!(!ok && err.contains("without its checksums.sha256"), "{err}");
+
+    // The same files as a foreign model directory (no trainer state, no optimizer shards)
+    // load without a manifest.
+    for e in std::fs::read_dir(&ckpt).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == "trainer_state.json" || name.starts_with("optimizer-rank") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let (ok, err) = score(&ckpt);
+    assert!(ok, "{err}");
+}
