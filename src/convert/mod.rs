@@ -106,13 +106,32 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
             file: index.clone(),
             msg: "no weight_map".into(),
         })?;
-        let mut files: Vec<PathBuf> = map
-            .values()
-            .filter_map(|f| f.as_str())
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .map(|f| dir.join(f))
-            .collect();
+        let names: HashSet<&str> = map.values().filter_map(|f| f.as_str()).collect();
+        let mut files = Vec::with_capacity(names.len());
+        for name in names {
+            // A shard is a file beside the index: an absolute path or one with `..` would
+            // have genslm read outside the model directory on the index's say-so.
+            let plain = Path::new(name)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !plain || name.is_empty() {
+                return Err(Error::Config {
+                    file: index.clone(),
+                    msg: format!(
+                        "weight_map names '{}', not a file beside the index (absolute paths \
+                         and '..' are refused)",
+                        name.escape_debug()
+                    ),
+                });
+            }
+            files.push(dir.join(name));
+        }
+        if files.is_empty() {
+            return Err(Error::Config {
+                file: index.clone(),
+                msg: "weight_map lists no weight files".into(),
+            });
+        }
         files.sort();
         return Ok(files);
     }
@@ -292,5 +311,29 @@ mod tests {
             "gpt_neox.layers.3.attention.query_key_value.bias"
         ));
         assert!(!is_buffer("gpt_neox.layers.3.attention.dense.bias"));
+    }
+
+    #[test]
+    fn an_index_names_only_files_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let index = |map: &str| {
+            let text = format!("{{\"weight_map\": {map}}}");
+            std::fs::write(d.join("model.safetensors.index.json"), text).unwrap();
+            weight_files(d).map_err(|e| e.to_string())
+        };
+        let e = index("{}").unwrap_err();
+        assert!(e.contains("lists no weight files"), "{e}");
+        for hostile in ["/etc/passwd", "../other/model.safetensors", "a/../../b", ""] {
+            let e = index(&format!("{{\"w\": \"{hostile}\"}}")).unwrap_err();
+            assert!(e.contains("not a file beside the index"), "{hostile}: {e}");
+        }
+        let files =
+            index(r#"{"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-2.safetensors"}"#)
+                .unwrap();
+        assert_eq!(
+            files,
+            [d.join("m-1.safetensors"), d.join("m-2.safetensors")]
+        );
     }
 }

@@ -277,7 +277,14 @@ fn check_piece(p: &Piece, want: [usize; 2]) -> std::result::Result<(), String> {
     if p.shape != want {
         return Err(format!("shape {:?}, the model's is {want:?}", p.shape));
     }
-    if r0 + nr > want[0] || c0 + nc > want[1] || p.start + p.len > nr * nc {
+    // Checked sums: the numbers come from a file, and a forged one near 2^64 would wrap past
+    // the bounds and index out of range later.
+    let within = |a: usize, b: usize, limit: usize| a.checked_add(b).is_some_and(|e| e <= limit);
+    let area = nr.checked_mul(nc);
+    if !within(r0, nr, want[0])
+        || !within(c0, nc, want[1])
+        || !area.is_some_and(|a| within(p.start, p.len, a))
+    {
         return Err(format!(
             "piece {:?} [{}, +{}) is outside it",
             p.rect, p.start, p.len
@@ -349,5 +356,15 @@ mod tests {
         assert!(check_piece(&p, [5, 3]).is_err());
         let outside = Piece { len: 8, ..p };
         assert!(check_piece(&outside, [3, 5]).is_err());
+        // Forged numbers that wrap around 2^64 are outside too, not a panic.
+        let m = usize::MAX;
+        for rect in [[m, 1, 2, 3], [0, m, 3, 2], [0, 0, m, m]] {
+            assert!(
+                check_piece(&Piece { rect, ..p }, [3, 5]).is_err(),
+                "{rect:?}"
+            );
+        }
+        assert!(check_piece(&Piece { start: m, ..p }, [3, 5]).is_err());
+        assert!(check_piece(&Piece { len: m, ..p }, [3, 5]).is_err());
     }
 }
