@@ -119,6 +119,19 @@ enum Command {
     },
 }
 
+/// Writes a whole report to stdout. `print!` panics when stdout fails (a full disk); a
+/// reader that stopped early (`| head`) is no error, anything else is one, named.
+fn print_all(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::anyhow!("writing to standard output: {e}"))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     genslm::backend::set_cpu_threads(cli.threads)?;
     match cli.command {
@@ -184,7 +197,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Info { config } => {
             let cfg = genslm::config::Config::load(&config)?;
-            print!("{}", genslm::info::report(&cfg.model));
+            print_all(&genslm::info::report(&cfg.model))?;
         }
         Command::Embed(args) => cli::infer::run_embed(*args, cli.quiet)?,
         Command::Plot {
@@ -210,7 +223,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Generate(args) => cli::infer::run_generate(*args, cli.quiet)?,
-        Command::Plan(args) => print!("{}", genslm::plan::command::run(&(*args).into())?),
+        Command::Plan(args) => print_all(&genslm::plan::command::run(&(*args).into())?)?,
         Command::Bench { which } => cli::bench::run(which)?,
     }
     Ok(())

@@ -290,3 +290,30 @@ fn generate_bad_input_gives_clear_errors() {
     let bases: String = out.lines().filter(|l| !l.starts_with('>')).collect();
     assert_eq!(bases.len(), 96);
 }
+
+/// A length whose KV cache cannot fit in memory is refused with its size before anything is
+/// allocated (it asked for 25.6 GB and aborted the process).
+#[test]
+fn a_cache_larger_than_memory_is_refused_before_it_is_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = GenSlm::init(tiny(Position::Rotary, 64), 1, &Device::flex()).unwrap();
+    save_model_dir(&m, dir.path()).unwrap();
+    let start = std::time::Instant::now();
+    let (ok, _, err) = run(&[
+        "generate",
+        "--model",
+        &s(dir.path()),
+        "--max-codons",
+        "100000000",
+        "--quiet",
+    ]);
+    // 2 layers × hidden 64 × 2 (K and V) × 4 bytes × 10^8 tokens = 102 GB.
+    assert!(
+        !ok && err.contains("the KV cache of a batch of 1 needs 95.4 GiB"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("panicked") && start.elapsed().as_secs() < 30,
+        "{err}"
+    );
+}

@@ -92,3 +92,37 @@ fn bad_configs_name_the_field() {
     let (ok, _, err) = run(&["info", "--config", "/no/such.toml"]);
     assert!(!ok && err.contains("/no/such.toml"), "{err}");
 }
+
+/// A full disk under stdout is an error naming it, not a panic (`print!` panicked).
+#[test]
+fn a_full_stdout_is_a_clear_error() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let tiny = repo().join("configs/tiny.toml");
+    for args in [
+        vec!["info", "--config", tiny.to_str().unwrap()],
+        vec![
+            "plan",
+            "--config",
+            tiny.to_str().unwrap(),
+            "--gpus",
+            "8",
+            "--gpu-mem-gib",
+            "80",
+        ],
+    ] {
+        let o = common::bin()
+            .args(&args)
+            .stdout(full.try_clone().unwrap())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("writing to standard output") && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+}

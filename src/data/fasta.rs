@@ -174,7 +174,7 @@ pub fn read_raw(
         match needletail::parse_fastx_reader(std::io::BufReader::with_capacity(1 << 20, file)) {
             Ok(r) => r,
             Err(e) => {
-                let err = file_err(describe_parse_error(&e));
+                let err = file_err(describe_parse_error(&e, path));
                 return skip_or_fail(on_invalid, err, warn, stats);
             }
         };
@@ -183,7 +183,7 @@ pub fn read_raw(
         let rec = match rec {
             Ok(r) => r,
             Err(e) => {
-                let mut msg = describe_parse_error(&e);
+                let mut msg = describe_parse_error(&e, path);
                 let record = e
                     .position
                     .id
@@ -273,11 +273,43 @@ fn skip_or_fail(
     }
 }
 
-fn describe_parse_error(e: &needletail::errors::ParseError) -> String {
+fn describe_parse_error(e: &needletail::errors::ParseError, path: &Path) -> String {
+    // The file's first bytes as stored (no decompression: the cases below are plain text).
+    let head = || -> Vec<u8> {
+        use std::io::Read;
+        let mut buf = Vec::new();
+        let _ = std::fs::File::open(path).map(|f| f.take(1 << 16).read_to_end(&mut buf));
+        buf
+    };
     match e.kind {
+        ParseErrorKind::EmptyFile if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) => {
+            "file holds no record: only '>' marks or blank space, no header and sequence".into()
+        }
         ParseErrorKind::EmptyFile => "file is empty".into(),
         ParseErrorKind::UnknownFormat => {
-            "not a FASTA file: it does not start with '>' (nor with a gzip/bzip2/xz/zstd header)"
+            let head = head();
+            if head.starts_with(b"\xEF\xBB\xBF") {
+                "the file starts with a UTF-8 byte-order mark before its first '>': save it \
+                 without one (e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' FILE)"
+                    .into()
+            } else if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'>') {
+                "the file has blank lines or spaces before its first '>': remove them (e.g. \
+                 sed -i '/[^[:space:]]/,$!d' FILE)"
+                    .into()
+            } else {
+                "not a FASTA file: it does not start with '>' (nor with a gzip/bzip2/xz/zstd \
+                 header)"
+                    .into()
+            }
+        }
+        ParseErrorKind::UnexpectedEnd
+            if {
+                let head = head();
+                head.contains(&b'\r') && !head.contains(&b'\n')
+            } =>
+        {
+            "the file's lines end in CR alone (old Mac line endings), so it reads as one line: \
+             convert it first (e.g. tr '\\r' '\\n' < FILE > FILE.fa)"
                 .into()
         }
         ParseErrorKind::Io => format!(
@@ -294,6 +326,36 @@ fn describe_parse_error(e: &needletail::errors::ParseError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first problem `read_raw` reports for a file holding `bytes`.
+    fn problem(bytes: &[u8]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.fa");
+        std::fs::write(&p, bytes).unwrap();
+        let r = read_raw(&p, OnInvalid::Error, &mut |_| {}, &mut |_, _| {
+            Ok(Ok(Default::default()))
+        });
+        r.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn files_a_user_hit_get_messages_that_say_what_is_wrong() {
+        let e = problem(b"\xEF\xBB\xBF>a\nACGT\n");
+        assert!(e.contains("byte-order mark"), "{e}");
+        let e = problem(b"\n\n  >a\nACGT\n");
+        assert!(
+            e.contains("blank lines or spaces before its first '>'"),
+            "{e}"
+        );
+        let e = problem(b">a\rACGT\r>b\rACGT\r");
+        assert!(e.contains("lines end in CR alone"), "{e}");
+        let e = problem(b">");
+        assert!(e.contains("no record"), "{e}");
+        let e = problem(b"");
+        assert!(e.contains("file is empty"), "{e}");
+        let e = problem(b"hello\n");
+        assert!(e.contains("does not start with '>'"), "{e}");
+    }
 
     #[test]
     fn extensions() {

@@ -169,6 +169,33 @@ pub fn check_length(
 }
 
 /// Draws `opts.num` samples, handing each to `on_sample` as soon as its batch is done.
+/// The KV cache of one batch is allocated whole at its first step (`KvCache::with_capacity`):
+/// on the CPU, a length that cannot fit in the memory available is refused before, with the
+/// figure, instead of an allocation that aborts the process. (GPU memory is the device's, not
+/// read here.)
+fn check_cache_memory(model: &GenSlm, batch: usize, tokens: usize, codons: usize) -> Result<()> {
+    let on_cpu = matches!(
+        model.device.as_dispatch(),
+        burn::backend::DispatchDevice::Flex(_)
+    );
+    let Some(available) = crate::train::memory::available_bytes().filter(|_| on_cpu) else {
+        return Ok(());
+    };
+    // Keys and values of every layer, f32, for every sample of the batch and token.
+    let c = &model.cfg;
+    let need = 2.0 * 4.0 * (c.num_layers * c.hidden_size) as f64 * batch as f64 * tokens as f64;
+    if need <= available {
+        return Ok(());
+    }
+    let gib = |b: f64| b / f64::from(1u32 << 30);
+    Err(Error::Invalid(format!(
+        "--max-codons {codons}: the KV cache of a batch of {batch} needs {:.1} GiB, more than \
+         the {:.1} GiB available here; lower --max-codons or --batch-size",
+        gib(need),
+        gib(available)
+    )))
+}
+
 pub fn generate(
     model: &GenSlm,
     opts: &GenerateOptions,
@@ -197,6 +224,8 @@ pub fn generate(
         .map(|c| tok.codon_to_id(c))
         .collect();
     let new_per_sample = opts.max_codons - (prompt.len() - bos);
+    let batch = opts.batch_size.min(opts.num);
+    check_cache_memory(model, batch, prompt.len() + new_per_sample, opts.max_codons)?;
     let bar = crate::progress::bar(
         opts.progress,
         Some((opts.num as u64).saturating_mul(new_per_sample as u64)),
