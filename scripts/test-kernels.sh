@@ -10,8 +10,16 @@
 #     its own process): it must grow linearly (ratio ≤ 4.5), not with seq² (16).
 # Builds go to ${CARGO_TARGET_DIR:-target}-wgpu so the CPU build's outputs stay untouched.
 # On a machine with a real GPU, GENSLM_KERNELS_DEVICE=default runs the tests there instead.
+# --model-only: steps 3 and 4 only, in CARGO_TARGET_DIR as it is. scripts/test.sh runs the
+# kernel tests inside its one `cargo test --workspace --features wgpu` and calls it so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+MODEL_ONLY=0
+case "${1:-}" in
+  --model-only) MODEL_ONLY=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--model-only]" >&2; exit 2 ;;
+esac
 
 echo "== lavapipe (Mesa's software Vulkan driver)"
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
@@ -23,15 +31,17 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
 fi
 # wgpu picks lavapipe when no GPU is present; this makes it explicit for the whole-model check.
 export CUBECL_WGPU_DEFAULT_DEVICE="${CUBECL_WGPU_DEFAULT_DEVICE:-Cpu}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}-wgpu"
-
-echo "== kernel tests on lavapipe (against an f64 reference and against cubek-attention)"
-cargo test --locked -p genslm-kernels --features wgpu -- --nocapture 2>&1 \
-  | grep -v "XDG_RUNTIME_DIR"
+if [ $MODEL_ONLY = 0 ]; then
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}-wgpu"
+  echo "== kernel tests on lavapipe (against an f64 reference and against cubek-attention)"
+  cargo test --locked -p genslm-kernels --features wgpu -- --nocapture 2>&1 \
+    | grep -v "XDG_RUNTIME_DIR"
+fi
+BUILT="${CARGO_TARGET_DIR:-$PWD/target}"
 
 echo "== tiny config, 5 steps: --backend wgpu vs --backend cpu (losses within 1e-3)"
 cargo build --locked --features wgpu
-BIN="$CARGO_TARGET_DIR/debug/genslm"
+BIN="$BUILT/debug/genslm"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 for b in cpu wgpu; do
