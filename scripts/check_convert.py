@@ -23,6 +23,7 @@ import io
 import os
 import pathlib
 import subprocess
+import zipfile
 import sys
 import tempfile
 
@@ -158,6 +159,15 @@ def main():
         sd["state_dict"]["model.gpt_neox.embed_in.weight"] = torch.zeros(68, 512)
         torch.save(sd, t / "shape.pt")
         must_fail(genslm, t / "shape.pt", t / "o2", ["model.gpt_neox.embed_in.weight", "[68, 512]", "[69, 512]"], ["--config", CONFIG_25M])
+        # A broadcast view (stride 0): 1 stored element read as 69x512. Scaled up (2^20 x 2^14
+        # from a 500-byte file) it would ask for 64 GiB: refused before anything is allocated.
+        sd["state_dict"]["model.gpt_neox.embed_in.weight"] = torch.zeros(1).expand(69, 512)
+        torch.save(sd, t / "broadcast.pt")
+        must_fail(genslm, t / "broadcast.pt", t / "o6", ["model.gpt_neox.embed_in.weight", "35328 elements", "holds 1"], ["--config", CONFIG_25M])
+        # Two million nested tuples (a 2 MB pickle): a clear refusal, not a stack overflow.
+        with zipfile.ZipFile(t / "nested.pt", "w", zipfile.ZIP_STORED) as z:
+            z.writestr("archive/data.pkl", b"\x80\x02)" + b"\x85" * 2_000_000 + b".")
+        must_fail(genslm, t / "nested.pt", t / "o7", ["nested.pt", "holds a tuple, not a checkpoint"], ["--config", CONFIG_25M])
         torch.save(argparse.Namespace(x=1), t / "plain_object.pt")
         must_fail(genslm, t / "plain_object.pt", t / "o3", ["argparse.Namespace", "not a checkpoint"], ["--config", CONFIG_25M])
         data = (t / "patric_25m_bias_removed.pt").read_bytes()

@@ -2,8 +2,14 @@
 //!
 //! A crash or an error leaves either the old file or nothing, never a half-written file under
 //! the final name. The temporary file is removed when the writer is dropped uncommitted.
+//!
+//! A writer holds an advisory lock (`flock`) on its temporary file until the rename, so the
+//! next writer of the same target can tell the temporary files of live writers (locked: it
+//! refuses, naming the process, instead of racing it to the rename) from those of writers
+//! that died (unlocked: a `kill -9`, a Slurm SIGTERM; it removes them). On a file system
+//! without locks neither happens and the writer goes on as before.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -33,12 +39,16 @@ impl AtomicFile {
         let name = target
             .file_name()
             .ok_or_else(|| Error::Invalid(format!("{}: not a file name", target.display())))?;
-        let tmp = dir.join(format!(
-            ".{}.tmp-{}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
+        let prefix = format!(".{}.tmp-", name.to_string_lossy());
+        let tmp = dir.join(format!("{prefix}{}", std::process::id()));
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        if file.try_lock().is_ok() {
+            if let Err(e) = sweep(&dir, &prefix, &tmp, target) {
+                drop(file);
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        }
         Ok((
             Self {
                 target: target.to_path_buf(),
@@ -53,11 +63,12 @@ impl AtomicFile {
         &self.tmp
     }
 
-    /// Flushes `file` to disk and renames it to the target name.
+    /// Flushes `file` to disk and renames it to the target name. The file (and its lock)
+    /// is closed only after the rename, so no other writer takes it for a dead one's.
     pub fn commit(mut self, file: File) -> Result<()> {
         file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
-        drop(file);
         std::fs::rename(&self.tmp, &self.target).map_err(|e| Error::io(&self.target, e))?;
+        drop(file);
         self.committed = true;
         Ok(())
     }
@@ -71,6 +82,43 @@ impl Drop for AtomicFile {
     }
 }
 
+/// Removes the unlocked temporary files of `target` that dead writers left (`PREFIXpid`, other
+/// than ours), or refuses when one is locked: another process is writing `target` now.
+fn sweep(dir: &Path, prefix: &str, own: &Path, target: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut live = None;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
+            continue;
+        };
+        let path = entry.path();
+        if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) || path == own {
+            continue;
+        }
+        // Gone since the listing (renamed by its writer, or swept by another): nothing to do.
+        let Ok(other) = OpenOptions::new().read(true).open(&path) else {
+            continue;
+        };
+        match other.try_lock() {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(TryLockError::WouldBlock) => live = Some((pid.to_string(), path)),
+            Err(TryLockError::Error(_)) => {}
+        }
+    }
+    match live {
+        None => Ok(()),
+        Some((pid, path)) => Err(Error::Invalid(format!(
+            "{}: another genslm (process {pid}) is writing it now ({}); nothing was changed. \
+             Wait for it to end, or choose another output",
+            target.display(),
+            path.display()
+        ))),
+    }
+}
+
 /// Writes `bytes` to `target` atomically.
 pub fn write_bytes(target: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
@@ -78,4 +126,42 @@ pub fn write_bytes(target: &Path, bytes: &[u8]) -> Result<()> {
     file.write_all(bytes)
         .map_err(|e| Error::io(guard.tmp_path(), e))?;
     guard.commit(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_writer_is_refused_and_a_dead_ones_leftovers_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("data.parquet");
+        // A writer that died (nothing holds its lock), a live one (this test holds it), and a
+        // user's file that only looks alike: only the first goes.
+        let dead = dir.path().join(".data.parquet.tmp-999999991");
+        let live = dir.path().join(".data.parquet.tmp-999999992");
+        let other = dir.path().join(".data.parquet.tmp-notes");
+        for p in [&dead, &live, &other] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let holder = File::open(&live).unwrap();
+        holder.try_lock().unwrap();
+        let e = AtomicFile::create(&target).unwrap_err().to_string();
+        assert!(
+            e.contains("process 999999992") && e.contains("data.parquet"),
+            "{e}"
+        );
+        assert!(!dead.exists(), "the dead writer's file is removed");
+        assert!(live.exists() && other.exists());
+        let ours = dir
+            .path()
+            .join(format!(".data.parquet.tmp-{}", std::process::id()));
+        assert!(!ours.exists(), "a refused writer leaves nothing");
+        assert!(!target.exists());
+        // Once the live writer is gone, its leftovers go too and the write goes through.
+        drop(holder);
+        write_bytes(&target, b"new").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        assert!(!live.exists() && other.exists());
+    }
 }

@@ -152,6 +152,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 },
                 progress: !cli.quiet,
             };
+            let _run = genslm::run_lock::if_in_run_dir(&out, "tokenize")?;
             let summary = tokenize_to_parquet(&fasta, &out, &opts)?;
             if !cli.quiet {
                 eprintln!("{summary}");

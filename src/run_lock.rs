@@ -78,6 +78,19 @@ impl RunLock {
     }
 }
 
+/// Locks the directory that will hold `file` for `what` when it is a run directory (it holds
+/// [`LOCK_FILE`]): `tokenize --out RUN/data.parquet` must not race a live `train` in RUN.
+pub fn if_in_run_dir(file: &Path, what: &str) -> Result<Option<RunLock>> {
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.join(LOCK_FILE).is_file() {
+        return Ok(None);
+    }
+    RunLock::acquire(dir, what).map(Some)
+}
+
 /// Errors a file system without locks answers `flock` with.
 fn unsupported(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::Unsupported;

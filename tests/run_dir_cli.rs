@@ -92,6 +92,20 @@ fn a_live_run_directory_refuses_a_second_train_a_resume_and_an_overwrite() {
             "{extra:?}: {err}"
         );
     }
+    // Nor may a tokenize replace the run's dataset under it.
+    let parquet = arg(&out.join("data.parquet"));
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        &arg(&repo().join("data")),
+        "--out",
+        &parquet,
+    ]);
+    assert!(!ok, "tokenize wrote into a live run");
+    assert!(
+        err.contains("in use by another genslm") && err.contains(&pid),
+        "{err}"
+    );
     // The live run's files are untouched: still its own config (seed 11), still running.
     let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
     assert!(config.contains("seed = 11"), "{config}");
@@ -102,6 +116,36 @@ fn a_live_run_directory_refuses_a_second_train_a_resume_and_an_overwrite() {
     assert!(ok, "{err}");
     let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
     assert!(config.contains("seed = 3"), "{config}");
+}
+
+/// A tokenize killed before its rename (SIGTERM from Slurm or `timeout`, kill -9) leaves its
+/// temporary file; the next write of the same output removes it (nothing holds its lock).
+#[test]
+fn a_killed_writers_temporary_file_goes_with_the_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("genomes.parquet");
+    let fasta = arg(&repo().join("data/lambda_virus.fa"));
+    // What such a process leaves: its file under its process id, which no one holds locked.
+    let leftover = dir.path().join(".genomes.parquet.tmp-999999993");
+    std::fs::write(&leftover, b"PAR1 half a file").unwrap();
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        &fasta,
+        "--out",
+        &arg(&out),
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        !leftover.exists(),
+        "the dead writer's temporary file is still there"
+    );
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["genomes.parquet"]);
 }
 
 #[test]

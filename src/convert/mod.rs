@@ -10,6 +10,7 @@
 
 pub mod pickle;
 pub mod torch;
+pub mod value;
 pub mod zip;
 
 use std::collections::{HashMap, HashSet};

@@ -5,97 +5,12 @@
 //! The caller decides what those mean (torch.rs turns `_rebuild_tensor_v2` records into
 //! tensors) and everything else stays an opaque record.
 //!
-//! Lists, dicts and objects are shared through the memo exactly as in Python (a later `BINGET`
-//! sees the items added after the `BINPUT`), hence `Rc<RefCell<…>>`.
+//!
+//! What it builds, and why a hostile file cannot make that cost more than its size: [`value`].
 
+pub use super::value::{Object, Value};
 use std::cell::RefCell;
 use std::rc::Rc;
-
-pub type Shared<T> = Rc<RefCell<T>>;
-
-/// A call that Python would have made: `module.name(*args)`, then `BUILD` state and items.
-#[derive(Debug, Default)]
-pub struct Object {
-    pub module: String,
-    pub name: String,
-    pub args: Vec<Value>,
-    pub state: Option<Value>,
-}
-
-#[derive(Debug, Clone)]
-pub enum Value {
-    None,
-    Bool(bool),
-    Int(i64),
-    Float(f64),
-    Str(String),
-    Bytes(Vec<u8>),
-    Tuple(Rc<Vec<Value>>),
-    List(Shared<Vec<Value>>),
-    Dict(Shared<Vec<(Value, Value)>>),
-    /// A reference to a global (`module.name`) that has not been called.
-    Global(Rc<(String, String)>),
-    Object(Shared<Object>),
-    /// A persistent id: the pickle's reference to data stored outside it (torch: a storage).
-    PersId(Rc<Value>),
-    /// Internal: the stack marker.
-    Mark,
-}
-
-impl Value {
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Value::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-    pub fn as_int(&self) -> Option<i64> {
-        match self {
-            Value::Int(i) => Some(*i),
-            Value::Bool(b) => Some(*b as i64),
-            _ => None,
-        }
-    }
-    /// Items of a tuple or list.
-    pub fn items(&self) -> Option<Vec<Value>> {
-        match self {
-            Value::Tuple(t) => Some(t.to_vec()),
-            Value::List(l) => Some(l.borrow().clone()),
-            _ => None,
-        }
-    }
-    /// What the value is, for error messages.
-    pub fn kind(&self) -> String {
-        match self {
-            Value::None => "None".into(),
-            Value::Bool(_) => "a bool".into(),
-            Value::Int(_) => "an int".into(),
-            Value::Float(_) => "a float".into(),
-            Value::Str(_) => "a string".into(),
-            Value::Bytes(_) => "bytes".into(),
-            Value::Tuple(_) => "a tuple".into(),
-            Value::List(_) => "a list".into(),
-            Value::Dict(_) => "a dict".into(),
-            Value::Global(g) => format!("the global {}.{}", g.0, g.1),
-            Value::Object(o) => {
-                let o = o.borrow();
-                format!("a Python object {}.{}", o.module, o.name)
-            }
-            Value::PersId(_) => "a persistent reference".into(),
-            Value::Mark => "a mark".into(),
-        }
-    }
-}
-
-fn dict() -> Value {
-    Value::Dict(Rc::new(RefCell::new(Vec::new())))
-}
-fn list(v: Vec<Value>) -> Value {
-    Value::List(Rc::new(RefCell::new(v)))
-}
-fn tuple(v: Vec<Value>) -> Value {
-    Value::Tuple(Rc::new(v))
-}
 
 struct Vm<'a> {
     data: &'a [u8],
@@ -167,14 +82,20 @@ impl<'a> Vm<'a> {
 
     /// What calling `callable(*args)` yields: plain containers for the few harmless
     /// constructors pickles use for them, an inert record for anything else.
-    fn call(callable: Value, args: Vec<Value>) -> Result<Value, String> {
+    /// The arguments are the tuple the pickle built, shared, not copied: a memoized tuple
+    /// passed to a thousand calls is one tuple. Like Python, anything else is refused.
+    fn call(callable: Value, args: Value) -> Result<Value, String> {
         let (module, name) = match &callable {
             Value::Global(g) => (g.0.clone(), g.1.clone()),
             other => return Err(format!("calls {}, which is not a global", other.kind())),
         };
+        let args = match &args {
+            Value::Tuple(t) => t.clone(),
+            other => return Err(format!("call arguments are {}, not a tuple", other.kind())),
+        };
         let v = match (module.as_str(), name.as_str(), args.as_slice()) {
-            ("collections", "OrderedDict", []) | ("builtins", "dict", []) => dict(),
-            ("builtins", "list", []) => list(Vec::new()),
+            ("collections", "OrderedDict", []) | ("builtins", "dict", []) => Value::dict(),
+            ("builtins", "list", []) => Value::list(Vec::new()),
             _ => Value::Object(Rc::new(RefCell::new(Object {
                 module,
                 name,
@@ -194,11 +115,7 @@ impl<'a> Vm<'a> {
             Value::Dict(d) => {
                 let mut d = d.borrow_mut();
                 while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    // Python keeps the last value of a repeated key, in its first place.
-                    match d.iter_mut().find(|(old, _)| same_key(old, &k)) {
-                        Some(slot) => slot.1 = v,
-                        None => d.push((k, v)),
-                    }
+                    d.insert(k, v);
                 }
                 Ok(())
             }
@@ -284,11 +201,11 @@ impl<'a> Vm<'a> {
                         _ => self.uint(4)?,
                     } as usize;
                     let s = self.text(n)?;
-                    self.stack.push(Value::Str(s))
+                    self.stack.push(Value::str(s))
                 }
                 b'V' | b'S' => {
                     let s = self.line()?.trim_matches(|c| c == '\'' || c == '"');
-                    self.stack.push(Value::Str(s.to_string()))
+                    self.stack.push(Value::str(s))
                 }
                 b'B' | b'C' | 0x8e | 0x96 => {
                     let n = match op {
@@ -296,13 +213,13 @@ impl<'a> Vm<'a> {
                         b'B' => self.uint(4)?,
                         _ => self.uint(8)?,
                     } as usize;
-                    let b = self.take(n)?.to_vec();
-                    self.stack.push(Value::Bytes(b))
+                    let b = self.take(n)?;
+                    self.stack.push(Value::Bytes(b.into()))
                 }
-                b']' => self.stack.push(list(Vec::new())),
+                b']' => self.stack.push(Value::list(Vec::new())),
                 b'l' => {
                     let items = self.pop_mark()?;
-                    self.stack.push(list(items))
+                    self.stack.push(Value::list(items))
                 }
                 b'a' => {
                     let v = self.pop()?;
@@ -312,10 +229,10 @@ impl<'a> Vm<'a> {
                     let items = self.pop_mark()?;
                     Self::append(self.top()?, items)?
                 }
-                b')' => self.stack.push(tuple(Vec::new())),
+                b')' => self.stack.push(Value::tuple(Vec::new())),
                 b't' => {
                     let items = self.pop_mark()?;
-                    self.stack.push(tuple(items))
+                    self.stack.push(Value::tuple(items))
                 }
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
@@ -323,12 +240,12 @@ impl<'a> Vm<'a> {
                         return Err("a tuple opcode pops an empty stack".into());
                     }
                     let items = self.stack.split_off(self.stack.len() - n);
-                    self.stack.push(tuple(items))
+                    self.stack.push(Value::tuple(items))
                 }
-                b'}' => self.stack.push(dict()),
+                b'}' => self.stack.push(Value::dict()),
                 b'd' => {
                     let items = self.pop_mark()?;
-                    let d = dict();
+                    let d = Value::dict();
                     Self::set_items(&d, items)?;
                     self.stack.push(d)
                 }
@@ -342,14 +259,14 @@ impl<'a> Vm<'a> {
                     Self::set_items(self.top()?, items)?
                 }
                 // Sets: only their members matter, kept as a list.
-                0x8f => self.stack.push(list(Vec::new())),
+                0x8f => self.stack.push(Value::list(Vec::new())),
                 0x90 => {
                     let items = self.pop_mark()?;
                     Self::append(self.top()?, items)?
                 }
                 0x91 => {
                     let items = self.pop_mark()?;
-                    self.stack.push(list(items))
+                    self.stack.push(Value::list(items))
                 }
                 b'c' => {
                     let module = self.line()?.to_string();
@@ -359,24 +276,22 @@ impl<'a> Vm<'a> {
                 0x93 => {
                     let name = self.pop()?;
                     let module = self.pop()?;
-                    match (module, name) {
-                        (Value::Str(m), Value::Str(n)) => {
-                            self.stack.push(Value::Global(Rc::new((m, n))))
-                        }
+                    match (&module, &name) {
+                        (Value::Str(m), Value::Str(n)) => self
+                            .stack
+                            .push(Value::Global(Rc::new((m.to_string(), n.to_string())))),
                         _ => return Err("STACK_GLOBAL without two strings".into()),
                     }
                 }
                 b'R' | 0x81 => {
                     let args = self.pop()?;
                     let callable = self.pop()?;
-                    let args = args.items().ok_or("call arguments are not a tuple")?;
                     self.stack.push(Self::call(callable, args)?)
                 }
                 0x92 => {
                     let _kwargs = self.pop()?;
                     let args = self.pop()?;
                     let callable = self.pop()?;
-                    let args = args.items().ok_or("call arguments are not a tuple")?;
                     self.stack.push(Self::call(callable, args)?)
                 }
                 b'b' => {
@@ -391,7 +306,7 @@ impl<'a> Vm<'a> {
                 }
                 b'P' => {
                     let pid = self.line()?.to_string();
-                    self.stack.push(Value::PersId(Rc::new(Value::Str(pid))))
+                    self.stack.push(Value::PersId(Rc::new(Value::str(pid))))
                 }
                 b'Q' => {
                     let pid = self.pop()?;
@@ -428,15 +343,6 @@ impl<'a> Vm<'a> {
                 }
             }
         }
-    }
-}
-
-/// Python's key equality for the keys state dicts use (strings and ints).
-fn same_key(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Str(x), Value::Str(y)) => x == y,
-        (Value::Int(x), Value::Int(y)) => x == y,
-        _ => false,
     }
 }
 
@@ -479,8 +385,9 @@ mod tests {
         // pickle.dumps({'a': [1, -2, 300, 2**40], 'b': (None, True, 1.5)}, protocol=2)
         let p: &[u8] = b"\x80\x02}q\x00(X\x01\x00\x00\x00aq\x01]q\x02(K\x01J\xfe\xff\xff\xffM,\x01\x8a\x06\x00\x00\x00\x00\x00\x01eX\x01\x00\x00\x00bq\x03N\x88G?\xf8\x00\x00\x00\x00\x00\x00\x87q\x04u.";
         let v = load(p).unwrap();
-        let Value::Dict(d) = v else { panic!("{v:?}") };
+        let Value::Dict(d) = &v else { panic!("{v:?}") };
         let d = d.borrow();
+        let d = d.pairs();
         assert_eq!(d[0].0.as_str(), Some("a"));
         let a: Vec<i64> = d[0]
             .1
@@ -500,14 +407,14 @@ mod tests {
     fn reads_python_protocol_4() {
         // pickle.dumps({'k': [1.5, 'é', b'\x00\x01', {2, 3}]}, protocol=4) (then `K\x00` for 0)
         let p: &[u8] = b"\x80\x04\x95)\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x01k\x94]\x94(G?\xf8\x00\x00\x00\x00\x00\x00\x8c\x02\xc3\xa9\x94C\x02\x00\x01\x94\x8f\x94(K\x02K\x03\x90K\x00es.";
-        let Value::Dict(d) = load(p).unwrap() else {
-            panic!()
-        };
+        let v = load(p).unwrap();
+        let Value::Dict(d) = &v else { panic!() };
         let d = d.borrow();
+        let d = d.pairs();
         assert_eq!(d[0].0.as_str(), Some("k"));
         let k = d[0].1.items().unwrap();
         assert_eq!(k[1].as_str(), Some("é"));
-        assert!(matches!(&k[2], Value::Bytes(b) if b == &[0, 1]));
+        assert!(matches!(&k[2], Value::Bytes(b) if b[..] == [0, 1]));
         let set: Vec<i64> = k[3]
             .items()
             .unwrap()
@@ -523,7 +430,7 @@ mod tests {
         // An object whose __reduce__ returns (os.system, ('x',)): Python would run `x`.
         let p: &[u8] = b"\x80\x02cposix\nsystem\nq\x00X\x01\x00\x00\x00xq\x01\x85q\x02Rq\x03.";
         let v = load(p).unwrap();
-        let Value::Object(o) = v else { panic!() };
+        let Value::Object(o) = &v else { panic!() };
         let o = o.borrow();
         assert_eq!((o.module.as_str(), o.name.as_str()), ("posix", "system"));
         assert_eq!(o.args[0].as_str(), Some("x"));
@@ -533,9 +440,8 @@ mod tests {
     fn shared_containers_are_one_object() {
         // x = [7]; pickle.dumps([x, x], protocol=2): the second item is a memo reference.
         let p: &[u8] = b"\x80\x02]q\x00(]q\x01K\x07ah\x01e.";
-        let Value::List(outer) = load(p).unwrap() else {
-            panic!()
-        };
+        let v = load(p).unwrap();
+        let Value::List(outer) = &v else { panic!() };
         let outer = outer.borrow();
         let (Value::List(a), Value::List(b)) = (&outer[0], &outer[1]) else {
             panic!()
@@ -543,6 +449,83 @@ mod tests {
         assert_eq!(b.borrow()[0].as_int(), Some(7));
         a.borrow_mut().push(Value::Int(8));
         assert_eq!(b.borrow().len(), 2, "one list, two references");
+    }
+
+    /// Protocol 2 framing around `body`, which must leave one value on the stack.
+    fn pickle(body: &[u8]) -> Vec<u8> {
+        [&b"\x80\x02"[..], body, b"."].concat()
+    }
+
+    #[test]
+    fn two_million_nested_tuples_load_and_drop() {
+        // `()` then TUPLE1 two million times: a 2 MB file whose value is nested two million
+        // deep (Python itself refuses it: RecursionError when it is used).
+        let n = 2_000_000;
+        let mut body = vec![b')'];
+        body.resize(1 + n, 0x85);
+        let v = load(&pickle(&body)).unwrap();
+        let (mut depth, mut at) = (0, v.clone());
+        while let Some(items) = at.items() {
+            match items.first() {
+                Some(inner) => (depth, at) = (depth + 1, inner.clone()),
+                None => break,
+            }
+        }
+        assert_eq!(depth, n);
+    }
+
+    #[test]
+    fn calls_share_a_memoized_argument_tuple() {
+        // t = tuple(range 20k); 50k calls f(*t): copied per call that is 10^9 values (32 GB).
+        let mut body = b"cm\nf\nq\x00(".to_vec();
+        for _ in 0..20_000 {
+            body.extend_from_slice(b"K\x01");
+        }
+        body.extend_from_slice(b"tq\x01");
+        for _ in 0..50_000 {
+            body.extend_from_slice(b"h\x00h\x01R0");
+        }
+        body.extend_from_slice(b"](h\x00h\x01Rh\x00h\x01Re");
+        let v = load(&pickle(&body)).unwrap();
+        let calls = v.items().unwrap();
+        let (Value::Object(a), Value::Object(b)) = (&calls[0], &calls[1]) else {
+            panic!()
+        };
+        let (a, b) = (a.borrow(), b.borrow());
+        assert_eq!((a.module.as_str(), a.name.as_str()), ("m", "f"));
+        assert_eq!(a.args.len(), 20_000);
+        assert!(
+            Rc::ptr_eq(&a.args, &b.args),
+            "two calls, one argument tuple"
+        );
+        // Python refuses arguments that are not a tuple; so does this reader.
+        let err = load(&pickle(b"cm\nf\n]R")).unwrap_err();
+        assert!(err.contains("not a tuple"), "{err}");
+    }
+
+    #[test]
+    fn many_setitems_keep_pythons_dict_semantics() {
+        // 200k distinct keys set one SETITEM at a time, then the first 1000 again: what Python
+        // builds is {k0: 1, ..., k199999: 0} with k0..k999 set to 1 in their first places.
+        let mut body = b"}".to_vec();
+        let key = |i: u32| format!("k{i:07}");
+        for (i, v) in (0..200_000u32)
+            .map(|i| (i, 0u8))
+            .chain((0..1000).map(|i| (i, 1)))
+        {
+            body.push(b'X');
+            body.extend_from_slice(&8u32.to_le_bytes());
+            body.extend_from_slice(key(i).as_bytes());
+            body.extend_from_slice(&[b'K', v, b's']);
+        }
+        let v = load(&pickle(&body)).unwrap();
+        let Value::Dict(d) = &v else { panic!() };
+        let d = d.borrow();
+        assert_eq!(d.pairs().len(), 200_000);
+        for (i, (k, v)) in d.iter().enumerate() {
+            assert_eq!(k.as_str(), Some(key(i as u32).as_str()));
+            assert_eq!(v.as_int(), Some((i < 1000) as i64));
+        }
     }
 
     #[test]

@@ -167,13 +167,23 @@ impl TorchFile {
 
     /// Reads a `_rebuild_tensor_v2` record (or a parameter wrapping one).
     fn tensor(&self, v: &Value) -> std::result::Result<TensorRef, String> {
+        self.tensor_within(v, 0)
+    }
+
+    /// `wrapped`: how many parameters around this record; torch writes one, a file may nest
+    /// them a million deep, which a recursion without a bound would follow off the stack.
+    fn tensor_within(&self, v: &Value, wrapped: usize) -> std::result::Result<TensorRef, String> {
         let Value::Object(o) = v else {
             return Err(v.kind());
         };
         let o = o.borrow();
         match (o.module.as_str(), o.name.as_str()) {
             ("torch._utils", "_rebuild_parameter" | "_rebuild_parameter_with_state") => {
-                return self.tensor(o.args.first().ok_or("a parameter without data")?);
+                if wrapped >= 4 {
+                    return Err("a parameter of a parameter of ... (nested 5 deep or more)".into());
+                }
+                let inner = o.args.first().ok_or("a parameter without data")?;
+                return self.tensor_within(inner, wrapped + 1);
             }
             ("torch._utils", "_rebuild_tensor_v2" | "_rebuild_tensor") => {}
             _ => return Err(v.kind()),
@@ -241,6 +251,15 @@ impl TorchFile {
         let end = last.and_then(|l| l.checked_add(1)?.checked_mul(es));
         if numel > 0 && end.is_none_or(|e| e > bytes.len()) {
             return Err(past());
+        }
+        // A stride of 0 repeats elements: a 500-byte file could ask for 2^34 of them (64 GiB).
+        // Weights never share elements, so a tensor may not hold more than its storage does.
+        if numel > bytes.len() / es {
+            return Err(self.bad(format!(
+                "tensor '{name}' has {numel} elements but its storage {entry} holds {} \
+                 (a broadcast view, stride 0?): not a weight",
+                bytes.len() / es
+            )));
         }
         let contiguous = (0..t.shape.len())
             .all(|d| t.shape[d] == 1 || t.stride[d] == t.shape[d + 1..].iter().product::<usize>());
