@@ -151,6 +151,12 @@ def main():
         (t / "hf_bin" / "model.safetensors").unlink()
         torch.save(released_names(model), t / "hf_bin" / "pytorch_model.bin")
         convert_and_score(genslm, t / "hf_bin", t / "hf_bin.out", fasta, expect)
+        # --out a link to an empty directory: the model goes into the directory it names.
+        (t / "real_out").mkdir()
+        (t / "link_out").symlink_to(t / "real_out")
+        convert_and_score(genslm, t / "hf_bin", t / "link_out", fasta, expect)
+        assert (t / "link_out").is_symlink() and (t / "real_out" / "model.safetensors").is_file()
+        assert not [p.name for p in t.iterdir() if ".partial-" in p.name]
 
         sd = {"state_dict": collections.OrderedDict(("model." + k, v) for k, v in released_names(model).items())}
         sd["state_dict"]["model.gpt_neox.embed_in.weight"] = argparse.Namespace(x=1)

@@ -232,6 +232,22 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
             input.display()
         )));
     }
+    // A link to an empty directory is the directory it names: the model is renamed into place
+    // there (renaming onto the link itself would replace the link, not fill the directory).
+    let linked;
+    let out = match std::fs::symlink_metadata(out) {
+        Ok(m) if m.file_type().is_symlink() => {
+            linked = std::fs::canonicalize(out).map_err(|e| {
+                Error::Invalid(format!(
+                    "{}: a symbolic link to nothing that exists ({e}); choose a new output \
+                     directory",
+                    out.display()
+                ))
+            })?;
+            linked.as_path()
+        }
+        _ => out,
+    };
     if out.exists()
         && std::fs::read_dir(out)
             .map_err(|e| Error::io(out, e))?
@@ -268,15 +284,18 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let written = write_model_dir(&cfg, &layout, &|i| values[i].clone(), &tmp)
-        .and_then(|_| crate::checksum::write_manifest(&tmp, &model_files(&cfg)));
+        .and_then(|_| crate::checksum::write_manifest(&tmp, &model_files(&cfg)))
+        .and_then(|_| {
+            if out.exists() {
+                std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
+            }
+            std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))
+        });
+    // Whatever failed, nothing is left beside the output.
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
     }
-    if out.exists() {
-        std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
-    }
-    std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
     Ok(Converted {
         format,
         parameters: values.iter().map(|v| v.len() as u64).sum(),
