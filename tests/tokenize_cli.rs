@@ -419,3 +419,35 @@ fn vocab71_wraps_records() {
     assert_eq!(vocab, VocabKind::Genslm71);
     assert_eq!(rows[0].tokens, vec![2, 7, 70, 3]);
 }
+
+/// A one-record gzip bomb: 4 GiB of sequence from about 4 MB of file (concatenated gzip
+/// members), read under an address-space limit of 2 GiB (`ulimit -v`, as some batch systems
+/// set). The record limit, a quarter of the memory left, stops it with a message naming the
+/// record, instead of memory growing until the process is killed.
+#[test]
+fn a_record_larger_than_memory_allows_is_refused_not_an_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = gzip(b">chr1 a bomb\n");
+    let block = gzip(&vec![b'A'; 1 << 20]);
+    for _ in 0..4096 {
+        file.extend_from_slice(&block);
+    }
+    let bomb = write(dir.path(), "bomb.fa.gz", &file);
+    let out = dir.path().join("bomb.parquet");
+    let script = format!(
+        "ulimit -v 2097152 && exec '{}' tokenize --fasta '{}' --out '{}' --quiet",
+        env!("CARGO_BIN_EXE_genslm"),
+        bomb.display(),
+        out.display()
+    );
+    let o = Command::new("sh").args(["-c", &script]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("bomb.fa.gz")
+            && err.contains("chr1")
+            && err.contains("longer than this machine's memory allows"),
+        "{err}"
+    );
+    assert_eq!(listing(dir.path()), ["bomb.fa.gz"]);
+}

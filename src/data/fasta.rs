@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use needletail::errors::ParseErrorKind;
 
+use super::fastx_open::{self, Overflow, OverflowCell};
+
 pub use crate::data::clean::{clean_chunks, clean_sequence, Cleaned, SeqProblem};
 use crate::error::{Error, Result};
 
@@ -170,19 +172,24 @@ pub fn read_raw(
         msg,
     };
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut reader =
-        match needletail::parse_fastx_reader(std::io::BufReader::with_capacity(1 << 20, file)) {
-            Ok(r) => r,
-            Err(e) => {
-                let err = file_err(describe_parse_error(&e, path));
-                return skip_or_fail(on_invalid, err, warn, stats);
-            }
-        };
+    let overflow = OverflowCell::default();
+    let mut reader = match fastx_open::open(file, fastx_open::record_limit(), &overflow) {
+        Ok(r) => r,
+        Err(e) => {
+            let err = file_err(describe_parse_error(&e, path));
+            return skip_or_fail(on_invalid, err, warn, stats);
+        }
+    };
     let mut last_id = String::new();
     while let Some(rec) = reader.next() {
         let rec = match rec {
             Ok(r) => r,
             Err(e) => {
+                let taken = overflow.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(o) = taken {
+                    // Not skippable: the memory is the machine's, not the record's fault.
+                    return Err(too_long(path, &o));
+                }
                 let mut msg = describe_parse_error(&e, path);
                 let record = e
                     .position
@@ -255,6 +262,28 @@ pub fn read_raw(
         ));
     }
     Ok(stats)
+}
+
+/// A record that outgrew the memory available, named with how far it got.
+fn too_long(path: &Path, o: &Overflow) -> Error {
+    let gb = |b: u64| b as f64 / 1e9;
+    Error::Fasta {
+        file: path.to_path_buf(),
+        record: Some(
+            o.header
+                .split_whitespace()
+                .next()
+                .unwrap_or("?")
+                .to_string(),
+        ),
+        msg: format!(
+            "this record is longer than this machine's memory allows: stopped after {:.2} GB \
+             of it, past the limit of {:.2} GB (a quarter of the memory available, for the \
+             reader's buffers). Split it, or read it where there is more memory",
+            gb(o.read),
+            gb(o.limit)
+        ),
+    }
 }
 
 fn skip_or_fail(

@@ -3,6 +3,7 @@
 mod clean;
 pub mod dataset;
 pub mod fasta;
+mod fastx_open;
 pub mod ingest;
 mod ingest_queue;
 pub mod loader;

@@ -63,10 +63,22 @@ pub fn predicted_peak(
     estimate(&cfg.model, &st, &hw, seq_len).total() * in_process as f64
 }
 
-/// Bytes this process can still use: `MemAvailable`, bounded by a cgroup v2 limit when one is
-/// set. `None` where neither can be read (the check is then skipped).
+/// Bytes this process can still use: `MemAvailable`, bounded by a cgroup v2 limit and by an
+/// address-space limit (`ulimit -v`, which some batch systems set) when there is one. `None`
+/// where none can be read (the check is then skipped).
 pub fn available_bytes() -> Option<f64> {
     let mut avail = proc_kib("/proc/meminfo", "MemAvailable:")? as f64 * 1024.0;
+    let address_space = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| {
+            let line = t
+                .lines()
+                .find_map(|l| l.strip_prefix("Max address space"))?;
+            line.split_whitespace().next()?.parse::<f64>().ok()
+        });
+    if let (Some(limit), Some(used)) = (address_space, proc_kib("/proc/self/status", "VmSize:")) {
+        avail = avail.min((limit - used as f64 * 1024.0).max(0.0));
+    }
     let read = |f: &str| -> Option<f64> {
         std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
             .ok()?

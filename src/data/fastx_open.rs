@@ -1,0 +1,199 @@
+//! Opening a FASTA file for needletail with a bound on the record it may hold.
+//!
+//! needletail's parser keeps the record it is reading whole in one buffer, growing it until
+//! the next '>' — so a one-record gzip bomb (63 MB expanding to 20 Gbp) grows memory until the
+//! process is killed. Its `parse_fastx_reader` decompresses internally, where nothing can
+//! watch the bytes; this does the same detection (gzip, bzip2, xz, zstd by their magic bytes,
+//! as needletail does) and puts [`RecordLimit`] between the decompressed stream and the
+//! parser: past `limit` bytes since the last record start, the read fails and [`Overflow`]
+//! says which record and how far it got.
+
+use std::io::{self, BufReader, Cursor, Read};
+use std::sync::{Arc, Mutex};
+
+use needletail::errors::ParseError;
+use needletail::parser::{FastaReader, FastqReader, FastxReader};
+
+/// What stopped a record that outgrew the limit.
+#[derive(Debug, Clone)]
+pub struct Overflow {
+    /// The record's header line (without '>'), as far as it was seen; at most 200 bytes.
+    pub header: String,
+    /// Bytes of the record read when it was stopped.
+    pub read: u64,
+    pub limit: u64,
+}
+
+/// Shared with the caller, which turns the parser's I/O error into a message naming the record.
+pub type OverflowCell = Arc<Mutex<Option<Overflow>>>;
+
+/// A reader that fails once one record (from a '>' at a line start to the next) passes `limit`
+/// bytes.
+struct RecordLimit<R> {
+    inner: R,
+    limit: u64,
+    /// Bytes since the current record's '>'.
+    since: u64,
+    /// The last byte of the previous read ('\n' at the start, so a leading '>' counts).
+    prev: u8,
+    header: Vec<u8>,
+    /// The header continues into the next read (no '\n' seen yet).
+    in_header: bool,
+    overflow: OverflowCell,
+}
+
+const HEADER_KEPT: usize = 200;
+
+impl<R: Read> RecordLimit<R> {
+    /// Records the overflow of the current record for the caller; the parser's error.
+    fn overflowed(&self) -> io::Error {
+        let o = Overflow {
+            header: String::from_utf8_lossy(&self.header).trim().to_string(),
+            read: self.since,
+            limit: self.limit,
+        };
+        *self.overflow.lock().unwrap_or_else(|e| e.into_inner()) = Some(o);
+        io::Error::other("a record longer than the memory allows")
+    }
+
+    fn keep_header(&mut self, bytes: &[u8]) {
+        let end = memchr::memchr(b'\n', bytes);
+        let line = &bytes[..end.unwrap_or(bytes.len())];
+        let room = HEADER_KEPT.saturating_sub(self.header.len());
+        self.header.extend_from_slice(&line[..line.len().min(room)]);
+        self.in_header = end.is_none();
+    }
+}
+
+impl<R: Read> Read for RecordLimit<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let chunk = &buf[..n];
+        if self.in_header {
+            self.keep_header(chunk);
+        }
+        let starts: Vec<usize> = memchr::memchr_iter(b'>', chunk)
+            .filter(|&i| (if i == 0 { self.prev } else { chunk[i - 1] }) == b'\n')
+            .collect();
+        // Each record that ends in this chunk is checked whole; then the one still open.
+        let mut from = 0;
+        for i in starts {
+            self.since += (i - from) as u64;
+            if self.since > self.limit {
+                return Err(self.overflowed());
+            }
+            (self.since, from) = (0, i);
+            self.header.clear();
+            self.keep_header(&chunk[i + 1..]);
+        }
+        self.since += (n - from) as u64;
+        if let Some(&last) = chunk.last() {
+            self.prev = last;
+        }
+        if self.since > self.limit {
+            return Err(self.overflowed());
+        }
+        Ok(n)
+    }
+}
+
+const GZ_MAGIC: [u8; 2] = [0x1F, 0x8B];
+const BZ_MAGIC: [u8; 2] = *b"BZ";
+const XZ_MAGIC: [u8; 2] = [0xFD, 0x37];
+const ZST_MAGIC: [u8; 2] = [0x28, 0xB5];
+
+/// needletail's reader over `file` (compressed or not, FASTA or FASTQ: the caller refuses
+/// FASTQ), whose records may not pass `limit` bytes; an overflow is recorded in `overflow`.
+/// The errors are needletail's own, for the same files, as `parse_fastx_reader` gives.
+pub fn open(
+    file: std::fs::File,
+    limit: u64,
+    overflow: &OverflowCell,
+) -> Result<Box<dyn FastxReader>, ParseError> {
+    let mut raw = BufReader::with_capacity(1 << 20, file);
+    let mut magic = [0u8; 2];
+    raw.read_exact(&mut magic)
+        .map_err(|_| ParseError::new_empty_file())?;
+    let raw = Cursor::new(magic).chain(raw);
+    let text: Box<dyn Read + Send> = match magic {
+        GZ_MAGIC => Box::new(flate2::read::MultiGzDecoder::new(raw)),
+        BZ_MAGIC => Box::new(bzip2::read::BzDecoder::new(raw)),
+        XZ_MAGIC => Box::new(liblzma::read::XzDecoder::new(raw)),
+        ZST_MAGIC => Box::new(zstd::stream::read::Decoder::new(raw)?),
+        _ => Box::new(raw),
+    };
+    let mut limited = RecordLimit {
+        inner: text,
+        limit,
+        since: 0,
+        prev: b'\n',
+        header: Vec::new(),
+        in_header: false,
+        overflow: overflow.clone(),
+    };
+    let mut first = [0u8; 1];
+    limited.read_exact(&mut first).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => ParseError::new_empty_file(),
+        _ => e.into(),
+    })?;
+    let text = Cursor::new(first).chain(limited);
+    match first[0] {
+        b'>' => Ok(Box::new(FastaReader::new(text))),
+        b'@' => Ok(Box::new(FastqReader::new(text))),
+        b => Err(ParseError::new_unknown_format(b)),
+    }
+}
+
+/// The longest record a file may hold here: a quarter of the memory available, never less
+/// than 64 MiB; no bound where the memory available cannot be read. Ingest's resident peak is
+/// about 1.5 bytes per base of its longest record (README), but the parser's buffer doubles
+/// as it grows, so its reserved size reaches twice the record.
+pub fn record_limit() -> u64 {
+    crate::train::memory::available_bytes().map_or(u64::MAX, |a| ((a / 4.0) as u64).max(64 << 20))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads `text` through the limit in reads of `step` bytes; the overflow if any.
+    fn through(text: &[u8], limit: u64, step: usize) -> Option<Overflow> {
+        let cell = OverflowCell::default();
+        let mut r = RecordLimit {
+            inner: text,
+            limit,
+            since: 0,
+            prev: b'\n',
+            header: Vec::new(),
+            in_header: false,
+            overflow: cell.clone(),
+        };
+        let mut buf = vec![0u8; step];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(_) => return cell.lock().unwrap().clone(),
+            }
+        }
+    }
+
+    #[test]
+    fn the_limit_counts_one_record_from_its_gt_at_a_line_start() {
+        // Three records of 13, 31 and 12 bytes (header line included); a '>' inside a header
+        // is not a record start.
+        let text = b">a x>y\nACGTA\n>big one\nACGTACGTACGTACGTACGTA\n>c\nACGTACGT\n";
+        for step in [1, 2, 3, 7, 64] {
+            assert!(through(text, 31, step).is_none(), "step {step}");
+            let o = through(text, 30, step).expect("the 31-byte record passes 30");
+            assert_eq!(o.header, "big one", "step {step}");
+            assert_eq!((o.read, o.limit), (31, 30), "step {step}");
+        }
+        // A file whose one record never ends.
+        let mut bomb = b">chr1 huge\n".to_vec();
+        bomb.extend(std::iter::repeat_n(b'A', 100_000));
+        let o = through(&bomb, 50_000, 4096).unwrap();
+        assert_eq!(o.header, "chr1 huge");
+        assert!(o.read > 50_000 && o.read <= 50_000 + 4096, "{}", o.read);
+    }
+}
