@@ -252,3 +252,60 @@ fn a_genslm_checkpoint_without_a_full_manifest_is_refused() {
     let (ok, err) = score(&ckpt);
     assert!(ok, "{err}");
 }
+
+/// A trainer state edited to say another step, its manifest re-hashed to match (so the
+/// checksums pass): the step must be the one the checkpoint's directory is named for, and the
+/// data position and optimizer count must agree with it.
+#[test]
+fn a_forged_trainer_state_with_a_rehashed_manifest_is_refused() {
+    use sha2::{Digest, Sha256};
+    let dir = tempfile::tempdir().unwrap();
+    let (out, ckpt) = finished_run(dir.path());
+    let state_path = ckpt.join("trainer_state.json");
+    let good: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state_path).unwrap()).unwrap();
+    let forge = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut s = good.clone();
+        edit(&mut s);
+        let text = serde_json::to_string_pretty(&s).unwrap();
+        std::fs::write(&state_path, &text).unwrap();
+        let hash: String = Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let manifest = ckpt.join("checksums.sha256");
+        let lines: String = std::fs::read_to_string(&manifest)
+            .unwrap()
+            .lines()
+            .map(|l| match l.ends_with("trainer_state.json") {
+                true => format!("{hash}  trainer_state.json\n"),
+                false => format!("{l}\n"),
+            })
+            .collect();
+        std::fs::write(&manifest, lines).unwrap();
+    };
+    let per_step = good["loader_cursor"].as_u64().unwrap() / 2;
+    // Step 1 with the data position of step 1: consistent in itself, but this is step-2.
+    forge(&|s| {
+        s["step"] = 1.into();
+        s["optimizer_step"] = 1.into();
+        s["loader_cursor"] = per_step.into();
+    });
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(
+        !ok && err.contains("says step 1 but is the checkpoint of step-2"),
+        "{err}"
+    );
+    // The right step with the data position of another.
+    forge(&|s| s["loader_cursor"] = (3 * per_step).into());
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(!ok && err.contains("does not match step 2"), "{err}");
+    // More optimizer steps than training steps.
+    forge(&|s| s["optimizer_step"] = 3.into());
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(!ok && err.contains("optimizer step 3 is past"), "{err}");
+    // The untouched state resumes.
+    forge(&|_| {});
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(ok, "{err}");
+}

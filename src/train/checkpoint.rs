@@ -164,6 +164,18 @@ pub fn read_saved(run: &Path) -> Result<Saved> {
             state_path.display()
         ))
     })?;
+    // The directory's name is the step it was saved at (latest_step_dir checked its form);
+    // a state that says otherwise was edited or copied from another checkpoint.
+    let named = name.trim().trim_start_matches("step-").parse::<u64>().ok();
+    if named != Some(state.step) {
+        return Err(Error::Invalid(format!(
+            "{}: says step {} but is the checkpoint of {} (edited, or copied from another \
+             checkpoint?)",
+            state_path.display(),
+            state.step,
+            name.trim()
+        )));
+    }
     let cfg_path = dir.join(GENSLM_CONFIG_FILE);
     let config = if cfg_path.exists() {
         Some(Config::load(&cfg_path)?)
