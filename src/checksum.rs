@@ -154,10 +154,16 @@ pub fn verify(dir: &Path, files: &[&str]) -> Result<()> {
         };
         let path = dir.join(name);
         if !path.is_file() {
-            return Err(Error::Invalid(format!(
-                "{}: missing, but {MANIFEST_FILE} lists it (incomplete checkpoint)",
-                path.display()
-            )));
+            return Err(Error::Invalid(match crate::error::not_a_file(&path) {
+                "missing" => format!(
+                    "{}: missing, but {MANIFEST_FILE} lists it (incomplete checkpoint)",
+                    path.display()
+                ),
+                what => format!(
+                    "{}: {what}, where {MANIFEST_FILE} lists a file",
+                    path.display()
+                ),
+            }));
         }
         let got = sha256_file(&path)?;
         if &got != want {

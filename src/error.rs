@@ -1,6 +1,6 @@
 //! The library's error type. Every message names the file, record, field or rank involved.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -43,6 +43,41 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
         .downcast_ref::<String>()
         .map(String::as_str)
         .or_else(|| payload.downcast_ref::<&str>().copied())
+}
+
+/// What `path` is, when a regular file was expected there: for messages that would otherwise
+/// call a named pipe, a directory or a symbolic-link loop "missing".
+pub fn not_a_file(path: &Path) -> &'static str {
+    #[cfg(unix)]
+    use std::os::unix::fs::FileTypeExt;
+    let linked = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    let Ok(m) = std::fs::metadata(path) else {
+        return if linked {
+            "a symbolic link that leads nowhere (a loop, or its target is gone)"
+        } else {
+            "missing"
+        };
+    };
+    let t = m.file_type();
+    #[cfg(unix)]
+    {
+        if t.is_fifo() {
+            return "a named pipe (FIFO), not a file";
+        }
+        if t.is_socket() {
+            return "a socket, not a file";
+        }
+        if t.is_block_device() || t.is_char_device() {
+            return "a device, not a file";
+        }
+    }
+    if t.is_dir() {
+        "a directory, not a file"
+    } else if t.is_file() {
+        "a file"
+    } else {
+        "not a regular file"
+    }
 }
 
 #[cfg(test)]

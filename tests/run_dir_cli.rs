@@ -309,3 +309,56 @@ fn a_forged_trainer_state_with_a_rehashed_manifest_is_refused() {
     let (ok, err) = train(&out, "4", &["--resume"]);
     assert!(ok, "{err}");
 }
+
+/// Odd things where a checkpoint has files: each is named for what it is, at once (a named
+/// pipe read as a file would block for ever), and a resume with nothing to resume says how
+/// to start over.
+#[test]
+fn odd_files_in_a_checkpoint_are_named_for_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, ckpt) = finished_run(dir.path());
+    let latest = out.join("checkpoints/latest");
+    let saved = std::fs::read(&latest).unwrap();
+    std::fs::remove_file(&latest).unwrap();
+    std::os::unix::fs::symlink(&latest, &latest).unwrap();
+    let (ok, err) = score(&out);
+    assert!(
+        !ok && err.contains("latest: a symbolic link that leads nowhere"),
+        "{err}"
+    );
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(
+        !ok && err.contains("latest: a symbolic link that leads nowhere"),
+        "{err}"
+    );
+    std::fs::remove_file(&latest).unwrap();
+    std::fs::write(&latest, saved).unwrap();
+
+    let weights = ckpt.join("model.safetensors");
+    std::fs::rename(&weights, dir.path().join("weights")).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&weights)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let (ok, err) = score(&out);
+    assert!(
+        !ok && err.contains("model.safetensors: a named pipe (FIFO), not a file"),
+        "{err}"
+    );
+    std::fs::remove_file(&weights).unwrap();
+    std::fs::create_dir(&weights).unwrap();
+    let (ok, err) = score(&out);
+    assert!(
+        !ok && err.contains("model.safetensors: a directory, not a file"),
+        "{err}"
+    );
+
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let (ok, err) = train(&empty, "4", &["--resume"]);
+    assert!(
+        !ok && err.contains("no completed checkpoint yet") && err.contains("--overwrite"),
+        "{err}"
+    );
+}

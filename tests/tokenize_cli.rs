@@ -451,3 +451,26 @@ fn a_record_larger_than_memory_allows_is_refused_not_an_abort() {
     );
     assert_eq!(listing(dir.path()), ["bomb.fa.gz"]);
 }
+
+/// A header in Latin-1 ('é' as the byte 0xE9): kept, with U+FFFD for the byte, and said so.
+#[test]
+fn non_utf8_headers_are_kept_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "l.fa", b">ok\nATG\n>caf\xe9 de Paris\nAAA\n");
+    let out = dir.path().join("o.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        &p.to_string_lossy(),
+        "--out",
+        &out.to_string_lossy(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("l.fa: 1 record header(s) hold bytes that are not UTF-8")
+            && err.contains("'caf\u{FFFD}'"),
+        "{err}"
+    );
+    let rows = read_dataset(&out).unwrap().1;
+    assert_eq!(rows[1].id, "caf\u{FFFD}");
+}

@@ -656,6 +656,11 @@ fn resume_applies_safe_changes_aloud_and_refuses_other_data() {
     let third = with(&["--resume", "--weight-decay", "0.2"]);
     let (ok, err) = try_train(&out, other.to_str().unwrap(), &strs(&third));
     assert!(!ok && err.contains("training data differs"), "{err}");
+    // Named as the user gave it, not as the temporary file it was tokenized into.
+    assert!(
+        err.contains("the FASTA input (") && err.contains("other.fa") && !err.contains(".new"),
+        "{err}"
+    );
     assert_eq!(
         std::fs::read_to_string(out.join("config.toml")).unwrap(),
         config_before

@@ -181,6 +181,7 @@ pub fn read_raw(
         }
     };
     let mut last_id = String::new();
+    let (mut non_utf8, mut first_non_utf8) = (0u64, String::new());
     while let Some(rec) = reader.next() {
         let rec = match rec {
             Ok(r) => r,
@@ -212,6 +213,12 @@ pub fn read_raw(
             return skip_or_fail(on_invalid, err, warn, stats);
         }
         let header = String::from_utf8_lossy(rec.id());
+        if matches!(header, std::borrow::Cow::Owned(_)) {
+            non_utf8 += 1;
+            if non_utf8 == 1 {
+                first_non_utf8 = header.split_whitespace().next().unwrap_or("").to_string();
+            }
+        }
         let header = header.trim();
         let (id, description) = match header.split_once(char::is_whitespace) {
             Some((id, rest)) => (id, rest.trim()),
@@ -251,6 +258,14 @@ pub fn read_raw(
     if stats.records == 0 && stats.skipped == 0 {
         let err = file_err("no records".into());
         return skip_or_fail(on_invalid, err, warn, stats);
+    }
+    if non_utf8 > 0 {
+        warn(format!(
+            "{}: {non_utf8} record header(s) hold bytes that are not UTF-8 (the first: \
+             '{first_non_utf8}'); they are stored with U+FFFD (\u{FFFD}) in place of those \
+             bytes. Re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) to keep them",
+            path.display()
+        ));
     }
     if stats.gaps > 0 {
         warn(format!(

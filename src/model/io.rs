@@ -154,6 +154,13 @@ pub fn resolve_model_dir(path: &Path) -> Result<PathBuf> {
     }
     for ckpts in [path.join("checkpoints"), path.to_path_buf()] {
         let latest = ckpts.join("latest");
+        let what = crate::error::not_a_file(&latest);
+        if what != "missing" && !latest.is_file() {
+            return Err(Error::Invalid(format!(
+                "{}: {what}; genslm writes it as a file naming the latest step-N",
+                latest.display()
+            )));
+        }
         if latest.is_file() {
             let name = std::fs::read_to_string(&latest).map_err(|e| Error::io(&latest, e))?;
             let dir = latest_step_dir(&latest, &name)?;
@@ -192,8 +199,9 @@ pub fn load_model_dir(path: &Path, device: &Device) -> Result<GenSlm> {
             ""
         };
         return Err(Error::Invalid(format!(
-            "{}: missing{hint}",
-            weights.display()
+            "{}: {}{hint}",
+            weights.display(),
+            crate::error::not_a_file(&weights)
         )));
     }
     let (mut tensors, _) = read_safetensors(&weights)?;

@@ -147,13 +147,25 @@ pub struct Saved {
 pub fn read_saved(run: &Path) -> Result<Saved> {
     let root = checkpoints_dir(run);
     let latest = root.join("latest");
-    let name = std::fs::read_to_string(&latest).map_err(|e| {
-        Error::Invalid(format!(
-            "cannot resume: {} ({e}); no completed checkpoint in {}",
-            latest.display(),
-            run.display()
-        ))
-    })?;
+    // Checked before reading: a named pipe there would block the read for ever.
+    match crate::error::not_a_file(&latest) {
+        "a file" => {}
+        "missing" => {
+            return Err(Error::Invalid(format!(
+                "cannot resume: {} has no completed checkpoint yet (no checkpoints/latest). \
+                 Start the run over with --overwrite instead of --resume (its files are \
+                 replaced), or train into a new --out",
+                run.display()
+            )))
+        }
+        what => {
+            return Err(Error::Invalid(format!(
+                "cannot resume: {}: {what}; genslm writes it as a file naming the latest step-N",
+                latest.display()
+            )))
+        }
+    }
+    let name = std::fs::read_to_string(&latest).map_err(|e| Error::io(&latest, e))?;
     let dir = crate::model::io::latest_step_dir(&latest, &name)?;
     crate::checksum::verify(&dir, &[STATE_FILE, GENSLM_CONFIG_FILE])?;
     let state_path = dir.join(STATE_FILE);

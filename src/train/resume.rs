@@ -162,14 +162,14 @@ pub fn check_state(s: &TrainerState, t: &TrainConfig, dir: &Path) -> Result<()> 
 }
 
 /// Refuses a resume whose training data is not the checkpoint's.
-pub fn check_data(saved: &Saved, fingerprint: &str, data: &Path) -> Result<()> {
+/// `source` says where the data came from, for the message.
+pub fn check_data(saved: &Saved, fingerprint: &str, source: &str) -> Result<()> {
     match &saved.state.data_fingerprint {
         Some(f) if f != fingerprint => Err(Error::Invalid(format!(
-            "cannot resume from {}: the training data differs from the checkpoint's ({} gives \
-             fingerprint {fingerprint}, the checkpoint was trained on {f}); resume with the \
-             same FASTA/parquet input, or start a new run directory",
+            "cannot resume from {}: the training data differs from the checkpoint's ({source} \
+             gives fingerprint {fingerprint}, the checkpoint was trained on {f}); resume with \
+             the same FASTA/parquet input, or start a new run directory",
             saved.dir.display(),
-            data.display()
         ))),
         _ => Ok(()),
     }

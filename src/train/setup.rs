@@ -214,7 +214,20 @@ pub fn load_corpus(
     }
     let tokens: Vec<Vec<u32>> = records.into_iter().map(|r| r.tokens).collect();
     let fp = fingerprint(&tokens);
-    let checked = saved.map_or(Ok(()), |s| check_data(s, &fp, &path));
+    // What the message names: the user's input, not the temporary file it was tokenized into.
+    let source = match (data, &fresh) {
+        (DataSource::Fasta(paths), Some(_)) => format!(
+            "the FASTA input ({}), tokenized afresh because its files changed since this run \
+             read them (files added, removed or modified)",
+            paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => path.display().to_string(),
+    };
+    let checked = saved.map_or(Ok(()), |s| check_data(s, &fp, &source));
     if let Some((out, stamp_path, stamp)) = fresh {
         if checked.is_err() {
             let _ = std::fs::remove_file(&path);
