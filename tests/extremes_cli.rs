@@ -284,3 +284,43 @@ fn a_run_that_cannot_fit_is_refused_before_work() {
     );
     assert!(!dir.path().join("big").exists(), "refused before any work");
 }
+
+/// A record of 600k codons scored or embedded in one window, under an address-space limit of
+/// 2 GiB: the forward pass would need about 2.6 GiB and abort on allocation; it is refused
+/// before, naming the figures and the flags that lower it.
+#[test]
+fn a_window_that_cannot_fit_is_refused_by_score_and_embed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fasta = b">long\n".to_vec();
+    let mut x: u32 = 7;
+    for _ in 0..1_800_000 {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        fasta.push(b"ACGT"[(x >> 16) as usize % 4]);
+    }
+    fasta.push(b'\n');
+    let long = dir.path().join("long.fa");
+    std::fs::write(&long, fasta).unwrap();
+    let model = arg(trained_tiny());
+    let (long, out) = (arg(&long), arg(&dir.path().join("e.parquet")));
+    for cmd in [
+        format!("score --model '{model}' --fasta '{long}' --seq-len 700000"),
+        format!("embed --model '{model}' --fasta '{long}' --seq-len 700000 --out '{out}' --quiet"),
+    ] {
+        let script = format!(
+            "ulimit -v 2097152 && exec '{}' {cmd}",
+            env!("CARGO_BIN_EXE_genslm")
+        );
+        let o = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{cmd}: {err}");
+        assert!(
+            err.contains("window(s) of 600000 tokens needs about")
+                && err.contains("GiB available here; lower --seq-len"),
+            "{cmd}: {err}"
+        );
+    }
+    assert!(!dir.path().join("e.parquet").exists());
+}

@@ -141,6 +141,7 @@ pub fn embed_tokens(
     for batch in windows.chunks(batch_size.max(1)) {
         let b = batch.len();
         let s = batch.iter().map(|w| w.2).max().unwrap_or(1);
+        crate::infer::window::check_forward_memory(model, b, s)?;
         let mut tokens = vec![pad; b * s];
         let mut weights = vec![0f32; b * s];
         for (i, &(r, start, len, last)) in batch.iter().enumerate() {

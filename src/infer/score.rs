@@ -46,6 +46,11 @@ pub fn score_tokens(
         val: Vec::new(),
         fingerprint: String::new(),
     };
+    crate::infer::window::check_forward_memory(
+        model,
+        batch.max(1).min(corpus.train.len()),
+        seq_len,
+    )?;
     let (mut sum, mut n) = (0.0, 0usize);
     for ws in corpus.train.chunks(batch.max(1)) {
         let b = corpus.batch_of(ws);

@@ -59,3 +59,36 @@ pub fn trained_window(model_dir: &Path) -> Result<Option<usize>> {
     })?;
     Ok(Some(cfg.train.seq_len))
 }
+
+/// Refuses, on the CPU, a forward pass over `rows` windows of `tokens` that cannot fit in the
+/// memory available, with the figures, instead of an allocation that aborts the process.
+/// Without autograd a forward keeps about one layer's activations (the residual, Q/K/V, the
+/// attention output and the MLP's 4h twice: ~16 floats per token and hidden unit), the logits,
+/// and with naive attention the scores and probabilities of every head (s² each). GPU memory
+/// is the device's, not read here.
+pub fn check_forward_memory(model: &GenSlm, rows: usize, tokens: usize) -> Result<()> {
+    let on_cpu = matches!(
+        model.device.as_dispatch(),
+        burn::backend::DispatchDevice::Flex(_)
+    );
+    let Some(available) = crate::train::memory::available_bytes().filter(|_| on_cpu) else {
+        return Ok(());
+    };
+    let c = &model.cfg;
+    let (b, s) = (rows as f64, tokens as f64);
+    let mut need = 4.0 * b * s * (16.0 * c.hidden_size as f64 + c.vocab_size as f64);
+    if c.attention == crate::config::AttentionKind::Naive {
+        need += 4.0 * 2.0 * b * c.num_heads as f64 * s * s;
+    }
+    if need <= available {
+        return Ok(());
+    }
+    let gib = |x: f64| x / f64::from(1u32 << 30);
+    Err(Error::Invalid(format!(
+        "a batch of {rows} window(s) of {tokens} tokens needs about {:.1} GiB, more than the \
+         {:.1} GiB available here; lower --seq-len (a record longer than it is read in several \
+         windows) or --batch-size",
+        gib(need),
+        gib(available)
+    )))
+}
