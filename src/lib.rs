@@ -11,6 +11,7 @@ pub mod checksum;
 pub mod config;
 pub mod convert;
 pub mod cuda_toolkit;
+pub mod curves;
 pub mod data;
 pub mod error;
 pub mod infer;

@@ -93,11 +93,15 @@ enum Command {
     },
     /// Embed records: one vector per record (mean of a layer's hidden states) into parquet.
     Embed(Box<cli::infer::EmbedArgs>),
-    /// Plot an embeddings file: 2-D PCA scatter (PNG) coloured by a column.
+    /// Plot an embeddings file (2-D PCA scatter coloured by a column), or a run's curves
+    /// (loss and validation loss, learning rate, tokens/s, peak memory over steps), as PNG.
     Plot {
         /// Embeddings parquet written by `genslm embed`.
+        #[arg(long, required_unless_present = "run", conflicts_with = "run")]
+        embeddings: Option<PathBuf>,
+        /// A run directory (`train --out`): plot its metrics.jsonl.
         #[arg(long)]
-        embeddings: PathBuf,
+        run: Option<PathBuf>,
         /// Output PNG (written atomically).
         #[arg(long)]
         out: PathBuf,
@@ -202,11 +206,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Embed(args) => cli::infer::run_embed(*args, cli.quiet)?,
         Command::Plot {
+            run: Some(run),
+            out,
+            title,
+            ..
+        } => {
+            let c = genslm::curves::plot_run(&run, &out, title.as_deref())?;
+            if !cli.quiet {
+                eprintln!(
+                    "plotted {} steps ({} validation points): {}",
+                    c.steps.len(),
+                    c.val.len(),
+                    out.display()
+                );
+            }
+        }
+        Command::Plot {
             embeddings,
             out,
             color,
             title,
+            ..
         } => {
+            // clap requires --embeddings when --run is absent.
+            let embeddings = embeddings.unwrap_or_default();
             let opts = genslm::plot::PlotOptions {
                 color,
                 title,

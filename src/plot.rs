@@ -46,7 +46,7 @@ pub struct PlotSummary {
     pub ratios: [f64; 2],
 }
 
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 /// At most this many categories get their own colour; the rest are grey.
 const MAX_CATEGORIES: usize = 12;
 
@@ -71,7 +71,7 @@ fn draw_err(out: &Path) -> impl Fn(String) -> Error + '_ {
 }
 
 /// Padded axis range covering `v`.
-fn range(v: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
+pub(crate) fn range(v: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     let (lo, hi) = v.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
         (a.min(x), b.max(x))
     });
@@ -148,11 +148,22 @@ pub fn scatter_png(
     axis_labels: &[String; 2],
     (w, h): (u32, u32),
 ) -> Result<()> {
+    render_png(out, (w, h), |root| {
+        draw(root, points, color, color_name, title, axis_labels)
+    })
+}
+
+/// Draws with `paint` on a white `w`×`h` canvas and writes it to `out` as PNG, atomically.
+pub(crate) fn render_png(
+    out: &Path,
+    (w, h): (u32, u32),
+    paint: impl FnOnce(&DrawingArea<BitMapBackend<'_>, Shift>) -> std::result::Result<(), String>,
+) -> Result<()> {
     register_fonts()?;
     let mut buf = vec![255u8; w as usize * h as usize * 3];
     {
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
-        draw(&root, points, color, color_name, title, axis_labels).map_err(draw_err(out))?;
+        paint(&root).map_err(draw_err(out))?;
         root.present().map_err(|e| draw_err(out)(e.to_string()))?;
     }
     let mut png_bytes = Vec::new();
@@ -295,7 +306,7 @@ fn short(s: &str) -> String {
 }
 
 /// Tick labels with as many decimals as the axis span needs, and no "-0".
-fn tick_format(span: f64) -> impl Fn(&f64) -> String {
+pub(crate) fn tick_format(span: f64) -> impl Fn(&f64) -> String {
     let decimals = if span > 0.0 && span.is_finite() {
         (1 - span.log10().floor() as i32).clamp(0, 8) as usize
     } else {

@@ -3,6 +3,13 @@
 //! The world is split into the SP groups (contiguous ranks) and DP groups with
 //! `MPI_Comm_split`. A rank that fails calls `MPI_Abort`, which ends every process of the job
 //! with a non-zero status, so no rank waits forever.
+//!
+//! MPI's counts are `i32`: every operation here is sent in pieces of at most
+//! [`MpiComm::max_count`] elements (2³¹−1), so a ring pass, tensor-parallel all-reduce or
+//! Ulysses all-to-all of any size goes through instead of failing mid-step. Blocked
+//! collectives (all-gather, reduce-scatter, gather, all-to-all) are cut within each rank's
+//! block, so every piece is itself a well-formed collective. `GENSLM_MPI_MAX_COUNT` lowers the
+//! piece size, so that the pieced path is tested at small sizes (`scripts/check_mpi.sh`).
 
 use std::sync::{Arc, Mutex};
 
@@ -22,6 +29,8 @@ pub struct MpiComm {
     comm: Mutex<SimpleCommunicator>,
     rank: usize,
     size: usize,
+    /// Most elements one MPI call carries.
+    max_count: usize,
 }
 
 // SAFETY: see the type's comment: MPI runs `Serialized` and the mutex serialises the calls.
@@ -37,11 +46,22 @@ impl std::fmt::Debug for MpiComm {
 impl MpiComm {
     fn new(comm: SimpleCommunicator) -> Self {
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
+        let max_count = std::env::var("GENSLM_MPI_MAX_COUNT")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(i32::MAX as usize, |n| n.clamp(1, i32::MAX as usize));
         Self {
             comm: Mutex::new(comm),
             rank,
             size,
+            max_count,
         }
+    }
+
+    /// Elements of each rank's block per piece of a blocked collective (whose count is the
+    /// whole `size` blocks).
+    fn per_block(&self) -> usize {
+        (self.max_count / self.size.max(1)).max(1)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SimpleCommunicator> {
@@ -114,16 +134,11 @@ pub fn mpi_ranks(
     })
 }
 
-/// MPI counts are `i32`: a larger buffer gets an error here instead of a panic inside rsmpi
-/// (the training paths send large data through `parallel::bucket`, which stays below).
-fn count(op: &str, n: usize) -> Result<()> {
-    if n > i32::MAX as usize {
-        return Err(Error::Invalid(format!(
-            "MPI {op}: {n} elements exceed MPI's count limit of {}; send it in buckets",
-            i32::MAX
-        )));
-    }
-    Ok(())
+/// `(offset, len)` of the pieces of at most `per` elements that `len` elements are sent in.
+/// The same on every rank for the same lengths, so each piece is one collective everywhere.
+fn pieces(len: usize, per: usize) -> impl Iterator<Item = (usize, usize)> {
+    let per = per.max(1);
+    (0..len.div_ceil(per)).map(move |i| (i * per, per.min(len - i * per)))
 }
 
 impl Communicator for MpiComm {
@@ -136,49 +151,79 @@ impl Communicator for MpiComm {
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
-        count("all_reduce", buf.len())?;
-        let send = buf.to_vec();
-        self.lock()
-            .all_reduce_into(&send[..], buf, mpi::collective::SystemOperation::sum());
+        let comm = self.lock();
+        for piece in buf.chunks_mut(self.max_count) {
+            let send = piece.to_vec();
+            comm.all_reduce_into(&send[..], piece, mpi::collective::SystemOperation::sum());
+        }
         Ok(())
     }
 
     fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
-        count("all_reduce", buf.len())?;
-        let send = buf.to_vec();
-        self.lock()
-            .all_reduce_into(&send[..], buf, mpi::collective::SystemOperation::sum());
+        let comm = self.lock();
+        for piece in buf.chunks_mut(self.max_count) {
+            let send = piece.to_vec();
+            comm.all_reduce_into(&send[..], piece, mpi::collective::SystemOperation::sum());
+        }
         Ok(())
     }
 
     fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
-        count("all_gather", recv.len())?;
         check_blocks("all_gather", recv.len(), send.len(), self.size)?;
-        self.lock().all_gather_into(send, recv);
+        let (comm, b) = (self.lock(), send.len());
+        for (at, len) in pieces(b, self.per_block()) {
+            let mut got = vec![0f32; len * self.size];
+            comm.all_gather_into(&send[at..at + len], &mut got[..]);
+            for (r, block) in got.chunks(len).enumerate() {
+                recv[r * b + at..][..len].copy_from_slice(block);
+            }
+        }
         Ok(())
     }
 
     fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
-        count("reduce_scatter", buf.len())?;
         check_blocks("reduce_scatter", buf.len(), out.len(), self.size)?;
-        self.lock()
-            .reduce_scatter_block_into(buf, out, mpi::collective::SystemOperation::sum());
+        let (comm, b) = (self.lock(), out.len());
+        for (at, len) in pieces(b, self.per_block()) {
+            let send: Vec<f32> = (0..self.size)
+                .flat_map(|r| &buf[r * b + at..][..len])
+                .copied()
+                .collect();
+            comm.reduce_scatter_block_into(
+                &send[..],
+                &mut out[at..at + len],
+                mpi::collective::SystemOperation::sum(),
+            );
+        }
         Ok(())
     }
 
     fn gather_into(&self, send: &[f32], recv: Option<&mut [f32]>, root: usize) -> Result<()> {
-        count("gather", send.len() * self.size)?;
         let comm = self.lock();
-        let at = comm.process_at_rank(root as i32);
-        match recv {
+        let at_root = comm.process_at_rank(root as i32);
+        let b = send.len();
+        let mut recv = match recv {
             Some(recv) if self.rank == root => {
-                check_blocks("gather", recv.len(), send.len(), self.size)?;
-                at.gather_into_root(send, recv);
+                check_blocks("gather", recv.len(), b, self.size)?;
+                Some(recv)
             }
             _ if self.rank == root => {
                 return Err(Error::Invalid("gather: the root has no buffer".into()));
             }
-            _ => at.gather_into(send),
+            _ => None,
+        };
+        for (at, len) in pieces(b, self.per_block()) {
+            let piece = &send[at..at + len];
+            match recv.as_deref_mut() {
+                Some(recv) => {
+                    let mut got = vec![0f32; len * self.size];
+                    at_root.gather_into_root(piece, &mut got[..]);
+                    for (r, block) in got.chunks(len).enumerate() {
+                        recv[r * b + at..][..len].copy_from_slice(block);
+                    }
+                }
+                None => at_root.gather_into(piece),
+            }
         }
         Ok(())
     }
@@ -188,25 +233,38 @@ impl Communicator for MpiComm {
         if send.len() != self.size || send.iter().any(|s| s.len() != n) {
             return Err(Error::Invalid("all_to_all: unequal chunks".into()));
         }
-        let flat = send.concat();
-        count("all_to_all", flat.len())?;
-        let mut recv = vec![0f32; flat.len()];
-        self.lock().all_to_all_into(&flat[..], &mut recv[..]);
-        Ok(recv
-            .chunks(n.max(1))
-            .map(|c| c.to_vec())
-            .take(self.size)
-            .collect())
+        let comm = self.lock();
+        let mut out = vec![Vec::with_capacity(n); self.size];
+        for (at, len) in pieces(n, self.per_block()) {
+            let flat: Vec<f32> = send
+                .iter()
+                .flat_map(|s| &s[at..at + len])
+                .copied()
+                .collect();
+            let mut got = vec![0f32; flat.len()];
+            comm.all_to_all_into(&flat[..], &mut got[..]);
+            for (o, block) in out.iter_mut().zip(got.chunks(len)) {
+                o.extend_from_slice(block);
+            }
+        }
+        Ok(out)
     }
 
     fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
-        count("ring_pass", send.len())?;
         let comm = self.lock();
         let n = self.size;
         let next = comm.process_at_rank(((self.rank + 1) % n) as i32);
         let prev = comm.process_at_rank(((self.rank + n - 1) % n) as i32);
+        // Every rank of the ring passes blocks of one length (the zigzag chunks are equal).
         let mut recv = vec![0f32; send.len()];
-        mpi::point_to_point::send_receive_into(send, &next, &mut recv[..], &prev);
+        for (at, len) in pieces(send.len(), self.max_count) {
+            mpi::point_to_point::send_receive_into(
+                &send[at..at + len],
+                &next,
+                &mut recv[at..at + len],
+                &prev,
+            );
+        }
         Ok(recv)
     }
 
@@ -216,7 +274,7 @@ impl Communicator for MpiComm {
         comm.process_at_rank(root as i32)
             .broadcast_into(&mut len[..]);
         buf.resize(len[0] as usize, 0.0);
-        for piece in buf.chunks_mut(i32::MAX as usize) {
+        for piece in buf.chunks_mut(self.max_count) {
             comm.process_at_rank(root as i32).broadcast_into(piece);
         }
         Ok(())
@@ -230,5 +288,27 @@ impl Communicator for MpiComm {
     fn abort(&self, why: &str) {
         eprintln!("error: rank {}: {why}; aborting all ranks", self.rank);
         self.lock().abort(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pieces;
+
+    #[test]
+    fn pieces_tile_the_buffer_exactly_once() {
+        for len in [0, 1, 5, 6, 7, 1000] {
+            for per in [1, 2, 3, 6, 7, 5000] {
+                let mut covered = vec![0u8; len];
+                let mut next = 0;
+                for (at, n) in pieces(len, per) {
+                    assert_eq!(at, next, "contiguous, in order");
+                    assert!(n >= 1 && n <= per, "{len}/{per}: piece of {n}");
+                    covered[at..at + n].iter_mut().for_each(|c| *c += 1);
+                    next = at + n;
+                }
+                assert!(covered.iter().all(|&c| c == 1), "{len}/{per}");
+            }
+        }
     }
 }
