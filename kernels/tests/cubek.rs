@@ -133,8 +133,9 @@ fn both(s: usize, d: usize, causal: bool, grads: bool) -> (Run, Run) {
 }
 
 /// Each (head dim, causal) pair is a new shader for both implementations and llvmpipe takes
-/// up to half a minute to compile one at d = 128, so the cases cover every length, head dim
-/// and mask without taking the full cross product (lavapipe.rs does, against f64).
+/// up to half a minute to compile one at d = 128 (and a minute to run seq 1000 at d = 128), so
+/// the cases cover every length, head dim and mask without taking the full cross product
+/// (lavapipe.rs does, against f64).
 #[test]
 fn forward_matches_cubek() {
     for (s, d, causal) in [
@@ -142,7 +143,6 @@ fn forward_matches_cubek() {
         (17, 64, true),
         (256, 128, true),
         (1000, 64, true),
-        (1000, 128, true),
     ] {
         let t = std::time::Instant::now();
         let (ours, theirs) = both(s, d, causal, false);
