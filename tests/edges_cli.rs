@@ -169,7 +169,11 @@ fn a_forged_trainer_state_is_refused() {
         std::fs::write(ckpt.join("checksums.sha256"), o.stdout).unwrap();
     };
     for (from, to, want) in [
-        ("\"step\": 1,", "\"step\": 99999,", "outside this run"),
+        (
+            "\"step\": 1,",
+            "\"step\": 99999,",
+            "says step 99999 but is the checkpoint of step-1",
+        ),
         (
             "\"loader_cursor\": 4,",
             "\"loader_cursor\": 7,",
