@@ -174,11 +174,7 @@ pub fn check_length(
 /// figure, instead of an allocation that aborts the process. (GPU memory is the device's, not
 /// read here.)
 fn check_cache_memory(model: &GenSlm, batch: usize, tokens: usize, codons: usize) -> Result<()> {
-    let on_cpu = matches!(
-        model.device.as_dispatch(),
-        burn::backend::DispatchDevice::Flex(_)
-    );
-    let Some(available) = crate::train::memory::available_bytes().filter(|_| on_cpu) else {
+    let Some(available) = crate::infer::window::cpu_memory_available(model) else {
         return Ok(());
     };
     // Keys and values of every layer, f32, for every sample of the batch and token.

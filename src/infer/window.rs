@@ -67,11 +67,7 @@ pub fn trained_window(model_dir: &Path) -> Result<Option<usize>> {
 /// and with naive attention the scores and probabilities of every head (s² each). GPU memory
 /// is the device's, not read here.
 pub fn check_forward_memory(model: &GenSlm, rows: usize, tokens: usize) -> Result<()> {
-    let on_cpu = matches!(
-        model.device.as_dispatch(),
-        burn::backend::DispatchDevice::Flex(_)
-    );
-    let Some(available) = crate::train::memory::available_bytes().filter(|_| on_cpu) else {
+    let Some(available) = cpu_memory_available(model) else {
         return Ok(());
     };
     let c = &model.cfg;
@@ -91,4 +87,14 @@ pub fn check_forward_memory(model: &GenSlm, rows: usize, tokens: usize) -> Resul
         gib(need),
         gib(available)
     )))
+}
+
+/// The memory available to a model on the CPU; `None` on a GPU (its memory is the device's,
+/// not read here) or where it cannot be read, when inference's memory checks are skipped.
+pub fn cpu_memory_available(model: &GenSlm) -> Option<f64> {
+    let on_cpu = matches!(
+        model.device.as_dispatch(),
+        burn::backend::DispatchDevice::Flex(_)
+    );
+    crate::train::memory::available_bytes().filter(|_| on_cpu)
 }
