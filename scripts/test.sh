@@ -98,6 +98,26 @@ for pos in rotary learned alibi; do
   python3 scripts/check_hf_positions.py check "$TMP/hf-$pos" data/lambda_virus.fa 64 "$TMP/hf-scores-$pos.tsv"
 done
 
+stage "score --per-token and --stride: every codon's log-probability, entropy, rank and top-k equal transformers' on a real genome"
+cargo run --locked --quiet "${FEATURES[@]}" -- score --model "$TMP/run" --fasta data/lambda_virus.fa \
+  --seq-len 64 --per-token "$TMP/tok-run.parquet" > /dev/null
+python3 scripts/check_per_token.py "$TMP/run" data/lambda_virus.fa 64 64 "$TMP/tok-run.parquet"
+for pos in rotary learned alibi; do
+  cargo run --locked --quiet "${FEATURES[@]}" -- score --model "$TMP/hf-$pos" --fasta data/lambda_virus.fa \
+    --seq-len 64 --stride 24 --per-token "$TMP/tok-$pos.parquet" --full-distribution > /dev/null
+  python3 scripts/check_per_token.py "$TMP/hf-$pos" data/lambda_virus.fa 64 24 "$TMP/tok-$pos.parquet"
+done
+
+stage "variants: Δ log-likelihood equals transformers' brute-force REF/ALT scoring (SNVs, MNVs, indels; window edges, CDS ends)"
+# Lambda's cro gene (NC_001416.1 38041..38241, 67 codons) with windows of 16 codons.
+python3 scripts/check_variants.py make-vcf data/lambda_virus.fa 38041 38241 16 "$TMP/cro.vcf"
+for pos in rotary learned alibi; do
+  cargo run --locked --quiet "${FEATURES[@]}" -- variants --model "$TMP/hf-$pos" --fasta data/lambda_virus.fa \
+    --vcf "$TMP/cro.vcf" --cds 38041..38241 --window 16 --out "$TMP/variants-$pos.tsv" --quiet
+  python3 scripts/check_variants.py check "$TMP/hf-$pos" data/lambda_virus.fa "$TMP/cro.vcf" 38041 38241 16 \
+    "$TMP/variants-$pos.tsv"
+done
+
 stage "genslm convert: GenSLM's released checkpoint layout (torch-written) gives PyTorch's loss"
 cargo build --locked --quiet "${FEATURES[@]}"
 python3 scripts/check_convert.py "${CARGO_TARGET_DIR:-target}/debug/genslm" data/dwv.fasta.gz

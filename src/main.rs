@@ -54,24 +54,13 @@ enum Command {
     },
     /// Train a GenSLM model from FASTA (or a tokenized parquet dataset) into a run directory.
     Train(Box<cli::train::TrainArgs>),
-    /// Score records: per record, predicted tokens, mean NLL (nats/token) and perplexity (TSV).
-    Score {
-        /// Model directory (config.json + model.safetensors), or a run directory (its latest checkpoint).
-        #[arg(long)]
-        model: PathBuf,
-        /// FASTA files or directories.
-        #[arg(long, num_args = 1.., required = true)]
-        fasta: Vec<PathBuf>,
-        /// Window length in codons (default: the training window recorded beside a genslm
-        /// checkpoint, else the model's max_position_embeddings; the same rule as `embed`).
-        #[arg(long)]
-        seq_len: Option<usize>,
-        /// Windows per forward pass.
-        #[arg(long, default_value_t = 4)]
-        batch_size: usize,
-        #[command(flatten)]
-        device: cli::device::DeviceArgs,
-    },
+    /// Score records: per record, predicted tokens, mean NLL (nats/token) and perplexity (TSV);
+    /// with --per-token, every predicted codon's log-probability, entropy, rank and top-k (parquet).
+    Score(Box<cli::infer::ScoreArgs>),
+    /// Variant effects: Δ log-likelihood of ALT vs REF around each VCF variant (SNVs, MNVs,
+    /// indels) on a CDS, with the codon and amino-acid change; or --saturate a region (TSV,
+    /// heatmap PNG).
+    Variants(Box<cli::variants::VariantsArgs>),
     /// Convert GPT-NeoX weights (GenSLM's Lightning .pt, pytorch_model.bin, safetensors) into
     /// a model directory every genslm command loads. Pickles are read without running code.
     Convert {
@@ -164,20 +153,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Train(args) => cli::train::run_train(*args, cli.quiet)?,
-        Command::Score {
-            model,
-            fasta,
-            seq_len,
-            batch_size,
-            device,
-        } => {
-            let stdout = std::io::stdout();
-            let mut out = stdout.lock();
-            let compute = device.compute();
-            genslm::infer::score::score_fasta(
-                &model, &fasta, seq_len, batch_size, &compute, &mut out,
-            )?;
-        }
+        Command::Score(args) => cli::infer::run_score(*args)?,
+        Command::Variants(args) => cli::variants::run(*args, cli.quiet)?,
         Command::Convert { input, out, config } => {
             let c = genslm::convert::convert(&input, &out, config.as_deref())?;
             if !cli.quiet {

@@ -109,6 +109,24 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 1)]
         batch_size: usize,
     },
+    /// Variant scoring (variants/s): the 9 single-base substitutions of each of --codons codons
+    /// of a random CDS, the REF prefix's keys/values reused against full recomputation of REF
+    /// and ALT (interleaved, best of --rounds), and the largest Δ difference between the two.
+    Variants {
+        #[arg(long, default_value = "configs/genslm-25m.toml")]
+        config: PathBuf,
+        /// Window in codons around each variant.
+        #[arg(long, default_value_t = 512)]
+        window: usize,
+        /// Codons mutated (9 variants each).
+        #[arg(long, default_value_t = 8)]
+        codons: usize,
+        /// ALT suffixes decoded together.
+        #[arg(long, default_value_t = 16)]
+        batch_size: usize,
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+    },
     /// Generation throughput (codons/s) with and without the KV cache.
     Generate {
         #[arg(long, default_value = "configs/genslm-25m.toml")]
@@ -176,6 +194,20 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
         } => {
             at_most("--seq-len", *seq_len, max)?;
             at_most("--sequences", *sequences, max)?;
+        }
+        BenchCmd::Variants {
+            window,
+            codons,
+            batch_size,
+            rounds,
+            ..
+        } => {
+            at_most("--window", *window, max)?;
+            at_most("--codons", *codons, max)?;
+            at_most("--rounds", *rounds, 1000)?;
+            if *window < 2 || *batch_size == 0 {
+                anyhow::bail!("--window must be at least 2 and --batch-size at least 1");
+            }
         }
         BenchCmd::Generate {
             codons, samples, ..
@@ -345,6 +377,29 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                 b.seconds,
                 b.sequences_per_s(),
                 b.tokens_per_s()
+            );
+        }
+        BenchCmd::Variants {
+            config,
+            window,
+            codons,
+            batch_size,
+            rounds,
+        } => {
+            let cfg = genslm::config::Config::load(&config)?.model;
+            let b = genslm::infer::bench::variants(&cfg, window, codons, batch_size, rounds)?;
+            println!("model  window  variants  full_s  prefix_reuse_s  full_variants/s  prefix_variants/s  speedup  max_|diff|");
+            println!(
+                "{}  {}  {}  {:.2}  {:.2}  {:.2}  {:.2}  {:.2}x  {:.1e}",
+                cfg.name,
+                b.window,
+                b.variants,
+                b.full_s,
+                b.prefix_s,
+                b.variants as f64 / b.full_s,
+                b.variants as f64 / b.prefix_s,
+                b.full_s / b.prefix_s,
+                b.max_diff
             );
         }
         BenchCmd::Generate {

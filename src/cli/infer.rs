@@ -1,4 +1,4 @@
-//! `genslm embed` and `genslm generate`: arguments and how they call the library.
+//! `genslm score`, `genslm embed` and `genslm generate`: arguments and how they call the library.
 
 use std::path::PathBuf;
 
@@ -8,6 +8,43 @@ use super::device::DeviceArgs;
 use super::mirror;
 
 mirror!(PoolArg => Pool { Mean, Last });
+
+/// `genslm score`.
+#[derive(clap::Args)]
+pub struct ScoreArgs {
+    /// Model directory (config.json + model.safetensors), or a run directory (its latest checkpoint).
+    #[arg(long)]
+    model: PathBuf,
+    /// FASTA files or directories.
+    #[arg(long, num_args = 1.., required = true)]
+    fasta: Vec<PathBuf>,
+    /// Window length in codons (default: the training window recorded beside a genslm
+    /// checkpoint, else the model's max_position_embeddings; the same rule as `embed`).
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Codons between window starts (default: the window, i.e. consecutive windows). A stride
+    /// S < the window W overlaps windows so that every scored codon keeps at least W − S codons
+    /// of left context (Hugging Face's perplexity recipe); each codon is still scored once.
+    #[arg(long)]
+    stride: Option<usize>,
+    /// Windows per forward pass.
+    #[arg(long, default_value_t = 4)]
+    batch_size: usize,
+    /// Also write one row per predicted codon to this parquet file (written atomically):
+    /// id, token/codon index, base offset, codon, log-probability, entropy, rank, context and
+    /// the top-k codons with their probabilities.
+    #[arg(long)]
+    per_token: Option<PathBuf>,
+    /// Most likely codons listed per position in the --per-token file.
+    #[arg(long, default_value_t = 5)]
+    top_k: usize,
+    /// Add every vocabulary id's log-probability (a list indexed by token id) to the
+    /// --per-token file.
+    #[arg(long)]
+    full_distribution: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
 
 /// `genslm embed`.
 #[derive(clap::Args)]
@@ -81,6 +118,22 @@ pub struct GenerateArgs {
     out: Option<PathBuf>,
     #[command(flatten)]
     device: DeviceArgs,
+}
+
+pub fn run_score(a: ScoreArgs) -> anyhow::Result<()> {
+    use genslm::infer::score::{score_fasta, ScoreOptions};
+    let opts = ScoreOptions {
+        seq_len: a.seq_len,
+        stride: a.stride,
+        batch_size: a.batch_size,
+        per_token: a.per_token,
+        top_k: a.top_k,
+        full_distribution: a.full_distribution,
+        compute: a.device.compute(),
+    };
+    let stdout = std::io::stdout();
+    score_fasta(&a.model, &a.fasta, &opts, &mut stdout.lock())?;
+    Ok(())
 }
 
 pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {

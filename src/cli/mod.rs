@@ -5,6 +5,7 @@ pub mod device;
 pub mod infer;
 pub mod plan;
 pub mod train;
+pub mod variants;
 
 /// A clap value enum mirroring the library enum `$lib` variant for variant, with the conversion
 /// into it: the library holds no clap definitions, and clap's derive cannot reach its types.

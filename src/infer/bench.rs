@@ -108,3 +108,67 @@ pub fn generation(
         seconds: start.elapsed().as_secs_f64(),
     })
 }
+
+/// Variant scoring throughput, prefix reuse against full recomputation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariantsBench {
+    pub variants: usize,
+    pub window: usize,
+    /// Best of the runs, seconds: full recomputation, prefix reuse.
+    pub full_s: f64,
+    pub prefix_s: f64,
+    /// Largest |Δ LL| difference between the two paths.
+    pub max_diff: f64,
+}
+
+/// Scores the 9 single-base substitutions of each of `codons` consecutive codons in the middle
+/// of a random CDS (windows of `window` codons), both ways, `rounds` times interleaved.
+pub fn variants(
+    cfg: &ModelConfig,
+    window: usize,
+    codons: usize,
+    batch: usize,
+    rounds: usize,
+) -> Result<VariantsBench> {
+    use crate::infer::variants::delta::{full_recomputation, prefix_reuse, window_start, Job};
+    let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
+    let mut rng = SplitMix64::new(3);
+    let n = 2 * window + codons;
+    let cds: Vec<u32> = (0..n).map(|_| 5 + rng.below(64) as u32).collect();
+    let mut jobs = Vec::new();
+    for c in window..window + codons {
+        let a = window_start(c, n, window);
+        let reference = cds[a..a + window].to_vec();
+        for k in 0..9u32 {
+            let mut alt = reference.clone();
+            // A different codon id stands for each substitution; speed does not depend on which.
+            alt[c - a] = 5 + (alt[c - a] - 5 + 1 + k) % 64;
+            jobs.push(Job {
+                start: a,
+                reference: reference.clone(),
+                alt,
+                first: c - a,
+                codons: vec![c - a],
+            });
+        }
+    }
+    let (mut full_s, mut prefix_s, mut max_diff) = (f64::INFINITY, f64::INFINITY, 0.0f64);
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        let f = full_recomputation(&model, &jobs)?;
+        full_s = full_s.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let p = prefix_reuse(&model, &jobs, batch)?;
+        prefix_s = prefix_s.min(t.elapsed().as_secs_f64());
+        for (a, b) in f.iter().zip(&p) {
+            max_diff = max_diff.max((a.total - b.total).abs());
+        }
+    }
+    Ok(VariantsBench {
+        variants: jobs.len(),
+        window,
+        full_s,
+        prefix_s,
+        max_diff,
+    })
+}

@@ -6,4 +6,7 @@ pub mod embed_io;
 pub mod generate;
 pub mod sample;
 pub mod score;
+pub mod score_io;
+pub mod token_scores;
+pub mod variants;
 pub mod window;

@@ -37,6 +37,43 @@ impl KvCache {
             ..Self::default()
         }
     }
+
+    /// A new cache holding the first `len` cached tokens of sequence 0, repeated for `batch`
+    /// sequences, with room for `extra` more tokens each: several continuations of one shared
+    /// prefix (variant scoring decodes every ALT suffix from the reference's prefix).
+    pub fn prefix(&self, len: usize, batch: usize, extra: usize) -> Result<KvCache> {
+        if len > self.len {
+            return Err(Error::Invalid(format!(
+                "KV cache holds {} tokens, asked for a prefix of {len}",
+                self.len
+            )));
+        }
+        if len == 0 {
+            return Ok(KvCache::with_capacity(extra));
+        }
+        let cap = len + extra;
+        let layers = self
+            .layers
+            .iter()
+            .map(|kv| {
+                let take = |t: &Tensor<4>| {
+                    let [_, heads, _, d] = t.dims();
+                    let kept = t.clone().narrow(0, 0, 1).narrow(2, 0, len);
+                    let buf = Tensor::<4>::zeros([batch, heads, cap, d], (&t.device(), t.dtype()));
+                    buf.slice_assign(rows(batch, heads, 0..len, d), kept.repeat_dim(0, batch))
+                };
+                LayerKv {
+                    k: take(&kv.k),
+                    v: take(&kv.v),
+                }
+            })
+            .collect();
+        Ok(KvCache {
+            layers,
+            len,
+            reserve: cap,
+        })
+    }
 }
 
 /// One layer's keys and values in buffers `[b, heads, capacity, head_dim]` (keys after rotary at

@@ -1,0 +1,253 @@
+//! `score --per-token` files: parquet with one row per predicted token.
+//!
+//! Columns: `id` (the record), `token_index` (the token's index in the record's token
+//! sequence, `[BOS]` included where the vocabulary has one), `codon_index` (0-based codon of
+//! the record; `[EOS]` gets the index after the last codon), `base_offset` (0-based offset of
+//! the codon's first base in the cleaned record, 3·codon_index), `codon` (the token's text:
+//! a codon, `[UNK]` for a codon with a base outside ACGT, `[EOS]`), `log_prob` (natural log of
+//! the model's probability of the token, float64), `entropy` (of the predicted distribution,
+//! nats, float64), `rank` (1 = the model's most likely token, int32), `context` (tokens of left
+//! context the prediction saw, int32), `top_codons` / `top_probs` (the k most likely tokens
+//! and their probabilities, fixed-size lists of k), and with `--full-distribution`
+//! `log_probs` (all vocabulary ids' log-probabilities, a fixed-size list indexed by token id).
+//! Key-value metadata records the model, window, stride and vocabulary (`genslm.*`).
+//!
+//! Rows are written in batches, so memory does not grow with the number of records, and the
+//! file appears under its name only when complete.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    FixedSizeListBuilder, Float32Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder,
+};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+
+use crate::atomic::AtomicFile;
+use crate::error::{Error, Result};
+use crate::infer::token_scores::TokenScore;
+use crate::tokenizer::CodonTokenizer;
+
+/// Rows per batch handed to the parquet writer.
+const BATCH_ROWS: usize = 8192;
+/// Row-group size in bytes after encoding.
+const ROW_GROUP_BYTES: usize = 64 << 20;
+
+fn list(item: DataType, n: usize) -> DataType {
+    DataType::FixedSizeList(Arc::new(Field::new("item", item, false)), n as i32)
+}
+
+/// The file's schema for `top_k` and, with the full distribution, `vocab` ids.
+pub fn schema(top_k: usize, full: Option<usize>) -> SchemaRef {
+    let mut fields = vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("token_index", DataType::Int64, false),
+        Field::new("codon_index", DataType::Int64, false),
+        Field::new("base_offset", DataType::Int64, false),
+        Field::new("codon", DataType::Utf8, false),
+        Field::new("log_prob", DataType::Float64, false),
+        Field::new("entropy", DataType::Float64, false),
+        Field::new("rank", DataType::Int32, false),
+        Field::new("context", DataType::Int32, false),
+        Field::new("top_codons", list(DataType::Utf8, top_k), false),
+        Field::new("top_probs", list(DataType::Float32, top_k), false),
+    ];
+    if let Some(v) = full {
+        fields.push(Field::new("log_probs", list(DataType::Float32, v), false));
+    }
+    Arc::new(Schema::new(fields))
+}
+
+/// Streams per-token rows into a parquet file that appears only after [`finish`].
+///
+/// [`finish`]: TokenScoreWriter::finish
+pub struct TokenScoreWriter {
+    path: PathBuf,
+    schema: SchemaRef,
+    tok: CodonTokenizer,
+    top_k: usize,
+    full: Option<usize>,
+    guard: AtomicFile,
+    file: File,
+    writer: ArrowWriter<File>,
+    id: StringBuilder,
+    ints: [Int64Builder; 3],
+    codon: StringBuilder,
+    floats: [Float64Builder; 2],
+    rank: Int32Builder,
+    context: Int32Builder,
+    top_codons: FixedSizeListBuilder<StringBuilder>,
+    top_probs: FixedSizeListBuilder<Float32Builder>,
+    log_probs: FixedSizeListBuilder<Float32Builder>,
+    rows: usize,
+    total: u64,
+}
+
+impl TokenScoreWriter {
+    /// `full`: the vocabulary size when every id's log-probability is written.
+    pub fn create(
+        path: &Path,
+        tok: CodonTokenizer,
+        top_k: usize,
+        full: Option<usize>,
+        metadata: Vec<(String, String)>,
+    ) -> Result<Self> {
+        let (guard, file) = AtomicFile::create(path)?;
+        let handle = file
+            .try_clone()
+            .map_err(|e| Error::io(guard.tmp_path(), e))?;
+        let kv = metadata
+            .into_iter()
+            .map(|(k, v)| KeyValue::new(k, v))
+            .collect();
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+            .set_key_value_metadata(Some(kv))
+            .build();
+        let schema = schema(top_k, full);
+        let writer = ArrowWriter::try_new(handle, schema.clone(), Some(props)).map_err(|e| {
+            Error::Dataset {
+                path: path.to_path_buf(),
+                msg: e.to_string(),
+            }
+        })?;
+        let item = |t| Arc::new(Field::new("item", t, false));
+        Ok(Self {
+            path: path.to_path_buf(),
+            schema,
+            tok,
+            top_k,
+            full,
+            guard,
+            file,
+            writer,
+            id: StringBuilder::new(),
+            ints: Default::default(),
+            codon: StringBuilder::new(),
+            floats: Default::default(),
+            rank: Int32Builder::new(),
+            context: Int32Builder::new(),
+            top_codons: FixedSizeListBuilder::new(StringBuilder::new(), top_k as i32)
+                .with_field(item(DataType::Utf8)),
+            top_probs: FixedSizeListBuilder::new(Float32Builder::new(), top_k as i32)
+                .with_field(item(DataType::Float32)),
+            log_probs: FixedSizeListBuilder::new(Float32Builder::new(), full.unwrap_or(0) as i32)
+                .with_field(item(DataType::Float32)),
+            rows: 0,
+            total: 0,
+        })
+    }
+
+    /// The text of a token id; ids past the tokenizer's vocabulary (a model whose
+    /// `vocab_size` pads it) are written as `<id N>`.
+    fn text(&self, id: u32) -> String {
+        self.tok
+            .token(id)
+            .map_or_else(|| format!("<id {id}>"), str::to_string)
+    }
+
+    /// Appends the scores of record `id`'s tokens.
+    pub fn push(&mut self, id: &str, scores: &[TokenScore]) -> Result<()> {
+        let bos = usize::from(self.tok.bos_id().is_some());
+        for s in scores {
+            if s.top.len() != self.top_k || s.log_probs.as_ref().map(Vec::len) != self.full {
+                return Err(self.err(format!(
+                    "record '{id}': token {} has {} top entries and {:?} log-probabilities, \
+                     the file holds {} and {:?}",
+                    s.index,
+                    s.top.len(),
+                    s.log_probs.as_ref().map(Vec::len),
+                    self.top_k,
+                    self.full
+                )));
+            }
+            let codon_index = s.index.saturating_sub(bos);
+            self.id.append_value(id);
+            for (b, v) in self
+                .ints
+                .iter_mut()
+                .zip([s.index, codon_index, 3 * codon_index])
+            {
+                b.append_value(v as i64);
+            }
+            let text = self.text(s.target);
+            self.codon.append_value(text);
+            self.floats[0].append_value(s.log_prob);
+            self.floats[1].append_value(s.entropy);
+            self.rank.append_value(s.rank as i32);
+            self.context.append_value(s.context as i32);
+            for &(t, p) in &s.top {
+                let text = self.text(t);
+                self.top_codons.values().append_value(text);
+                self.top_probs.values().append_value(p);
+            }
+            self.top_codons.append(true);
+            self.top_probs.append(true);
+            if let Some(lp) = &s.log_probs {
+                self.log_probs.values().append_slice(lp);
+                self.log_probs.append(true);
+            }
+            self.rows += 1;
+            self.total += 1;
+            if self.rows >= BATCH_ROWS {
+                self.write_batch()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_batch(&mut self) -> Result<()> {
+        if self.rows == 0 {
+            return Ok(());
+        }
+        // Schema order (see `schema`).
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(self.id.finish())];
+        for b in &mut self.ints {
+            columns.push(Arc::new(b.finish()));
+        }
+        columns.push(Arc::new(self.codon.finish()));
+        for b in &mut self.floats {
+            columns.push(Arc::new(b.finish()));
+        }
+        columns.push(Arc::new(self.rank.finish()));
+        columns.push(Arc::new(self.context.finish()));
+        columns.push(Arc::new(self.top_codons.finish()));
+        columns.push(Arc::new(self.top_probs.finish()));
+        if self.full.is_some() {
+            columns.push(Arc::new(self.log_probs.finish()));
+        }
+        let batch = RecordBatch::try_new(self.schema.clone(), columns)
+            .map_err(|e| self.err(e.to_string()))?;
+        self.writer
+            .write(&batch)
+            .map_err(|e| self.err(e.to_string()))?;
+        self.rows = 0;
+        Ok(())
+    }
+
+    fn err(&self, msg: String) -> Error {
+        Error::Dataset {
+            path: self.path.clone(),
+            msg,
+        }
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> u64 {
+        self.total
+    }
+
+    /// Writes the footer, syncs and renames the file into place.
+    pub fn finish(mut self) -> Result<()> {
+        self.write_batch()?;
+        self.writer.finish().map_err(|e| self.err(e.to_string()))?;
+        self.guard.commit(self.file)
+    }
+}

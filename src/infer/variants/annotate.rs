@@ -1,0 +1,353 @@
+//! What a variant does to the protein: the standard genetic code and the consequence classes
+//! `genslm variants` reports.
+//!
+//! Alleles are trimmed first: VCF indels carry an anchor base that REF and ALT share (REF `A`,
+//! ALT `AT` at POS inserts a `T` after POS), so the shared prefix and suffix are removed before
+//! deciding which codon changes and how.
+
+/// The amino acid (one letter; `*` = stop) of a codon of upper-case A/C/G/T, or `X` for
+/// anything else (an `N`, an incomplete codon). The standard code (NCBI translation table 1).
+pub fn translate(codon: &[u8]) -> u8 {
+    let [a, b, c] = match codon {
+        [a, b, c] => [*a, *b, *c],
+        _ => return b'X',
+    };
+    let purine = |x: u8| matches!(x, b'A' | b'G');
+    let pyrimidine = |x: u8| matches!(x, b'C' | b'T');
+    if !(purine(c) || pyrimidine(c)) {
+        return b'X';
+    }
+    // By first two bases; the third decides within a box where the box is split.
+    match (a, b) {
+        (b'T', b'T') => {
+            if pyrimidine(c) {
+                b'F'
+            } else {
+                b'L'
+            }
+        }
+        (b'T', b'C') => b'S',
+        (b'T', b'A') => {
+            if pyrimidine(c) {
+                b'Y'
+            } else {
+                b'*'
+            }
+        }
+        (b'T', b'G') => match c {
+            b'A' => b'*',
+            b'G' => b'W',
+            _ => b'C',
+        },
+        (b'C', b'T') => b'L',
+        (b'C', b'C') => b'P',
+        (b'C', b'A') => {
+            if pyrimidine(c) {
+                b'H'
+            } else {
+                b'Q'
+            }
+        }
+        (b'C', b'G') => b'R',
+        (b'A', b'T') => match c {
+            b'G' => b'M',
+            _ => b'I',
+        },
+        (b'A', b'C') => b'T',
+        (b'A', b'A') => {
+            if pyrimidine(c) {
+                b'N'
+            } else {
+                b'K'
+            }
+        }
+        (b'A', b'G') => {
+            if pyrimidine(c) {
+                b'S'
+            } else {
+                b'R'
+            }
+        }
+        (b'G', b'T') => b'V',
+        (b'G', b'C') => b'A',
+        (b'G', b'A') => {
+            if pyrimidine(c) {
+                b'D'
+            } else {
+                b'E'
+            }
+        }
+        (b'G', b'G') => b'G',
+        _ => b'X',
+    }
+}
+
+/// The effect class of a variant on a coding sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consequence {
+    Synonymous,
+    Missense,
+    /// A stop codon where there was none (stop_gained).
+    Nonsense,
+    StopLost,
+    StartLost,
+    Frameshift,
+    InframeInsertion,
+    InframeDeletion,
+    /// A codon the change touches is not a whole A/C/G/T codon (an `N`, the CDS's last
+    /// incomplete codon).
+    Incomplete,
+    /// The variant is not (entirely) inside the CDS.
+    OutsideCds,
+}
+
+impl Consequence {
+    pub fn name(self) -> &'static str {
+        match self {
+            Consequence::Synonymous => "synonymous",
+            Consequence::Missense => "missense",
+            Consequence::Nonsense => "nonsense",
+            Consequence::StopLost => "stop_lost",
+            Consequence::StartLost => "start_lost",
+            Consequence::Frameshift => "frameshift",
+            Consequence::InframeInsertion => "inframe_insertion",
+            Consequence::InframeDeletion => "inframe_deletion",
+            Consequence::Incomplete => "incomplete_codon",
+            Consequence::OutsideCds => "outside_cds",
+        }
+    }
+}
+
+/// A variant placed on a CDS, after trimming the alleles' shared bases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    /// 0-based CDS offset of the first base that differs.
+    pub at: usize,
+    /// Trimmed REF and ALT (either may be empty: an insertion or a deletion).
+    pub reference: Vec<u8>,
+    pub alt: Vec<u8>,
+}
+
+impl Edit {
+    /// `reference`/`alt` as the VCF gives them, REF's first base at CDS offset `at`.
+    pub fn trimmed(at: usize, reference: &[u8], alt: &[u8]) -> Edit {
+        let prefix = reference
+            .iter()
+            .zip(alt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let (r, a) = (&reference[prefix..], &alt[prefix..]);
+        let suffix = r
+            .iter()
+            .rev()
+            .zip(a.iter().rev())
+            .take_while(|(x, y)| x == y)
+            .count();
+        Edit {
+            at: at + prefix,
+            reference: r[..r.len() - suffix].to_vec(),
+            alt: a[..a.len() - suffix].to_vec(),
+        }
+    }
+
+    /// The 0-based codon where the sequences first differ.
+    pub fn codon(&self) -> usize {
+        self.at / 3
+    }
+
+    pub fn is_substitution(&self) -> bool {
+        self.reference.len() == self.alt.len()
+    }
+
+    /// `cds` with the edit applied.
+    pub fn apply(&self, cds: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(cds.len() + self.alt.len());
+        out.extend_from_slice(&cds[..self.at]);
+        out.extend_from_slice(&self.alt);
+        out.extend_from_slice(&cds[self.at + self.reference.len()..]);
+        out
+    }
+}
+
+/// The protein-level reading of a substitution or indel in `cds`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Annotation {
+    pub consequence: Consequence,
+    /// The codons the change touches, in REF and ALT (substitutions; indels: REF's first).
+    pub ref_codons: String,
+    pub alt_codons: String,
+    /// One-letter change with 1-based codon numbers, e.g. `N501Y`, `K417N`, `D614G`;
+    /// `E484_fs` for a frameshift, `Y144del`-style for in-frame indels.
+    pub aa_change: String,
+    /// 0-based codons the change touches (REF side).
+    pub codons: std::ops::Range<usize>,
+}
+
+/// Annotates `edit` on `cds` (upper-case bases, read from its first base).
+pub fn annotate(cds: &[u8], edit: &Edit) -> Annotation {
+    let first = edit.codon();
+    let end_base = edit.at + edit.reference.len().max(1);
+    let last = (end_base - 1) / 3;
+    let codons = first..last + 1;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let ref_span = &cds[3 * first..(3 * (last + 1)).min(cds.len())];
+    let aa = |c: &[u8]| c.chunks(3).map(translate).collect::<Vec<u8>>();
+    if !edit.is_substitution() {
+        let diff = edit.alt.len() as i64 - edit.reference.len() as i64;
+        let ref_codon = &cds[3 * first..(3 * first + 3).min(cds.len())];
+        let r = translate(ref_codon) as char;
+        let (consequence, what) = if diff % 3 != 0 {
+            (Consequence::Frameshift, "fs")
+        } else if diff > 0 {
+            (Consequence::InframeInsertion, "ins")
+        } else {
+            (Consequence::InframeDeletion, "del")
+        };
+        return Annotation {
+            consequence,
+            ref_codons: text(ref_codon),
+            alt_codons: String::new(),
+            aa_change: format!("{r}{}_{what}", first + 1),
+            codons,
+        };
+    }
+    let mut alt_span = ref_span.to_vec();
+    let off = edit.at - 3 * first;
+    alt_span[off..off + edit.alt.len()].copy_from_slice(&edit.alt);
+    let (ra, aa_alt) = (aa(ref_span), aa(&alt_span));
+    let consequence =
+        if !ref_span.len().is_multiple_of(3) || ra.contains(&b'X') || aa_alt.contains(&b'X') {
+            Consequence::Incomplete
+        } else if ra
+            .iter()
+            .zip(&aa_alt)
+            .any(|(r, a)| *r != b'*' && *a == b'*')
+        {
+            Consequence::Nonsense
+        } else if ra
+            .iter()
+            .zip(&aa_alt)
+            .any(|(r, a)| *r == b'*' && *a != b'*')
+        {
+            Consequence::StopLost
+        } else if first == 0 && ref_span.starts_with(b"ATG") && aa_alt[0] != b'M' {
+            Consequence::StartLost
+        } else if ra == aa_alt {
+            Consequence::Synonymous
+        } else {
+            Consequence::Missense
+        };
+    let aa_change = ra
+        .iter()
+        .zip(&aa_alt)
+        .enumerate()
+        .filter(|(i, (r, a))| r != a || ra == aa_alt && *i == 0)
+        .map(|(i, (r, a))| format!("{}{}{}", *r as char, first + i + 1, *a as char))
+        .collect::<Vec<_>>()
+        .join(",");
+    Annotation {
+        consequence,
+        ref_codons: text(ref_span),
+        alt_codons: text(&alt_span),
+        aa_change,
+        codons,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NCBI's table 1 as it is published: amino acids for codons in T, C, A, G order of the
+    /// first, second and third base — a representation independent of `translate`'s.
+    const TABLE1: &[u8; 64] = b"FFLLSSSSYY**CC*WLLLLPPPPHHQQRRRRIIIMTTTTNNKKSSRRVVVVAAAADDEEGGGG";
+    const TCAG: [u8; 4] = *b"TCAG";
+
+    fn table(codon: &[u8]) -> u8 {
+        let i = |b| TCAG.iter().position(|&x| x == b).unwrap();
+        TABLE1[16 * i(codon[0]) + 4 * i(codon[1]) + i(codon[2])]
+    }
+
+    /// Every single-base substitution of every codon (64 × 3 positions × 3 bases = 576),
+    /// placed as codon 2 of a CDS, against the published table.
+    #[test]
+    fn all_576_single_base_substitutions_follow_the_standard_code() {
+        let mut seen = 0;
+        for &a in &TCAG {
+            for &b in &TCAG {
+                for &c in &TCAG {
+                    let codon = [a, b, c];
+                    assert_eq!(translate(&codon), table(&codon));
+                    for pos in 0..3 {
+                        for &base in TCAG.iter().filter(|&&x| x != codon[pos]) {
+                            let mut cds = b"GCT".to_vec();
+                            cds.extend_from_slice(&codon);
+                            cds.extend_from_slice(b"GCT");
+                            let edit = Edit::trimmed(3 + pos, &[codon[pos]], &[base]);
+                            let ann = annotate(&cds, &edit);
+                            let mut alt = codon;
+                            alt[pos] = base;
+                            let (r, x) = (table(&codon), table(&alt));
+                            let want = if r != b'*' && x == b'*' {
+                                Consequence::Nonsense
+                            } else if r == b'*' && x != b'*' {
+                                Consequence::StopLost
+                            } else if r == x {
+                                Consequence::Synonymous
+                            } else {
+                                Consequence::Missense
+                            };
+                            assert_eq!(ann.consequence, want, "{codon:?} {pos} {base}");
+                            assert_eq!(ann.ref_codons.as_bytes(), codon);
+                            assert_eq!(ann.alt_codons.as_bytes(), alt);
+                            assert_eq!(ann.aa_change, format!("{}2{}", r as char, x as char));
+                            seen += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(seen, 576);
+    }
+
+    #[test]
+    fn indels_mnvs_and_the_start_codon() {
+        let cds = b"ATGAAACCCGGGTAA";
+        // VCF-anchored insertion of one base after CDS base 4 (0-based 3): frameshift at codon 2.
+        let ins = Edit::trimmed(3, b"A", b"AT");
+        assert_eq!(
+            (ins.at, ins.reference.len(), ins.alt.as_slice()),
+            (4, 0, &b"T"[..])
+        );
+        assert_eq!(annotate(cds, &ins).consequence, Consequence::Frameshift);
+        let del3 = Edit::trimmed(5, b"ACCC", b"A");
+        let a = annotate(cds, &del3);
+        assert_eq!(
+            (a.consequence, a.codons.clone()),
+            (Consequence::InframeDeletion, 2..3)
+        );
+        assert_eq!(
+            annotate(cds, &Edit::trimmed(5, b"A", b"ATTT")).consequence,
+            Consequence::InframeInsertion
+        );
+        // An MNV over two codons: AAA CCC -> AAG GCC (K2K, P3A).
+        let mnv = annotate(cds, &Edit::trimmed(5, b"AC", b"GG"));
+        assert_eq!(
+            (mnv.consequence, mnv.aa_change.as_str()),
+            (Consequence::Missense, "P3A")
+        );
+        assert_eq!(mnv.codons, 1..3);
+        assert_eq!(
+            annotate(cds, &Edit::trimmed(2, b"G", b"A")).consequence,
+            Consequence::StartLost
+        );
+        assert_eq!(
+            annotate(b"ATGNAA", &Edit::trimmed(4, b"A", b"G")).consequence,
+            Consequence::Incomplete
+        );
+        assert_eq!(
+            Edit::trimmed(3, b"A", b"AT").apply(cds),
+            b"ATGATAACCCGGGTAA"
+        );
+    }
+}

@@ -1,0 +1,415 @@
+//! `genslm variants`: zero-shot variant effects — the change in the model's log-likelihood of
+//! a coding sequence when a VCF's variants (SNVs, MNVs, indels) are applied, with the codon and
+//! amino-acid change of each, or in-silico saturation mutagenesis of a region as a heatmap.
+//!
+//! The coding frame: each reference record is a CDS read from its first base, or `--cds
+//! START..END` (1-based, inclusive, as annotation tools write it) is the CDS on every record.
+//! A variant not entirely inside the CDS is reported as `outside_cds` without a score (a
+//! genome's VCF has such variants; scoring them in a frame they are not in would be wrong).
+//! Windows and Δ: see [`delta`].
+
+pub mod annotate;
+pub mod delta;
+pub mod heatmap;
+mod output;
+pub mod vcf;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::backend::Compute;
+use crate::config::Position;
+use crate::data::fasta::{self, OnInvalid};
+use crate::error::{Error, Result};
+use crate::infer::window::{check_forward_memory, resolve_window};
+use crate::model::io::load_model_dir;
+use crate::model::GenSlm;
+use crate::tokenizer::CodonTokenizer;
+use annotate::{annotate, Annotation, Consequence, Edit};
+use delta::{window_start, Delta, Job};
+use vcf::Variant;
+
+/// Where the variants come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VariantSource {
+    /// A VCF (plain or gzip).
+    Vcf(PathBuf),
+    /// Every single-base substitution of bases `start..=end` (1-based) of the record.
+    Saturate { start: u64, end: u64 },
+}
+
+/// Settings of one `variants` run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariantOptions {
+    pub source: VariantSource,
+    /// The record to mutate (`--saturate`) or the only record to read variants on.
+    pub chrom: Option<String>,
+    /// The CDS on the record, 1-based inclusive (None: the whole record).
+    pub cds: Option<(u64, u64)>,
+    /// Window in codons (None: the model's training window).
+    pub window: Option<usize>,
+    /// ALT suffixes decoded together.
+    pub batch_size: usize,
+    /// Warn and leave out bad variants instead of stopping at the first.
+    pub skip_invalid: bool,
+    /// Reuse the REF window's keys/values for the ALT suffixes (false: recompute everything).
+    pub prefix_reuse: bool,
+    /// Draw the saturation heatmap here.
+    pub heatmap: Option<PathBuf>,
+    pub compute: Compute,
+}
+
+impl Default for VariantOptions {
+    fn default() -> Self {
+        Self {
+            source: VariantSource::Saturate { start: 1, end: 1 },
+            chrom: None,
+            cds: None,
+            window: None,
+            batch_size: 16,
+            skip_invalid: false,
+            prefix_reuse: true,
+            heatmap: None,
+            compute: Compute::default(),
+        }
+    }
+}
+
+/// One output row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariantRow {
+    pub variant: Variant,
+    pub annotation: Option<Annotation>,
+    /// 0-based first codon and length of the window; tokens of REF and ALT.
+    pub window: Option<(usize, usize, usize, usize)>,
+    pub delta: Option<Delta>,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariantSummary {
+    pub variants: usize,
+    pub scored: usize,
+    pub skipped: usize,
+    pub window: usize,
+    pub elapsed: Duration,
+}
+
+/// `START..END` (1-based, inclusive) as a pair; `what` names the flag in errors.
+pub fn parse_range(s: &str, what: &str) -> Result<(u64, u64)> {
+    let bad = || {
+        Error::Invalid(format!(
+            "{what} '{s}': expected START..END, 1-based and inclusive (e.g. 21563..25384)"
+        ))
+    };
+    let (a, b) = s.split_once("..").ok_or_else(bad)?;
+    let (a, b): (u64, u64) = (
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    );
+    if a == 0 || b < a {
+        return Err(bad());
+    }
+    Ok((a, b))
+}
+
+/// The sequences read, by record id, and the ids of every record in the input (for messages).
+type Records = (HashMap<String, Vec<u8>>, Vec<String>);
+
+/// Reads the records named in `wanted` (all when `None`) from `inputs`.
+fn read_records(inputs: &[PathBuf], wanted: Option<&HashSet<String>>) -> Result<Records> {
+    let mut out = HashMap::new();
+    let mut names = Vec::new();
+    for f in fasta::discover(inputs)? {
+        let mut warn = |w: String| eprintln!("warning: {w}");
+        fasta::read_file(&f, OnInvalid::Error, &mut warn, &mut |rec, _| {
+            names.push(rec.id.to_string());
+            if wanted.is_none_or(|w| w.contains(rec.id)) {
+                out.insert(rec.id.to_string(), rec.seq.to_vec());
+            }
+            Ok(())
+        })?;
+    }
+    Ok((out, names))
+}
+
+fn codon_tokens(tok: &CodonTokenizer, bases: &[u8]) -> Vec<u32> {
+    bases
+        .chunks_exact(3)
+        .map(|c| tok.codon_to_id(&[c[0], c[1], c[2]]))
+        .collect()
+}
+
+/// A variant placed on its record: its annotation and, when it can be scored, its job.
+fn place(
+    v: &Variant,
+    seq: &[u8],
+    cds: (u64, u64),
+    w: usize,
+    tok: &CodonTokenizer,
+    model: &GenSlm,
+) -> std::result::Result<(Option<Annotation>, Option<Job>), String> {
+    let p = (v.pos - 1) as usize;
+    let r = v.reference.as_bytes();
+    let Some(found) = seq.get(p..p + r.len()) else {
+        return Err(format!(
+            "REF '{}' at {}:{} runs past the record's end ({} bases)",
+            v.reference,
+            v.chrom,
+            v.pos,
+            seq.len()
+        ));
+    };
+    if found != r {
+        return Err(format!(
+            "REF '{}' does not match the reference at {}:{} ('{}')",
+            v.reference,
+            v.chrom,
+            v.pos,
+            String::from_utf8_lossy(found)
+        ));
+    }
+    let (s, e) = ((cds.0 - 1) as usize, cds.1 as usize);
+    if p < s || p + r.len() > e {
+        return Ok((None, None));
+    }
+    let cds_seq = &seq[s..e];
+    let edit = Edit::trimmed(p - s, r, v.alt.as_bytes());
+    let n = cds_seq.len() / 3;
+    if edit.at >= cds_seq.len() {
+        // An insertion after the CDS's last base.
+        return Ok((None, None));
+    }
+    let mut ann = annotate(cds_seq, &edit);
+    if edit.codon() >= n {
+        // A change in the CDS's incomplete last codon: no whole codon to score.
+        ann.consequence = Consequence::Incomplete;
+        return Ok((Some(ann), None));
+    }
+    let c = edit.codon();
+    let a = window_start(c, n, w);
+    let wc = w.min(n - a);
+    let win_end = 3 * (a + wc);
+    let alt_cds = edit.apply(cds_seq);
+    let diff = edit.alt.len() as i64 - edit.reference.len() as i64;
+    // The same reference bases with the edit applied (a deletion past the window's end takes
+    // the window's end with it).
+    let alt_end = if edit.at + edit.reference.len() <= win_end {
+        (win_end as i64 + diff) as usize
+    } else {
+        edit.at + edit.alt.len()
+    };
+    let alt = codon_tokens(tok, &alt_cds[3 * a..alt_end.min(alt_cds.len())]);
+    if model.cfg.position == Position::Learned && alt.len() > model.cfg.max_position_embeddings {
+        return Err(format!(
+            "the insertion makes the ALT window {} codons long, more than the model's {} \
+             learned positions; lower --window",
+            alt.len(),
+            model.cfg.max_position_embeddings
+        ));
+    }
+    let codons = if edit.is_substitution() {
+        ann.codons
+            .clone()
+            .filter(|&x| x < a + wc)
+            .map(|x| x - a)
+            .collect()
+    } else {
+        vec![c - a]
+    };
+    let job = Job {
+        start: a,
+        reference: codon_tokens(tok, &cds_seq[3 * a..win_end]),
+        alt,
+        first: c - a,
+        codons,
+    };
+    Ok((Some(ann), Some(job)))
+}
+
+/// Scores the variants of `opts.source` on the records of `inputs`, writing TSV to `out`
+/// (and the heatmap when asked).
+pub fn run_variants(
+    model_dir: &Path,
+    inputs: &[PathBuf],
+    opts: &VariantOptions,
+    out: &Path,
+) -> Result<VariantSummary> {
+    let t0 = Instant::now();
+    if opts.batch_size == 0 {
+        return Err(Error::Invalid("--batch-size 0: must be at least 1".into()));
+    }
+    let model =
+        load_model_dir(model_dir, &opts.compute.open()?)?.with_precision(opts.compute.precision);
+    if let Some(w) = opts.window.filter(|&w| w < 2) {
+        return Err(Error::Invalid(format!(
+            "--window {w}: must be at least 2 codons"
+        )));
+    }
+    let w = resolve_window(&model, opts.window, model_dir)?;
+    let tok = CodonTokenizer::new(model.cfg.vocab)?;
+    let mut skipped = 0usize;
+    let warn_skip = |msg: String| eprintln!("warning: {msg}; skipped (--on-invalid skip)");
+    let (variants, records, names) = match &opts.source {
+        VariantSource::Vcf(path) => {
+            let (variants, bad) = vcf::read_vcf(path, opts.skip_invalid)?;
+            for b in &bad {
+                warn_skip(format!("{}: line {}: {}", path.display(), b.line, b.msg));
+            }
+            skipped += bad.len();
+            let mut wanted: HashSet<String> = variants.iter().map(|v| v.chrom.clone()).collect();
+            if let Some(c) = &opts.chrom {
+                wanted.retain(|x| x == c);
+            }
+            let (records, names) = read_records(inputs, Some(&wanted))?;
+            (variants, records, names)
+        }
+        VariantSource::Saturate { start, end } => {
+            let (records, names) = match &opts.chrom {
+                Some(c) => read_records(inputs, Some(&HashSet::from([c.clone()])))?,
+                None => read_records(inputs, None)?,
+            };
+            let chrom = match &opts.chrom {
+                Some(c) => c.clone(),
+                None if names.len() == 1 => names[0].clone(),
+                None => {
+                    return Err(Error::Invalid(format!(
+                        "--saturate: the FASTA input has {} records; name one with --chrom",
+                        names.len()
+                    )))
+                }
+            };
+            let seq = records.get(&chrom).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "--chrom '{chrom}' is not a record of the FASTA input"
+                ))
+            })?;
+            if *end as usize > seq.len() {
+                return Err(Error::Invalid(format!(
+                    "--saturate {start}..{end}: record '{chrom}' has {} bases",
+                    seq.len()
+                )));
+            }
+            let mut v = Vec::new();
+            for pos in *start..=*end {
+                let r = seq[(pos - 1) as usize];
+                for alt in [b'A', b'C', b'G', b'T'].into_iter().filter(|&b| b != r) {
+                    v.push(Variant {
+                        line: 0,
+                        chrom: chrom.clone(),
+                        pos,
+                        id: ".".into(),
+                        reference: (r as char).to_string(),
+                        alt: (alt as char).to_string(),
+                    });
+                }
+            }
+            (v, records, names)
+        }
+    };
+    if let Some((_, e)) = opts.cds {
+        for (id, s) in &records {
+            if e as usize > s.len() {
+                return Err(Error::Invalid(format!(
+                    "--cds ..{e}: record '{id}' has only {} bases",
+                    s.len()
+                )));
+            }
+        }
+    }
+    check_forward_memory(&model, opts.batch_size, w)?;
+    let mut rows = Vec::with_capacity(variants.len());
+    let mut jobs = Vec::new();
+    for v in variants {
+        if opts.chrom.as_ref().is_some_and(|c| *c != v.chrom) {
+            continue;
+        }
+        let at = if v.line > 0 {
+            match &opts.source {
+                VariantSource::Vcf(p) => format!("{}: line {}: ", p.display(), v.line),
+                _ => String::new(),
+            }
+        } else {
+            String::new()
+        };
+        let placed = match records.get(&v.chrom) {
+            None => Err(format!(
+                "CHROM '{}' is not a record of the FASTA input (records: {})",
+                v.chrom,
+                names.join(", ")
+            )),
+            Some(seq) => {
+                let cds = opts.cds.unwrap_or((1, seq.len() as u64));
+                place(&v, seq, cds, w, &tok, &model)
+            }
+        };
+        match placed {
+            Ok((annotation, job)) => {
+                let window = job
+                    .as_ref()
+                    .map(|j| (j.start, j.reference.len(), j.reference.len(), j.alt.len()));
+                if let Some(j) = job {
+                    jobs.push((rows.len(), j));
+                }
+                rows.push(VariantRow {
+                    variant: v,
+                    annotation,
+                    window,
+                    delta: None,
+                });
+            }
+            Err(msg) if opts.skip_invalid => {
+                warn_skip(format!("{at}{msg}"));
+                skipped += 1;
+            }
+            Err(msg) => return Err(Error::Invalid(format!("{at}{msg}"))),
+        }
+    }
+    if rows.is_empty() {
+        return Err(Error::Invalid("no variants to score".into()));
+    }
+    let (idx, job_list): (Vec<usize>, Vec<Job>) = jobs.into_iter().unzip();
+    let deltas = if opts.prefix_reuse {
+        delta::prefix_reuse(&model, &job_list, opts.batch_size)?
+    } else {
+        delta::full_recomputation(&model, &job_list)?
+    };
+    for (i, d) in idx.iter().zip(deltas) {
+        rows[*i].delta = Some(d);
+    }
+    output::write_tsv(out, &rows)?;
+    if let Some(png) = &opts.heatmap {
+        let VariantSource::Saturate { start, end } = opts.source else {
+            return Err(Error::Invalid(
+                "--heatmap draws --saturate's variants".into(),
+            ));
+        };
+        let seq = &records[&rows[0].variant.chrom];
+        let cds_start = opts.cds.map_or(1, |c| c.0);
+        heatmap::draw(
+            png,
+            &rows,
+            seq,
+            (start, end),
+            cds_start,
+            &model_dir.display().to_string(),
+        )?;
+    }
+    let unscored = rows.len() - idx.len();
+    if unscored > 0 {
+        eprintln!(
+            "note: {unscored} variant(s) outside the CDS or in its incomplete last codon: \
+             annotated {} / {}, not scored",
+            Consequence::OutsideCds.name(),
+            Consequence::Incomplete.name()
+        );
+    }
+    Ok(VariantSummary {
+        variants: rows.len(),
+        scored: idx.len(),
+        skipped,
+        window: w,
+        elapsed: t0.elapsed(),
+    })
+}

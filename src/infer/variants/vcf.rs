@@ -1,0 +1,188 @@
+//! VCF input for `genslm variants`: plain or gzip/bgzip text, one [`Variant`] per ALT allele.
+//!
+//! Only the first five columns are read (CHROM, POS, ID, REF, ALT; the rest may be absent, as
+//! in the minimal files people write by hand). REF and ALT are bases (A/C/G/T/N, any case);
+//! symbolic alleles (`<DEL>`), the missing allele `*`/`.` and breakends cannot be scored and
+//! are refused by name. Every problem names the file and line.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Longest line accepted: a VCF line is a few hundred bytes; a longer one is not a VCF (or a
+/// structural variant spelled out in bases, which a codon model cannot window anyway).
+const MAX_LINE: u64 = 1 << 20;
+
+/// One ALT allele of one VCF line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Variant {
+    /// 1-based line number in the (decompressed) file.
+    pub line: usize,
+    pub chrom: String,
+    /// 1-based position of REF's first base.
+    pub pos: u64,
+    pub id: String,
+    /// Upper-case bases.
+    pub reference: String,
+    pub alt: String,
+}
+
+/// A line that could not be read as a variant, with the reason (for `--on-invalid skip`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadLine {
+    pub line: usize,
+    pub msg: String,
+}
+
+/// Opens `path`, decompressing gzip/bgzip (recognised by its magic bytes, whatever the name).
+fn open(path: &Path) -> Result<Box<dyn BufRead>> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut magic = [0u8; 2];
+    let n = f.read(&mut magic).map_err(|e| Error::io(path, e))?;
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    Ok(if n == 2 && magic == [0x1f, 0x8b] {
+        // bgzip is a series of gzip members.
+        Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(f)))
+    } else {
+        Box::new(BufReader::new(f))
+    })
+}
+
+fn bases(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| matches!(b.to_ascii_uppercase(), b'A' | b'C' | b'G' | b'T' | b'N'))
+}
+
+/// Parses one data line into its alleles.
+fn parse_line(text: &str, line: usize) -> std::result::Result<Vec<Variant>, String> {
+    let cols: Vec<&str> = text.split('\t').collect();
+    if cols.len() < 5 {
+        return Err(format!(
+            "{} tab-separated column(s); a VCF line has at least CHROM, POS, ID, REF, ALT",
+            cols.len()
+        ));
+    }
+    let (chrom, pos, id, reference, alts) = (cols[0], cols[1], cols[2], cols[3], cols[4]);
+    if chrom.is_empty() {
+        return Err("empty CHROM".into());
+    }
+    let pos: u64 = match pos.parse() {
+        Ok(p) if p >= 1 => p,
+        _ => return Err(format!("POS '{pos}' is not a positive integer")),
+    };
+    if !bases(reference) {
+        return Err(format!("REF '{reference}' is not bases (A, C, G, T, N)"));
+    }
+    let reference = reference.to_ascii_uppercase();
+    let mut out = Vec::new();
+    for alt in alts.split(',') {
+        if alt.starts_with('<') || alt.contains('[') || alt.contains(']') || alt == "*" {
+            return Err(format!(
+                "ALT '{alt}' is a symbolic allele or breakend; only sequence alleles can be scored"
+            ));
+        }
+        if alt == "." {
+            return Err("ALT '.' (no alternate allele): nothing to score".into());
+        }
+        if !bases(alt) {
+            return Err(format!("ALT '{alt}' is not bases (A, C, G, T, N)"));
+        }
+        let alt = alt.to_ascii_uppercase();
+        if alt == reference {
+            return Err(format!("ALT '{alt}' equals REF: not a variant"));
+        }
+        out.push(Variant {
+            line,
+            chrom: chrom.to_string(),
+            pos,
+            id: id.to_string(),
+            reference: reference.clone(),
+            alt,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads every variant of `path`. A malformed line is an error naming the file and line, or,
+/// with `skip`, is returned among the bad lines and left out.
+pub fn read_vcf(path: &Path, skip: bool) -> Result<(Vec<Variant>, Vec<BadLine>)> {
+    let mut reader = open(path)?;
+    let err = |line: usize, msg: String| {
+        Error::Invalid(format!("{}: line {line}: {msg}", path.display()))
+    };
+    let mut buf = Vec::new();
+    let (mut out, mut bad) = (Vec::new(), Vec::new());
+    let mut line = 0usize;
+    loop {
+        buf.clear();
+        let n = (&mut reader)
+            .take(MAX_LINE + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| Error::io(PathBuf::from(path), e))?;
+        if n == 0 {
+            break;
+        }
+        line += 1;
+        if n as u64 > MAX_LINE && buf.last() != Some(&b'\n') {
+            return Err(err(
+                line,
+                format!("longer than {MAX_LINE} bytes: not a VCF line"),
+            ));
+        }
+        while matches!(buf.last(), Some(b'\n' | b'\r')) {
+            buf.pop();
+        }
+        let Ok(text) = std::str::from_utf8(&buf) else {
+            return Err(err(line, "not UTF-8 text (is this a VCF?)".into()));
+        };
+        if text.is_empty() || text.starts_with('#') {
+            continue;
+        }
+        match parse_line(text, line) {
+            Ok(v) => out.extend(v),
+            Err(msg) if skip => bad.push(BadLine { line, msg }),
+            Err(msg) => return Err(err(line, msg)),
+        }
+    }
+    Ok((out, bad))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_become_one_variant_per_allele() {
+        let v = parse_line("chr1\t12\trs1\tac\tG,AT\t.\tPASS\t.", 7).unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(
+            (
+                v[0].chrom.as_str(),
+                v[0].pos,
+                v[0].id.as_str(),
+                v[0].reference.as_str()
+            ),
+            ("chr1", 12, "rs1", "AC")
+        );
+        assert_eq!(
+            (v[0].alt.as_str(), v[1].alt.as_str(), v[1].line),
+            ("G", "AT", 7)
+        );
+        for (line, want) in [
+            ("chr1\t12\trs1\tA", "column"),
+            ("chr1\t0\t.\tA\tG", "POS '0'"),
+            ("chr1\tx\t.\tA\tG", "POS 'x'"),
+            ("chr1\t5\t.\tA\t<DEL>", "symbolic"),
+            ("chr1\t5\t.\tA\t*", "symbolic"),
+            ("chr1\t5\t.\tA\t.", "no alternate"),
+            ("chr1\t5\t.\tA\tA", "equals REF"),
+            ("chr1\t5\t.\tR\tA", "REF 'R'"),
+            ("chr1\t5\t.\tA\tG]chr2:5]", "breakend"),
+        ] {
+            let e = parse_line(line, 1).unwrap_err();
+            assert!(e.contains(want), "{line}: {e}");
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! `genslm score --per-token` and `--stride`: the parquet file's rows against the FASTA and
+//! the record scores, and the bad flags. (Against transformers: scripts/check_per_token.py.)
+
+mod common;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int32Type, Int64Type};
+use common::{arg, listing, run, trained_tiny, write};
+
+const SEQ: &str = "ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCCGTTACTAA";
+
+fn read(path: &std::path::Path) -> arrow_array::RecordBatch {
+    let f = std::fs::File::open(path).unwrap();
+    let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .with_batch_size(1 << 20)
+        .build()
+        .unwrap();
+    let mut batches: Vec<_> = r.map(|b| b.unwrap()).collect();
+    assert_eq!(batches.len(), 1);
+    batches.pop().unwrap()
+}
+
+#[test]
+fn per_token_rows_match_the_fasta_and_the_record_scores() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = write(
+        dir.path(),
+        "two.fa",
+        format!(">a\n{SEQ}\n>b short\n{}\n", &SEQ[..20]).as_bytes(),
+    );
+    let model = arg(trained_tiny());
+    for (stride, window) in [(None, "8"), (Some("3"), "8"), (Some("8"), "8")] {
+        let out = dir.path().join("tok.parquet");
+        let (o, f) = (arg(&out), arg(&fa));
+        let mut a = vec![
+            "score",
+            "--model",
+            &model,
+            "--fasta",
+            &f,
+            "--seq-len",
+            window,
+        ];
+        a.extend(["--per-token", &o, "--top-k", "4", "--full-distribution"]);
+        if let Some(s) = stride {
+            a.extend(["--stride", s]);
+        }
+        let (ok, tsv, err) = run(&a);
+        assert!(ok, "{err}");
+        let b = read(&out);
+        let ids = b.column_by_name("id").unwrap().as_string::<i32>();
+        let codon_index = b
+            .column_by_name("codon_index")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let base = b
+            .column_by_name("base_offset")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let codon = b.column_by_name("codon").unwrap().as_string::<i32>();
+        let lp = b
+            .column_by_name("log_prob")
+            .unwrap()
+            .as_primitive::<Float64Type>();
+        let ctx = b
+            .column_by_name("context")
+            .unwrap()
+            .as_primitive::<Int32Type>();
+        let rank = b
+            .column_by_name("rank")
+            .unwrap()
+            .as_primitive::<Int32Type>();
+        let full = b.column_by_name("log_probs").unwrap().as_fixed_size_list();
+        let top = b.column_by_name("top_codons").unwrap().as_fixed_size_list();
+        assert_eq!((full.value_length(), top.value_length()), (69, 4));
+        for line in tsv.lines().skip(1) {
+            let f: Vec<&str> = line.split('\t').collect();
+            let (rid, n, mean): (&str, usize, f64) =
+                (f[0], f[1].parse().unwrap(), f[2].parse().unwrap());
+            let rows: Vec<usize> = (0..b.num_rows()).filter(|&i| ids.value(i) == rid).collect();
+            assert_eq!(rows.len(), n, "{rid} {stride:?}");
+            let sum: f64 = rows.iter().map(|&i| -lp.value(i)).sum();
+            assert!(
+                (sum / n as f64 - mean).abs() < 1e-5,
+                "{rid}: {} vs {mean}",
+                sum / n as f64
+            );
+            let seq = if rid == "a" { SEQ } else { &SEQ[..20] };
+            for &i in &rows {
+                let c = codon_index.value(i) as usize;
+                assert_eq!(base.value(i), 3 * c as i64);
+                let want = seq.get(3 * c..3 * c + 3).unwrap_or("[UNK]");
+                assert_eq!(codon.value(i), want, "{rid} codon {c}");
+                assert!(rank.value(i) >= 1);
+                // The full distribution sums to one and holds the token's log-probability.
+                let row = full.value(i);
+                let v = row.as_primitive::<arrow_array::types::Float32Type>();
+                let total: f64 = v.values().iter().map(|&x| (x as f64).exp()).sum();
+                assert!((total - 1.0).abs() < 1e-4);
+                if let Some(s) = stride.filter(|_| c >= 8) {
+                    let s: i32 = s.parse().unwrap();
+                    assert!(ctx.value(i) >= 8 - s, "context {} at {c}", ctx.value(i));
+                }
+            }
+            // Consecutive windows of 8 leave every window's first codon unpredicted; a stride
+            // of 3 predicts every codon but the first.
+            let tokens = seq.len().div_ceil(3);
+            let expect = match stride {
+                Some("3") => tokens - 1,
+                _ => tokens - tokens.div_ceil(8),
+            };
+            assert_eq!(n, expect, "{rid} {stride:?}");
+        }
+    }
+}
+
+#[test]
+fn bad_score_flags_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&write(
+        dir.path(),
+        "a.fa",
+        format!(">a\n{SEQ}\n").as_bytes(),
+    ));
+    let model = arg(trained_tiny());
+    let out = arg(&dir.path().join("t.parquet"));
+    for (extra, want) in [
+        (
+            vec!["--stride", "0"],
+            "--stride 0: must be between 1 and the window (8 tokens)",
+        ),
+        (
+            vec!["--stride", "9"],
+            "--stride 9: must be between 1 and the window (8 tokens)",
+        ),
+        (
+            vec!["--per-token", &out, "--top-k", "70"],
+            "--top-k 70: the model has only 69 tokens",
+        ),
+        (
+            vec!["--full-distribution"],
+            "--full-distribution adds a column to the --per-token file",
+        ),
+    ] {
+        let mut a = vec!["score", "--model", &model, "--fasta", &fa, "--seq-len", "8"];
+        a.extend(extra.iter().copied());
+        let (ok, _, err) = run(&a);
+        assert!(!ok && err.contains(want), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert_eq!(listing(dir.path()), ["a.fa"], "nothing written on error");
+}

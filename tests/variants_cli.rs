@@ -1,0 +1,249 @@
+//! `genslm variants`: the table, prefix reuse against full recomputation, saturation with its
+//! heatmap, and every bad input with its message. (Δ against transformers: scripts/check_variants.py.)
+
+mod common;
+
+use common::{arg, gzip, listing, run, trained_tiny, write};
+
+/// A CDS of 30 codons: ATG, 28 sense codons, TAA.
+fn cds() -> String {
+    let mut s = String::from("ATG");
+    for i in 0..28 {
+        s.push_str(["GCT", "AAA", "CTG", "GAA", "TTC", "CGT", "TAC"][i % 7]);
+    }
+    s.push_str("TAA");
+    s
+}
+
+fn fasta(dir: &std::path::Path) -> std::path::PathBuf {
+    write(dir, "ref.fa", format!(">gene desc\n{}\n", cds()).as_bytes())
+}
+
+fn variants(args: &[&str]) -> (bool, String, String) {
+    let model = arg(trained_tiny());
+    let mut a = vec!["variants", "--model", &model, "--quiet"];
+    a.extend_from_slice(args);
+    run(&a)
+}
+
+fn table(path: &std::path::Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| l.split('\t').map(str::to_string).collect())
+        .collect()
+}
+
+const VCF: &str = "##fileformat=VCFv4.2\n#CHROM\tPOS\tID\tREF\tALT\n\
+gene\t5\tsyn_or_mis\tC\tT\n\
+gene\t1\tstart\tA\tG\n\
+gene\t88\tlast\tT\tC\n\
+gene\t7\tmnv\tAAA\tCCC\n\
+gene\t30\tins\tA\tATTT,AT\n\
+gene\t45\tdel\tCGCT\tC\n\
+gene\t88\tend_del\tTAA\tT\n";
+
+#[test]
+fn variants_table_prefix_reuse_and_full_recomputation_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = fasta(dir.path());
+    let vcf = write(dir.path(), "v.vcf.gz", &gzip(VCF.as_bytes()));
+    let (fast, slow) = (dir.path().join("fast.tsv"), dir.path().join("slow.tsv"));
+    for (out, extra) in [(&fast, None), (&slow, Some("--no-prefix-reuse"))] {
+        let (o, f, v) = (arg(out), arg(&fa), arg(&vcf));
+        let mut a = vec!["--fasta", &f, "--vcf", &v, "--out", &o, "--window", "12"];
+        a.extend(extra);
+        let (ok, _, err) = variants(&a);
+        assert!(ok, "{err}");
+    }
+    let (t1, t2) = (table(&fast), table(&slow));
+    assert_eq!(t1[0].len(), 16);
+    assert_eq!(t1.len(), 1 + 8, "one row per ALT allele");
+    let col = |name: &str| t1[0].iter().position(|c| c == name).unwrap();
+    for (a, b) in t1.iter().zip(&t2).skip(1) {
+        // Everything but the Δ columns is identical; the Δ agree within 1e-4.
+        assert_eq!(a[..col("delta_ll")], b[..col("delta_ll")]);
+        for c in [col("delta_ll"), col("delta_ll_codon")] {
+            match (a[c].parse::<f64>(), b[c].parse::<f64>()) {
+                (Ok(x), Ok(y)) => assert!((x - y).abs() < 1e-4, "{a:?} {b:?}"),
+                _ => assert_eq!((a[c].as_str(), b[c].as_str()), ("NA", "NA")),
+            }
+        }
+    }
+    let row = |id: &str| t1.iter().find(|r| r[2] == id).unwrap().clone();
+    let get = |id: &str, c: &str| row(id)[col(c)].clone();
+    // Codon 2 GCT -> GTT: A2V (codon numbers 1-based in the CDS).
+    assert_eq!(get("syn_or_mis", "aa_change"), "A2V");
+    assert_eq!(get("syn_or_mis", "consequence"), "missense");
+    assert_eq!(get("start", "consequence"), "start_lost");
+    // The window of the first codon starts there; its own codon is never predicted.
+    assert_eq!(get("start", "window_start"), "1");
+    assert_eq!(get("start", "delta_ll_codon"), "NA");
+    assert_eq!(get("last", "consequence"), "stop_lost");
+    assert_eq!(
+        get("last", "window_start"),
+        "19",
+        "clipped at the CDS end: 30 - 12 + 1"
+    );
+    assert_eq!(get("mnv", "aa_change"), "K3P");
+    let ins: Vec<_> = t1.iter().filter(|r| r[2] == "ins").collect();
+    assert_eq!(
+        (
+            ins[0][col("consequence")].as_str(),
+            ins[1][col("consequence")].as_str()
+        ),
+        ("inframe_insertion", "frameshift")
+    );
+    assert_eq!(
+        (
+            ins[0][col("alt_tokens")].as_str(),
+            ins[0][col("ref_tokens")].as_str()
+        ),
+        ("13", "12")
+    );
+    assert_eq!(get("del", "consequence"), "inframe_deletion");
+    assert_eq!(get("end_del", "consequence"), "frameshift");
+}
+
+#[test]
+fn saturation_writes_three_rows_per_base_and_a_heatmap() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = fasta(dir.path());
+    let (out, png) = (dir.path().join("sat.tsv"), dir.path().join("sat.png"));
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &arg(&fa),
+        "--saturate",
+        "4..12",
+        "--out",
+        &arg(&out),
+        "--heatmap",
+        &arg(&png),
+        "--window",
+        "16",
+    ]);
+    assert!(ok, "{err}");
+    let t = table(&out);
+    assert_eq!(t.len(), 1 + 9 * 3);
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[1..4], b"PNG");
+    assert!(t.iter().skip(1).all(|r| r[15] != "NA" && r[13] != "NA"));
+    assert_eq!(listing(dir.path()), ["ref.fa", "sat.png", "sat.tsv"]);
+}
+
+#[test]
+fn bad_variants_are_clear_errors_or_skipped_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let out = dir.path().join("out.tsv");
+    let cases = [
+        (
+            "gene\t5\t.\tG\tT\n",
+            "line 1: REF 'G' does not match the reference at gene:5 ('C')",
+        ),
+        (
+            "chr9\t5\t.\tC\tT\n",
+            "line 1: CHROM 'chr9' is not a record of the FASTA input (records: gene)",
+        ),
+        (
+            "gene\tfive\t.\tC\tT\n",
+            "line 1: POS 'five' is not a positive integer",
+        ),
+        ("gene\t5\t.\tC\n", "line 1: 4 tab-separated column(s)"),
+        (
+            "gene\t5\t.\tC\t<DEL>\n",
+            "line 1: ALT '<DEL>' is a symbolic allele",
+        ),
+        (
+            "gene\t89\t.\tAAT\tA\n",
+            "line 1: REF 'AAT' at gene:89 runs past the record's end (90 bases)",
+        ),
+    ];
+    for (line, want) in cases {
+        let vcf = write(dir.path(), "bad.vcf", format!("#header\n{line}").as_bytes());
+        let (ok, _, err) = variants(&["--fasta", &fa, "--vcf", &arg(&vcf), "--out", &arg(&out)]);
+        let want = want.replace("line 1", "line 2");
+        assert!(
+            !ok && err.contains(&want) && err.contains("bad.vcf"),
+            "{line}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!out.exists(), "nothing written on error");
+        // The same line with --on-invalid skip: a warning, and the good variant is scored.
+        let mixed = write(
+            dir.path(),
+            "mixed.vcf",
+            format!("{line}gene\t5\t.\tC\tT\n").as_bytes(),
+        );
+        let (ok, _, err) = variants(&[
+            "--fasta",
+            &fa,
+            "--vcf",
+            &arg(&mixed),
+            "--out",
+            &arg(&out),
+            "--on-invalid",
+            "skip",
+        ]);
+        assert!(
+            ok && err.contains("skipped (--on-invalid skip)"),
+            "{line}: {err}"
+        );
+        assert_eq!(table(&out).len(), 2, "{line}");
+        std::fs::remove_file(&out).unwrap();
+    }
+    // A variant outside the --cds is annotated, not scored.
+    let vcf = write(
+        dir.path(),
+        "out.vcf",
+        b"gene\t2\t.\tT\tC\ngene\t11\t.\tT\tG\n",
+    );
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--vcf",
+        &arg(&vcf),
+        "--out",
+        &arg(&out),
+        "--cds",
+        "4..90",
+    ]);
+    assert!(ok, "{err}");
+    let t = table(&out);
+    assert_eq!((t[1][5].as_str(), t[1][13].as_str()), ("outside_cds", "NA"));
+    assert_ne!(t[2][13], "NA");
+    // Flags that cannot work.
+    for (args, want) in [
+        (
+            vec!["--cds", "4..900"],
+            "--cds ..900: record 'gene' has only 90 bases",
+        ),
+        (vec!["--cds", "9..4"], "--cds '9..4': expected START..END"),
+        (vec!["--window", "1"], "--window 1: must be at least 2"),
+        (vec!["--batch-size", "0"], "--batch-size 0"),
+    ] {
+        let mut a = vec![
+            "--fasta",
+            fa.as_str(),
+            "--vcf",
+            vcf.to_str().unwrap(),
+            "--out",
+        ];
+        let o = arg(&out);
+        a.push(&o);
+        a.extend(args.iter().copied());
+        let (ok, _, err) = variants(&a);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+    }
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--vcf",
+        &arg(&vcf),
+        "--out",
+        &arg(&out),
+        "--heatmap",
+        "x.png",
+    ]);
+    assert!(!ok && err.contains("--saturate"), "{err}");
+}
