@@ -108,6 +108,13 @@ for pos in rotary learned alibi; do
   python3 scripts/check_per_token.py "$TMP/hf-$pos" data/lambda_virus.fa 64 24 "$TMP/tok-$pos.parquet"
 done
 
+stage "embed --pool none --layers --stride: every codon's hidden states equal transformers' output_hidden_states"
+for pos in rotary alibi; do
+  cargo run --locked --quiet "${FEATURES[@]}" -- embed --model "$TMP/hf-$pos" --fasta data/dwv.fasta.gz \
+    --seq-len 64 --stride 40 --pool none --layers 0,1,-1 --out "$TMP/states-$pos.parquet" --quiet
+  python3 scripts/check_token_states.py "$TMP/hf-$pos" data/dwv.fasta.gz 64 40 "$TMP/states-$pos.parquet"
+done
+
 stage "variants: Δ log-likelihood equals transformers' brute-force REF/ALT scoring (SNVs, MNVs, indels; window edges, CDS ends)"
 # Lambda's cro gene (NC_001416.1 38041..38241, 67 codons) with windows of 16 codons.
 python3 scripts/check_variants.py make-vcf data/lambda_virus.fa 38041 38241 16 "$TMP/cro.vcf"

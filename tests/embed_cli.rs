@@ -60,6 +60,7 @@ fn reference_embedding(
                 sum = v[v.len() - h..].iter().map(|&x| x as f64).collect();
                 n = 1;
             }
+            Pool::None => unreachable!("per-token states are tests/embed_tokens_cli.rs's"),
         }
     }
     sum.iter().map(|x| x / n as f64).collect()

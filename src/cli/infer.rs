@@ -7,7 +7,7 @@ use genslm::infer::embed::Pool;
 use super::device::DeviceArgs;
 use super::mirror;
 
-mirror!(PoolArg => Pool { Mean, Last });
+mirror!(PoolArg => Pool { Mean, Last, None });
 
 /// `genslm score`.
 #[derive(clap::Args)]
@@ -62,14 +62,23 @@ pub struct EmbedArgs {
     #[arg(long)]
     out: PathBuf,
     /// Hidden state: 0 = embeddings, i = output of layer i, -1 = after the final LayerNorm.
-    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true, conflicts_with = "layers")]
     layer: i64,
-    /// Pooling over a record's tokens.
+    /// Several hidden states from one pass (comma-separated, e.g. 0,4,-1): one row per record
+    /// (or token) and layer, with a `layer` column.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    layers: Vec<i64>,
+    /// Pooling over a record's tokens; `none` writes every token's state (one row per token
+    /// and layer: id, token/codon index, base offset, codon, layer, context, embedding).
     #[arg(long, value_enum, default_value = "mean")]
     pool: PoolArg,
     /// Window in codons (default: the training window, else max_position_embeddings; the same rule as `score`).
     #[arg(long)]
     seq_len: Option<usize>,
+    /// Codons between window starts (default: the window). With S < the window W, each
+    /// token's state comes from a window where it has at least W − S codons of left context.
+    #[arg(long)]
+    stride: Option<usize>,
     /// Windows per forward pass.
     #[arg(long, default_value_t = 8)]
     batch_size: usize,
@@ -142,10 +151,20 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
         Some(p) => EmbedInput::Parquet(p),
         None => EmbedInput::Fasta(a.fasta),
     };
+    if a.plot.is_some() && (a.pool == PoolArg::None || a.layers.len() > 1) {
+        anyhow::bail!(
+            "--plot draws one pooled vector per record: it takes one layer and --pool mean|last"
+        );
+    }
     let opts = EmbedOptions {
-        layer: a.layer,
+        layers: if a.layers.is_empty() {
+            vec![a.layer]
+        } else {
+            a.layers
+        },
         pool: a.pool.into(),
         seq_len: a.seq_len,
+        stride: a.stride,
         batch_size: a.batch_size,
         progress: !quiet,
         compute: a.device.compute(),
@@ -156,7 +175,11 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
             "embedded {} records ({} tokens, layer {}, dim {}, window {}) in {:.1} s: {}",
             s.records,
             s.tokens,
-            s.layer,
+            s.layers
+                .iter()
+                .map(|l| l.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
             s.dim,
             s.window.map_or("whole records".into(), |w| w.to_string()),
             s.elapsed.as_secs_f64(),

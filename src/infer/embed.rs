@@ -4,7 +4,11 @@
 //!   output of layer `i`, `num_layers` (or −1, the default, as GenSLM does) = after the final
 //!   LayerNorm. Negative values count from the end (−2 = the output of the last layer but one).
 //! - **Pooling**: `mean` averages the hidden states of the record's real tokens (padding is
-//!   excluded); `last` takes the state of its last token.
+//!   excluded); `last` takes the state of its last token; `none` writes every token's state
+//!   (one row per token and layer, see [`crate::infer::token_states`]).
+//! - **Several layers** (`--layers`): one pass, one row per record and layer.
+//! - **`--stride`**: overlapping windows, each token's state from the first window whose end
+//!   passes it (at least W − S tokens of context), as `score --stride` predicts.
 //! - **Long records**: a record longer than the window (`--seq-len`; default as for `score`,
 //!   see [`crate::infer::window`]) is cut into consecutive windows, each run on its own from
 //!   position 0 like in training; the record's mean is the token-count-weighted average of the
@@ -26,6 +30,7 @@ use crate::data::dataset::{DatasetReader, TokenizedRecord};
 use crate::data::fasta::{self, OnInvalid};
 use crate::error::{Error, Result};
 use crate::infer::embed_io::{EmbeddingRow, EmbeddingWriter};
+use crate::infer::token_states::{record_states, TokenStateWriter};
 use crate::infer::window::resolve_window;
 use crate::model::io::load_model_dir;
 use crate::model::neox::{tensor_to_vec, tokens_tensor};
@@ -40,6 +45,8 @@ pub enum Pool {
     Mean,
     /// The last token's state.
     Last,
+    /// No pooling: every token's state.
+    None,
 }
 
 impl Pool {
@@ -47,6 +54,7 @@ impl Pool {
         match self {
             Pool::Mean => "mean",
             Pool::Last => "last",
+            Pool::None => "none",
         }
     }
 }
@@ -54,11 +62,13 @@ impl Pool {
 /// Settings of one `embed` run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EmbedOptions {
-    /// Hidden-state index; negative counts from the end (−1 = after the final LayerNorm).
-    pub layer: i64,
+    /// Hidden-state indices; negative counts from the end (−1 = after the final LayerNorm).
+    pub layers: Vec<i64>,
     pub pool: Pool,
     /// Window in tokens (None: the default of [`crate::infer::window::resolve_window`]).
     pub seq_len: Option<usize>,
+    /// Tokens between window starts (None: the window).
+    pub stride: Option<usize>,
     /// Windows per forward pass.
     pub batch_size: usize,
     pub progress: bool,
@@ -68,9 +78,10 @@ pub struct EmbedOptions {
 impl Default for EmbedOptions {
     fn default() -> Self {
         Self {
-            layer: -1,
+            layers: vec![-1],
             pool: Pool::Mean,
             seq_len: None,
+            stride: None,
             batch_size: 8,
             progress: false,
             compute: Compute::default(),
@@ -92,7 +103,7 @@ pub struct EmbedSummary {
     pub records: u64,
     pub tokens: u64,
     pub dim: usize,
-    pub layer: usize,
+    pub layers: Vec<usize>,
     pub window: Option<usize>,
     pub elapsed: Duration,
 }
@@ -149,7 +160,7 @@ pub fn embed_tokens(
             match pool {
                 Pool::Mean => weights[i * s..i * s + len].fill(1.0),
                 Pool::Last if last => weights[i * s + len - 1] = 1.0,
-                Pool::Last => {}
+                Pool::Last | Pool::None => {}
             }
         }
         let states = model.hidden_state(tokens_tensor(&tokens, b, s, &model.device), layer)?;
@@ -181,12 +192,35 @@ const GROUP_BATCHES: usize = 4;
 /// ... or when this many tokens are waiting.
 const GROUP_TOKENS: usize = 1 << 20;
 
+/// Where rows go: pooled vectors, or every token's state.
+enum Sink {
+    Pooled(Box<EmbeddingWriter>),
+    Tokens(Box<TokenStateWriter>),
+}
+
+impl Sink {
+    fn rows(&self) -> u64 {
+        match self {
+            Sink::Pooled(w) => w.rows(),
+            Sink::Tokens(w) => w.rows(),
+        }
+    }
+    fn finish(self) -> Result<()> {
+        match self {
+            Sink::Pooled(w) => w.finish(),
+            Sink::Tokens(w) => w.finish(),
+        }
+    }
+}
+
 struct Pipeline<'a> {
     model: &'a GenSlm,
-    writer: EmbeddingWriter,
+    writer: Sink,
     opts: &'a EmbedOptions,
-    layer: usize,
+    layers: Vec<usize>,
     window: Option<usize>,
+    /// One layer, consecutive windows, pooled: records batched together by window length.
+    batched: bool,
     pending: Vec<TokenizedRecord>,
     pending_windows: usize,
     pending_tokens: usize,
@@ -218,17 +252,52 @@ impl Pipeline<'_> {
         if self.pending.is_empty() {
             return Ok(());
         }
+        if self.batched {
+            self.flush_batched()?;
+        } else {
+            for p in std::mem::take(&mut self.pending) {
+                self.record(&p)?;
+                self.tokens += p.tokens.len() as u64;
+                self.bar.inc(1);
+            }
+        }
+        self.pending.clear();
+        self.pending_windows = 0;
+        self.pending_tokens = 0;
+        Ok(())
+    }
+
+    fn row<'r>(&self, p: &'r TokenizedRecord, layer: usize, e: &'r [f32]) -> EmbeddingRow<'r> {
+        EmbeddingRow {
+            id: &p.id,
+            description: &p.description,
+            source: &p.source,
+            md5: &p.md5,
+            length: p.length,
+            gc_content: p.gc_content,
+            n_tokens: p.tokens.len() as u64,
+            layer: layer as i32,
+            embedding: e,
+        }
+    }
+
+    /// The pending records' windows batched together (one layer, consecutive windows).
+    fn flush_batched(&mut self) -> Result<()> {
         let toks: Vec<&[u32]> = self.pending.iter().map(|p| p.tokens.as_slice()).collect();
+        let layer = self.layers[0];
         let embs = embed_tokens(
             self.model,
             &toks,
-            self.layer,
+            layer,
             self.opts.pool,
             self.window,
             self.opts.batch_size,
         )?;
+        let Sink::Pooled(w) = &mut self.writer else {
+            unreachable!("batched pooling writes pooled rows")
+        };
         for (p, e) in self.pending.iter().zip(&embs) {
-            self.writer.push(&EmbeddingRow {
+            let row = EmbeddingRow {
                 id: &p.id,
                 description: &p.description,
                 source: &p.source,
@@ -236,16 +305,58 @@ impl Pipeline<'_> {
                 length: p.length,
                 gc_content: p.gc_content,
                 n_tokens: p.tokens.len() as u64,
-                layer: self.layer as i32,
+                layer: layer as i32,
                 embedding: e,
-            })?;
+            };
+            w.push(&row)?;
             self.tokens += p.tokens.len() as u64;
         }
         self.bar.inc(self.pending.len() as u64);
-        self.pending.clear();
-        self.pending_windows = 0;
-        self.pending_tokens = 0;
         Ok(())
+    }
+
+    /// One record through per-token states: written as they are, or pooled per layer.
+    fn record(&mut self, p: &TokenizedRecord) -> Result<()> {
+        let n = p.tokens.len();
+        let w = self.window.unwrap_or(n);
+        let stride = self.opts.stride.unwrap_or(w);
+        let (states, context) = record_states(
+            self.model,
+            &p.tokens,
+            &self.layers,
+            w,
+            stride,
+            self.opts.batch_size,
+        )?;
+        let h = self.model.cfg.hidden_size;
+        match &mut self.writer {
+            Sink::Tokens(tw) => tw.push(&p.id, &p.tokens, &self.layers, &states, &context),
+            Sink::Pooled(_) => {
+                let mut rows = Vec::with_capacity(self.layers.len());
+                for st in &states {
+                    rows.push(match self.opts.pool {
+                        Pool::Last => st[(n - 1) * h..n * h].to_vec(),
+                        _ => {
+                            let mut acc = vec![0f64; h];
+                            for t in 0..n {
+                                for (a, v) in acc.iter_mut().zip(&st[t * h..(t + 1) * h]) {
+                                    *a += *v as f64;
+                                }
+                            }
+                            acc.into_iter().map(|v| (v / n as f64) as f32).collect()
+                        }
+                    });
+                }
+                for (&layer, e) in self.layers.iter().zip(&rows) {
+                    let row = self.row(p, layer, e);
+                    let Sink::Pooled(pw) = &mut self.writer else {
+                        unreachable!()
+                    };
+                    pw.push(&row)?;
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -263,8 +374,23 @@ pub fn embed_to_parquet(
     }
     let model =
         load_model_dir(model_dir, &opts.compute.open()?)?.with_precision(opts.compute.precision);
-    let layer = resolve_layer(opts.layer, model.cfg.num_layers)?;
-    let window = Some(resolve_window(&model, opts.seq_len, model_dir)?);
+    let mut layers = Vec::new();
+    for &l in &opts.layers {
+        let r = resolve_layer(l, model.cfg.num_layers)?;
+        if !layers.contains(&r) {
+            layers.push(r);
+        }
+    }
+    if layers.is_empty() {
+        return Err(Error::Invalid("--layers: name at least one layer".into()));
+    }
+    let w = resolve_window(&model, opts.seq_len, model_dir)?;
+    if let Some(st) = opts.stride.filter(|&st| st == 0 || st > w) {
+        return Err(Error::Invalid(format!(
+            "--stride {st}: must be between 1 and the window ({w} tokens)"
+        )));
+    }
+    let window = Some(w);
     let tok = CodonTokenizer::new(model.cfg.vocab)?;
     let dataset = match input {
         EmbedInput::Parquet(p) => {
@@ -283,20 +409,42 @@ pub fn embed_to_parquet(
     };
     let metadata = vec![
         ("genslm.model".into(), model_dir.display().to_string()),
-        ("genslm.layer".into(), layer.to_string()),
+        (
+            "genslm.layer".into(),
+            layers
+                .iter()
+                .map(|l| l.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
         ("genslm.pool".into(), opts.pool.name().into()),
+        ("genslm.stride".into(), opts.stride.unwrap_or(w).to_string()),
         (
             "genslm.window".into(),
             window.map_or("whole records".into(), |w| w.to_string()),
         ),
     ];
-    let writer = EmbeddingWriter::create(out, model.cfg.hidden_size, metadata)?;
+    let writer = match opts.pool {
+        Pool::None => Sink::Tokens(Box::new(TokenStateWriter::create(
+            out,
+            tok.clone(),
+            model.cfg.hidden_size,
+            metadata,
+        )?)),
+        _ => Sink::Pooled(Box::new(EmbeddingWriter::create(
+            out,
+            model.cfg.hidden_size,
+            metadata,
+        )?)),
+    };
+    let batched = opts.pool != Pool::None && layers.len() == 1 && opts.stride.is_none();
     let mut pipe = Pipeline {
         model: &model,
         writer,
         opts,
-        layer,
+        layers: layers.clone(),
         window,
+        batched,
         pending: Vec::new(),
         pending_windows: 0,
         pending_tokens: 0,
@@ -364,7 +512,7 @@ pub fn embed_to_parquet(
         records,
         tokens,
         dim: model.cfg.hidden_size,
-        layer,
+        layers,
         window,
         elapsed: start.elapsed(),
     })

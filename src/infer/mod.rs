@@ -8,5 +8,6 @@ pub mod sample;
 pub mod score;
 pub mod score_io;
 pub mod token_scores;
+pub mod token_states;
 pub mod variants;
 pub mod window;

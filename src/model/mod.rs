@@ -13,6 +13,7 @@ mod flash_cpu;
 mod flash_cube;
 pub mod gelu;
 pub mod hf;
+pub mod hidden;
 pub mod io;
 pub mod layer_norm;
 pub mod linear;

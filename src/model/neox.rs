@@ -168,7 +168,7 @@ impl GenSlm {
     }
 
     /// `t` back in fp32 (a no-op when the compute is fp32).
-    fn full<const D: usize>(&self, t: Tensor<D>) -> Tensor<D> {
+    pub(crate) fn full<const D: usize>(&self, t: Tensor<D>) -> Tensor<D> {
         match self.precision {
             Precision::Fp32 => t,
             Precision::Bf16 => t.cast(FloatDType::F32),
