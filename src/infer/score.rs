@@ -20,6 +20,11 @@ use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
 use crate::tokenizer::CodonTokenizer;
 
+/// Records are scored in groups of about this many per batch slot...
+const GROUP_BATCHES: usize = 4;
+/// ... or when this many tokens are waiting.
+const GROUP_TOKENS: usize = 1 << 18;
+
 /// One output row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Score {
@@ -73,31 +78,78 @@ pub fn score_tokens_detailed(
     top_k: usize,
     full: bool,
 ) -> Result<Vec<TokenScore>> {
+    let mut out = score_records(model, &[tokens], seq_len, stride, batch, top_k, full)?;
+    Ok(out.pop().unwrap_or_default())
+}
+
+/// [`score_tokens_detailed`] of several records at once: their windows are sorted by length
+/// and batched together, so many short records (genes, reads) share forward passes with little
+/// padding instead of running one window at a time.
+pub fn score_records(
+    model: &GenSlm,
+    records: &[&[u32]],
+    seq_len: usize,
+    stride: usize,
+    batch: usize,
+    top_k: usize,
+    full: bool,
+) -> Result<Vec<Vec<TokenScore>>> {
+    let mut out: Vec<Vec<TokenScore>> = vec![Vec::new(); records.len()];
+    let mut keep = |r: usize, scores: Vec<TokenScore>| {
+        out[r].extend(scores);
+        Ok(())
+    };
+    score_records_each(
+        model, records, seq_len, stride, batch, top_k, full, &mut keep,
+    )?;
+    Ok(out)
+}
+
+/// [`score_records`], handing each window's scores to `each(record, scores)` as soon as they
+/// exist (memory: one batch of windows). Windows run longest first; a record's windows still
+/// arrive in order (all but its last have the full window's length, and ties go by position).
+#[allow(clippy::too_many_arguments)]
+pub fn score_records_each(
+    model: &GenSlm,
+    records: &[&[u32]],
+    seq_len: usize,
+    stride: usize,
+    batch: usize,
+    top_k: usize,
+    full: bool,
+    each: &mut dyn FnMut(usize, Vec<TokenScore>) -> Result<()>,
+) -> Result<()> {
     let pad = CodonTokenizer::new(model.cfg.vocab)?.pad_id();
     let vocab = model.cfg.vocab_size;
-    // A record shorter than the window is one window of its own length: padding it to
-    // `seq_len` would only cost memory (a huge --seq-len must not allocate for nothing).
-    let w = seq_len.min(tokens.len().max(2));
-    let windows = score_windows(tokens.len(), w, stride.min(w));
+    // (record, window); a record shorter than the window is one window of its own length:
+    // padding it to `seq_len` would only cost memory.
+    let mut windows = Vec::new();
+    let mut longest = 0;
+    for (r, tokens) in records.iter().enumerate() {
+        let w = seq_len.min(tokens.len().max(2));
+        for x in score_windows(tokens.len(), w, stride.min(w)) {
+            longest = longest.max(x.len());
+            windows.push((r, x));
+        }
+    }
     let batch = batch.max(1).min(windows.len().max(1));
-    crate::infer::window::check_forward_memory(model, batch, w)?;
-    let mut out = Vec::new();
+    crate::infer::window::check_forward_memory(model, batch, longest.max(1))?;
+    windows.sort_by_key(|&(r, x)| (std::cmp::Reverse(x.len()), r, x.start));
     for group in windows.chunks(batch) {
-        // Windows of a group share a length except a record's last; the padding sits after
-        // each window's tokens, where a causal model cannot see it.
-        let s = group.iter().map(|x| x.len()).max().unwrap_or(0);
+        // The padding sits after each window's tokens, where a causal model cannot see it.
+        let s = group.iter().map(|(_, x)| x.len()).max().unwrap_or(0);
         let mut ids = vec![pad; group.len() * s];
-        for (r, x) in group.iter().enumerate() {
-            ids[r * s..r * s + x.len()].copy_from_slice(&tokens[x.start..x.end]);
+        for (i, (r, x)) in group.iter().enumerate() {
+            ids[i * s..i * s + x.len()].copy_from_slice(&records[*r][x.start..x.end]);
         }
         let logits = model.forward(tokens_tensor(&ids, group.len(), s, &model.device), 0)?;
         let logits = tensor_to_vec(&logits);
-        for (r, x) in group.iter().enumerate() {
-            let rows = &logits[r * s * vocab..(r + 1) * s * vocab];
-            out.extend(window_scores(x, tokens, rows, vocab, top_k, full));
+        for (i, (r, x)) in group.iter().enumerate() {
+            let rows = &logits[i * s * vocab..(i + 1) * s * vocab];
+            each(*r, window_scores(x, records[*r], rows, vocab, top_k, full))?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Mean NLL of one token sequence under `model`, in consecutive windows of `seq_len`, and
@@ -179,25 +231,50 @@ pub fn score_fasta(
     let werr = |e| Error::Invalid(format!("writing scores: {e}"));
     writeln!(out, "id\tn_tokens\tmean_nll\tperplexity").map_err(werr)?;
     let mut rows = Vec::new();
-    for f in &files {
-        let mut warn = |w: String| eprintln!("warning: {w}");
-        fasta::read_file(f, OnInvalid::Error, &mut warn, &mut |rec, _| {
-            let tokens = tok.encode(rec.seq);
-            let scores = score_tokens_detailed(
-                &model,
-                &tokens,
-                seq_len,
-                stride,
-                opts.batch_size,
-                top_k,
-                full,
-            )?;
-            if let Some(w) = writer.as_mut() {
-                w.push(rec.id, &scores)?;
+    let mut pending: Vec<(String, Vec<u32>)> = Vec::new();
+    let mut pending_tokens = 0usize;
+    // Scores the pending records together and writes them in input order.
+    let mut flush = |pending: &mut Vec<(String, Vec<u32>)>,
+                     rows: &mut Vec<Score>,
+                     out: &mut dyn Write|
+     -> Result<()> {
+        let toks: Vec<&[u32]> = pending.iter().map(|(_, t)| t.as_slice()).collect();
+        let ids: Vec<&str> = pending.iter().map(|(id, _)| id.as_str()).collect();
+        // Per record: the summed NLL and the predicted tokens. A group's rows are held until
+        // it is done (its tokens are bounded); a record longer than a group is a group of its
+        // own, whose windows stream straight to the file.
+        let mut sums = vec![(0.0f64, 0usize); toks.len()];
+        let mut held: Vec<Vec<TokenScore>> = vec![Vec::new(); toks.len()];
+        let streaming = toks.len() == 1;
+        let mut each = |r: usize, scores: Vec<TokenScore>| -> Result<()> {
+            sums[r].0 += scores.iter().map(|x| -x.log_prob).sum::<f64>();
+            sums[r].1 += scores.len();
+            match writer.as_mut() {
+                Some(w) if streaming => w.push(ids[r], &scores),
+                Some(_) => {
+                    held[r].extend(scores);
+                    Ok(())
+                }
+                None => Ok(()),
             }
-            let (nll, n) = mean_nll(&scores);
+        };
+        score_records_each(
+            &model,
+            &toks,
+            seq_len,
+            stride,
+            opts.batch_size,
+            top_k,
+            full,
+            &mut each,
+        )?;
+        for (r, &(sum, n)) in sums.iter().enumerate() {
+            if let Some(w) = writer.as_mut().filter(|_| !streaming) {
+                w.push(ids[r], &held[r])?;
+            }
+            let nll = if n == 0 { f64::NAN } else { sum / n as f64 };
             let row = Score {
-                id: rec.id.to_string(),
+                id: ids[r].to_string(),
                 n_tokens: n,
                 mean_nll: nll,
                 perplexity: nll.exp(),
@@ -209,9 +286,31 @@ pub fn score_fasta(
             )
             .map_err(werr)?;
             rows.push(row);
+        }
+        pending.clear();
+        Ok(())
+    };
+    for f in &files {
+        let mut warn = |w: String| eprintln!("warning: {w}");
+        fasta::read_file(f, OnInvalid::Error, &mut warn, &mut |rec, _| {
+            let tokens = tok.encode(rec.seq);
+            if tokens.len() >= GROUP_TOKENS && !pending.is_empty() {
+                flush(&mut pending, &mut rows, out)?;
+                pending_tokens = 0;
+            }
+            pending_tokens += tokens.len();
+            pending.push((rec.id.to_string(), tokens));
+            // Enough windows to fill several batches, or a bounded number of tokens held.
+            if pending.len() >= GROUP_BATCHES.saturating_mul(opts.batch_size)
+                || pending_tokens >= GROUP_TOKENS
+            {
+                flush(&mut pending, &mut rows, out)?;
+                pending_tokens = 0;
+            }
             Ok(())
         })?;
     }
+    flush(&mut pending, &mut rows, out)?;
     if rows.is_empty() {
         return Err(Error::Invalid("no records to score".into()));
     }
@@ -270,6 +369,34 @@ mod tests {
                         "{pos:?} w {w} s {s} token {t}: {} vs {lp}",
                         g.log_prob
                     );
+                }
+            }
+        }
+    }
+
+    /// Records of different lengths scored together (windows sorted by length, padded into
+    /// shared batches) give each record's scores as scoring it alone, one window at a time.
+    #[test]
+    fn records_batched_together_score_as_alone() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let model = GenSlm::init(Config::load(&path).unwrap().model, 4, &Device::flex()).unwrap();
+        let recs: Vec<Vec<u32>> = [3usize, 30, 11, 2, 17]
+            .iter()
+            .map(|&n| {
+                (0..n as u32)
+                    .map(|i| 5 + (i * 19 + n as u32) % 64)
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[u32]> = recs.iter().map(Vec::as_slice).collect();
+        for (w, s) in [(8, 8), (8, 3)] {
+            let together = score_records(&model, &refs, w, s, 4, 2, false).unwrap();
+            for (r, t) in refs.iter().zip(&together) {
+                let alone = score_tokens_detailed(&model, r, w, s, 1, 2, false).unwrap();
+                assert_eq!(t.len(), alone.len());
+                for (a, b) in t.iter().zip(&alone) {
+                    assert_eq!((a.index, a.context, a.rank), (b.index, b.context, b.rank));
+                    assert!((a.log_prob - b.log_prob).abs() < 1e-5);
                 }
             }
         }
