@@ -124,6 +124,14 @@ for pos in rotary learned alibi; do
   python3 scripts/check_variants.py check "$TMP/hf-$pos" data/lambda_virus.fa "$TMP/cro.vcf" 38041 38241 16 \
     "$TMP/variants-$pos.tsv"
 done
+# The record itself as the CDS (no --cds): variants at the record's first and last bases.
+python3 -c "import sys; sys.path.insert(0, 'scripts'); from check_hf_roundtrip import read_fasta; \
+s = read_fasta(__import__('pathlib').Path('data/lambda_virus.fa'))[0][1]; print('>cro\n' + s[38040:38241])" > "$TMP/cro.fa"
+python3 scripts/check_variants.py make-vcf "$TMP/cro.fa" 1 201 16 "$TMP/cro-record.vcf"
+cargo run --locked --quiet "${FEATURES[@]}" -- variants --model "$TMP/hf-rotary" --fasta "$TMP/cro.fa" \
+  --vcf "$TMP/cro-record.vcf" --window 16 --out "$TMP/variants-record.tsv" --quiet
+python3 scripts/check_variants.py check "$TMP/hf-rotary" "$TMP/cro.fa" "$TMP/cro-record.vcf" 1 201 16 \
+  "$TMP/variants-record.tsv"
 
 stage "genslm convert: GenSLM's released checkpoint layout (torch-written) gives PyTorch's loss"
 cargo build --locked --quiet "${FEATURES[@]}"

@@ -102,6 +102,41 @@ fn variants_table_prefix_reuse_and_full_recomputation_agree() {
         ("13", "12")
     );
     assert_eq!(get("del", "consequence"), "inframe_deletion");
+    // --out *.parquet: the same table, NA as null.
+    let pq = dir.path().join("fast.parquet");
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &arg(&fa),
+        "--vcf",
+        &arg(&vcf),
+        "--out",
+        &arg(&pq),
+        "--window",
+        "12",
+    ]);
+    assert!(ok, "{err}");
+    let f = std::fs::File::open(&pq).unwrap();
+    let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    use arrow_array::cast::AsArray;
+    use arrow_array::Array;
+    let d = b
+        .column_by_name("delta_ll")
+        .unwrap()
+        .as_primitive::<arrow_array::types::Float64Type>();
+    let ids = b.column_by_name("id").unwrap().as_string::<i32>();
+    assert_eq!(b.num_rows(), t1.len() - 1);
+    for (i, r) in t1.iter().skip(1).enumerate() {
+        assert_eq!(ids.value(i), r[2]);
+        assert!((d.value(i) - r[col("delta_ll")].parse::<f64>().unwrap()).abs() < 1e-6);
+    }
+    let dc = b.column_by_name("delta_ll_codon").unwrap();
+    assert!(dc.is_null(t1.iter().skip(1).position(|r| r[2] == "start").unwrap()));
     assert_eq!(get("end_del", "consequence"), "frameshift");
 }
 

@@ -47,7 +47,7 @@ pub struct VariantsArgs {
     /// values (the reference path; slower).
     #[arg(long)]
     no_prefix_reuse: bool,
-    /// Output TSV (written atomically).
+    /// Output table, written atomically: TSV, or parquet when the name ends in .parquet.
     #[arg(long)]
     out: PathBuf,
     /// With --saturate: draw the position × base heatmap of Δ log-likelihood to this PNG.

@@ -378,7 +378,14 @@ pub fn run_variants(
     for (i, d) in idx.iter().zip(deltas) {
         rows[*i].delta = Some(d);
     }
-    output::write_tsv(out, &rows)?;
+    if out
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+    {
+        output::write_parquet(out, &rows)?;
+    } else {
+        output::write_tsv(out, &rows)?;
+    }
     if let Some(png) = &opts.heatmap {
         let VariantSource::Saturate { start, end } = opts.source else {
             return Err(Error::Invalid(

@@ -1,4 +1,4 @@
-//! The `variants` table: TSV, one row per variant allele, written atomically.
+//! The `variants` table: TSV (or parquet), one row per variant allele, written atomically.
 //!
 //! Columns: `chrom pos id ref alt` (as in the VCF), `consequence` (synonymous, missense,
 //! nonsense, stop_lost, start_lost, frameshift, inframe_insertion, inframe_deletion,
@@ -91,4 +91,97 @@ pub fn write_tsv(path: &Path, rows: &[VariantRow]) -> Result<()> {
         text.push('\n');
     }
     crate::atomic::write_bytes(path, text.as_bytes())
+}
+
+/// The same table as parquet (for `--out *.parquet`): strings for the text columns, int64 for
+/// `pos`, `codon`, `window_start`, `ref_tokens`, `alt_tokens`, float64 for the Δ columns (null
+/// where the TSV says `NA`), `codon_deltas` a list of float64.
+pub fn write_parquet(path: &Path, rows: &[VariantRow]) -> Result<()> {
+    use std::sync::Arc;
+
+    use arrow_array::builder::{Float64Builder, Int64Builder, ListBuilder, StringBuilder};
+    use arrow_array::{ArrayRef, RecordBatch};
+    use arrow_schema::{DataType, Field, Schema};
+
+    let names: Vec<&str> = HEADER.split('\t').collect();
+    let ints = ["pos", "codon", "window_start", "ref_tokens", "alt_tokens"];
+    let floats = ["delta_ll", "delta_ll_codon"];
+    let fields: Vec<Field> = names
+        .iter()
+        .map(|&n| {
+            let t = if ints.contains(&n) {
+                DataType::Int64
+            } else if floats.contains(&n) {
+                DataType::Float64
+            } else if n == "codon_deltas" {
+                DataType::List(Arc::new(Field::new("item", DataType::Float64, true)))
+            } else {
+                DataType::Utf8
+            };
+            Field::new(n, t, true)
+        })
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    // Each column from the TSV row's text, so the two formats cannot disagree.
+    let texts: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| row(r).split('\t').map(str::to_string).collect())
+        .collect();
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(names.len());
+    for (c, &n) in names.iter().enumerate() {
+        let cell = |t: &Vec<String>| t[c].clone();
+        columns.push(if ints.contains(&n) {
+            let mut b = Int64Builder::new();
+            for t in &texts {
+                b.append_option(cell(t).parse::<i64>().ok());
+            }
+            Arc::new(b.finish())
+        } else if floats.contains(&n) {
+            let mut b = Float64Builder::new();
+            for t in &texts {
+                b.append_option(cell(t).parse::<f64>().ok());
+            }
+            Arc::new(b.finish())
+        } else if n == "codon_deltas" {
+            let mut b = ListBuilder::new(Float64Builder::new());
+            for t in &texts {
+                let v = cell(t);
+                if v == "NA" && t[names.iter().position(|&x| x == "delta_ll").unwrap_or(0)] == "NA"
+                {
+                    b.append(false);
+                    continue;
+                }
+                for x in v.split(',') {
+                    b.values().append_option(x.parse::<f64>().ok());
+                }
+                b.append(true);
+            }
+            Arc::new(b.finish())
+        } else {
+            let mut b = StringBuilder::new();
+            for t in &texts {
+                let v = cell(t);
+                if v == "NA" {
+                    b.append_null();
+                } else {
+                    b.append_value(v);
+                }
+            }
+            Arc::new(b.finish())
+        });
+    }
+    let err = |e: String| crate::error::Error::Dataset {
+        path: path.to_path_buf(),
+        msg: e,
+    };
+    let batch = RecordBatch::try_new(schema.clone(), columns).map_err(|e| err(e.to_string()))?;
+    let (guard, file) = crate::atomic::AtomicFile::create(path)?;
+    let handle = file
+        .try_clone()
+        .map_err(|e| crate::error::Error::io(guard.tmp_path(), e))?;
+    let mut w = parquet::arrow::ArrowWriter::try_new(handle, schema, None)
+        .map_err(|e| err(e.to_string()))?;
+    w.write(&batch).map_err(|e| err(e.to_string()))?;
+    w.close().map_err(|e| err(e.to_string()))?;
+    guard.commit(file)
 }
