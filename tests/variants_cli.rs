@@ -57,13 +57,13 @@ fn variants_table_prefix_reuse_and_full_recomputation_agree() {
         assert!(ok, "{err}");
     }
     let (t1, t2) = (table(&fast), table(&slow));
-    assert_eq!(t1[0].len(), 16);
+    assert_eq!(t1[0].len(), 17);
     assert_eq!(t1.len(), 1 + 8, "one row per ALT allele");
     let col = |name: &str| t1[0].iter().position(|c| c == name).unwrap();
     for (a, b) in t1.iter().zip(&t2).skip(1) {
         // Everything but the Δ columns is identical; the Δ agree within 1e-4.
         assert_eq!(a[..col("delta_ll")], b[..col("delta_ll")]);
-        for c in [col("delta_ll"), col("delta_ll_codon")] {
+        for c in [col("delta_ll"), col("delta_ll_codon"), col("delta_mean_ll")] {
             match (a[c].parse::<f64>(), b[c].parse::<f64>()) {
                 (Ok(x), Ok(y)) => assert!((x - y).abs() < 1e-4, "{a:?} {b:?}"),
                 _ => assert_eq!((a[c].as_str(), b[c].as_str()), ("NA", "NA")),

@@ -45,6 +45,9 @@ pub struct Job {
 pub struct Delta {
     /// Σ log p(ALT) − Σ log p(REF) over the windows.
     pub total: f64,
+    /// Mean log p per predicted codon, ALT's minus REF's: comparable across indels, whose
+    /// windows predict different numbers of codons.
+    pub mean: f64,
     /// Per reported codon: log p(ALT codon) − log p(REF codon); NaN for a window's first token.
     pub codons: Vec<f64>,
 }
@@ -66,8 +69,10 @@ fn log_probs(tokens: &[u32], logits: &[f32], vocab: usize) -> Vec<f64> {
 
 fn delta(job: &Job, ref_lp: &[f64], alt_lp: &[f64]) -> Delta {
     let sum = |v: &[f64]| v.iter().skip(1).sum::<f64>();
+    let mean = |v: &[f64]| sum(v) / v.len().saturating_sub(1).max(1) as f64;
     Delta {
         total: sum(alt_lp) - sum(ref_lp),
+        mean: mean(alt_lp) - mean(ref_lp),
         codons: job
             .codons
             .iter()
@@ -222,6 +227,7 @@ mod tests {
                 let fast = prefix_reuse(&model, &jobs, batch).unwrap();
                 for (f, p) in full.iter().zip(&fast) {
                     assert!((f.total - p.total).abs() < 1e-4, "{pos:?} {f:?} {p:?}");
+                    assert!((f.mean - p.mean).abs() < 1e-5, "{pos:?} {f:?} {p:?}");
                     for (a, b) in f.codons.iter().zip(&p.codons) {
                         assert!(a.is_nan() && b.is_nan() || (a - b).abs() < 1e-4);
                     }

@@ -7,8 +7,9 @@
 //! (the codons a substitution touches; an indel's first REF codon), `window_start` (1-based
 //! CDS codon of the window's first), `ref_tokens` / `alt_tokens` (window lengths in codons),
 //! `delta_ll` (Σ log p(ALT) − Σ log p(REF) over the windows, nats), `delta_ll_codon` (the sum of
-//! the per-codon Δ at the variant's codons) and `codon_deltas` (those per-codon Δ,
-//! comma-separated). `NA` where a value does not exist (an unscored variant; the window's first
+//! the per-codon Δ at the variant's codons), `codon_deltas` (those per-codon Δ,
+//! comma-separated) and `delta_mean_ll` (mean log p per predicted codon, ALT's minus REF's: the
+//! figure to compare indels by, since their windows predict different numbers of codons). `NA` where a value does not exist (an unscored variant; the window's first
 //! codon, which is never predicted).
 
 use std::fmt::Write as _;
@@ -19,7 +20,8 @@ use super::VariantRow;
 use crate::error::Result;
 
 pub const HEADER: &str = "chrom\tpos\tid\tref\talt\tconsequence\taa_change\tcodon\tref_codons\t\
-    alt_codons\twindow_start\tref_tokens\talt_tokens\tdelta_ll\tdelta_ll_codon\tcodon_deltas";
+    alt_codons\twindow_start\tref_tokens\talt_tokens\tdelta_ll\tdelta_ll_codon\tcodon_deltas\t\
+    delta_mean_ll";
 
 fn num(x: f64) -> String {
     if x.is_finite() {
@@ -66,7 +68,7 @@ pub fn row(r: &VariantRow) -> String {
             let any = d.codons.iter().any(|x| x.is_finite());
             let _ = write!(
                 s,
-                "\t{}\t{rt}\t{at}\t{}\t{}\t{}",
+                "\t{}\t{rt}\t{at}\t{}\t{}\t{}\t{}",
                 start + 1,
                 num(d.total),
                 if any { num(codon_sum) } else { "NA".into() },
@@ -74,10 +76,11 @@ pub fn row(r: &VariantRow) -> String {
                     .iter()
                     .map(|&x| num(x))
                     .collect::<Vec<_>>()
-                    .join(",")
+                    .join(","),
+                num(d.mean)
             );
         }
-        _ => s.push_str("\tNA\tNA\tNA\tNA\tNA\tNA"),
+        _ => s.push_str("\tNA\tNA\tNA\tNA\tNA\tNA\tNA"),
     }
     s
 }
@@ -105,7 +108,7 @@ pub fn write_parquet(path: &Path, rows: &[VariantRow]) -> Result<()> {
 
     let names: Vec<&str> = HEADER.split('\t').collect();
     let ints = ["pos", "codon", "window_start", "ref_tokens", "alt_tokens"];
-    let floats = ["delta_ll", "delta_ll_codon"];
+    let floats = ["delta_ll", "delta_ll_codon", "delta_mean_ll"];
     let fields: Vec<Field> = names
         .iter()
         .map(|&n| {
