@@ -96,8 +96,57 @@ fn every_numeric_flag_at_u64_max() {
             ]);
         }
     }
-    for f in ["--seq-len", "--batch-size"] {
+    for f in ["--seq-len", "--batch-size", "--stride", "--top-k"] {
         check(&["score", "--model", &model, "--fasta", &data, f, MAX]);
+        let per_token = out("t.parquet");
+        check(&[
+            "score",
+            "--model",
+            &model,
+            "--fasta",
+            &data,
+            "--per-token",
+            &per_token,
+            f,
+            MAX,
+        ]);
+    }
+    // variants: numeric flags, positions and ranges at the extremes.
+    let fa = arg(&dir.path().join("v.fa"));
+    std::fs::write(&fa, ">g\nATGGCTAAACTGGAATTCTAA\n").unwrap();
+    let vcf = dir.path().join("v.vcf");
+    std::fs::write(&vcf, format!("g\t{MAX}\t.\tA\tG\ng\t4\t.\tG\tT\n")).unwrap();
+    let (vcf, vout) = (arg(&vcf), out("v.tsv"));
+    for extra in [
+        vec!["--window", MAX],
+        vec!["--batch-size", MAX],
+        vec!["--cds", "1..18446744073709551615"],
+        vec!["--cds", "18446744073709551615..18446744073709551615"],
+        vec!["--on-invalid", "skip", "--window", MAX],
+    ] {
+        let mut a = vec![
+            "variants", "--model", &model, "--fasta", &fa, "--vcf", &vcf, "--out", &vout,
+        ];
+        a.extend(extra.iter().copied());
+        check(&a);
+    }
+    for range in [
+        "1..18446744073709551615",
+        "18446744073709551615..18446744073709551615",
+    ] {
+        check(&[
+            "variants",
+            "--model",
+            &model,
+            "--fasta",
+            &fa,
+            "--saturate",
+            range,
+            "--out",
+            &vout,
+        ]);
+    }
+    for f in ["--seq-len", "--batch-size", "--stride"] {
         check(&[
             "embed",
             "--model",
@@ -123,6 +172,22 @@ fn every_numeric_flag_at_u64_max() {
         "--layer",
         MAX,
     ]);
+    for (f, v) in [("--layers", "0,18446744073709551615"), ("--stride", MAX)] {
+        check(&[
+            "embed",
+            "--model",
+            &model,
+            "--fasta",
+            &data,
+            "--out",
+            &out("e.parquet"),
+            "--quiet",
+            "--pool",
+            "none",
+            f,
+            v,
+        ]);
+    }
     let gen_out = out("g.fa");
     for f in [
         "--batch-size",

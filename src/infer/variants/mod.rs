@@ -150,9 +150,9 @@ fn place(
     tok: &CodonTokenizer,
     model: &GenSlm,
 ) -> std::result::Result<(Option<Annotation>, Option<Job>), String> {
-    let p = (v.pos - 1) as usize;
+    let p = usize::try_from(v.pos - 1).unwrap_or(usize::MAX);
     let r = v.reference.as_bytes();
-    let Some(found) = seq.get(p..p + r.len()) else {
+    let Some(found) = seq.get(p..p.saturating_add(r.len())) else {
         return Err(format!(
             "REF '{}' at {}:{} runs past the record's end ({} bases)",
             v.reference,
@@ -171,7 +171,7 @@ fn place(
         ));
     }
     let (s, e) = ((cds.0 - 1) as usize, cds.1 as usize);
-    if p < s || p + r.len() > e {
+    if p < s || p + r.len() > e || s >= e {
         return Ok((None, None));
     }
     let cds_seq = &seq[s..e];
@@ -318,7 +318,6 @@ pub fn run_variants(
             }
         }
     }
-    check_forward_memory(&model, opts.batch_size, w)?;
     let mut rows = Vec::with_capacity(variants.len());
     let mut jobs = Vec::new();
     for v in variants {
@@ -370,6 +369,17 @@ pub fn run_variants(
         return Err(Error::Invalid("no variants to score".into()));
     }
     let (idx, job_list): (Vec<usize>, Vec<Job>) = jobs.into_iter().unzip();
+    // The windows as they are (clipped at the CDS ends), not as asked.
+    let longest = job_list
+        .iter()
+        .map(|j| j.reference.len().max(j.alt.len()))
+        .max()
+        .unwrap_or(0);
+    check_forward_memory(
+        &model,
+        opts.batch_size.min(job_list.len()).max(1),
+        longest.max(1),
+    )?;
     let deltas = if opts.prefix_reuse {
         delta::prefix_reuse(&model, &job_list, opts.batch_size)?
     } else {
