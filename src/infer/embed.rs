@@ -187,6 +187,21 @@ pub fn embed_tokens(
         .collect())
 }
 
+/// The output row of record `p`'s vector `e` at hidden state `layer`.
+fn embedding_row<'r>(p: &'r TokenizedRecord, layer: usize, e: &'r [f32]) -> EmbeddingRow<'r> {
+    EmbeddingRow {
+        id: &p.id,
+        description: &p.description,
+        source: &p.source,
+        md5: &p.md5,
+        length: p.length,
+        gc_content: p.gc_content,
+        n_tokens: p.tokens.len() as u64,
+        layer: layer as i32,
+        embedding: e,
+    }
+}
+
 /// Records are embedded in groups of about this many windows per batch slot.
 const GROUP_BATCHES: usize = 4;
 /// ... or when this many tokens are waiting.
@@ -267,20 +282,6 @@ impl Pipeline<'_> {
         Ok(())
     }
 
-    fn row<'r>(&self, p: &'r TokenizedRecord, layer: usize, e: &'r [f32]) -> EmbeddingRow<'r> {
-        EmbeddingRow {
-            id: &p.id,
-            description: &p.description,
-            source: &p.source,
-            md5: &p.md5,
-            length: p.length,
-            gc_content: p.gc_content,
-            n_tokens: p.tokens.len() as u64,
-            layer: layer as i32,
-            embedding: e,
-        }
-    }
-
     /// The pending records' windows batched together (one layer, consecutive windows).
     fn flush_batched(&mut self) -> Result<()> {
         let toks: Vec<&[u32]> = self.pending.iter().map(|p| p.tokens.as_slice()).collect();
@@ -297,18 +298,7 @@ impl Pipeline<'_> {
             unreachable!("batched pooling writes pooled rows")
         };
         for (p, e) in self.pending.iter().zip(&embs) {
-            let row = EmbeddingRow {
-                id: &p.id,
-                description: &p.description,
-                source: &p.source,
-                md5: &p.md5,
-                length: p.length,
-                gc_content: p.gc_content,
-                n_tokens: p.tokens.len() as u64,
-                layer: layer as i32,
-                embedding: e,
-            };
-            w.push(&row)?;
+            w.push(&embedding_row(p, layer, e))?;
             self.tokens += p.tokens.len() as u64;
         }
         self.bar.inc(self.pending.len() as u64);
@@ -331,7 +321,7 @@ impl Pipeline<'_> {
         let h = self.model.cfg.hidden_size;
         match &mut self.writer {
             Sink::Tokens(tw) => tw.push(&p.id, &p.tokens, &self.layers, &states, &context),
-            Sink::Pooled(_) => {
+            Sink::Pooled(pw) => {
                 let mut rows = Vec::with_capacity(self.layers.len());
                 for st in &states {
                     rows.push(match self.opts.pool {
@@ -348,11 +338,7 @@ impl Pipeline<'_> {
                     });
                 }
                 for (&layer, e) in self.layers.iter().zip(&rows) {
-                    let row = self.row(p, layer, e);
-                    let Sink::Pooled(pw) = &mut self.writer else {
-                        unreachable!()
-                    };
-                    pw.push(&row)?;
+                    pw.push(&embedding_row(p, layer, e))?;
                 }
                 Ok(())
             }

@@ -8,8 +8,7 @@
 //!
 //! Rows are written in batches and the file appears under its name only when complete.
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use arrow_array::builder::{
@@ -20,15 +19,11 @@ use arrow_array::types::{
     Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type,
     UInt64Type, UInt8Type,
 };
-use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_array::{Array, ArrayRef};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
-use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
 
-use crate::atomic::AtomicFile;
 use crate::error::{Error, Result};
+use crate::infer::parquet_sink::ParquetSink;
 
 /// Rows per batch handed to the parquet writer.
 const BATCH_ROWS: usize = 256;
@@ -74,11 +69,8 @@ pub fn schema(dim: usize) -> SchemaRef {
 ///
 /// [`finish`]: EmbeddingWriter::finish
 pub struct EmbeddingWriter {
-    path: PathBuf,
+    sink: ParquetSink,
     dim: usize,
-    guard: AtomicFile,
-    file: File,
-    writer: ArrowWriter<File>,
     strings: [StringBuilder; 4],
     length: Int64Builder,
     gc: Float64Builder,
@@ -92,32 +84,11 @@ pub struct EmbeddingWriter {
 impl EmbeddingWriter {
     /// `metadata`: extra key-value pairs stored in the file footer.
     pub fn create(path: &Path, dim: usize, metadata: Vec<(String, String)>) -> Result<Self> {
-        let (guard, file) = AtomicFile::create(path)?;
-        let handle = file
-            .try_clone()
-            .map_err(|e| Error::io(guard.tmp_path(), e))?;
-        let kv = metadata
-            .into_iter()
-            .map(|(k, v)| KeyValue::new(k, v))
-            .collect();
-        let props = WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            // Bounds the writer's memory: a row group is flushed at this encoded size.
-            .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
-            .set_key_value_metadata(Some(kv))
-            .build();
-        let writer =
-            ArrowWriter::try_new(handle, schema(dim), Some(props)).map_err(|e| Error::Dataset {
-                path: path.to_path_buf(),
-                msg: e.to_string(),
-            })?;
+        let sink = ParquetSink::create(path, schema(dim), metadata, ROW_GROUP_BYTES)?;
         let item = Arc::new(Field::new("item", DataType::Float32, false));
         Ok(Self {
-            path: path.to_path_buf(),
+            sink,
             dim,
-            guard,
-            file,
-            writer,
             strings: Default::default(),
             length: Int64Builder::new(),
             gc: Float64Builder::new(),
@@ -174,20 +145,13 @@ impl EmbeddingWriter {
         columns.push(Arc::new(self.layer.finish()));
         columns.push(Arc::new(self.embedding.finish()));
         // Schema order: id, description, source, md5, length, gc_content, n_tokens, layer, embedding.
-        let batch =
-            RecordBatch::try_new(schema(self.dim), columns).map_err(|e| self.err(e.to_string()))?;
-        self.writer
-            .write(&batch)
-            .map_err(|e| self.err(e.to_string()))?;
+        self.sink.write(columns)?;
         self.rows = 0;
         Ok(())
     }
 
     fn err(&self, msg: String) -> Error {
-        Error::Dataset {
-            path: self.path.clone(),
-            msg,
-        }
+        self.sink.err(msg)
     }
 
     pub fn rows(&self) -> u64 {
@@ -197,8 +161,7 @@ impl EmbeddingWriter {
     /// Writes the footer, syncs and renames the file into place.
     pub fn finish(mut self) -> Result<()> {
         self.write_batch()?;
-        self.writer.finish().map_err(|e| self.err(e.to_string()))?;
-        self.guard.commit(self.file)
+        self.sink.finish()
     }
 }
 

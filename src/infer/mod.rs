@@ -4,6 +4,7 @@ pub mod bench;
 pub mod embed;
 pub mod embed_io;
 pub mod generate;
+pub mod parquet_sink;
 pub mod sample;
 pub mod score;
 pub mod score_io;

@@ -15,22 +15,17 @@
 //! Rows are written in batches, so memory does not grow with the number of records, and the
 //! file appears under its name only when complete.
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use arrow_array::builder::{
     FixedSizeListBuilder, Float32Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder,
 };
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::ArrayRef;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
-use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
 
-use crate::atomic::AtomicFile;
 use crate::error::{Error, Result};
+use crate::infer::parquet_sink::ParquetSink;
 use crate::infer::token_scores::TokenScore;
 use crate::tokenizer::CodonTokenizer;
 
@@ -68,14 +63,10 @@ pub fn schema(top_k: usize, full: Option<usize>) -> SchemaRef {
 ///
 /// [`finish`]: TokenScoreWriter::finish
 pub struct TokenScoreWriter {
-    path: PathBuf,
-    schema: SchemaRef,
+    sink: ParquetSink,
     tok: CodonTokenizer,
     top_k: usize,
     full: Option<usize>,
-    guard: AtomicFile,
-    file: File,
-    writer: ArrowWriter<File>,
     id: StringBuilder,
     ints: [Int64Builder; 3],
     codon: StringBuilder,
@@ -98,36 +89,13 @@ impl TokenScoreWriter {
         full: Option<usize>,
         metadata: Vec<(String, String)>,
     ) -> Result<Self> {
-        let (guard, file) = AtomicFile::create(path)?;
-        let handle = file
-            .try_clone()
-            .map_err(|e| Error::io(guard.tmp_path(), e))?;
-        let kv = metadata
-            .into_iter()
-            .map(|(k, v)| KeyValue::new(k, v))
-            .collect();
-        let props = WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
-            .set_key_value_metadata(Some(kv))
-            .build();
-        let schema = schema(top_k, full);
-        let writer = ArrowWriter::try_new(handle, schema.clone(), Some(props)).map_err(|e| {
-            Error::Dataset {
-                path: path.to_path_buf(),
-                msg: e.to_string(),
-            }
-        })?;
+        let sink = ParquetSink::create(path, schema(top_k, full), metadata, ROW_GROUP_BYTES)?;
         let item = |t| Arc::new(Field::new("item", t, false));
         Ok(Self {
-            path: path.to_path_buf(),
-            schema,
+            sink,
             tok,
             top_k,
             full,
-            guard,
-            file,
-            writer,
             id: StringBuilder::new(),
             ints: Default::default(),
             codon: StringBuilder::new(),
@@ -223,20 +191,13 @@ impl TokenScoreWriter {
         if self.full.is_some() {
             columns.push(Arc::new(self.log_probs.finish()));
         }
-        let batch = RecordBatch::try_new(self.schema.clone(), columns)
-            .map_err(|e| self.err(e.to_string()))?;
-        self.writer
-            .write(&batch)
-            .map_err(|e| self.err(e.to_string()))?;
+        self.sink.write(columns)?;
         self.rows = 0;
         Ok(())
     }
 
     fn err(&self, msg: String) -> Error {
-        Error::Dataset {
-            path: self.path.clone(),
-            msg,
-        }
+        self.sink.err(msg)
     }
 
     /// Rows written so far.
@@ -247,7 +208,6 @@ impl TokenScoreWriter {
     /// Writes the footer, syncs and renames the file into place.
     pub fn finish(mut self) -> Result<()> {
         self.write_batch()?;
-        self.writer.finish().map_err(|e| self.err(e.to_string()))?;
-        self.guard.commit(self.file)
+        self.sink.finish()
     }
 }

@@ -11,22 +11,17 @@
 //! (fixed-size list of float32, the hidden size). Long format, so that pandas users select a
 //! layer with `df[df.layer == 4]` and stack it with `np.stack(df.embedding)`.
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use arrow_array::builder::{
     FixedSizeListBuilder, Float32Builder, Int32Builder, Int64Builder, StringBuilder,
 };
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::ArrayRef;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
-use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
 
-use crate::atomic::AtomicFile;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::infer::parquet_sink::ParquetSink;
 use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
 use crate::tokenizer::CodonTokenizer;
@@ -99,13 +94,9 @@ const BATCH_ROWS: usize = 2048;
 ///
 /// [`finish`]: TokenStateWriter::finish
 pub struct TokenStateWriter {
-    path: PathBuf,
-    schema: SchemaRef,
+    sink: ParquetSink,
     tok: CodonTokenizer,
     dim: usize,
-    guard: AtomicFile,
-    file: File,
-    writer: ArrowWriter<File>,
     id: StringBuilder,
     ints: [Int64Builder; 3],
     codon: StringBuilder,
@@ -141,35 +132,12 @@ impl TokenStateWriter {
         dim: usize,
         metadata: Vec<(String, String)>,
     ) -> Result<Self> {
-        let (guard, file) = AtomicFile::create(path)?;
-        let handle = file
-            .try_clone()
-            .map_err(|e| Error::io(guard.tmp_path(), e))?;
-        let kv = metadata
-            .into_iter()
-            .map(|(k, v)| KeyValue::new(k, v))
-            .collect();
-        let props = WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            .set_max_row_group_bytes(Some(64 << 20))
-            .set_key_value_metadata(Some(kv))
-            .build();
-        let schema = schema(dim);
-        let writer = ArrowWriter::try_new(handle, schema.clone(), Some(props)).map_err(|e| {
-            Error::Dataset {
-                path: path.to_path_buf(),
-                msg: e.to_string(),
-            }
-        })?;
+        let sink = ParquetSink::create(path, schema(dim), metadata, 64 << 20)?;
         let item = Arc::new(Field::new("item", DataType::Float32, false));
         Ok(Self {
-            path: path.to_path_buf(),
-            schema,
+            sink,
             tok,
             dim,
-            guard,
-            file,
-            writer,
             id: StringBuilder::new(),
             ints: Default::default(),
             codon: StringBuilder::new(),
@@ -233,20 +201,9 @@ impl TokenStateWriter {
         columns.push(Arc::new(self.layer.finish()));
         columns.push(Arc::new(self.context.finish()));
         columns.push(Arc::new(self.embedding.finish()));
-        let batch = RecordBatch::try_new(self.schema.clone(), columns)
-            .map_err(|e| self.err(e.to_string()))?;
-        self.writer
-            .write(&batch)
-            .map_err(|e| self.err(e.to_string()))?;
+        self.sink.write(columns)?;
         self.rows = 0;
         Ok(())
-    }
-
-    fn err(&self, msg: String) -> Error {
-        Error::Dataset {
-            path: self.path.clone(),
-            msg,
-        }
     }
 
     pub fn rows(&self) -> u64 {
@@ -256,8 +213,7 @@ impl TokenStateWriter {
     /// Writes the footer, syncs and renames the file into place.
     pub fn finish(mut self) -> Result<()> {
         self.write_batch()?;
-        self.writer.finish().map_err(|e| self.err(e.to_string()))?;
-        self.guard.commit(self.file)
+        self.sink.finish()
     }
 }
 
