@@ -8,7 +8,11 @@ token's state taken from the first window whose end passes it. Compares every ro
 STATES.parquet (token, codon, layer, context, embedding) with hidden_states[layer] of that
 window at the token's position (max |diff| <= 1e-4 relative to the state's scale).
 
-Usage: python3 scripts/check_token_states.py MODEL_DIR FASTA W S STATES.parquet
+LAYERS are the layers asked of genslm (e.g. 0,1,-1), resolved here in Hugging Face's
+numbering: hidden_states has num_hidden_layers + 1 entries, -1 the last (after the final
+LayerNorm).
+
+Usage: python3 scripts/check_token_states.py MODEL_DIR FASTA W S LAYERS STATES.parquet
 """
 import pathlib
 import sys
@@ -31,7 +35,8 @@ def fail(msg):
 
 def main():
     model_dir = resolve_model_dir(pathlib.Path(sys.argv[1]))
-    fasta, w, s, path = pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    fasta, w, s = pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    asked, path = [int(x) for x in sys.argv[5].split(",")], sys.argv[6]
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, trust_remote_code=True, attn_implementation="eager").eval()
     df = pq.read_table(path).to_pandas()
@@ -42,7 +47,10 @@ def main():
         ids = encode(tok, seq)
         n = len(ids)
         ours = df[df.id == rid]
-        layers = sorted(set(ours.layer))
+        count = model.config.num_hidden_layers + 1
+        layers = sorted({x % count for x in asked})
+        if sorted(set(ours.layer)) != layers:
+            fail(f"{rid}: layers {sorted(set(ours.layer))} in the file, {layers} asked ({asked})")
         # HF's states per token: (context, {layer: vector}) from the window that owns it.
         ref = [None] * n
         begin, prev_end = 0, 0
@@ -60,8 +68,10 @@ def main():
         for r in ours.itertuples():
             t = r.token_index
             ctx, states = ref[t]
-            if (r.codon, r.context) != (text[ids[t]], ctx):
-                fail(f"{rid} token {t}: codon/context {(r.codon, r.context)}, expected {(text[ids[t]], ctx)}")
+            want_meta = (text[ids[t]], ctx, t, 3 * t)  # genslm69: token t is codon t
+            got_meta = (r.codon, r.context, r.codon_index, r.base_offset)
+            if got_meta != want_meta:
+                fail(f"{rid} token {t}: (codon, context, codon_index, base_offset) {got_meta}, expected {want_meta}")
             want = states[r.layer]
             err = np.abs(np.asarray(r.embedding, dtype=np.float64) - want).max() / max(1.0, np.abs(want).max())
             worst = max(worst, err)

@@ -60,6 +60,14 @@ def make_vcf(fasta, s, e, w, out):
         add(p, 2, lambda r: r[0], f"del1_c{c + 1}")
         add(p, 4, lambda r: r[0], f"del3_c{c + 1}")
     add(e - 2, 3, lambda r: r[0], "del_cds_end")
+    # Changes longer than the half window after them: the window stretches to hold them.
+    add(s + 3 * (n // 2), 31, lambda r: r[0], "del30_past_window")
+    add(s, 50, lambda r: r[0], "del49_from_start")
+    add(s + 3 * (n // 2) + 1, 3 * w, lambda r: "".join(OTHER[x] for x in r), "mnv_past_window")
+    add(e - 3 * w, 3 * w, lambda r: r[0], "del_to_cds_end")
+    if s > 1:
+        # A deletion of the start codon anchored on the base before the CDS: inside.
+        add(s - 1, 4, lambda r: r[0], "del_start_codon_anchored")
     ref = seq[s + 29]
     lines.append(f"{rid}\t{s + 30}\tmulti\t{ref}\t{OTHER[ref]},{OTHER[OTHER[ref]]},{ref}AA")
     if s > 1:
@@ -68,9 +76,8 @@ def make_vcf(fasta, s, e, w, out):
     print(f"make-vcf: {len(lines)} lines on {rid} ({out})")
 
 
-def windows(cds, at, ref, alt, w):
-    """REF and ALT codon strings of genslm's windows, the window's first codon and the first
-    changed codon."""
+def trim(at, ref, alt):
+    """Drops the alleles' shared prefix and suffix (a VCF indel's anchor base)."""
     p = 0
     while p < min(len(ref), len(alt)) and ref[p] == alt[p]:
         p += 1
@@ -78,19 +85,32 @@ def windows(cds, at, ref, alt, w):
     q = 0
     while q < min(len(ref), len(alt)) and ref[-1 - q] == alt[-1 - q]:
         q += 1
-    ref, alt = ref[:len(ref) - q], alt[:len(alt) - q]
+    return at, ref[:len(ref) - q], alt[:len(alt) - q]
+
+
+def windows(cds, at, ref, alt, w):
+    """REF and ALT codon strings of genslm's windows (None when not scored), the window's first
+    codon and the reported codons. Written from the documented rule, not from the Rust code's
+    arithmetic: the window is cut from the reference first and the change made inside it."""
     n = len(cds) // 3
     c = at // 3
+    if c >= n or at + len(ref) > 3 * n:
+        return None
     a = min(max(c - w // 2, 0), max(n - w, 0))
-    wc = min(w, n - a)
-    end = 3 * (a + wc)
-    alt_cds = cds[:at] + alt + cds[at + len(ref):]
-    alt_end = end + len(alt) - len(ref) if at + len(ref) <= end else at + len(alt)
-    alt_bases = alt_cds[3 * a:min(alt_end, len(alt_cds))]
-    alt_bases = alt_bases[:len(alt_bases) - len(alt_bases) % 3]
-    substitution = len(ref) == len(alt)
-    codons = list(range(c, min((at + max(len(ref), 1) - 1) // 3 + 1, a + wc))) if substitution else [c]
-    return cds[3 * a:end], alt_bases, a, [x - a for x in codons]
+    # W codons from a, stretched to hold the whole change, within the CDS's whole codons.
+    end_c = min(n, max(a + min(w, n - a), -(-(at + len(ref)) // 3)))
+    ref_win = cds[3 * a:3 * end_c]
+    k = at - 3 * a
+    alt_win = ref_win[:k] + alt + ref_win[k + len(ref):]
+    alt_win = alt_win[:len(alt_win) - len(alt_win) % 3]
+    if len(ref_win) < 6 or len(alt_win) < 6:
+        return None
+    if len(ref) == len(alt):
+        last = (at + len(ref) - 1) // 3
+        codons = [x - a for x in range(c, last + 1) if x < end_c]
+    else:
+        codons = [c - a]
+    return ref_win, alt_win, a, codons
 
 
 def log_probs(model, tok, bases):
@@ -118,12 +138,19 @@ def check(model_dir, fasta, vcf, s, e, w, table):
     for r, (chrom, pos, vid, ref, alt) in zip(rows, alleles):
         if (r["id"], int(r["pos"]), r["ref"], r["alt"]) != (vid, pos, ref, alt):
             fail(f"row {r} is not allele {vid} {pos} {ref}>{alt}")
-        if pos < s or pos + len(ref) - 1 > e:
+        at, tref, talt = trim(pos - 1, ref, alt)  # 0-based, on the record
+        inside = (s - 1 < at < e) if not tref else (s - 1 <= at and at + len(tref) <= e)
+        if not inside:
             if r["consequence"] != "outside_cds" or r["delta_ll"] != "NA":
                 fail(f"{vid}: outside the CDS, got {r['consequence']} {r['delta_ll']}")
             continue
         cds = seqs[chrom][s - 1:e]
-        rb, ab, a, codons = windows(cds, pos - s, ref, alt, w)
+        win = windows(cds, at - (s - 1), tref, talt, w)
+        if win is None:
+            if r["delta_ll"] != "NA":
+                fail(f"{vid}: not scorable (incomplete codon or an empty window), got {r['delta_ll']}")
+            continue
+        rb, ab, a, codons = win
         lr, la = log_probs(model, tok, rb), log_probs(model, tok, ab)
         delta = sum(la[1:]) - sum(lr[1:])
         delta_mean = sum(la[1:]) / (len(la) - 1) - sum(lr[1:]) / (len(lr) - 1)

@@ -112,7 +112,7 @@ stage "embed --pool none --layers --stride: every codon's hidden states equal tr
 for pos in rotary alibi; do
   cargo run --locked --quiet "${FEATURES[@]}" -- embed --model "$TMP/hf-$pos" --fasta data/dwv.fasta.gz \
     --seq-len 64 --stride 40 --pool none --layers 0,1,-1 --out "$TMP/states-$pos.parquet" --quiet
-  python3 scripts/check_token_states.py "$TMP/hf-$pos" data/dwv.fasta.gz 64 40 "$TMP/states-$pos.parquet"
+  python3 scripts/check_token_states.py "$TMP/hf-$pos" data/dwv.fasta.gz 64 40 0,1,-1 "$TMP/states-$pos.parquet"
 done
 
 stage "variants: Δ log-likelihood equals transformers' brute-force REF/ALT scoring (SNVs, MNVs, indels; window edges, CDS ends)"

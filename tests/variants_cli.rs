@@ -41,7 +41,8 @@ gene\t88\tlast\tT\tC\n\
 gene\t7\tmnv\tAAA\tCCC\n\
 gene\t30\tins\tA\tATTT,AT\n\
 gene\t45\tdel\tCGCT\tC\n\
-gene\t88\tend_del\tTAA\tT\n";
+gene\t88\tend_del\tTAA\tT\n\
+gene\t40\tlong_del\tCGTTACGCTAAACTGGAATTCC\tC\n";
 
 #[test]
 fn variants_table_prefix_reuse_and_full_recomputation_agree() {
@@ -58,7 +59,7 @@ fn variants_table_prefix_reuse_and_full_recomputation_agree() {
     }
     let (t1, t2) = (table(&fast), table(&slow));
     assert_eq!(t1[0].len(), 17);
-    assert_eq!(t1.len(), 1 + 8, "one row per ALT allele");
+    assert_eq!(t1.len(), 1 + 9, "one row per ALT allele");
     let col = |name: &str| t1[0].iter().position(|c| c == name).unwrap();
     for (a, b) in t1.iter().zip(&t2).skip(1) {
         // Everything but the Δ columns is identical; the Δ agree within 1e-4.
@@ -138,6 +139,16 @@ fn variants_table_prefix_reuse_and_full_recomputation_agree() {
     let dc = b.column_by_name("delta_ll_codon").unwrap();
     assert!(dc.is_null(t1.iter().skip(1).position(|r| r[2] == "start").unwrap()));
     assert_eq!(get("end_del", "consequence"), "frameshift");
+    // A deletion longer than the half window after it: the window stretches to hold it
+    // (12 codons from codon 8 would end at codon 19; the deletion runs to base 61, codon 21).
+    assert_eq!(get("long_del", "consequence"), "inframe_deletion");
+    assert_eq!(
+        (
+            get("long_del", "ref_tokens").as_str(),
+            get("long_del", "alt_tokens").as_str()
+        ),
+        ("14", "7")
+    );
 }
 
 #[test]
@@ -231,7 +242,7 @@ fn bad_variants_are_clear_errors_or_skipped_with_a_warning() {
     let vcf = write(
         dir.path(),
         "out.vcf",
-        b"gene\t2\t.\tT\tC\ngene\t11\t.\tT\tG\n",
+        b"gene\t2\t.\tT\tC\ngene\t11\t.\tT\tG\ngene\t3\tanchored\tGGCT\tG\n",
     );
     let (ok, _, err) = variants(&[
         "--fasta",
@@ -247,6 +258,12 @@ fn bad_variants_are_clear_errors_or_skipped_with_a_warning() {
     let t = table(&out);
     assert_eq!((t[1][5].as_str(), t[1][13].as_str()), ("outside_cds", "NA"));
     assert_ne!(t[2][13], "NA");
+    // The anchor base sits before the CDS, the deleted codon inside it: inside, scored.
+    assert_eq!(
+        (t[3][5].as_str(), t[3][6].as_str()),
+        ("inframe_deletion", "A1_del")
+    );
+    assert_ne!(t[3][13], "NA");
     // Flags that cannot work.
     for (args, want) in [
         (

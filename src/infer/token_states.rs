@@ -5,8 +5,8 @@
 //! every token past the first window sees at least W − S tokens of left context — the rule
 //! `score --stride` uses for predictions (a token's state here includes the token itself).
 //!
-//! Files (parquet, streamed, atomic): one row per token and layer — `id`, `token_index`,
-//! `codon_index`, `base_offset`, `codon` (as in `score --per-token`), `layer` (Hugging Face's
+//! Files (parquet, atomic): one row per token and layer — `id`, `token_index`, `codon_index`,
+//! `base_offset` (−1 for a genslm71 `[BOS]`), `codon` (as in `score --per-token`), `layer` (Hugging Face's
 //! `hidden_states` index), `context` (tokens of left context the state saw) and `embedding`
 //! (fixed-size list of float32, the hidden size). Long format, so that pandas users select a
 //! layer with `df[df.layer == 4]` and stack it with `np.stack(df.embedding)`.
@@ -160,13 +160,18 @@ impl TokenStateWriter {
         states: &[Vec<f32>],
         context: &[usize],
     ) -> Result<()> {
-        let bos = usize::from(self.tok.bos_id().is_some());
+        let bos = i64::from(self.tok.bos_id().is_some());
         for (&layer, st) in layers.iter().zip(states) {
             for (t, &tokid) in tokens.iter().enumerate() {
-                let c = t.saturating_sub(bos);
+                // `[BOS]` is no codon: its codon index and base offset are −1.
+                let c = t as i64 - bos;
                 self.id.append_value(id);
-                for (b, v) in self.ints.iter_mut().zip([t, c, 3 * c]) {
-                    b.append_value(v as i64);
+                for (b, v) in
+                    self.ints
+                        .iter_mut()
+                        .zip([t as i64, c, if c < 0 { -1 } else { 3 * c }])
+                {
+                    b.append_value(v);
                 }
                 let text = self
                     .tok

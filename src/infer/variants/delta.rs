@@ -1,8 +1,9 @@
 //! Δ log-likelihood of ALT against REF over one window, two ways.
 //!
 //! **Windows.** A variant whose first changed codon is c gets the window of W codons starting
-//! at `a = min(max(c − W/2, 0), max(n − W, 0))` (centred, clipped at the CDS ends). REF is the
-//! reference's codons `a..a+W`; ALT is the same reference bases with the edit applied (an
+//! at `a = min(max(c − W/2, 0), max(n − W, 0))` (centred, clipped at the CDS ends), extended
+//! past W codons when the change itself runs further (a long deletion or MNV). REF is the
+//! reference's codons of the window; ALT is the same reference bases with the change made (an
 //! indel makes it longer or shorter; a trailing partial codon is dropped). Both are scored from
 //! their first codon, which is never predicted, so the variant's own codon is scored whenever
 //! it is not the window's first (only the start codon of a CDS shorter than W/2 is not).
@@ -69,7 +70,8 @@ fn log_probs(tokens: &[u32], logits: &[f32], vocab: usize) -> Vec<f64> {
 
 fn delta(job: &Job, ref_lp: &[f64], alt_lp: &[f64]) -> Delta {
     let sum = |v: &[f64]| v.iter().skip(1).sum::<f64>();
-    let mean = |v: &[f64]| sum(v) / v.len().saturating_sub(1).max(1) as f64;
+    // A window with nothing predicted has no mean (callers do not score such windows).
+    let mean = |v: &[f64]| sum(v) / v.len().saturating_sub(1) as f64;
     Delta {
         total: sum(alt_lp) - sum(ref_lp),
         mean: mean(alt_lp) - mean(ref_lp),

@@ -1,7 +1,7 @@
 //! The in-silico mutagenesis picture: position × base, each cell the Δ log-likelihood of that
 //! substitution (blue: the model finds it less likely, red: more), the reference base of each
-//! position in grey with its letter, codon boundaries of the CDS frame as vertical lines, and
-//! the first base of each codon labelled with the codon's number and amino acid.
+//! position in grey, codon boundaries of the CDS frame as vertical lines, and each codon's amino
+//! acid above it.
 
 use std::path::Path;
 

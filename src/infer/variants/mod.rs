@@ -4,8 +4,10 @@
 //!
 //! The coding frame: each reference record is a CDS read from its first base, or `--cds
 //! START..END` (1-based, inclusive, as annotation tools write it) is the CDS on every record.
-//! A variant not entirely inside the CDS is reported as `outside_cds` without a score (a
-//! genome's VCF has such variants; scoring them in a frame they are not in would be wrong).
+//! A variant whose change (after trimming the alleles' shared bases) is not entirely inside the
+//! CDS is reported as `outside_cds` without a score (a genome's VCF has such variants; scoring
+//! them in a frame they are not in would be wrong); one that reaches the CDS's incomplete last
+//! codon, or leaves a window with nothing to predict, is annotated and not scored.
 //! Windows and Δ: see [`delta`].
 
 pub mod annotate;
@@ -171,48 +173,59 @@ fn place(
         ));
     }
     let (s, e) = ((cds.0 - 1) as usize, cds.1 as usize);
-    if p < s || p + r.len() > e || s >= e {
+    // Inside or outside the CDS by the change itself: a VCF anchor base just before the CDS
+    // does not put a deletion of the start codon outside it. An insertion is inside when it
+    // falls between two CDS bases.
+    let t = Edit::trimmed(p, r, v.alt.as_bytes());
+    let inside = if t.reference.is_empty() {
+        s < t.at && t.at < e
+    } else {
+        s <= t.at && t.at + t.reference.len() <= e
+    };
+    if !inside || s >= e {
         return Ok((None, None));
     }
     let cds_seq = &seq[s..e];
-    let edit = Edit::trimmed(p - s, r, v.alt.as_bytes());
+    let edit = Edit {
+        at: t.at - s,
+        reference: t.reference,
+        alt: t.alt,
+    };
     let n = cds_seq.len() / 3;
-    if edit.at >= cds_seq.len() {
-        // An insertion after the CDS's last base.
-        return Ok((None, None));
-    }
     let mut ann = annotate(cds_seq, &edit);
-    if edit.codon() >= n {
-        // A change in the CDS's incomplete last codon: no whole codon to score.
+    if edit.codon() >= n || edit.at + edit.reference.len() > 3 * n {
+        // A change that reaches the CDS's incomplete last codon: no whole codons to score.
         ann.consequence = Consequence::Incomplete;
         return Ok((Some(ann), None));
     }
     let c = edit.codon();
     let a = window_start(c, n, w);
-    let wc = w.min(n - a);
-    let win_end = 3 * (a + wc);
+    // W codons, or more when the change runs past them (a long deletion or MNV), so that the
+    // window always holds the whole change and ALT is exactly its bases with the change made.
+    let end_c = (a + w.min(n - a))
+        .max((edit.at + edit.reference.len()).div_ceil(3))
+        .min(n);
+    let win_end = 3 * end_c;
     let alt_cds = edit.apply(cds_seq);
-    let diff = edit.alt.len() as i64 - edit.reference.len() as i64;
-    // The same reference bases with the edit applied (a deletion past the window's end takes
-    // the window's end with it).
-    let alt_end = if edit.at + edit.reference.len() <= win_end {
-        (win_end as i64 + diff) as usize
-    } else {
-        edit.at + edit.alt.len()
-    };
-    let alt = codon_tokens(tok, &alt_cds[3 * a..alt_end.min(alt_cds.len())]);
-    if model.cfg.position == Position::Learned && alt.len() > model.cfg.max_position_embeddings {
+    let alt_end = win_end + edit.alt.len() - edit.reference.len();
+    let reference = codon_tokens(tok, &cds_seq[3 * a..win_end]);
+    let alt = codon_tokens(tok, &alt_cds[3 * a..alt_end]);
+    let longest = reference.len().max(alt.len());
+    if model.cfg.position == Position::Learned && longest > model.cfg.max_position_embeddings {
         return Err(format!(
-            "the insertion makes the ALT window {} codons long, more than the model's {} \
-             learned positions; lower --window",
-            alt.len(),
+            "the variant's window is {longest} codons long, more than the model's {} learned \
+             positions; lower --window",
             model.cfg.max_position_embeddings
         ));
+    }
+    if reference.len() < 2 || alt.len() < 2 {
+        // Nothing to predict in one of the windows (a deletion of almost the whole CDS).
+        return Ok((Some(ann), None));
     }
     let codons = if edit.is_substitution() {
         ann.codons
             .clone()
-            .filter(|&x| x < a + wc)
+            .filter(|&x| x < end_c)
             .map(|x| x - a)
             .collect()
     } else {
@@ -220,7 +233,7 @@ fn place(
     };
     let job = Job {
         start: a,
-        reference: codon_tokens(tok, &cds_seq[3 * a..win_end]),
+        reference,
         alt,
         first: c - a,
         codons,
