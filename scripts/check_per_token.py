@@ -11,7 +11,9 @@ the token, its position and context, log-probability, entropy, rank, the top-k l
 full distribution when present (tolerance 1e-4 in log-probability; ranks and top-k orders
 only where the probabilities involved are more than 1e-4 apart).
 
-Usage: python3 scripts/check_per_token.py MODEL_DIR FASTA W S PER_TOKEN.parquet
+Usage: python3 scripts/check_per_token.py MODEL_DIR FASTA[,FASTA...] W S PER_TOKEN.parquet
+(several FASTA files in the order genslm read them: records of several files are scored in
+shared batches, so this checks the grouped path too)
 """
 import pathlib
 import sys
@@ -51,7 +53,8 @@ def hf_recipe(model, ids, w, s):
 
 def main():
     model_dir = resolve_model_dir(pathlib.Path(sys.argv[1]))
-    fasta, w, s, path = pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    fastas = [pathlib.Path(f) for f in sys.argv[2].split(",")]
+    w, s, path = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, trust_remote_code=True, attn_implementation="eager"
     ).eval()
@@ -62,11 +65,13 @@ def main():
     text = {i: t for t, i in tok.get_vocab().items()}
     bos = 1 if "[BOS]" in tok.get_vocab() else 0
     rows = table.to_pylist()
+    file_order = list(dict.fromkeys(r["id"] for r in rows))
     by_record = {}
     for r in rows:
         by_record.setdefault(r["id"], []).append(r)
     worst, checked, tied = 0.0, 0, 0
-    for rid, seq in read_fasta(fasta):
+    records = [rec for f in fastas for rec in read_fasta(f)]
+    for rid, seq in records:
         ids = encode(tok, seq)
         ref = hf_recipe(model, ids, w, s)
         ours = by_record.pop(rid, [])
@@ -108,8 +113,10 @@ def main():
                     fail(f"{where}: full distribution off by {diff}")
             checked += 1
         print(f"{rid}: {len(ours)} tokens match (window {w}, stride {s}, top-{k})")
+    if file_order != [rid for rid, _ in records]:
+        fail(f"records in the file in the order {file_order}, read in {[rid for rid, _ in records]}")
     if by_record:
-        fail(f"rows for records not in {fasta}: {sorted(by_record)}")
+        fail(f"rows for records not in {sys.argv[2]}: {sorted(by_record)}")
     print(f"check_per_token: {checked} tokens of {model_dir} equal transformers' "
           f"(worst |diff| {worst:.1e}; {tied} top-k slots with near-ties)")
 

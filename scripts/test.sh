@@ -104,8 +104,9 @@ cargo run --locked --quiet "${FEATURES[@]}" -- score --model "$TMP/run" --fasta 
 python3 scripts/check_per_token.py "$TMP/run" data/lambda_virus.fa 64 64 "$TMP/tok-run.parquet"
 for pos in rotary learned alibi; do
   cargo run --locked --quiet "${FEATURES[@]}" -- score --model "$TMP/hf-$pos" --fasta data/lambda_virus.fa \
-    --seq-len 64 --stride 24 --per-token "$TMP/tok-$pos.parquet" --full-distribution > /dev/null
-  python3 scripts/check_per_token.py "$TMP/hf-$pos" data/lambda_virus.fa 64 24 "$TMP/tok-$pos.parquet"
+    data/dwv.fasta.gz --seq-len 64 --stride 24 --per-token "$TMP/tok-$pos.parquet" --full-distribution > /dev/null
+  python3 scripts/check_per_token.py "$TMP/hf-$pos" data/lambda_virus.fa,data/dwv.fasta.gz 64 24 \
+    "$TMP/tok-$pos.parquet"
 done
 
 stage "embed --pool none --layers --stride: every codon's hidden states equal transformers' output_hidden_states"
