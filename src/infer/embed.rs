@@ -30,7 +30,7 @@ use crate::data::dataset::{DatasetReader, TokenizedRecord};
 use crate::data::fasta::{self, OnInvalid};
 use crate::error::{Error, Result};
 use crate::infer::embed_io::{EmbeddingRow, EmbeddingWriter};
-use crate::infer::token_states::{record_states, TokenStateWriter};
+use crate::infer::token_states::{record_states_each, TokenStateWriter};
 use crate::infer::window::resolve_window;
 use crate::model::io::load_model_dir;
 use crate::model::neox::{tensor_to_vec, tokens_tensor};
@@ -305,44 +305,49 @@ impl Pipeline<'_> {
         Ok(())
     }
 
-    /// One record through per-token states: written as they are, or pooled per layer.
+    /// One record through per-token states, one batch of windows at a time: written as they
+    /// are, or pooled per layer (sums, or the last token's state).
     fn record(&mut self, p: &TokenizedRecord) -> Result<()> {
         let n = p.tokens.len();
         let w = self.window.unwrap_or(n);
         let stride = self.opts.stride.unwrap_or(w);
-        let (states, context) = record_states(
-            self.model,
+        let h = self.model.cfg.hidden_size;
+        let (layers, pool, model) = (&self.layers, self.opts.pool, self.model);
+        let mut sums = vec![vec![0f64; h]; layers.len()];
+        let mut last = vec![Vec::new(); layers.len()];
+        let writer = &mut self.writer;
+        record_states_each(
+            model,
             &p.tokens,
-            &self.layers,
+            layers,
             w,
             stride,
             self.opts.batch_size,
-        )?;
-        let h = self.model.cfg.hidden_size;
-        match &mut self.writer {
-            Sink::Tokens(tw) => tw.push(&p.id, &p.tokens, &self.layers, &states, &context),
-            Sink::Pooled(pw) => {
-                let mut rows = Vec::with_capacity(self.layers.len());
-                for st in &states {
-                    rows.push(match self.opts.pool {
-                        Pool::Last => st[(n - 1) * h..n * h].to_vec(),
-                        _ => {
-                            let mut acc = vec![0f64; h];
-                            for t in 0..n {
-                                for (a, v) in acc.iter_mut().zip(&st[t * h..(t + 1) * h]) {
-                                    *a += *v as f64;
-                                }
-                            }
-                            acc.into_iter().map(|v| (v / n as f64) as f32).collect()
+            &mut |run| match writer {
+                Sink::Tokens(tw) => tw.push_run(&p.id, &p.tokens, layers[run.layer], &run),
+                Sink::Pooled(_) => {
+                    for row in run.states.chunks_exact(h) {
+                        for (a, v) in sums[run.layer].iter_mut().zip(row) {
+                            *a += *v as f64;
                         }
-                    });
+                    }
+                    if run.end == n {
+                        last[run.layer] = run.states[run.states.len() - h..].to_vec();
+                    }
+                    Ok(())
                 }
-                for (&layer, e) in self.layers.iter().zip(&rows) {
-                    pw.push(&embedding_row(p, layer, e))?;
-                }
-                Ok(())
+            },
+        )?;
+        if let Sink::Pooled(pw) = &mut self.writer {
+            for (li, &layer) in layers.iter().enumerate() {
+                let e: Vec<f32> = match pool {
+                    Pool::Last => std::mem::take(&mut last[li]),
+                    _ => sums[li].iter().map(|v| (v / n as f64) as f32).collect(),
+                };
+                pw.push(&embedding_row(p, layer, &e))?;
             }
         }
+        Ok(())
     }
 }
 

@@ -5,7 +5,7 @@
 //! every token past the first window sees at least W − S tokens of left context — the rule
 //! `score --stride` uses for predictions (a token's state here includes the token itself).
 //!
-//! Files (parquet, atomic): one row per token and layer — `id`, `token_index`, `codon_index`,
+//! Files (parquet, atomic, streamed one batch of windows at a time): one row per token and layer — `id`, `token_index`, `codon_index`,
 //! `base_offset` (−1 for a genslm71 `[BOS]`), `codon` (as in `score --per-token`), `layer` (Hugging Face's
 //! `hidden_states` index), `context` (tokens of left context the state saw) and `embedding`
 //! (fixed-size list of float32, the hidden size). Long format, so that pandas users select a
@@ -43,24 +43,37 @@ pub fn state_windows(n: usize, w: usize, stride: usize) -> Vec<(usize, usize, us
     out
 }
 
-/// Per-token states of `tokens` at each of `layers` (`[n · hidden]` row-major, one vector per
-/// layer) and each token's left context, `batch` windows per forward pass.
-pub fn record_states(
+/// The states of a run of tokens at one layer, as a forward pass produced them.
+pub struct StateRun<'a> {
+    /// Index into the `layers` asked.
+    pub layer: usize,
+    /// The tokens `first..end` of the record.
+    pub first: usize,
+    pub end: usize,
+    /// The window's first token: token t saw `t − start` tokens of left context.
+    pub start: usize,
+    /// `[(end − first) · hidden]`, row-major.
+    pub states: &'a [f32],
+}
+
+/// Per-token states of `tokens` at each of `layers`, handed to `each` one window's run at a
+/// time (memory: one batch of windows), `batch` windows per forward pass. For every layer, the
+/// runs arrive in token order and cover every token once.
+pub fn record_states_each(
     model: &GenSlm,
     tokens: &[u32],
     layers: &[usize],
     w: usize,
     stride: usize,
     batch: usize,
-) -> Result<(Vec<Vec<f32>>, Vec<usize>)> {
+    each: &mut dyn FnMut(StateRun<'_>) -> Result<()>,
+) -> Result<()> {
     let h = model.cfg.hidden_size;
     let n = tokens.len();
     let pad = CodonTokenizer::new(model.cfg.vocab)?.pad_id();
     let w = w.min(n.max(1));
     let windows = state_windows(n, w, stride.clamp(1, w));
     crate::infer::window::check_forward_memory(model, batch.max(1).min(windows.len().max(1)), w)?;
-    let mut out = vec![vec![0f32; n * h]; layers.len()];
-    let mut context = vec![0usize; n];
     for group in windows.chunks(batch.max(1)) {
         let s = group.iter().map(|x| x.1 - x.0).max().unwrap_or(1);
         let mut ids = vec![pad; group.len() * s];
@@ -69,21 +82,42 @@ pub fn record_states(
         }
         let states =
             model.hidden_states_at(tokens_tensor(&ids, group.len(), s, &model.device), layers)?;
-        for (dst, st) in out.iter_mut().zip(states) {
-            let v = tensor_to_vec(&st);
+        for (li, st) in states.iter().enumerate() {
+            let v = tensor_to_vec(st);
             for (r, &(a, e, first)) in group.iter().enumerate() {
-                for t in first..e {
-                    let src = (r * s + t - a) * h;
-                    dst[t * h..(t + 1) * h].copy_from_slice(&v[src..src + h]);
-                }
-            }
-        }
-        for &(a, e, first) in group {
-            for (t, c) in context.iter_mut().enumerate().take(e).skip(first) {
-                *c = t - a;
+                let from = (r * s + first - a) * h;
+                each(StateRun {
+                    layer: li,
+                    first,
+                    end: e,
+                    start: a,
+                    states: &v[from..from + (e - first) * h],
+                })?;
             }
         }
     }
+    Ok(())
+}
+
+/// [`record_states_each`] gathered: per layer `[n · hidden]`, and each token's left context.
+pub fn record_states(
+    model: &GenSlm,
+    tokens: &[u32],
+    layers: &[usize],
+    w: usize,
+    stride: usize,
+    batch: usize,
+) -> Result<(Vec<Vec<f32>>, Vec<usize>)> {
+    let (n, h) = (tokens.len(), model.cfg.hidden_size);
+    let mut out = vec![vec![0f32; n * h]; layers.len()];
+    let mut context = vec![0usize; n];
+    record_states_each(model, tokens, layers, w, stride, batch, &mut |run| {
+        out[run.layer][run.first * h..run.end * h].copy_from_slice(run.states);
+        for (t, c) in context.iter_mut().enumerate().take(run.end).skip(run.first) {
+            *c = t - run.start;
+        }
+        Ok(())
+    })?;
     Ok((out, context))
 }
 
@@ -150,45 +184,42 @@ impl TokenStateWriter {
         })
     }
 
-    /// Appends record `id`'s rows: every token of `tokens` at each `layers[i]`, whose states
-    /// are `states[i]` (`[n · dim]`).
-    pub fn push(
+    /// Appends the rows of one run of record `id`'s tokens at hidden state `layer`.
+    pub fn push_run(
         &mut self,
         id: &str,
         tokens: &[u32],
-        layers: &[usize],
-        states: &[Vec<f32>],
-        context: &[usize],
+        layer: usize,
+        run: &StateRun<'_>,
     ) -> Result<()> {
         let bos = i64::from(self.tok.bos_id().is_some());
-        for (&layer, st) in layers.iter().zip(states) {
-            for (t, &tokid) in tokens.iter().enumerate() {
-                // `[BOS]` is no codon: its codon index and base offset are −1.
-                let c = t as i64 - bos;
-                self.id.append_value(id);
-                for (b, v) in
-                    self.ints
-                        .iter_mut()
-                        .zip([t as i64, c, if c < 0 { -1 } else { 3 * c }])
-                {
-                    b.append_value(v);
-                }
-                let text = self
-                    .tok
-                    .token(tokid)
-                    .map_or_else(|| format!("<id {tokid}>"), str::to_string);
-                self.codon.append_value(text);
-                self.layer.append_value(layer as i32);
-                self.context.append_value(context[t] as i32);
-                self.embedding
-                    .values()
-                    .append_slice(&st[t * self.dim..(t + 1) * self.dim]);
-                self.embedding.append(true);
-                self.rows += 1;
-                self.total += 1;
-                if self.rows >= BATCH_ROWS {
-                    self.write_batch()?;
-                }
+        for (t, &tokid) in tokens.iter().enumerate().take(run.end).skip(run.first) {
+            // `[BOS]` is no codon: its codon index and base offset are −1.
+            let c = t as i64 - bos;
+            self.id.append_value(id);
+            for (b, v) in self
+                .ints
+                .iter_mut()
+                .zip([t as i64, c, if c < 0 { -1 } else { 3 * c }])
+            {
+                b.append_value(v);
+            }
+            let text = self
+                .tok
+                .token(tokid)
+                .map_or_else(|| format!("<id {tokid}>"), str::to_string);
+            self.codon.append_value(text);
+            self.layer.append_value(layer as i32);
+            self.context.append_value((t - run.start) as i32);
+            let row = (t - run.first) * self.dim;
+            self.embedding
+                .values()
+                .append_slice(&run.states[row..row + self.dim]);
+            self.embedding.append(true);
+            self.rows += 1;
+            self.total += 1;
+            if self.rows >= BATCH_ROWS {
+                self.write_batch()?;
             }
         }
         Ok(())
