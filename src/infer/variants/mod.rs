@@ -208,8 +208,21 @@ fn place(
     let win_end = 3 * end_c;
     let alt_cds = edit.apply(cds_seq);
     let alt_end = win_end + edit.alt.len() - edit.reference.len();
-    let reference = codon_tokens(tok, &cds_seq[3 * a..win_end]);
-    let alt = codon_tokens(tok, &alt_cds[3 * a..alt_end]);
+    // A vocabulary with [BOS] (genslm71) saw it before a record's first codon in training: a
+    // window that starts there starts with it, and the window's codons shift by one.
+    let bos: Vec<u32> = tok
+        .bos_id()
+        .filter(|_| s == 0 && a == 0)
+        .into_iter()
+        .collect();
+    let shift = bos.len();
+    let with_bos = |bases: &[u8]| {
+        let mut t = bos.clone();
+        t.extend(codon_tokens(tok, bases));
+        t
+    };
+    let reference = with_bos(&cds_seq[3 * a..win_end]);
+    let alt = with_bos(&alt_cds[3 * a..alt_end]);
     let longest = reference.len().max(alt.len());
     if model.cfg.position == Position::Learned && longest > model.cfg.max_position_embeddings {
         return Err(format!(
@@ -226,16 +239,16 @@ fn place(
         ann.codons
             .clone()
             .filter(|&x| x < end_c)
-            .map(|x| x - a)
+            .map(|x| x - a + shift)
             .collect()
     } else {
-        vec![c - a]
+        vec![c - a + shift]
     };
     let job = Job {
         start: a,
         reference,
         alt,
-        first: c - a,
+        first: c - a + shift,
         codons,
     };
     Ok((Some(ann), Some(job)))
@@ -442,4 +455,66 @@ pub fn run_variants(
         window: w,
         elapsed: t0.elapsed(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use burn::tensor::Device;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::tokenizer::VocabKind;
+
+    fn variant(pos: u64, r: &str, a: &str) -> Variant {
+        Variant {
+            line: 1,
+            chrom: "g".into(),
+            pos,
+            id: ".".into(),
+            reference: r.into(),
+            alt: a.into(),
+        }
+    }
+
+    /// With genslm71, a window at the record's first base starts with [BOS], as the model saw
+    /// records in training, so the start codon is predicted (from [BOS]) and scored; a window
+    /// elsewhere, or genslm69, has none. Prefix reuse still equals full recomputation.
+    #[test]
+    fn a_window_at_the_record_start_begins_with_bos_where_the_vocabulary_has_one() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let seq = b"ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCTAA";
+        for kind in [VocabKind::Genslm69, VocabKind::Genslm71] {
+            let mut cfg = Config::load(&path).unwrap().model;
+            cfg.vocab = kind;
+            cfg.vocab_size = 71;
+            let model = GenSlm::init(cfg, 2, &Device::flex()).unwrap();
+            let tok = CodonTokenizer::new(kind).unwrap();
+            let n = seq.len() as u64;
+            let (_, start) = place(&variant(2, "T", "C"), seq, (1, n), 8, &tok, &model).unwrap();
+            let (_, inner) = place(&variant(5, "C", "G"), seq, (4, n), 8, &tok, &model).unwrap();
+            let (start, inner) = (start.unwrap(), inner.unwrap());
+            let bos = kind == VocabKind::Genslm71;
+            assert_eq!(start.reference.len(), 8 + usize::from(bos));
+            assert_eq!(start.reference[0] == tok.bos_id().unwrap_or(u32::MAX), bos);
+            assert_eq!(
+                (start.first, start.codons.clone()),
+                (usize::from(bos), vec![usize::from(bos)])
+            );
+            assert_eq!(
+                (inner.reference.len(), inner.first),
+                (8, 0),
+                "--cds past base 1: no [BOS]"
+            );
+            let jobs = [start, inner];
+            let full = delta::full_recomputation(&model, &jobs).unwrap();
+            let fast = delta::prefix_reuse(&model, &jobs, 4).unwrap();
+            for (f, p) in full.iter().zip(&fast) {
+                assert!((f.total - p.total).abs() < 1e-4);
+            }
+            // The start codon's own Δ exists only where [BOS] predicts it.
+            assert_eq!(full[0].codons[0].is_finite(), bos);
+        }
+    }
 }
