@@ -152,24 +152,6 @@ pub fn score_records_each(
     Ok(())
 }
 
-/// Mean NLL of one token sequence under `model`, in consecutive windows of `seq_len`, and
-/// the number of predicted tokens.
-pub fn score_tokens(
-    model: &GenSlm,
-    tokens: &[u32],
-    seq_len: usize,
-    batch: usize,
-) -> Result<(f64, usize)> {
-    let scores = score_tokens_detailed(model, tokens, seq_len, seq_len, batch, 0, false)?;
-    Ok(mean_nll(&scores))
-}
-
-fn mean_nll(scores: &[TokenScore]) -> (f64, usize) {
-    let n = scores.len();
-    let sum: f64 = scores.iter().map(|s| -s.log_prob).sum();
-    (if n == 0 { f64::NAN } else { sum / n as f64 }, n)
-}
-
 /// Scores every record of `inputs`, writing TSV (`id n_tokens mean_nll perplexity`) to `out`
 /// and, with `opts.per_token`, one parquet row per predicted token.
 pub fn score_fasta(

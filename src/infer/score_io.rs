@@ -38,21 +38,82 @@ fn list(item: DataType, n: usize) -> DataType {
     DataType::FixedSizeList(Arc::new(Field::new("item", item, false)), n as i32)
 }
 
+/// The columns that say where a token is, shared by the per-token tables (`score --per-token`,
+/// `embed --pool none`): `id`, `token_index`, `codon_index`, `base_offset`, `codon`. A
+/// genslm71 `[BOS]` is no codon: its codon index and base offset are −1.
+pub struct TokenColumns {
+    tok: CodonTokenizer,
+    id: StringBuilder,
+    ints: [Int64Builder; 3],
+    codon: StringBuilder,
+}
+
+impl TokenColumns {
+    pub fn new(tok: CodonTokenizer) -> Self {
+        Self {
+            tok,
+            id: StringBuilder::new(),
+            ints: Default::default(),
+            codon: StringBuilder::new(),
+        }
+    }
+
+    /// The fields, in the order [`TokenColumns::finish`] returns the columns.
+    pub fn fields() -> Vec<Field> {
+        vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new("token_index", DataType::Int64, false),
+            Field::new("codon_index", DataType::Int64, false),
+            Field::new("base_offset", DataType::Int64, false),
+            Field::new("codon", DataType::Utf8, false),
+        ]
+    }
+
+    /// The text of a token id; ids past the tokenizer's vocabulary (a model whose
+    /// `vocab_size` pads it) are written as `<id N>`.
+    pub fn text(&self, id: u32) -> String {
+        self.tok
+            .token(id)
+            .map_or_else(|| format!("<id {id}>"), str::to_string)
+    }
+
+    /// One row: record `id`'s token at index `t`, whose id is `token`.
+    pub fn append(&mut self, id: &str, t: usize, token: u32) {
+        let c = t as i64 - i64::from(self.tok.bos_id().is_some());
+        self.id.append_value(id);
+        for (b, v) in self
+            .ints
+            .iter_mut()
+            .zip([t as i64, c, if c < 0 { -1 } else { 3 * c }])
+        {
+            b.append_value(v);
+        }
+        let text = self.text(token);
+        self.codon.append_value(text);
+    }
+
+    /// The rows appended since the last call, as columns.
+    pub fn finish(&mut self) -> Vec<ArrayRef> {
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(self.id.finish())];
+        for b in &mut self.ints {
+            columns.push(Arc::new(b.finish()));
+        }
+        columns.push(Arc::new(self.codon.finish()));
+        columns
+    }
+}
+
 /// The file's schema for `top_k` and, with the full distribution, `vocab` ids.
 pub fn schema(top_k: usize, full: Option<usize>) -> SchemaRef {
-    let mut fields = vec![
-        Field::new("id", DataType::Utf8, false),
-        Field::new("token_index", DataType::Int64, false),
-        Field::new("codon_index", DataType::Int64, false),
-        Field::new("base_offset", DataType::Int64, false),
-        Field::new("codon", DataType::Utf8, false),
+    let mut fields = TokenColumns::fields();
+    fields.extend([
         Field::new("log_prob", DataType::Float64, false),
         Field::new("entropy", DataType::Float64, false),
         Field::new("rank", DataType::Int32, false),
         Field::new("context", DataType::Int32, false),
         Field::new("top_codons", list(DataType::Utf8, top_k), false),
         Field::new("top_probs", list(DataType::Float32, top_k), false),
-    ];
+    ]);
     if let Some(v) = full {
         fields.push(Field::new("log_probs", list(DataType::Float32, v), false));
     }
@@ -64,12 +125,9 @@ pub fn schema(top_k: usize, full: Option<usize>) -> SchemaRef {
 /// [`finish`]: TokenScoreWriter::finish
 pub struct TokenScoreWriter {
     sink: ParquetSink,
-    tok: CodonTokenizer,
     top_k: usize,
     full: Option<usize>,
-    id: StringBuilder,
-    ints: [Int64Builder; 3],
-    codon: StringBuilder,
+    position: TokenColumns,
     floats: [Float64Builder; 2],
     rank: Int32Builder,
     context: Int32Builder,
@@ -93,12 +151,9 @@ impl TokenScoreWriter {
         let item = |t| Arc::new(Field::new("item", t, false));
         Ok(Self {
             sink,
-            tok,
             top_k,
             full,
-            id: StringBuilder::new(),
-            ints: Default::default(),
-            codon: StringBuilder::new(),
+            position: TokenColumns::new(tok),
             floats: Default::default(),
             rank: Int32Builder::new(),
             context: Int32Builder::new(),
@@ -113,17 +168,8 @@ impl TokenScoreWriter {
         })
     }
 
-    /// The text of a token id; ids past the tokenizer's vocabulary (a model whose
-    /// `vocab_size` pads it) are written as `<id N>`.
-    fn text(&self, id: u32) -> String {
-        self.tok
-            .token(id)
-            .map_or_else(|| format!("<id {id}>"), str::to_string)
-    }
-
     /// Appends the scores of record `id`'s tokens.
     pub fn push(&mut self, id: &str, scores: &[TokenScore]) -> Result<()> {
-        let bos = usize::from(self.tok.bos_id().is_some());
         for s in scores {
             if s.top.len() != self.top_k || s.log_probs.as_ref().map(Vec::len) != self.full {
                 return Err(self.err(format!(
@@ -136,23 +182,13 @@ impl TokenScoreWriter {
                     self.full
                 )));
             }
-            let codon_index = s.index.saturating_sub(bos);
-            self.id.append_value(id);
-            for (b, v) in self
-                .ints
-                .iter_mut()
-                .zip([s.index, codon_index, 3 * codon_index])
-            {
-                b.append_value(v as i64);
-            }
-            let text = self.text(s.target);
-            self.codon.append_value(text);
+            self.position.append(id, s.index, s.target);
             self.floats[0].append_value(s.log_prob);
             self.floats[1].append_value(s.entropy);
             self.rank.append_value(s.rank as i32);
             self.context.append_value(s.context as i32);
             for &(t, p) in &s.top {
-                let text = self.text(t);
+                let text = self.position.text(t);
                 self.top_codons.values().append_value(text);
                 self.top_probs.values().append_value(p);
             }
@@ -176,11 +212,7 @@ impl TokenScoreWriter {
             return Ok(());
         }
         // Schema order (see `schema`).
-        let mut columns: Vec<ArrayRef> = vec![Arc::new(self.id.finish())];
-        for b in &mut self.ints {
-            columns.push(Arc::new(b.finish()));
-        }
-        columns.push(Arc::new(self.codon.finish()));
+        let mut columns = self.position.finish();
         for b in &mut self.floats {
             columns.push(Arc::new(b.finish()));
         }

@@ -14,14 +14,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::builder::{
-    FixedSizeListBuilder, Float32Builder, Int32Builder, Int64Builder, StringBuilder,
-};
-use arrow_array::ArrayRef;
+use arrow_array::builder::{FixedSizeListBuilder, Float32Builder, Int32Builder};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::Result;
 use crate::infer::parquet_sink::ParquetSink;
+use crate::infer::score_io::TokenColumns;
 use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
 use crate::tokenizer::CodonTokenizer;
@@ -129,11 +127,8 @@ const BATCH_ROWS: usize = 2048;
 /// [`finish`]: TokenStateWriter::finish
 pub struct TokenStateWriter {
     sink: ParquetSink,
-    tok: CodonTokenizer,
     dim: usize,
-    id: StringBuilder,
-    ints: [Int64Builder; 3],
-    codon: StringBuilder,
+    position: TokenColumns,
     layer: Int32Builder,
     context: Int32Builder,
     embedding: FixedSizeListBuilder<Float32Builder>,
@@ -143,12 +138,8 @@ pub struct TokenStateWriter {
 
 pub fn schema(dim: usize) -> SchemaRef {
     let item = Arc::new(Field::new("item", DataType::Float32, false));
-    Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Utf8, false),
-        Field::new("token_index", DataType::Int64, false),
-        Field::new("codon_index", DataType::Int64, false),
-        Field::new("base_offset", DataType::Int64, false),
-        Field::new("codon", DataType::Utf8, false),
+    let mut fields = TokenColumns::fields();
+    fields.extend([
         Field::new("layer", DataType::Int32, false),
         Field::new("context", DataType::Int32, false),
         Field::new(
@@ -156,7 +147,8 @@ pub fn schema(dim: usize) -> SchemaRef {
             DataType::FixedSizeList(item, dim as i32),
             false,
         ),
-    ]))
+    ]);
+    Arc::new(Schema::new(fields))
 }
 
 impl TokenStateWriter {
@@ -170,11 +162,8 @@ impl TokenStateWriter {
         let item = Arc::new(Field::new("item", DataType::Float32, false));
         Ok(Self {
             sink,
-            tok,
             dim,
-            id: StringBuilder::new(),
-            ints: Default::default(),
-            codon: StringBuilder::new(),
+            position: TokenColumns::new(tok),
             layer: Int32Builder::new(),
             context: Int32Builder::new(),
             embedding: FixedSizeListBuilder::new(Float32Builder::new(), dim as i32)
@@ -192,23 +181,8 @@ impl TokenStateWriter {
         layer: usize,
         run: &StateRun<'_>,
     ) -> Result<()> {
-        let bos = i64::from(self.tok.bos_id().is_some());
         for (t, &tokid) in tokens.iter().enumerate().take(run.end).skip(run.first) {
-            // `[BOS]` is no codon: its codon index and base offset are −1.
-            let c = t as i64 - bos;
-            self.id.append_value(id);
-            for (b, v) in self
-                .ints
-                .iter_mut()
-                .zip([t as i64, c, if c < 0 { -1 } else { 3 * c }])
-            {
-                b.append_value(v);
-            }
-            let text = self
-                .tok
-                .token(tokid)
-                .map_or_else(|| format!("<id {tokid}>"), str::to_string);
-            self.codon.append_value(text);
+            self.position.append(id, t, tokid);
             self.layer.append_value(layer as i32);
             self.context.append_value((t - run.start) as i32);
             let row = (t - run.first) * self.dim;
@@ -229,11 +203,7 @@ impl TokenStateWriter {
         if self.rows == 0 {
             return Ok(());
         }
-        let mut columns: Vec<ArrayRef> = vec![Arc::new(self.id.finish())];
-        for b in &mut self.ints {
-            columns.push(Arc::new(b.finish()));
-        }
-        columns.push(Arc::new(self.codon.finish()));
+        let mut columns = self.position.finish();
         columns.push(Arc::new(self.layer.finish()));
         columns.push(Arc::new(self.context.finish()));
         columns.push(Arc::new(self.embedding.finish()));
