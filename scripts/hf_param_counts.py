@@ -2,7 +2,7 @@
 """Parameter counts of Hugging Face GPTNeoXForCausalLM for every preset in configs/.
 
 Builds each model on the `meta` device (no memory) from the TOML shape and counts
-parameters with PyTorch; `genslm info` must print the same numbers (tests/info_cli.rs).
+parameters with PyTorch; `genslm info` must print the same numbers (tests/cli_info.rs).
 
 Usage: python3 scripts/hf_param_counts.py      (needs torch and transformers)
 """

@@ -51,8 +51,9 @@ installed() { # PID WHAT LOG: wait for a background install; its failure fails t
   fi
 }
 
-stage "no new import cycles between files; the model imports no parallel/train code"
+stage "layers: no import cycle between files; ops import only ops/error; the model no parallel/train/plan/infer/cli/bench (and the check catches planted violations)"
 python3 scripts/check_imports.py
+python3 scripts/check_imports.py --self-test
 
 stage "cargo build (tests of both crates, features ${FEATURES[*]})"
 cargo test --locked --workspace "${FEATURES[@]}" --no-run

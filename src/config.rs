@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::tokenizer::VocabKind;
 
+/// Default `reduce_bucket_size`: 2²⁴ elements (64 MiB of f32) per collective call, far below
+/// MPI's count limit, large enough that per-call latency does not matter
+/// (`parallel::bucket` cuts every transfer into such buckets).
+pub const DEFAULT_BUCKET: usize = 1 << 24;
+
 /// How token positions enter the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -190,7 +195,7 @@ impl Default for TrainConfig {
             max_consecutive_skips: 10,
             zero: 1,
             checkpoint_activations: false,
-            reduce_bucket_size: crate::parallel::bucket::DEFAULT_BUCKET,
+            reduce_bucket_size: DEFAULT_BUCKET,
             rank_timeout_s: 600,
             precision: None,
         }

@@ -17,6 +17,7 @@ pub mod error;
 pub mod infer;
 pub mod info;
 pub mod model;
+pub mod ops;
 pub mod parallel;
 pub mod pca;
 pub mod plan;

@@ -59,11 +59,11 @@ impl AttnBenchCase {
 
 /// Times the forward and forward+backward of `c.imp` on `compute`'s device, on random inputs.
 pub fn attention_op(compute: &crate::backend::Compute, c: &AttnBenchCase) -> Result<AttnBench> {
-    use crate::model::attention::AttnOptions;
-    use crate::model::flash::{
+    use crate::ops::attention::flash::{
         flash_attention_backward, flash_attention_forward, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q,
     };
-    use crate::model::neox::tensor_to_vec;
+    use crate::ops::attention::options::AttnOptions;
+    use crate::ops::primitive::tensor_to_vec;
     use burn::tensor::{Distribution, Tensor};
     if c.seq == 0 || c.head_dim == 0 || c.batch == 0 || c.heads == 0 || c.iters == 0 {
         return Err(Error::Invalid(format!("bench attention: empty case {c:?}")));

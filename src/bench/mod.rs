@@ -147,7 +147,7 @@ pub fn train_step(
         checkpoint,
     )?;
     // Touch one gradient so all work is done before the clock stops.
-    let _ = crate::model::neox::tensor_to_vec(&grads[0]);
+    let _ = crate::ops::primitive::tensor_to_vec(&grads[0]);
     Ok((
         start.elapsed().as_secs_f64(),
         crate::train::metrics::peak_rss_mib(),
@@ -175,7 +175,7 @@ pub fn train_steps(
     steps: usize,
     compute: &crate::backend::Compute,
 ) -> Result<TrainBench> {
-    use crate::model::neox::tensor_to_vec;
+    use crate::ops::primitive::tensor_to_vec;
     use crate::train::optim::{AdamW, AdamWConfig};
     if seq_len < 2 || steps == 0 {
         return Err(Error::Invalid(format!(
@@ -240,11 +240,11 @@ fn matmul_rate(device: &burn::tensor::Device) -> f64 {
     let n = 1024;
     let a = Tensor::<2>::random([n, n], Distribution::Default, device);
     let b = Tensor::<2>::random([n, n], Distribution::Default, device);
-    let _ = crate::model::neox::tensor_to_vec(&a.clone().matmul(b.clone()).sum());
+    let _ = crate::ops::primitive::tensor_to_vec(&a.clone().matmul(b.clone()).sum());
     (0..5)
         .map(|_| {
             let t = std::time::Instant::now();
-            let _ = crate::model::neox::tensor_to_vec(&a.clone().matmul(b.clone()).sum());
+            let _ = crate::ops::primitive::tensor_to_vec(&a.clone().matmul(b.clone()).sum());
             2.0 * (n * n * n) as f64 / t.elapsed().as_secs_f64() / 1e9
         })
         .fold(0.0, f64::max)

@@ -33,8 +33,8 @@ use crate::infer::embed_io::{EmbeddingRow, EmbeddingWriter};
 use crate::infer::token_states::{record_states_each, TokenStateWriter};
 use crate::infer::window::resolve_window;
 use crate::model::io::load_model_dir;
-use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
+use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
 use crate::tokenizer::CodonTokenizer;
 
 /// How a record's token states become one vector.

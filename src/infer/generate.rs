@@ -19,10 +19,11 @@ use crate::backend::Compute;
 use crate::config::Position;
 use crate::error::{Error, Result};
 use crate::infer::sample::{sample, SamplingParams};
-use crate::model::cache::{next_logits, KvCache};
+use crate::model::cache::KvCache;
+use crate::model::decode::next_logits;
 use crate::model::io::load_model_dir;
-use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
+use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
 use crate::rng::{Domain, SplitMix64};
 use crate::tokenizer::CodonTokenizer;
 

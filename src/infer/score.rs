@@ -16,8 +16,8 @@ use crate::infer::score_io::TokenScoreWriter;
 use crate::infer::token_scores::{score_windows, window_scores, TokenScore};
 use crate::infer::window::resolve_window;
 use crate::model::io::load_model_dir;
-use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
+use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
 use crate::tokenizer::CodonTokenizer;
 
 /// Records are scored in groups of about this many per batch slot...

@@ -20,8 +20,8 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use crate::error::Result;
 use crate::infer::parquet_sink::ParquetSink;
 use crate::infer::score_io::TokenColumns;
-use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
+use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
 use crate::tokenizer::CodonTokenizer;
 
 /// The windows of `n` tokens: `(start, end, first assigned token)`; tokens

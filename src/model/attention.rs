@@ -10,13 +10,12 @@
 //! sequence shard shifts them). Causal masking hides keys after the query. ALiBi adds
 //! `-slope_h · (pos_q − pos_k)` (and `-slope_h · |pos_q − pos_k|` when not causal).
 
-use burn::tensor::activation::softmax;
-use burn::tensor::{Bool, Tensor, TensorData};
+use burn::tensor::Tensor;
 
 use crate::config::AttentionKind;
-use crate::model::flash::{flash_attention, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q};
-
-pub use crate::model::attn_options::AttnOptions;
+use crate::ops::attention::flash::{flash_attention, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q};
+use crate::ops::attention::naive::naive_attention;
+use crate::ops::attention::options::AttnOptions;
 
 /// The single-device attention a [`SequenceParallel`] strategy runs on what it gathered.
 pub type LocalAttention<'a> =
@@ -61,38 +60,4 @@ pub fn attention(
         AttentionKind::Flash => flash_attention(q, k, v, opts, DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K),
         AttentionKind::Naive => naive_attention(q, k, v, opts),
     }
-}
-
-/// The reference: softmax(q kᵀ / √d + bias, masked) v with every score materialised.
-pub fn naive_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, opts: &AttnOptions) -> Tensor<4> {
-    let [b, h, sq, d] = q.dims();
-    let sk = k.dims()[2];
-    let device = q.device();
-    let mut scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (d as f64).sqrt());
-    if let Some(slopes) = &opts.alibi {
-        assert_eq!(slopes.len(), h, "one ALiBi slope per head");
-        let mut bias = Vec::with_capacity(h * sq * sk);
-        for s in slopes {
-            for i in 0..sq {
-                for j in 0..sk {
-                    let dist = (opts.q_offset + i) as f64 - (opts.k_offset + j) as f64;
-                    let dist = if opts.causal { dist } else { dist.abs() };
-                    bias.push((-s * dist) as f32);
-                }
-            }
-        }
-        let bias = Tensor::<4>::from_data(TensorData::new(bias, [1, h, sq, sk]), &device);
-        scores = scores + bias.expand([b, h, sq, sk]);
-    }
-    if opts.causal {
-        let mut mask = Vec::with_capacity(sq * sk);
-        for i in 0..sq {
-            for j in 0..sk {
-                mask.push(opts.k_offset + j > opts.q_offset + i);
-            }
-        }
-        let mask = Tensor::<4, Bool>::from_data(TensorData::new(mask, [1, 1, sq, sk]), &device);
-        scores = scores.mask_fill(mask.expand([b, h, sq, sk]), f32::NEG_INFINITY);
-    }
-    softmax(scores, 3).matmul(v)
 }

@@ -4,7 +4,7 @@
 use burn::tensor::{Int, Tensor};
 
 use crate::error::Result;
-use crate::model::neox::Past;
+use crate::model::cache::Past;
 use crate::model::GenSlm;
 
 impl GenSlm {

@@ -13,10 +13,10 @@ use crate::error::{Error, Result};
 use crate::model::hf::{
     config_from_hf, config_to_hf, needs_remote_code, MODELING_FILE, MODELING_PY,
 };
-use crate::model::neox::tensor_to_vec;
 use crate::model::params::{transpose, Layout, ParamSpec};
 use crate::model::tensors::{read_safetensors, write_safetensors_streamed, HostTensor, Streamed};
 use crate::model::GenSlm;
+use crate::ops::primitive::tensor_to_vec;
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const WEIGHTS_FILE: &str = "model.safetensors";

@@ -9,19 +9,18 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::module::embedding;
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
-use crate::config::{AttentionKind, ModelConfig, Position, Precision};
+use crate::config::{ModelConfig, Precision};
 use crate::error::{Error, Result};
-use crate::model::attention::{attention, naive_attention, AttnOptions, SequenceParallel};
-use crate::model::cache::{KvCache, LayerKv};
-use crate::model::gelu::gelu_fast;
-use crate::model::layer_norm::layer_norm;
-use crate::model::linear::linear;
-use crate::model::params::{LayerParams, Layout, ParamSpec};
-use crate::model::position::{alibi_slopes, apply_rotary, cat_runs, rotary_tables_at, Positions};
-use crate::model::qkv_attention::qkv_attention;
+use crate::model::attention::SequenceParallel;
+use crate::model::cache::{KvCache, Past};
+use crate::model::params::{Layout, ParamSpec};
+use crate::model::position::{cat_runs, Positions};
 use crate::model::tensor_parallel::{
     split_range, vocab_embedding, vocab_parallel_nll, TensorParallel,
 };
+use crate::ops::layer_norm::layer_norm;
+use crate::ops::linear::linear;
+use crate::ops::primitive::{host_to_param, tensor_to_vec};
 
 /// A GPT-NeoX model on one device.
 #[derive(Debug, Clone)]
@@ -42,10 +41,6 @@ pub struct GenSlm {
     pub precision: Precision,
 }
 
-/// New tokens per cached decoding call up to which attention over the cache materialises its
-/// scores (`[b, heads, rows, cached]`, at most 64 KiB per head per 1K cached tokens).
-const DECODE_DIRECT_ROWS: usize = 16;
-
 /// What a forward pass returns besides the final hidden states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ForwardOptions {
@@ -53,27 +48,6 @@ pub struct ForwardOptions {
     pub offset: usize,
     /// Keep the hidden states entering each layer (index 0 = embeddings).
     pub collect_hidden: bool,
-}
-
-/// A layer's keys and values from earlier calls (incremental decoding).
-// One value per layer call, moved straight into the layer: boxing the large variant would only
-// add an allocation.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone)]
-pub enum Past {
-    /// No cache: attention over this call's tokens only.
-    None,
-    /// Decoding with a cache: this layer's buffers (none before the first call), taken out of
-    /// the cache so the layer can write into them in place, and the rows to reserve.
-    Cache(Option<LayerKv>, usize),
-}
-
-/// What the layers of one forward share (see [`GenSlm::layer_context`]).
-#[derive(Debug, Clone)]
-pub struct LayerContext {
-    /// Rotary cos/sin tables for the forward's positions.
-    pub rope: Option<(Tensor<4>, Tensor<4>)>,
-    pub attn: AttnOptions,
 }
 
 impl GenSlm {
@@ -160,7 +134,7 @@ impl GenSlm {
     /// `t` in the compute dtype. Under autodiff the cast's backward hands the gradient back in
     /// fp32, so the fp32 parameters receive fp32 gradients (mixed precision with master
     /// weights).
-    fn compute<const D: usize>(&self, t: Tensor<D>) -> Tensor<D> {
+    pub(super) fn compute<const D: usize>(&self, t: Tensor<D>) -> Tensor<D> {
         match self.precision {
             Precision::Fp32 => t,
             Precision::Bf16 => t.cast(FloatDType::BF16),
@@ -176,14 +150,14 @@ impl GenSlm {
     }
 
     /// A linear layer in the compute dtype.
-    fn dense(&self, x: Tensor<3>, w: usize, b: Option<usize>) -> Tensor<3> {
+    pub(super) fn dense(&self, x: Tensor<3>, w: usize, b: Option<usize>) -> Tensor<3> {
         let bias = b.map(|b| self.compute(self.vec(b)));
         linear(self.compute(x), self.compute(self.mat(w)), bias)
     }
 
     /// A row-parallel linear layer: the product of this rank's input rows, summed over the TP
     /// group before the bias is added once.
-    fn dense_out(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
+    pub(super) fn dense_out(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
         match &self.tp {
             None => self.dense(x, w, Some(b)),
             Some(tp) => tp.sum_out(self.dense(x, w, None)) + self.compute(self.vec(b)).unsqueeze(),
@@ -191,7 +165,7 @@ impl GenSlm {
     }
 
     /// `x` entering a column-parallel linear (its gradient summed over the TP group).
-    fn copy_in(&self, x: Tensor<3>) -> Tensor<3> {
+    pub(super) fn copy_in(&self, x: Tensor<3>) -> Tensor<3> {
         match &self.tp {
             None => x,
             Some(tp) => tp.copy_in(x),
@@ -206,7 +180,7 @@ impl GenSlm {
     }
 
     /// LayerNorm with its statistics in fp32; the result in the compute dtype.
-    fn norm(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
+    pub(super) fn norm(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
         let y = layer_norm(
             self.full(x),
             self.vec(w),
@@ -221,11 +195,11 @@ impl GenSlm {
         self.params.iter().map(tensor_to_vec).collect()
     }
 
-    fn vec(&self, i: usize) -> Tensor<1> {
+    pub(super) fn vec(&self, i: usize) -> Tensor<1> {
         self.params[i].clone()
     }
 
-    fn mat(&self, i: usize) -> Tensor<2> {
+    pub(super) fn mat(&self, i: usize) -> Tensor<2> {
         let s = &self.layout.specs[i].shape;
         self.params[i].clone().reshape([s[0], s[1]])
     }
@@ -386,121 +360,6 @@ impl GenSlm {
         Ok(self.compute(x))
     }
 
-    /// What every layer of one forward shares: rotary tables and attention options for `s`
-    /// tokens starting at `offset`.
-    pub fn layer_context(&self, offset: usize, s: usize) -> LayerContext {
-        self.layer_context_at(&Positions::contiguous(offset, s))
-    }
-
-    /// [`GenSlm::layer_context`] for tokens at `pos`. Several runs of positions need a
-    /// sequence-parallel strategy that knows its layout (the ring): plain attention reads one
-    /// offset.
-    pub fn layer_context_at(&self, pos: &Positions) -> LayerContext {
-        let c = &self.cfg;
-        let rot = c.rotary_dims();
-        assert!(
-            pos.spans.len() == 1 || self.sp.is_some(),
-            "tokens at {} runs of positions need a sequence-parallel strategy",
-            pos.spans.len()
-        );
-        LayerContext {
-            rope: (c.position == Position::Rotary)
-                .then(|| rotary_tables_at(rot, c.rotary_base, pos, &self.device)),
-            attn: AttnOptions {
-                causal: true,
-                alibi: (c.position == Position::Alibi).then(|| {
-                    // This rank's heads under TP (whole heads, in order).
-                    let all = alibi_slopes(c.num_heads);
-                    let (first, n) = self.tp.as_ref().map_or((0, all.len()), |tp| {
-                        split_range(c.num_heads, tp.degree(), tp.rank())
-                    });
-                    all[first..first + n].to_vec()
-                }),
-                q_offset: pos.start(),
-                k_offset: pos.start(),
-            },
-        }
-    }
-
-    /// Layer `li` on `x: [b, s, h]`. With `Past::Cache` (incremental decoding, one rank only:
-    /// `hidden_states_cached` refuses SP models) the layer's cached keys and values come before
-    /// the new ones, and the layer's updated `(k, v)` is returned beside its output.
-    pub fn layer(
-        &self,
-        li: usize,
-        x: Tensor<3>,
-        ctx: &LayerContext,
-        past: Past,
-    ) -> (Tensor<3>, Option<LayerKv>) {
-        let c = &self.cfg;
-        let l = &self.layout.layers[li];
-        let [b, s, _] = x.dims();
-        let d = c.head_dim();
-        // This rank's heads: all of them, or its TP slice (the QKV weight's columns).
-        let heads = self.spec(l.qkv_w).shape[1] / (3 * d);
-        let a_in = self.copy_in(self.norm(x.clone(), l.ln1_w, l.ln1_b));
-        let qkv = self.dense(a_in, l.qkv_w, Some(l.qkv_b));
-        // One rank, no cache, rotary: the split, rotary and FlashAttention as one op.
-        if let (None, Past::None, Some((cos, sin))) = (&self.sp, &past, &ctx.rope) {
-            if c.attention == AttentionKind::Flash {
-                let rot = c.rotary_dims();
-                let o = qkv_attention(self.full(qkv), (cos, sin), heads, rot, &ctx.attn);
-                return self.layer_end(l, x, o, None);
-            }
-        }
-        // HF's fused layout: per head [q | k | v], each head_dim wide. Rotary and attention run
-        // in fp32 (softmax statistics in fp32 whatever the compute dtype).
-        let qkv = self.full(qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2));
-        let mut q = qkv.clone().narrow(3, 0, d);
-        let mut k = qkv.clone().narrow(3, d, d);
-        let v = qkv.narrow(3, 2 * d, d);
-        if let Some((cos, sin)) = &ctx.rope {
-            let rot = c.rotary_dims();
-            q = apply_rotary(q, cos, sin, rot);
-            k = apply_rotary(k, cos, sin, rot);
-        }
-        let mut kv_out = None;
-        let o = match (&self.sp, past) {
-            (Some(sp), _) => sp.attention(q, k, v, &ctx.attn, &|q, k, v, o| {
-                attention(q, k, v, o, c.attention)
-            }),
-            (None, Past::Cache(past, reserve)) => {
-                // Keys start at position 0 of the cache; queries at the context's offset.
-                let (kv, k, v) = LayerKv::append(past, k, v, ctx.attn.q_offset, reserve);
-                kv_out = Some(kv);
-                let o = AttnOptions {
-                    k_offset: 0,
-                    ..ctx.attn.clone()
-                };
-                // A decoding step's scores are [b, h, s, len] with s a few tokens: small, so the
-                // direct form (two matmuls) beats FlashAttention's per-tile ops over the cache.
-                if s <= DECODE_DIRECT_ROWS {
-                    naive_attention(q, k, v, &o)
-                } else {
-                    attention(q, k, v, &o, c.attention)
-                }
-            }
-            (None, Past::None) => attention(q, k, v, &ctx.attn, c.attention),
-        };
-        self.layer_end(l, x, o.swap_dims(1, 2).reshape([b, s, heads * d]), kv_out)
-    }
-
-    /// The rest of a layer from the attention output `o: [b, s, heads·d]`: its projection, the
-    /// MLP on the layer input, and the parallel residual.
-    fn layer_end(
-        &self,
-        l: &LayerParams,
-        x: Tensor<3>,
-        o: Tensor<3>,
-        kv_out: Option<LayerKv>,
-    ) -> (Tensor<3>, Option<LayerKv>) {
-        let attn_out = self.dense_out(o, l.dense_w, l.dense_b);
-        let m_in = self.copy_in(self.norm(x.clone(), l.ln2_w, l.ln2_b));
-        let m = gelu_fast(self.dense(m_in, l.fc1_w, Some(l.fc1_b)));
-        let mlp_out = self.dense_out(m, l.fc2_w, l.fc2_b);
-        (x + attn_out + mlp_out, kv_out)
-    }
-
     /// The final LayerNorm.
     pub fn final_norm(&self, x: Tensor<3>) -> Tensor<3> {
         self.norm(x, self.layout.final_ln_w, self.layout.final_ln_b)
@@ -539,12 +398,6 @@ impl GenSlm {
     }
 }
 
-/// Host tokens `[b, s]` to an Int tensor.
-pub fn tokens_tensor(tokens: &[u32], b: usize, s: usize, device: &Device) -> Tensor<2, Int> {
-    let v: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
-    Tensor::from_data(TensorData::new(v, [b, s]), device)
-}
-
 /// Sum over positions of −log p(next token), counting only targets whose `mask` is 1, and the
 /// number of such targets. Position t predicts token t+1 of the same row.
 pub fn next_token_nll(
@@ -578,17 +431,4 @@ pub fn masked_nll(logits: Tensor<3>, targets: Vec<i64>, weights: Vec<f32>) -> Te
     let lp = log_softmax(logits, 2);
     let picked: Tensor<2> = lp.gather(2, targets).squeeze_dim::<2>(2);
     (picked * weights).sum().neg()
-}
-
-/// A host vector as a parameter tensor on `device`.
-pub fn host_to_param(v: Vec<f32>, device: &Device) -> Tensor<1> {
-    let n = v.len();
-    Tensor::from_data(TensorData::new(v, [n]), device)
-}
-
-/// A tensor's values on the host (f32).
-pub fn tensor_to_vec<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
-    t.clone()
-        .try_into_vec_as::<f32>()
-        .expect("float tensors convert to f32")
 }

@@ -103,25 +103,6 @@ pub fn rotary_tables(
     )
 }
 
-/// Applies NeoX rotary to `x: [b, heads, s, d]` on its first `rot` dims.
-pub fn apply_rotary(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>, rot: usize) -> Tensor<4> {
-    let d = x.dims()[3];
-    if rot == 0 {
-        return x;
-    }
-    let x_rot = x.clone().narrow(3, 0, rot);
-    let half = rot / 2;
-    let x1 = x_rot.clone().narrow(3, 0, half);
-    let x2 = x_rot.clone().narrow(3, half, half);
-    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-    let out = x_rot * cos.clone() + rotated * sin.clone();
-    if rot == d {
-        out
-    } else {
-        Tensor::cat(vec![out, x.narrow(3, rot, d - rot)], 3)
-    }
-}
-
 /// ALiBi slopes (Press et al., 2022) for `n` heads. A power of two n gets the geometric
 /// sequence `2^(-8/n · (i+1))`; otherwise the closest lower power of two p gets its slopes, and
 /// the remaining `n − p` heads take every other slope of `2p` (the odd-numbered ones).

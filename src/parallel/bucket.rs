@@ -11,9 +11,7 @@ use burn::tensor::{Device, Tensor};
 use crate::error::{Error, Result};
 use crate::parallel::comm::{check_blocks, Communicator};
 
-/// Default bucket: 2²⁴ elements (64 MiB of f32), far below MPI's limit, large enough that
-/// per-call latency does not matter.
-pub const DEFAULT_BUCKET: usize = 1 << 24;
+pub use crate::config::DEFAULT_BUCKET;
 
 fn check_bucket(bucket: usize) -> Result<()> {
     if bucket == 0 || bucket > i32::MAX as usize {

@@ -2,7 +2,6 @@
 //! implementations, Ulysses sequence parallelism, and sharded optimizer state.
 
 pub mod bucket;
-pub mod collective_op;
 pub mod comm;
 pub mod launch;
 #[cfg(feature = "mpi")]
@@ -11,6 +10,7 @@ pub mod mpi;
 pub mod nccl;
 #[cfg(all(feature = "nccl", feature = "cuda"))]
 pub mod nccl_device;
+pub mod parallelize;
 pub mod ranks;
 pub mod ring;
 pub mod stream_order;
@@ -19,7 +19,6 @@ pub mod tensor_slices;
 pub mod threads;
 pub mod topology;
 pub mod ulysses;
-pub mod zero;
 
 pub use comm::{Communicator, Solo};
 pub use topology::{Degrees, Topology};

@@ -24,12 +24,13 @@ use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
 use burn::tensor::Tensor;
 
-use crate::model::attention::{AttnOptions, LocalAttention, SequenceParallel};
-use crate::model::attention_op::{differentiable, AttentionKernels};
-use crate::model::flash::{
+use crate::model::attention::{LocalAttention, SequenceParallel};
+use crate::ops::attention::flash::{
     flash_attention_backward, flash_attention_forward, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q,
 };
-use crate::model::primitive::Primitive;
+use crate::ops::attention::options::AttnOptions;
+use crate::ops::autodiff::{differentiable_attention as differentiable, AttentionKernels};
+use crate::ops::primitive::Primitive;
 use crate::parallel::comm::Communicator;
 use crate::parallel::ulysses::{ulysses_attention, SpGroup};
 

@@ -16,7 +16,7 @@ use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, F
 use burn::tensor::{Tensor, TensorData};
 
 use crate::model::tensor_parallel::TensorParallel;
-use crate::parallel::collective_op::{differentiable, Transposable};
+use crate::ops::autodiff::{differentiable_collective as differentiable, Transposable};
 use crate::parallel::comm::Communicator;
 
 /// Which of the pair.
@@ -134,7 +134,7 @@ impl TensorParallel for TpGroup {
 
     fn max_over(&self, x: Tensor<3>) -> Tensor<3> {
         let (dims, device) = (x.dims(), x.device());
-        let mine = crate::model::neox::tensor_to_vec(&x.detach());
+        let mine = crate::ops::primitive::tensor_to_vec(&x.detach());
         let all = self
             .comm
             .all_gather(&mine)

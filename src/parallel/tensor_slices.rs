@@ -13,9 +13,9 @@ use burn::tensor::Tensor;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::params::Layout;
 use crate::model::tensor_parallel::split_range;
+use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::bucket::{gather_unequal, unpack_host};
 use crate::parallel::comm::Communicator;
 

@@ -21,8 +21,9 @@ use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
 use burn::tensor::Tensor;
 
-use crate::model::attention::{AttnOptions, LocalAttention, SequenceParallel};
-use crate::parallel::collective_op::{differentiable, Transposable};
+use crate::model::attention::{LocalAttention, SequenceParallel};
+use crate::ops::attention::options::AttnOptions;
+use crate::ops::autodiff::{differentiable_collective as differentiable, Transposable};
 use crate::parallel::comm::Communicator;
 
 /// The SP group of one rank, shared by every layer's exchanges.
@@ -32,7 +33,7 @@ pub struct SpGroup {
     /// Elements this rank passed to forward all-to-alls (q, k, v and the output), all layers.
     pub sent_forward: Arc<AtomicU64>,
     /// With learned positions split over SP: the first table row of this rank's shard (see
-    /// `train::shard::position_rows`); `None` when every rank holds the whole table.
+    /// `parallel::parallelize::position_rows`); `None` when every rank holds the whole table.
     pub pos_shard: Option<usize>,
 }
 

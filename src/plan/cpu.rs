@@ -95,7 +95,7 @@ pub fn gathered_weights(m: &ModelConfig, st: &Strategy, checkpointed: bool) -> f
     if l.zero < 3 || l.ranks() == 1 {
         return 0.0;
     }
-    let layer = 4.0 * super::terms::layer_params(m);
+    let layer = 4.0 * super::counts::layer_params(m);
     if checkpointed {
         2.0 * layer
     } else {
@@ -135,9 +135,9 @@ pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
         // ZeRO-2 reduce-scatters each layer's gradients during the backward; at the step it
         // all-gathers one unit at a time (the flat buffer and the new weights).
         let largest = sizes.iter().copied().max().unwrap_or(0) as f64;
-        return 8.0 * largest.max(super::terms::layer_params(&m));
+        return 8.0 * largest.max(super::counts::layer_params(&m));
     }
-    let bucket = crate::parallel::bucket::DEFAULT_BUCKET.min(n);
+    let bucket = crate::config::DEFAULT_BUCKET.min(n);
     let zero1_group = l.dp * l.cp;
     let elems = if zero1_group > 1 && l.zero >= 1 {
         // ZeRO-1 over DP × CP peaks inside the gradients' reduce-scatter: the padded flat

@@ -24,6 +24,7 @@
 //! materialised attention mask, and (with genslm's own recipe) the optimizer step.
 
 pub mod command;
+mod counts;
 pub mod cpu;
 pub mod measured;
 pub mod published;
@@ -37,7 +38,7 @@ use serde::Serialize;
 use crate::config::{AttentionKind, ModelConfig, Position};
 use crate::error::{Error, Result};
 
-pub use terms::{layer_params, model_params};
+pub use counts::{layer_params, model_params};
 
 /// Serialises a byte count as a whole number.
 fn whole_bytes<S: serde::Serializer>(v: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {

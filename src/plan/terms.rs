@@ -1,24 +1,8 @@
 //! The formula of every memory term, per rank, in bytes (notation in [`super`]).
 
+use super::counts::{layer_params, model_params};
 use super::{cpu, Breakdown, Checkpointing, Hardware, Mask, Recipe, Strategy, Target, GIB};
 use crate::config::{AttentionKind, ModelConfig, Position};
-
-/// Parameters of one transformer layer (GPT-NeoX and Megatron's GPT have the same ones): two
-/// LayerNorms `4h`, fused QKV `3h² + 3h`, attention output `h² + h`, MLP `h·i + i` and
-/// `i·h + h`. For `i = 4h`: `12h² + 13h`.
-pub fn layer_params(m: &ModelConfig) -> f64 {
-    let (h, i) = (m.hidden_size as f64, m.intermediate_size as f64);
-    4.0 * h + (3.0 * h * h + 3.0 * h) + (h * h + h) + (h * i + i) + (i * h + h)
-}
-
-/// Parameters outside a learned position table: `L·layer + 2h` (final LayerNorm) `+ V·h` per
-/// embedding matrix (one when tied, two for GPT-NeoX's untied `embed_in` / `embed_out`).
-/// With `vocab = vocab_size` and untied, this is `ModelConfig::param_count` without the table.
-pub fn model_params(m: &ModelConfig, vocab: usize, tied: bool) -> f64 {
-    let (h, v, l) = (m.hidden_size as f64, vocab as f64, m.num_layers as f64);
-    let embeddings = if tied { 1.0 } else { 2.0 };
-    l * layer_params(m) + 2.0 * h + embeddings * v * h
-}
 
 /// What one layer keeps, per token (bytes) unless said otherwise.
 struct LayerTerms {
@@ -93,7 +77,7 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
         }
         Recipe::Genslm => {
             // One rank's whole sequence with rotary FlashAttention runs the fused QKV
-            // attention op (model::qkv_attention): it keeps the fp32 QKV projection (3h) and
+            // attention op (ops::attention::qkv): it keeps the fp32 QKV projection (3h) and
             // its fp32 output, which is the dense matmul's input in fp32 (counted below) and a
             // tensor of its own under 16-bit compute. Otherwise Q, K, V as flash attention
             // keeps them and its output O: 4h. Without Ulysses exchanges, V is a view of the

@@ -7,12 +7,12 @@ use crate::error::Result;
 use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::Topology;
-use crate::parallel::zero::ZeroShard;
 use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::shard::{
     combine_norm, global_grad_norm, is_tp_slice, param_groups, reduce_gradients, reduce_params,
 };
+use crate::train::zero_shard::ZeroShard;
 
 /// Optimizer state of one rank.
 #[derive(Debug, Clone)]

@@ -10,8 +10,9 @@ use crate::config::{ModelConfig, Precision};
 use crate::data::loader::Batch;
 use crate::error::{Error, Result};
 use crate::model::attention::SequenceParallel;
-use crate::model::neox::{host_to_param, tokens_tensor};
 use crate::model::GenSlm;
+use crate::ops::primitive::{host_to_param, tokens_tensor};
+use crate::parallel::parallelize::parallelize;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::Topology;
 use crate::train::dist_optim::{DistOptim, StepOutcome};
@@ -19,7 +20,7 @@ use crate::train::layerwise::{forward_logits, loss_and_grads as layerwise};
 use crate::train::optim::{AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::param_source::ParamSource;
-use crate::train::shard::{local_batch, shard_model, LocalBatch};
+use crate::train::shard::{local_batch, LocalBatch};
 use crate::train::step::{loss_and_grads, require_micro_batches};
 use crate::train::zero_units::{Fetched, ZeroUnits};
 
@@ -87,7 +88,7 @@ impl Engine {
         let plain = device.clone().without_autodiff();
         if zero >= 2 && ranks.topo.world > 1 {
             let skeleton = GenSlm::empty(cfg, device)?.with_precision(precision);
-            let skeleton = shard_model(skeleton, None, ranks, seq_len)?;
+            let skeleton = parallelize(skeleton, None, ranks, seq_len)?;
             // Under SP this rank keeps its rows of the learned-position table.
             let pos = skeleton.layout.embed_pos.zip(skeleton.position_shard());
             let rows = |i: usize, x: Vec<f32>| match pos {
@@ -123,7 +124,7 @@ impl Engine {
                 (moments.m[i], moments.v[i]) = (host_to_param(m, &plain), host_to_param(v, &plain));
             }
         }
-        let model = shard_model(
+        let model = parallelize(
             model,
             Some((&mut moments.m, &mut moments.v)),
             ranks,

@@ -18,9 +18,10 @@
 use burn::tensor::{Device, Gradients, Tensor};
 
 use crate::error::{Error, Result};
-use crate::model::neox::{tensor_to_vec, tokens_tensor, Past};
+use crate::model::cache::Past;
 use crate::model::params::Layout;
 use crate::model::GenSlm;
+use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
 use crate::train::shard::{local_nll, LocalBatch};
 
 /// A group of parameters gathered and reduced together.

@@ -18,4 +18,5 @@ pub mod setup;
 pub mod shard;
 pub mod step;
 pub mod trainer;
+pub mod zero_shard;
 pub mod zero_units;

@@ -10,8 +10,8 @@
 
 use burn::tensor::Tensor;
 
-use crate::model::neox::tensor_to_vec;
 use crate::model::params::ParamSpec;
+use crate::ops::primitive::tensor_to_vec;
 use crate::train::optim_cpu;
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -12,7 +12,7 @@ use burn::backend::{tensor::FloatTensor, DispatchDevice, Flex};
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use crate::model::fastmath::{dispatched, host_f32, values};
+use crate::ops::simd::{dispatched, host_f32, values};
 
 /// Elements per task: big enough to amortise the thread hand-off, small enough to split one
 /// parameter over the threads.

@@ -17,12 +17,12 @@ use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::model::neox::tensor_to_vec;
 use crate::model::params::Layout;
 use crate::model::tensors::{write_safetensors_streamed, Streamed, TensorFile};
 use crate::model::GenSlm;
+use crate::ops::primitive::tensor_to_vec;
 use crate::parallel::tensor_slices::{as_matrix, slice_of, split_of, Split};
-use crate::parallel::zero::ZeroShard;
+use crate::train::zero_shard::ZeroShard;
 
 /// File names of the shards start with this.
 pub const SHARD_PREFIX: &str = crate::checksum::GENSLM_SHARD_PREFIX;

@@ -5,7 +5,7 @@
 //! the backward recomputes one layer at a time from it ([`crate::train::layerwise`]). Peak
 //! activation memory is one layer's graph plus the kept inputs, instead of every layer's
 //! graph. The pieces are the model's own (`GenSlm::embed`, `layer`, `final_norm`), so the
-//! gradients equal those of the whole-graph backward up to float rounding (tests/parallel.rs,
+//! gradients equal those of the whole-graph backward up to float rounding (tests/parallel_ulysses.rs,
 //! `checkpointing_matches_the_whole_graph`), for one rank and under sequence parallelism alike:
 //! the Ulysses exchanges run again in the recomputed forward and in reverse in each layer's
 //! backward, in the same order on every rank.

@@ -11,6 +11,7 @@ use crate::data::fasta::discover;
 use crate::data::ingest::{tokenize_to_parquet, IngestOptions};
 use crate::data::loader::Corpus;
 use crate::error::{Error, Result};
+use crate::parallel::parallelize::check_positions;
 use crate::parallel::Topology;
 use crate::run_lock::RunLock;
 use crate::tokenizer::CodonTokenizer;
@@ -18,7 +19,6 @@ use crate::train::checkpoint::{read_saved, Saved};
 use crate::train::memory::{available_bytes, check_fits};
 use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint};
 use crate::train::run_dir::claim;
-use crate::train::shard::check_positions;
 
 /// Where training data comes from.
 #[derive(Debug, Clone)]

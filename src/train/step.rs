@@ -5,15 +5,15 @@ use burn::tensor::Tensor;
 
 use crate::data::loader::Batch;
 use crate::error::{Error, Result};
-use crate::model::neox::{tensor_to_vec, tokens_tensor};
 use crate::model::GenSlm;
+use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
 use crate::parallel::ranks::Ranks;
 use crate::train::recompute::{accumulate, checkpointed_loss_and_grads};
 use crate::train::shard::{local_batch, local_nll, reduce_gradients};
 
 /// The step's loss and gradients as every rank sees them after the reductions: the loss of the
 /// whole global batch, the full gradient of replicated parameters and this rank's rows of the
-/// position table's gradient. Equal to the single-rank values (tests/parallel.rs).
+/// position table's gradient. Equal to the single-rank values (tests/parallel_ulysses.rs).
 /// `checkpoint`: full activation checkpointing ([`crate::train::recompute`]), the same values
 /// with one layer's activations alive at a time.
 pub fn step_loss_and_grads(

@@ -25,16 +25,16 @@ use std::sync::Arc;
 use burn::tensor::Tensor;
 
 use crate::error::{Error, Result};
-use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::GenSlm;
+use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::comm::Communicator;
+use crate::parallel::parallelize::gather_shard_to_root;
 use crate::parallel::ranks::Ranks;
-use crate::parallel::zero::ZeroShard;
 use crate::train::dist_optim::StepOutcome;
 use crate::train::layerwise::{Unit, UnitWeights};
 use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
-use crate::train::shard::gather_shard_to_root;
+use crate::train::zero_shard::ZeroShard;
 
 /// Parameter `i`'s values as a rank holds them and their Adam moments (`None`: zeros).
 pub type Fetched = (Tensor<1>, Option<(Tensor<1>, Tensor<1>)>);

@@ -23,9 +23,10 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::infer::token_scores::token_score;
-use crate::model::cache::{forward_cached, KvCache};
-use crate::model::neox::{tensor_to_vec, tokens_tensor};
+use crate::model::cache::KvCache;
+use crate::model::decode::forward_cached;
 use crate::model::GenSlm;
+use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
 
 /// One variant's windows, as token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,8 +12,8 @@
 use burn::tensor::{Device, Tensor};
 
 use crate::error::Result;
-use crate::model::neox::{host_to_param, tensor_to_vec};
 use crate::model::params::ParamSpec;
+use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::bucket::{
     gather_bucketed, pack, reduce_scatter_bucketed, unpack, unpack_host,
 };

@@ -16,9 +16,9 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use genslm_kernels::{AttnConfig, AttnShape, Dtype};
 
-use super::flash::{tiled_forward, FlashAttentionOps, FlashParams};
-use super::flash_backward::tiled_backward;
-use super::primitive::Primitive;
+use super::flash::{FlashAttentionOps, FlashParams};
+use super::tiled::{tiled_backward, tiled_forward};
+use crate::ops::primitive::Primitive;
 
 /// What the kernels need to know about a call, or why they cannot take it.
 fn plan(q: &CubeTensor, v: &CubeTensor, k_len: usize) -> Result<(Dtype, AttnShape), String> {

@@ -13,10 +13,11 @@ use burn::backend::{tensor::FloatTensor, Flex};
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::fastmath::{dispatched, exp_neg, host_f32 as host, matmul, values, Threads::Serial};
-use super::flash::{key_end, record, tiled_forward, FlashAttentionOps, FlashParams};
-use super::flash_backward::tiled_backward;
-use super::primitive::Primitive;
+use super::flash::{FlashAttentionOps, FlashParams};
+use super::probe::record;
+use super::tiled::{key_end, tiled_backward, tiled_forward};
+use crate::ops::primitive::Primitive;
+use crate::ops::simd::{dispatched, exp_neg, host_f32 as host, matmul, values, Threads::Serial};
 
 /// Shapes: q `[bh, sq, d]`, k `[bh, sk, d]`, v `[bh, sk, dv]` (batch and heads flattened).
 #[derive(Debug, Clone, Copy)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use genslm::model::neox::tensor_to_vec;
+use genslm::ops::primitive::tensor_to_vec;
 use genslm::parallel::comm::Communicator;
 use genslm::parallel::threads::thread_group;
 use genslm::train::shard::reduce_params;

@@ -1,17 +1,27 @@
-//! Ring attention (context parallelism) against naive attention over the whole sequence on one
-//! rank: the output and the gradients of q, k and v, each rank holding its two zigzag chunks,
-//! causal with rotary-style plain scores and with ALiBi, CP 2 / 3 / 4. Plus the work balance
-//! the zigzag exists for: every rank scores the same number of query–key pairs.
+//! Context parallelism (ring attention over zigzag chunks), at two levels:
+//! - the op: ring attention against naive attention over the whole sequence on one rank — the
+//!   output and the gradients of q, k and v, each rank holding its two zigzag chunks, causal
+//!   with rotary-style plain scores and with ALiBi, CP 2 / 3 / 4 — plus the work balance the
+//!   zigzag exists for: every rank scores the same number of query–key pairs;
+//! - training: CP alone and with Ulysses, DP and ZeRO on top gives the one-rank run on threads
+//!   (losses, validation losses and gradient norms over 8 optimizer steps, ≤ 1e-5 relative, and
+//!   the final checkpoint) for rotary, ALiBi and learned positions; and sequence lengths that no
+//!   degree divides train exactly (padded, masked).
+
+mod curves;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use genslm::model::attention::{naive_attention, AttnOptions};
+use curves::{layouts_match_one_rank, tiny};
+use genslm::config::{Config, Position};
 use genslm::model::position::alibi_slopes;
+use genslm::ops::attention::naive::naive_attention;
+use genslm::ops::attention::options::AttnOptions;
 use genslm::parallel::ring::{ring_attention, RingGroup};
 use genslm::parallel::threads::thread_group;
-use genslm::parallel::Topology;
+use genslm::parallel::{Degrees, Topology};
 use genslm::rng::SplitMix64;
 
 const B: usize = 2;
@@ -134,5 +144,80 @@ fn ring_attention_matches_one_rank() {
     for (cp, s) in [(2, 16), (3, 24), (4, 32), (4, 256)] {
         check(cp, s, false);
         check(cp, s, true);
+    }
+}
+
+// ---- Training with CP: the one-rank run's curves. ----
+
+/// `(dp, cp, sp, zero, checkpoint_activations)`.
+type Layout = (usize, usize, usize, u8, bool);
+
+fn run_layouts(pos: Position, seq: usize, layouts: &[Layout]) {
+    run_config(tiny(pos, seq), layouts)
+}
+
+fn run_config(cfg: Config, layouts: &[Layout]) {
+    let grid: Vec<_> = layouts
+        .iter()
+        .map(|&(dp, cp, sp, zero, ckpt)| (Degrees::new(dp, cp, sp), zero, ckpt))
+        .collect();
+    layouts_match_one_rank(&cfg, &grid)
+}
+
+#[test]
+fn ring_matches_one_rank_with_rotary() {
+    run_layouts(
+        Position::Rotary,
+        32,
+        &[
+            (1, 2, 1, 0, false),
+            (1, 4, 1, 0, false),
+            (1, 2, 2, 0, false),
+            (2, 2, 1, 1, false),
+            (1, 2, 2, 3, true),
+        ],
+    );
+}
+
+#[test]
+fn ring_matches_one_rank_with_alibi_and_learned_positions() {
+    for pos in [Position::Alibi, Position::Learned] {
+        run_layouts(
+            pos,
+            32,
+            &[(1, 2, 1, 0, false), (1, 4, 1, 0, true), (1, 2, 2, 0, false)],
+        );
+    }
+}
+
+/// 37 tokens divide by no degree: every layout pads the sequence's end to its pieces (SP 2:
+/// 38; CP 2: 40; SP 3: 39; SP 2 × CP 2: 40) and masks the padding out of the loss.
+#[test]
+fn lengths_no_degree_divides_train_exactly() {
+    for pos in [Position::Rotary, Position::Alibi, Position::Learned] {
+        run_layouts(
+            pos,
+            37,
+            &[
+                (1, 1, 2, 0, false),
+                (1, 2, 1, 0, false),
+                (1, 2, 2, 1, false),
+            ],
+        );
+    }
+}
+
+/// 3 heads on SP 2: Ulysses pads to 4 heads (one empty) so each rank takes 2; with CP too.
+#[test]
+fn head_counts_sp_does_not_divide_train_exactly() {
+    for pos in [Position::Rotary, Position::Alibi] {
+        let mut cfg = tiny(pos, 32);
+        cfg.model.hidden_size = 48;
+        cfg.model.num_heads = 3;
+        cfg.model.intermediate_size = 192;
+        run_config(
+            cfg,
+            &[(1, 1, 2, 0, false), (1, 2, 2, 0, false), (2, 1, 2, 3, true)],
+        );
     }
 }

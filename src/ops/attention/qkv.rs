@@ -26,15 +26,15 @@ use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, F
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::attn_options::AttnOptions;
-use super::fastmath::{host_f32, values};
+use super::cpu::{self as flash_cpu, Dims};
 use super::flash::{
     flash_attention_backward, flash_attention_forward, FlashParams, DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,
 };
-use super::flash_cpu::{self, Dims};
-use super::position::apply_rotary;
-use super::primitive::Primitive;
+use super::options::AttnOptions;
+use crate::ops::primitive::Primitive;
+use crate::ops::rotary::apply_rotary;
+use crate::ops::simd::{host_f32, values};
 
 /// What the op needs besides its tensors.
 #[derive(Debug, Clone, PartialEq)]
@@ -464,8 +464,8 @@ impl<B: QkvAttentionKernels, Ck: CheckpointStrategy> QkvAttentionOps for Autodif
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::attention::naive_attention;
     use crate::model::position::rotary_tables;
+    use crate::ops::attention::naive::naive_attention;
 
     /// Output and QKV gradient against burn differentiating the composed steps (head split,
     /// rotary as tensor ops, attention with every score materialised, merge), with partial rotary, a batch of

@@ -12,8 +12,8 @@ use genslm::config::{Config, ModelConfig, Position};
 use genslm::infer::generate::{generate, GenerateOptions, Generated};
 use genslm::infer::sample::SamplingParams;
 use genslm::model::io::{load_model_dir, save_model_dir};
-use genslm::model::neox::{tensor_to_vec, tokens_tensor};
 use genslm::model::GenSlm;
+use genslm::ops::primitive::{tensor_to_vec, tokens_tensor};
 use genslm::tokenizer::CodonTokenizer;
 
 fn s(p: &Path) -> String {

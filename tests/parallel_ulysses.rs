@@ -9,10 +9,11 @@ use burn::tensor::Device;
 use burn::tensor::Tensor;
 use genslm::config::{Config, Position};
 use genslm::data::loader::{Batch, Corpus, Loader};
-use genslm::model::neox::host_to_param;
-use genslm::model::neox::tensor_to_vec;
 use genslm::model::tensors::read_safetensors;
 use genslm::model::GenSlm;
+use genslm::ops::primitive::host_to_param;
+use genslm::ops::primitive::tensor_to_vec;
+use genslm::parallel::parallelize::{gather_shard, parallelize};
 use genslm::parallel::ranks::thread_grid;
 use genslm::parallel::ranks::{thread_ranks, Ranks};
 use genslm::parallel::Degrees;
@@ -22,7 +23,6 @@ use genslm::train::engine::Engine;
 use genslm::train::metrics::{read_metrics, StepMetrics};
 use genslm::train::optim::{AdamW, AdamWConfig};
 use genslm::train::optim_shards::{write_shard, MomentShards};
-use genslm::train::shard::{gather_shard, shard_model};
 use genslm::train::step::step_loss_and_grads;
 use genslm::train::trainer::{train, train_threads, DataSource, RunOptions};
 
@@ -61,7 +61,7 @@ fn step(pos: Position, dp: usize, sp: usize, ckpt: bool) -> (f64, Vec<Vec<f32>>)
     let run = move |ranks: Ranks| {
         let ad = Device::flex().autodiff();
         let model = GenSlm::init(cfg.model.clone(), 5, &ad).unwrap();
-        let mut model = shard_model(model, None, &ranks, SEQ).unwrap();
+        let mut model = parallelize(model, None, &ranks, SEQ).unwrap();
         model.params = model.params.into_iter().map(|p| p.require_grad()).collect();
         let (loss, grads) = step_loss_and_grads(&model, &batches(), &ranks, ckpt).unwrap();
         let full: Vec<Vec<f32>> = grads
@@ -154,11 +154,11 @@ fn layouts_rejected_before_any_work() {
     let data = DataSource::Fasta(vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("data")]);
     let dir = tempfile::tempdir().unwrap();
     // (Head counts SP does not divide are no longer refused: Ulysses pads the heads, see
-    // tests/context_parallel.rs.) A zero degree is.
+    // tests/parallel_ring.rs.) A zero degree is.
     let e = train_threads(&cfg, &data, dir.path(), &RunOptions::default(), 1, 0).unwrap_err();
     assert!(e.to_string().contains("degrees must be positive"), "{e}");
     // (A sequence length SP does not divide is no longer refused: it is padded, see
-    // tests/context_parallel.rs.) A global batch DP does not divide still is.
+    // tests/parallel_ring.rs.) A global batch DP does not divide still is.
     cfg.train.batch_size = 3;
     let e = train_threads(&cfg, &data, dir.path(), &RunOptions::default(), 2, 1).unwrap_err();
     assert!(e.to_string().contains("--batch-size 3"), "{e}");
@@ -434,7 +434,7 @@ fn optimizer_shards_of_every_layout_assemble_the_full_moments() {
                         .collect()
                 };
                 let (mut m, mut v) = (full(0.0), full(0.5));
-                let model = shard_model(model, Some((&mut m, &mut v)), &ranks, SEQ).unwrap();
+                let model = parallelize(model, Some((&mut m, &mut v)), &ranks, SEQ).unwrap();
                 let mut moments = AdamW::new(AdamWConfig::default(), &model.params);
                 (moments.m, moments.v) = (m, v);
                 let engine = Engine::new(model, moments, zero, &ranks);

@@ -4,7 +4,8 @@
 
 use burn::tensor::Device;
 use genslm::model::io::load_model_dir;
-use genslm::model::neox::{next_token_nll, tensor_to_vec, tokens_tensor};
+use genslm::model::neox::next_token_nll;
+use genslm::ops::primitive::{tensor_to_vec, tokens_tensor};
 
 #[derive(serde::Deserialize)]
 struct Expected {

@@ -22,8 +22,8 @@ use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, F
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::fastmath::{dispatched, host_f32, values};
 use super::primitive::Primitive;
+use super::simd::{dispatched, host_f32, values};
 
 /// The op on `[b, s, h]` inputs with `[h]` weight and bias: under autodiff it saves the input,
 /// the weight and the statistics, and its backward is [`LayerNormKernels::layer_norm_bwd`];

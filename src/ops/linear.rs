@@ -23,8 +23,8 @@ use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, F
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::fastmath::{dispatched, host_f32, matmul, matmul_new, values, Threads};
 use super::primitive::Primitive;
+use super::simd::{dispatched, host_f32, matmul, matmul_new, values, Threads};
 
 /// The op on `x: [b, s, n]`, `w: [n, m]`, `b: [m]`: under autodiff it saves the input and the
 /// weight, and its backward is [`LinearKernels::linear_bwd`]; elsewhere it is the forward.

@@ -7,12 +7,14 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use genslm::model::attention::{naive_attention, AttnOptions};
-use genslm::model::flash::{
-    flash_attention, flash_attention_backward, flash_attention_forward, reset_tile_stats,
-    tile_stats, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q,
-};
 use genslm::model::position::alibi_slopes;
+use genslm::ops::attention::flash::{
+    flash_attention, flash_attention_backward, flash_attention_forward, DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+};
+use genslm::ops::attention::naive::naive_attention;
+use genslm::ops::attention::options::AttnOptions;
+use genslm::ops::attention::probe::{reset_tile_stats, tile_stats};
 use genslm::rng::SplitMix64;
 
 // ---- A per-thread "largest single allocation" probe (tests run on parallel threads). ----
@@ -348,7 +350,7 @@ fn checkpointing_device_and_partial_grads() {
 }
 
 #[test]
-#[ignore = "timing only: cargo test --test flash_attention timing -- --ignored --nocapture"]
+#[ignore = "timing only: cargo test --test ops_flash_attention timing -- --ignored --nocapture"]
 fn timing() {
     use std::time::Instant;
     let (b, h, s, d) = (1, 8, 1024, 64);

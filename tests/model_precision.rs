@@ -1,13 +1,14 @@
 //! bf16 mixed precision on CPU: the same casts a GPU run makes (fp32 master weights, bf16
 //! matmuls and activations, fp32 statistics and loss), checked against the fp32 path — which
-//! tests/hf_parity.rs checks against transformers.
+//! tests/model_hf_parity.rs checks against transformers.
 
 use std::path::Path;
 
 use burn::tensor::{DType, Device};
 use genslm::config::{Config, Precision};
-use genslm::model::neox::{next_token_nll, tensor_to_vec, tokens_tensor};
+use genslm::model::neox::next_token_nll;
 use genslm::model::GenSlm;
+use genslm::ops::primitive::{tensor_to_vec, tokens_tensor};
 use genslm::rng::SplitMix64;
 use genslm::train::metrics::read_metrics;
 use genslm::train::trainer::{train, DataSource, RunOptions};

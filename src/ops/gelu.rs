@@ -21,8 +21,8 @@ use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, F
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::fastmath::{dispatched, exp_neg, host_f32, values};
 use super::primitive::Primitive;
+use super::simd::{dispatched, exp_neg, host_f32, values};
 
 /// √(2/π), and the cubic coefficient, as transformers' `gelu_fast` writes them.
 const C: f32 = 0.797_884_6;

@@ -10,8 +10,9 @@ use burn::tensor::Device;
 use common::{repo, run};
 use genslm::infer::embed::{embed_tokens, Pool};
 use genslm::model::io::load_model_dir;
-use genslm::model::neox::{tensor_to_vec, tokens_tensor, ForwardOptions};
+use genslm::model::neox::ForwardOptions;
 use genslm::model::GenSlm;
+use genslm::ops::primitive::{tensor_to_vec, tokens_tensor};
 use genslm::tokenizer::CodonTokenizer;
 
 fn s(p: &Path) -> String {
@@ -60,7 +61,7 @@ fn reference_embedding(
                 sum = v[v.len() - h..].iter().map(|&x| x as f64).collect();
                 n = 1;
             }
-            Pool::None => unreachable!("per-token states are tests/embed_tokens_cli.rs's"),
+            Pool::None => unreachable!("per-token states are tests/cli_embed_tokens.rs's"),
         }
     }
     sum.iter().map(|x| x / n as f64).collect()

@@ -1,0 +1,169 @@
+//! One GPT-NeoX layer as the model runs it: `x + attn(ln1(x)) + mlp(ln2(x))` (the parallel
+//! residual), what the layers of one forward share ([`LayerContext`]: rotary tables, attention
+//! options), and the one function that chooses how attention runs ([`GenSlm::attend`]). The
+//! parameters, embedding, head and the model's forwards are in `neox.rs`.
+
+use burn::tensor::Tensor;
+
+use crate::config::{AttentionKind, Position};
+use crate::model::attention::attention;
+use crate::model::cache::{LayerKv, Past};
+use crate::model::neox::GenSlm;
+use crate::model::params::LayerParams;
+use crate::model::position::{alibi_slopes, rotary_tables_at, Positions};
+use crate::model::tensor_parallel::split_range;
+use crate::ops::attention::naive::naive_attention;
+use crate::ops::attention::options::AttnOptions;
+use crate::ops::attention::qkv::qkv_attention;
+use crate::ops::gelu::gelu_fast;
+use crate::ops::rotary::apply_rotary;
+
+/// New tokens per cached decoding call up to which attention over the cache materialises its
+/// scores (`[b, heads, rows, cached]`, at most 64 KiB per head per 1K cached tokens).
+const DECODE_DIRECT_ROWS: usize = 16;
+
+/// What the layers of one forward share (see [`GenSlm::layer_context`]).
+#[derive(Debug, Clone)]
+pub struct LayerContext {
+    /// Rotary cos/sin tables for the forward's positions.
+    pub rope: Option<(Tensor<4>, Tensor<4>)>,
+    pub attn: AttnOptions,
+}
+
+impl GenSlm {
+    /// What every layer of one forward shares: rotary tables and attention options for `s`
+    /// tokens starting at `offset`.
+    pub fn layer_context(&self, offset: usize, s: usize) -> LayerContext {
+        self.layer_context_at(&Positions::contiguous(offset, s))
+    }
+
+    /// [`GenSlm::layer_context`] for tokens at `pos`. Several runs of positions need a
+    /// sequence-parallel strategy that knows its layout (the ring): plain attention reads one
+    /// offset.
+    pub fn layer_context_at(&self, pos: &Positions) -> LayerContext {
+        let c = &self.cfg;
+        let rot = c.rotary_dims();
+        assert!(
+            pos.spans.len() == 1 || self.sp.is_some(),
+            "tokens at {} runs of positions need a sequence-parallel strategy",
+            pos.spans.len()
+        );
+        LayerContext {
+            rope: (c.position == Position::Rotary)
+                .then(|| rotary_tables_at(rot, c.rotary_base, pos, &self.device)),
+            attn: AttnOptions {
+                causal: true,
+                alibi: (c.position == Position::Alibi).then(|| {
+                    // This rank's heads under TP (whole heads, in order).
+                    let all = alibi_slopes(c.num_heads);
+                    let (first, n) = self.tp.as_ref().map_or((0, all.len()), |tp| {
+                        split_range(c.num_heads, tp.degree(), tp.rank())
+                    });
+                    all[first..first + n].to_vec()
+                }),
+                q_offset: pos.start(),
+                k_offset: pos.start(),
+            },
+        }
+    }
+
+    /// Layer `li` on `x: [b, s, h]`: GPT-NeoX's parallel residual. With `Past::Cache`
+    /// (incremental decoding, one rank only: `hidden_states_cached` refuses sharded models) the
+    /// layer's cached keys and values come before the new ones, and the layer's updated
+    /// `(k, v)` is returned beside its output.
+    pub fn layer(
+        &self,
+        li: usize,
+        x: Tensor<3>,
+        ctx: &LayerContext,
+        past: Past,
+    ) -> (Tensor<3>, Option<LayerKv>) {
+        let l = &self.layout.layers[li];
+        let (attn, kv) = self.attention_block(l, self.norm(x.clone(), l.ln1_w, l.ln1_b), ctx, past);
+        let mlp = self.mlp_block(l, self.norm(x.clone(), l.ln2_w, l.ln2_b));
+        (x + attn + mlp, kv)
+    }
+
+    /// The attention half of a layer on its normalised input `h`: the fused QKV projection,
+    /// attention, and the output projection (row-parallel under TP).
+    fn attention_block(
+        &self,
+        l: &LayerParams,
+        h: Tensor<3>,
+        ctx: &LayerContext,
+        past: Past,
+    ) -> (Tensor<3>, Option<LayerKv>) {
+        // This rank's heads: all of them, or its TP slice (the QKV weight's columns).
+        let heads = self.spec(l.qkv_w).shape[1] / (3 * self.cfg.head_dim());
+        let qkv = self.dense(self.copy_in(h), l.qkv_w, Some(l.qkv_b));
+        let (o, kv) = self.attend(qkv, heads, ctx, past);
+        (self.dense_out(o, l.dense_w, l.dense_b), kv)
+    }
+
+    /// The MLP half of a layer on its normalised input `h` (column- then row-parallel under TP).
+    fn mlp_block(&self, l: &LayerParams, h: Tensor<3>) -> Tensor<3> {
+        let m = gelu_fast(self.dense(self.copy_in(h), l.fc1_w, Some(l.fc1_b)));
+        self.dense_out(m, l.fc2_w, l.fc2_b)
+    }
+
+    /// Attention from the fused projection `qkv: [b, s, heads·3d]` to `[b, s, heads·d]`, and
+    /// the updated cache: the one place that chooses how attention runs.
+    /// - one rank, no cache, rotary, FlashAttention: split, rotary and attention as one op;
+    /// - a sequence-parallel model: the strategy's attention (Ulysses, ring) around the local one;
+    /// - decoding with a cache: the new queries over the cached and new keys;
+    /// - otherwise the configured attention (flash or naive) over this call's tokens.
+    fn attend(
+        &self,
+        qkv: Tensor<3>,
+        heads: usize,
+        ctx: &LayerContext,
+        past: Past,
+    ) -> (Tensor<3>, Option<LayerKv>) {
+        let c = &self.cfg;
+        let (rot, kind) = (c.rotary_dims(), c.attention);
+        if let (None, Past::None, Some((cos, sin)), AttentionKind::Flash) =
+            (&self.sp, &past, &ctx.rope, kind)
+        {
+            return (
+                qkv_attention(self.full(qkv), (cos, sin), heads, rot, &ctx.attn),
+                None,
+            );
+        }
+        let [b, s, _] = qkv.dims();
+        let d = c.head_dim();
+        // HF's fused layout: per head [q | k | v], each head_dim wide. Rotary and attention run
+        // in fp32 (softmax statistics in fp32 whatever the compute dtype).
+        let qkv = self.full(qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2));
+        let mut q = qkv.clone().narrow(3, 0, d);
+        let mut k = qkv.clone().narrow(3, d, d);
+        let v = qkv.narrow(3, 2 * d, d);
+        if let Some((cos, sin)) = &ctx.rope {
+            q = apply_rotary(q, cos, sin, rot);
+            k = apply_rotary(k, cos, sin, rot);
+        }
+        let (o, kv) = match (&self.sp, past) {
+            (Some(sp), _) => {
+                let local = |q, k, v, o: &AttnOptions| attention(q, k, v, o, kind);
+                (sp.attention(q, k, v, &ctx.attn, &local), None)
+            }
+            (None, Past::Cache(past, reserve)) => {
+                // Keys start at position 0 of the cache; queries at the context's offset.
+                let (kv, k, v) = LayerKv::append(past, k, v, ctx.attn.q_offset, reserve);
+                let o = AttnOptions {
+                    k_offset: 0,
+                    ..ctx.attn.clone()
+                };
+                // A decoding step's scores are [b, h, s, len] with s a few tokens: small, so the
+                // direct form (two matmuls) beats FlashAttention's per-tile ops over the cache.
+                let o = if s <= DECODE_DIRECT_ROWS {
+                    naive_attention(q, k, v, &o)
+                } else {
+                    attention(q, k, v, &o, kind)
+                };
+                (o, Some(kv))
+            }
+            (None, Past::None) => (attention(q, k, v, &ctx.attn, kind), None),
+        };
+        (o.swap_dims(1, 2).reshape([b, s, heads * d]), kv)
+    }
+}
