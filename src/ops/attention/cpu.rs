@@ -351,10 +351,10 @@ fn backward_head(
     }
 }
 
-/// On CPU: f32 tensors run the fused kernel of `flash_cpu.rs`; other dtypes run the tiled
-/// algorithm of this file (burn tensor ops on tiles, so any backend that runs burn's ops runs
-/// it). CubeCL backends (CUDA, wgpu) launch the fused kernels of `flash_cube.rs` instead and
-/// fall back to the tiled functions only for shapes those kernels do not take.
+/// On CPU: f32 tensors run the fused kernel of this file; other dtypes run the tiled algorithm
+/// of `tiled.rs` (burn tensor ops on tiles, so any backend that runs burn's ops runs it).
+/// CubeCL backends (CUDA, wgpu) launch the fused kernels of `cube.rs` instead and fall back to
+/// the tiled functions only for shapes those kernels do not take.
 impl FlashAttentionOps for Flex {
     fn flash_attention_fwd(
         q: FloatTensor<Self>,

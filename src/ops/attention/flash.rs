@@ -15,14 +15,15 @@
 //!
 //! Nothing of size `sq × sk` is allocated: every tensor is either an input/output-sized tensor
 //! (`[b, h, s, d]`, `[b, h, s]`) or a tile with at most `block_q` rows and `block_k` columns on
-//! its last two dims, all created by [`Tile`] helpers that `debug_assert!` those bounds.
+//! its last two dims, all created by `tiled.rs`'s `Tile` helpers that `debug_assert!` those
+//! bounds.
 //!
 //! The op boundary is [`FlashAttentionOps`]: `flash_attention_fwd(q, k, v, params) -> (o, lse)`
 //! and `flash_attention_bwd(q, k, v, o, lse, do, params) -> (dq, dk, dv)`, implemented for
-//! `Flex` with burn tensor ops on tiles (this file, the CPU path) and for `Autodiff<B, C>` with a
-//! hand-written backward (`attention_op.rs`) that calls the inner backend's
-//! `flash_attention_bwd`, so autodiff never differentiates through the tile ops. A fused GPU kernel plugs in as another backend
-//! implementation of the same trait.
+//! `Flex` (`cpu.rs`: the fused f32 kernel, the tiled burn-op algorithm of `tiled.rs` for other
+//! dtypes), for CubeCL backends (`cube.rs`: the fused kernels of `genslm-kernels`) and, in this
+//! file, for `Autodiff<B, C>` through `ops::autodiff::differentiable`, which calls the inner
+//! backend's `flash_attention_bwd`, so autodiff never differentiates through the tile ops.
 
 use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff};
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch};

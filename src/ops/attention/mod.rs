@@ -6,7 +6,7 @@
 //! - `flash.rs`: the op (trait, public functions, autodiff through `ops::autodiff`);
 //! - `tiled.rs`: FlashAttention-2 as burn tensor ops on tiles (any dtype, any backend);
 //! - `cpu.rs`: the fused f32 CPU kernel; `cube.rs`: the CubeCL kernels' launch;
-//! - `qkv.rs`: self-attention from the fused QKV projection (rotary included) as one op;
+//! - `qkv/`: self-attention from the fused QKV projection (rotary included) as one op;
 //! - `probe.rs`: per-thread counters the tests read (tile sizes, calls).
 
 pub(crate) mod cpu;

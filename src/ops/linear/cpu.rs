@@ -1,0 +1,129 @@
+//! Linear layers with a bias on f32 `Flex` tensors: the forward writes each row's bias into
+//! its own output buffer and lets gemm accumulate the product onto it; the backward is two gemm
+//! calls and one pass of column sums.
+
+use burn::backend::{tensor::FloatTensor, Flex};
+use burn::tensor::{DType, Tensor, TensorData};
+use rayon::prelude::*;
+
+use crate::ops::primitive::Primitive;
+use crate::ops::simd::{dispatched, host_f32, matmul, matmul_new, values, Threads};
+
+use super::*;
+
+/// Products below this many multiply-adds run on the calling thread (splitting them over the
+/// pool costs more than it saves).
+const POOL_MIN: usize = 1 << 21;
+
+fn threads(m: usize, n: usize, k: usize) -> Threads {
+    if m * n * k >= POOL_MIN {
+        Threads::Pool
+    } else {
+        Threads::Serial
+    }
+}
+
+/// `x (rows×n) · w (n×m) + b`, row-major.
+pub(super) fn fwd_slices(
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    (rows, n, m): (usize, usize, usize),
+) -> Vec<f32> {
+    let mut y = Vec::with_capacity(rows * m);
+    for _ in 0..rows {
+        y.extend_from_slice(b);
+    }
+    let t = threads(rows, m, n);
+    matmul((rows, m, n), &mut y, m, true, x, (n, 1), w, (m, 1), t);
+    y
+}
+
+/// `(dx, dw, db)` for [`fwd_slices`]' shapes.
+pub(super) fn bwd_slices(
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    (rows, n, m): (usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    // dx = dy (rows×m) · wᵀ (m×n); element (k, j) of wᵀ is w[j·m + k].
+    let dx = matmul_new((rows, n, m), (dy, (m, 1)), (w, (1, m)), threads(rows, n, m));
+    // dw = xᵀ (n×rows) · dy (rows×m), the sum over every row in one product; element (i, r) of
+    // xᵀ is x[r·n + i].
+    let dw = matmul_new((n, m, rows), (x, (1, n)), (dy, (m, 1)), threads(n, m, rows));
+    (dx, dw, column_sums(dy, m))
+}
+
+/// Elements of `dy` per column-sum task.
+const CHUNK: usize = 1 << 15;
+
+/// Sums of the columns of a row-major `[rows, m]` slice: per-task partial sums over row
+/// chunks, then added together.
+fn column_sums(dy: &[f32], m: usize) -> Vec<f32> {
+    if m == 0 {
+        return Vec::new();
+    }
+    let rows_per_task = (CHUNK / m).max(1);
+    dy.par_chunks(rows_per_task * m)
+        .map(|rows| {
+            let mut acc = vec![0f32; m];
+            for row in rows.chunks_exact(m) {
+                add_row(&mut acc, row);
+            }
+            acc
+        })
+        .reduce(
+            || vec![0f32; m],
+            |mut a, b| {
+                add_row(&mut a, &b);
+                a
+            },
+        )
+}
+
+dispatched!(add_row, (acc: &mut [f32], row: &[f32]), {
+    for (a, &r) in acc.iter_mut().zip(row) {
+        *a += r;
+    }
+});
+
+impl LinearKernels for Flex {
+    fn linear_fwd(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let (x, w, b): (Tensor<3>, Tensor<2>, Tensor<1>) =
+            (Self::tensor(x), Self::tensor(w), Self::tensor(b));
+        Self::prim(if [x.dtype(), w.dtype(), b.dtype()] == [DType::F32; 3] {
+            let ([bs, s, n], m, device) = (x.dims(), w.dims()[1], x.device());
+            let (xs, ws, b) = (host_f32(x), host_f32(w), host_f32(b));
+            let y = fwd_slices(values(&xs), values(&ws), values(&b), (bs * s, n, m));
+            Tensor::<3>::from_data(TensorData::new(y, [bs, s, m]), &device)
+        } else {
+            burn::tensor::module::linear(x, w, Some(b))
+        })
+    }
+
+    fn linear_bwd(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (x, w, dy): (Tensor<3>, Tensor<2>, Tensor<3>) =
+            (Self::tensor(x), Self::tensor(w), Self::tensor(dy));
+        let (dx, dw, db) = if [x.dtype(), w.dtype(), dy.dtype()] == [DType::F32; 3] {
+            let ([bs, s, n], m, device) = (x.dims(), w.dims()[1], x.device());
+            let (xs, ws, dys) = (host_f32(x), host_f32(w), host_f32(dy));
+            let (dx, dw, db) = bwd_slices(values(&xs), values(&ws), values(&dys), (bs * s, n, m));
+            (
+                Tensor::<3>::from_data(TensorData::new(dx, [bs, s, n]), &device),
+                Tensor::<2>::from_data(TensorData::new(dw, [n, m]), &device),
+                Tensor::<1>::from_data(TensorData::new(db, [m]), &device),
+            )
+        } else {
+            bwd_composed(x, w, dy)
+        };
+        (Self::prim(dx), Self::prim(dw), Self::prim(db))
+    }
+}

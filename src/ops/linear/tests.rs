@@ -1,0 +1,125 @@
+use super::cpu::{bwd_slices, fwd_slices};
+use super::*;
+use burn::tensor::TensorData;
+
+fn data(n: usize, seed: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as f32 * 0.618_034 + seed).fract() - 0.5) * 2.0)
+        .collect()
+}
+
+/// The naive triple loops in f64: `(y, dx, dw, db)`.
+#[allow(clippy::type_complexity)]
+fn reference(
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    dy: &[f32],
+    (rows, n, m): (usize, usize, usize),
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut y, mut dx) = (vec![0f64; rows * m], vec![0f64; rows * n]);
+    let (mut dw, mut db) = (vec![0f64; n * m], vec![0f64; m]);
+    for r in 0..rows {
+        for j in 0..m {
+            let mut acc = b[j] as f64;
+            for i in 0..n {
+                acc += x[r * n + i] as f64 * w[i * m + j] as f64;
+                dx[r * n + i] += dy[r * m + j] as f64 * w[i * m + j] as f64;
+                dw[i * m + j] += x[r * n + i] as f64 * dy[r * m + j] as f64;
+            }
+            y[r * m + j] = acc;
+            db[j] += dy[r * m + j] as f64;
+        }
+    }
+    (y, dx, dw, db)
+}
+
+fn assert_close(got: &[f32], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what} length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()),
+            "{what} at {i}: {g} vs {w}"
+        );
+    }
+}
+
+/// The loops against f64, on a product small enough for the calling thread and on one
+/// split over the pool (odd sizes throughout).
+#[test]
+fn slices_match_f64_loops() {
+    for dims @ (rows, n, m) in [(37, 19, 23), (211, 131, 89)] {
+        let (x, w, bias, dy) = (
+            data(rows * n, 0.1),
+            data(n * m, 0.4),
+            data(m, 0.7),
+            data(rows * m, 0.9),
+        );
+        let (y_ref, dx_ref, dw_ref, db_ref) = reference(&x, &w, &bias, &dy, dims);
+        assert_close(&fwd_slices(&x, &w, &bias, dims), &y_ref, "y");
+        let (dx, dw, db) = bwd_slices(&x, &w, &dy, dims);
+        assert_close(&dx, &dx_ref, "dx");
+        assert_close(&dw, &dw_ref, "dw");
+        assert_close(&db, &db_ref, "db");
+    }
+}
+
+/// Under autodiff, the output and every gradient equal burn differentiating its own
+/// `linear` (a matmul and a broadcast add); without a bias, `linear` is burn's.
+#[test]
+fn autodiff_gradients_equal_burn_linear() {
+    let ad = burn::tensor::Device::flex().autodiff();
+    let ([bs, s, n], m) = ([2, 5, 7], 3);
+    type Out = (Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>);
+    let run = |fused: bool, with_bias: bool| -> Out {
+        let t = |v: Vec<f32>| {
+            let n = v.len();
+            TensorData::new(v, [n])
+        };
+        let x = Tensor::<1>::from_data(t(data(bs * s * n, 0.2)), &ad)
+            .reshape([bs, s, n])
+            .require_grad();
+        let w = Tensor::<1>::from_data(t(data(n * m, 0.5)), &ad)
+            .reshape([n, m])
+            .require_grad();
+        let b = Tensor::<1>::from_data(t(data(m, 0.8)), &ad).require_grad();
+        let weights = Tensor::<1>::from_data(t(data(bs * s * m, 0.3)), &ad).reshape([bs, s, m]);
+        let bias = with_bias.then(|| b.clone());
+        let y = if fused {
+            linear(x.clone(), w.clone(), bias)
+        } else {
+            burn::tensor::module::linear(x.clone(), w.clone(), bias)
+        };
+        let grads = (y.clone() * weights).sum().backward();
+        let v = |t: Tensor<1>| t.into_data().try_into_vec::<f32>().unwrap();
+        let flat3 = |t: Tensor<3>| {
+            let n: usize = t.dims().iter().product();
+            v(t.reshape([n]))
+        };
+        (
+            flat3(y.without_autodiff()),
+            flat3(x.grad(&grads).expect("dx")),
+            v(w.grad(&grads).expect("dw").reshape([n * m])),
+            b.grad(&grads).map(v),
+        )
+    };
+    for with_bias in [true, false] {
+        let (got, want) = (run(true, with_bias), run(false, with_bias));
+        let close = |a: &[f32], b: &[f32], what: &str| {
+            assert_eq!(a.len(), b.len());
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    (x - y).abs() < 1e-5 * (1.0 + y.abs()),
+                    "{what} at {i}: {x} vs {y}"
+                );
+            }
+        };
+        close(&got.0, &want.0, "y");
+        close(&got.1, &want.1, "dx");
+        close(&got.2, &want.2, "dw");
+        assert_eq!(got.3.is_some(), with_bias, "db exists iff there is a bias");
+        if let (Some(a), Some(b)) = (&got.3, &want.3) {
+            close(a, b, "db");
+        }
+    }
+}
