@@ -7,8 +7,8 @@ mod common;
 use common::{repo, run};
 use genslm::config::{AttentionKind, ModelConfig, Position};
 use genslm::plan::{
-    estimate, granule, max_seq_len, model_params, Checkpointing, Hardware, Layout, Mask, Phase,
-    Precision, Recipe, Strategy, Target, GIB,
+    estimate, granule, max_seq_len, model_params, Checkpointing, Degrees, Hardware, Mask,
+    Parallelism, Phase, Precision, Recipe, Strategy, Target, GIB,
 };
 use genslm::tokenizer::VocabKind;
 
@@ -30,12 +30,9 @@ fn shape(layers: usize, h: usize, heads: usize, i: usize) -> ModelConfig {
     }
 }
 
-fn layout(tp: usize, sp: usize, dp: usize, zero: u8, megatron_sp: bool) -> Layout {
-    Layout {
-        tp,
-        sp,
-        cp: 1,
-        dp,
+fn layout(tp: usize, sp: usize, dp: usize, zero: u8, megatron_sp: bool) -> Parallelism {
+    Parallelism {
+        degrees: Degrees { dp, cp: 1, sp, tp },
         zero,
         megatron_sp,
         zero_over_sp: true,
@@ -44,7 +41,7 @@ fn layout(tp: usize, sp: usize, dp: usize, zero: u8, megatron_sp: bool) -> Layou
 
 /// Megatron's layer in bf16 with dropout (16-bit softmax, no score buffer: Korthikanti et
 /// al.'s accounting), no position table, no mask.
-fn megatron(l: Layout, attention: AttentionKind, ckpt: Checkpointing) -> Strategy {
+fn megatron(l: Parallelism, attention: AttentionKind, ckpt: Checkpointing) -> Strategy {
     Strategy {
         layout: l,
         recipe: Recipe::Megatron {
@@ -496,8 +493,11 @@ fn checkpointed_logits_peak_at_the_loss() {
 fn context_parallel_splits_every_region_and_zero_spans_it() {
     let (h, a, i, s, c) = (512usize, 8usize, 2048usize, 8192usize, 4usize);
     let mut st = megatron(
-        Layout {
-            cp: c,
+        Parallelism {
+            degrees: Degrees {
+                cp: c,
+                ..layout(1, 1, 1, 0, false).degrees
+            },
             ..layout(1, 1, 1, 0, false)
         },
         AttentionKind::Flash,
@@ -521,8 +521,11 @@ fn context_parallel_splits_every_region_and_zero_spans_it() {
     );
     // ZeRO-3 over D × c (dp 2 × cp 4): weights 2 bytes / 8 ranks in bf16.
     let mut z = megatron(
-        Layout {
-            cp: c,
+        Parallelism {
+            degrees: Degrees {
+                cp: c,
+                ..layout(1, 1, 2, 3, false).degrees
+            },
             zero: 3,
             ..layout(1, 1, 2, 3, false)
         },
@@ -564,7 +567,13 @@ fn context_parallel_splits_every_region_and_zero_spans_it() {
     );
     assert_eq!(
         granule(&Strategy {
-            layout: Layout { cp: 3, ..st.layout },
+            layout: Parallelism {
+                degrees: Degrees {
+                    cp: 3,
+                    ..st.layout.degrees
+                },
+                ..st.layout
+            },
             ..st.clone()
         }),
         3072

@@ -26,7 +26,7 @@ pub struct Topology {
 }
 
 /// The degrees of a layout, as the command line gives them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Degrees {
     pub dp: usize,
     pub cp: usize,

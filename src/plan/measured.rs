@@ -16,7 +16,9 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use super::{estimate, terms::gpu_reserve, Hardware, Layout, Phase, Strategy, Target, MIB};
+use super::{
+    estimate, terms::gpu_reserve, Degrees, Hardware, Parallelism, Phase, Strategy, Target, MIB,
+};
 use crate::config::{AttentionKind, ModelConfig, Position};
 use crate::tokenizer::VocabKind;
 
@@ -205,11 +207,13 @@ pub fn shape(r: &Run) -> ModelConfig {
 /// attention, full checkpointing, fp16 mixed precision, GPT-2's tied embeddings.
 pub fn strategy(r: &Run) -> Strategy {
     // The runs used fp16: the same bytes as bf16 (`Precision::Bf16` is 16-bit mixed).
-    let layout = Layout {
-        tp: r.tp,
-        sp: 1,
-        cp: 1,
-        dp: r.dp,
+    let layout = Parallelism {
+        degrees: Degrees {
+            dp: r.dp,
+            cp: 1,
+            sp: 1,
+            tp: r.tp,
+        },
         zero: r.zero,
         megatron_sp: true,
         zero_over_sp: false,

@@ -37,6 +37,7 @@ use serde::Serialize;
 
 use crate::config::{AttentionKind, ModelConfig, Position};
 use crate::error::{Error, Result};
+pub use crate::parallel::Degrees;
 
 pub use counts::{layer_params, model_params};
 
@@ -62,17 +63,12 @@ pub const GIB: f64 = (1u64 << 30) as f64;
 /// Bytes in one MiB.
 pub const MIB: f64 = (1u64 << 20) as f64;
 
-/// Number formats of a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// Mixed precision: bf16 (or fp16) weights, gradients and activations; fp32 master weights
-    /// and Adam moments in the optimizer.
-    Bf16,
-    /// Everything fp32 (genslm on CPU).
-    Fp32,
-}
+/// Number formats of a step: the trainer's own [`crate::config::Precision`]. `Bf16` plans
+/// mixed precision (bf16 or fp16 weights, gradients and activations; fp32 master weights and
+/// Adam moments in the optimizer), `Fp32` everything in fp32 (genslm on CPU).
+pub use crate::config::Precision;
 
+/// What each number format costs, in the planner's terms.
 impl Precision {
     /// `e`: bytes per activation element.
     pub fn activation_bytes(self) -> f64 {
@@ -152,18 +148,19 @@ pub enum Target {
     Cpu { run: cpu::CpuRun },
 }
 
-/// How the ranks split the work. `tp · sp · cp · dp` ranks in all.
+/// How the ranks split the work: the degrees (`tp · sp · cp · dp` ranks in all, the same
+/// [`Degrees`] the trainer's topology takes) and what the planner adds to them — the ZeRO stage
+/// and its partition group, and Megatron sequence parallelism. Reads of the degrees go through
+/// `Deref` (`layout.tp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Layout {
-    /// Tensor-parallel degree `t` (Megatron column/row-parallel layers).
-    pub tp: usize,
-    /// Ulysses sequence-parallel degree `p` (all-to-all of Q, K, V, O around attention).
-    pub sp: usize,
-    /// Context-parallel degree `c` (ring attention: each rank holds `s/c` tokens of every
-    /// region, K/V blocks travel around the ring; weights replicated over it).
-    pub cp: usize,
-    /// Data-parallel degree `D`.
-    pub dp: usize,
+pub struct Parallelism {
+    /// Tensor-parallel degree `t` (Megatron column/row-parallel layers), Ulysses
+    /// sequence-parallel degree `p` (all-to-all of Q, K, V, O around attention),
+    /// context-parallel degree `c` (ring attention: each rank holds `s/c` tokens of every
+    /// region, K/V blocks travel around the ring; weights replicated over it) and the
+    /// data-parallel degree `D`.
+    #[serde(flatten)]
+    pub degrees: Degrees,
     /// ZeRO stage: 1 partitions optimizer states, 2 also gradients, 3 also weights, over `Z`.
     pub zero: u8,
     /// Megatron sequence parallelism on the TP group (the sequence region split over `t`).
@@ -173,14 +170,21 @@ pub struct Layout {
     pub zero_over_sp: bool,
 }
 
-impl Layout {
+impl std::ops::Deref for Parallelism {
+    type Target = Degrees;
+    fn deref(&self) -> &Degrees {
+        &self.degrees
+    }
+}
+
+impl Parallelism {
     /// Whether genslm's trainer partitions ZeRO stage `zero` over SP as well: ZeRO-1 spans
     /// DP × CP only, ZeRO-2/3 every data rank (DP × CP × SP).
     pub fn trainer_zero_over_sp(zero: u8) -> bool {
         zero >= 2
     }
     pub fn ranks(&self) -> usize {
-        self.tp * self.sp * self.cp * self.dp
+        self.degrees.world()
     }
     /// The ZeRO partition group: `Z = D·c·p`, or `D·c` without `zero_over_sp` (CP ranks
     /// hold replicas, so ZeRO always spans them, as Megatron's distributed optimizer does).
@@ -200,7 +204,7 @@ impl Layout {
 /// Everything about a training step that the memory depends on, besides the model's shape.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Strategy {
-    pub layout: Layout,
+    pub layout: Parallelism,
     pub recipe: Recipe,
     pub attention: AttentionKind,
     pub positions: Position,

@@ -12,8 +12,8 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use super::{
-    estimate, max_seq_len, Breakdown, Checkpointing, Hardware, Layout, Mask, Phase, Precision,
-    Recipe, Strategy, Target, GIB,
+    estimate, max_seq_len, Breakdown, Checkpointing, Degrees, Hardware, Mask, Parallelism, Phase,
+    Precision, Recipe, Strategy, Target, GIB,
 };
 use crate::config::{AttentionKind, ModelConfig, Position};
 use crate::tokenizer::VocabKind;
@@ -139,7 +139,7 @@ pub fn shape(name: &str) -> ModelConfig {
 /// Megatron's GPT layer (dropout, fp32 softmax, Megatron-LM's score buffer) with flash
 /// attention, full checkpointing, 16-bit mixed precision, tied embeddings, micro-batch 1, a
 /// learned table replicated on the TP ranks and no mask on the GPU, on `layout`.
-pub fn megatron_sp_flash(layout: Layout, vocab_size: usize) -> Strategy {
+pub fn megatron_sp_flash(layout: Parallelism, vocab_size: usize) -> Strategy {
     Strategy {
         layout,
         recipe: Recipe::Megatron {
@@ -171,11 +171,13 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
     let megatron_lm = Strategy {
         mask: Mask::Materialised,
         ..megatron_sp_flash(
-            Layout {
-                tp: degree,
-                sp: 1,
-                cp: 1,
-                dp: gpus / degree,
+            Parallelism {
+                degrees: Degrees {
+                    dp: gpus / degree,
+                    cp: 1,
+                    sp: 1,
+                    tp: degree,
+                },
                 zero: 0,
                 megatron_sp: true,
                 zero_over_sp: false,
@@ -185,11 +187,13 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
         )
     };
     let genslm = |checkpointing| Strategy {
-        layout: Layout {
-            tp: 1,
-            sp: degree,
-            cp: 1,
-            dp: gpus / degree,
+        layout: Parallelism {
+            degrees: Degrees {
+                dp: gpus / degree,
+                cp: 1,
+                sp: degree,
+                tp: 1,
+            },
             zero: 3,
             megatron_sp: false,
             zero_over_sp: true,
@@ -210,7 +214,7 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
         // (b) TP without Megatron SP, naive attention without the global score buffer,
         // checkpoints partitioned over TP.
         System::OldMds => Strategy {
-            layout: Layout {
+            layout: Parallelism {
                 megatron_sp: false,
                 ..megatron_lm.layout
             },
@@ -247,7 +251,7 @@ pub struct Cell {
     pub predicted_k: f64,
     /// predicted / published − 1.
     pub rel_error: Option<f64>,
-    pub layout: Layout,
+    pub layout: Parallelism,
     /// The binding phase and its memory at the predicted length.
     pub phase: Phase,
     pub memory: Breakdown,

@@ -4,10 +4,10 @@ use std::fmt::Write;
 
 use super::request::{PlanDevice, PlanRequest};
 use super::search::{strategy_for, Candidate, SweepRow};
-use super::{granule, Checkpointing, Estimate, Layout, Precision, Strategy, GIB};
+use super::{granule, Checkpointing, Degrees, Estimate, Parallelism, Precision, Strategy, GIB};
 use crate::config::{AttentionKind, ModelConfig, Position};
 
-pub(super) fn layout_text(l: &Layout) -> String {
+pub(super) fn layout_text(l: &Parallelism) -> String {
     let mut parts = Vec::new();
     if l.tp > 1 {
         parts.push(format!(
@@ -157,14 +157,16 @@ pub(super) fn sweep_report(
         describe(&strategy_for(
             model,
             a,
-            Layout {
-                tp: 1,
-                sp: 1,
-                cp: 1,
-                dp: 1,
+            Parallelism {
+                degrees: Degrees {
+                    dp: 1,
+                    cp: 1,
+                    sp: 1,
+                    tp: 1
+                },
                 zero: 0,
                 megatron_sp: false,
-                zero_over_sp: false
+                zero_over_sp: false,
             }
         ))
     );

@@ -7,7 +7,8 @@ use serde::Serialize;
 use super::cpu::CpuRun;
 use super::request::{PlanDevice, PlanRequest};
 use super::{
-    check, max_seq_len, Checkpointing, Hardware, Layout, Mask, Precision, Recipe, Strategy, Target,
+    check, max_seq_len, Checkpointing, Degrees, Hardware, Mask, Parallelism, Precision, Recipe,
+    Strategy, Target,
 };
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -26,7 +27,7 @@ fn divisors(n: usize) -> Vec<usize> {
 }
 
 /// The strategy genslm would train with for these flags and this layout.
-pub fn strategy_for(model: &ModelConfig, a: &PlanRequest, layout: Layout) -> Strategy {
+pub fn strategy_for(model: &ModelConfig, a: &PlanRequest, layout: Parallelism) -> Strategy {
     let cpu = a.device == PlanDevice::Cpu;
     Strategy {
         layout,
@@ -51,7 +52,7 @@ pub fn strategy_for(model: &ModelConfig, a: &PlanRequest, layout: Layout) -> Str
     }
 }
 
-pub fn hardware_for(a: &PlanRequest, layout: &Layout, mem_bytes: f64) -> Hardware {
+pub fn hardware_for(a: &PlanRequest, layout: &Parallelism, mem_bytes: f64) -> Hardware {
     Hardware {
         mem_bytes,
         target: match a.device {
@@ -66,7 +67,7 @@ pub fn hardware_for(a: &PlanRequest, layout: &Layout, mem_bytes: f64) -> Hardwar
 
 /// Every layout of `gpus` ranks consistent with the flags (fixed where given, searched where
 /// not: TP within a node, whole heads per rank, ZeRO 0–3).
-pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<Layout>> {
+pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<Parallelism>> {
     let cpu = a.device == PlanDevice::Cpu;
     let tps: Vec<usize> = match a.tp {
         Some(t) => vec![t],
@@ -107,16 +108,13 @@ pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<
                     continue;
                 }
                 for &zero in &zeros {
-                    out.push(Layout {
-                        tp,
-                        sp,
-                        cp,
-                        dp,
+                    out.push(Parallelism {
+                        degrees: Degrees { dp, cp, sp, tp },
                         zero,
                         megatron_sp: false,
                         // genslm's trainer partitions ZeRO-1 over DP × CP and ZeRO-2/3 over
                         // all ranks; on GPUs plan every stage as DeepSpeed-Ulysses does.
-                        zero_over_sp: !cpu || Layout::trainer_zero_over_sp(zero),
+                        zero_over_sp: !cpu || Parallelism::trainer_zero_over_sp(zero),
                     });
                 }
             }
@@ -165,7 +163,7 @@ pub fn evaluate(
     model: &ModelConfig,
     a: &PlanRequest,
     mem_bytes: f64,
-    layouts: Vec<Layout>,
+    layouts: Vec<Parallelism>,
 ) -> Vec<Candidate> {
     layouts
         .into_iter()
@@ -220,7 +218,7 @@ pub fn sweep(
             continue;
         };
         let all = evaluate(model, a, mem_bytes, ls);
-        let best_in = |f: &dyn Fn(&Layout) -> bool| {
+        let best_in = |f: &dyn Fn(&Parallelism) -> bool| {
             all.iter()
                 .filter(|c| f(&c.strategy.layout))
                 .map(|c| c.max_seq_len)

@@ -7,7 +7,8 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::plan::cpu::CpuRun;
 use crate::plan::{
-    estimate, Checkpointing, Hardware, Layout, Mask, Precision, Recipe, Strategy, Target, GIB,
+    estimate, Checkpointing, Degrees, Hardware, Mask, Parallelism, Precision, Recipe, Strategy,
+    Target, GIB,
 };
 use crate::train::metrics::proc_kib;
 
@@ -16,14 +17,16 @@ use crate::train::metrics::proc_kib;
 pub fn trainer_strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
     let t = &cfg.train;
     Strategy {
-        layout: Layout {
-            tp: 1,
-            sp,
-            cp: 1,
-            dp,
+        layout: Parallelism {
+            degrees: Degrees {
+                dp,
+                cp: 1,
+                sp,
+                tp: 1,
+            },
             zero: t.zero,
             megatron_sp: false,
-            zero_over_sp: Layout::trainer_zero_over_sp(t.zero),
+            zero_over_sp: Parallelism::trainer_zero_over_sp(t.zero),
         },
         recipe: Recipe::Genslm,
         attention: cfg.model.attention,
