@@ -3,6 +3,7 @@
 pub mod checkpoint;
 pub mod dist_optim;
 pub mod engine;
+pub mod fault;
 pub mod layerwise;
 pub mod memory;
 pub mod metrics;
@@ -10,6 +11,7 @@ pub mod optim;
 pub mod optim_cpu;
 pub mod optim_shards;
 pub mod param_source;
+pub mod rank_loop;
 pub mod recompute;
 pub mod resume;
 pub mod run_dir;

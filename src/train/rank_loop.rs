@@ -1,0 +1,456 @@
+//! One rank's training loop: FASTA or parquet → windows → AdamW steps, with validation,
+//! metrics and checkpoints in a run directory (docs/ARCHITECTURE.md §7). The launcher
+//! (`trainer.rs`) starts one of these per rank.
+//!
+//! Determinism: initial weights and data order are pure functions of the seed (see `rng.rs`),
+//! the loader's state is one counter, and the optimizer state is saved exactly, so a resumed run
+//! reproduces the uninterrupted run's losses step for step on CPU.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::backend::resolve_precision;
+use crate::config::Config;
+use crate::config::{ModelConfig, TrainConfig};
+use crate::data::loader::{Batch, Corpus, Loader};
+use crate::error::{Error, Result};
+use crate::model::io::load_config;
+use crate::model::params::Layout;
+use crate::model::GenSlm;
+use crate::ops::primitive::tensor_to_vec;
+use crate::parallel::parallelize::gather_shard_to_root;
+use crate::parallel::ranks::Ranks;
+use crate::parallel::tensor_slices::gather_slices;
+use crate::parallel::{Degrees, Topology};
+use crate::train::checkpoint::{
+    commit_checkpoint, prepare_staging, read_saved, staging_dir, TrainerState,
+};
+use crate::train::dist_optim::StepOutcome;
+use crate::train::engine::{Engine, Start};
+use crate::train::fault::injected_fault;
+use crate::train::metrics::{
+    peak_rss_mib, train_flops_per_sequence, MetricsLog, RankMemory, StepMetrics,
+};
+use crate::train::optim::AdamWConfig;
+use crate::train::optim_shards::write_shard;
+use crate::train::param_source::ParamSource;
+use crate::train::resume::{check_resume, check_state};
+use crate::train::run_dir::prune_checkpoints;
+use crate::train::schedule::lr_at;
+use crate::train::setup::validate_layout;
+use crate::train::setup::RunOptions;
+use crate::train::shard::{local_batch, local_nll};
+use crate::train::step::all_reduce_scalar;
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct TrainSummary {
+    pub steps_done: u64,
+    pub final_loss: f64,
+    pub final_val_loss: Option<f64>,
+    pub peak_rss_mib: f64,
+    pub last_checkpoint: Option<PathBuf>,
+}
+
+impl Default for TrainSummary {
+    fn default() -> Self {
+        TrainSummary {
+            steps_done: 0,
+            final_loss: f64::NAN,
+            final_val_loss: None,
+            peak_rss_mib: 0.0,
+            last_checkpoint: None,
+        }
+    }
+}
+
+/// One rank's training loop (the single-process run is rank 0 of a 1 × 1 layout).
+pub fn train_rank(
+    cfg: &Config,
+    corpus: &Corpus,
+    run: &Path,
+    opts: &RunOptions,
+    ranks: &Ranks,
+) -> Result<TrainSummary> {
+    let t = &cfg.train;
+    validate_layout(cfg, &ranks.topo)?;
+    let ranks = &ranks.clone().with_bucket(t.reduce_bucket_size);
+    let ad = opts.device.open(opts.thread_rank)?.autodiff();
+    let (source, model_cfg, mut state) = starting_point(cfg, corpus, run, opts, ranks)?;
+    let start = Start {
+        model: model_cfg,
+        precision: resolve_precision(t.precision, opts.device.backend),
+        source: &source,
+        adamw: state.adamw,
+        step: state.optimizer_step,
+        device: &ad,
+    };
+    let mut engine = Engine::build(start, t.zero, ranks, t.seq_len)?;
+    let mut loader = Loader::new(t.seed, state.loader_cursor);
+    let mut log = match ranks.is_root() {
+        true => Some(MetricsLog::open(
+            &run.join("metrics.jsonl"),
+            opts.resume.then_some(state.step),
+        )?),
+        false => None,
+    };
+    let bar = crate::progress::bar(
+        opts.progress && ranks.is_root(),
+        Some(t.steps),
+        "train {bar:30} {pos}/{len} {msg} eta {eta}",
+    );
+    bar.set_position(state.step);
+    let clock = Clock {
+        start: Instant::now(),
+        flops_per_seq: train_flops_per_sequence(&cfg.model, t.seq_len),
+    };
+    let first_step = state.step;
+    let mut summary = TrainSummary::default();
+    let mut policy = NonFinitePolicy::default();
+    while state.step < t.steps {
+        injected_fault(ranks.topo.rank, state.step + 1)?;
+        let step_start = Instant::now();
+        let lr = lr_at(
+            state.step as usize,
+            t.steps as usize,
+            t.warmup as usize,
+            t.lr,
+            t.min_lr_ratio,
+        );
+        let batches: Vec<Batch> = (0..t.grad_accum)
+            .map(|_| loader.next_batch(corpus, t.batch_size))
+            .collect();
+        let (loss, out, sent_per_layer) = train_step(cfg, &mut engine, &batches, lr, ranks)?;
+        state.step += 1;
+        state.loader_cursor = loader.cursor;
+        state.optimizer_step = engine.step_count();
+        policy.check(&out, loss, state.step, t)?;
+        let last = state.step == t.steps;
+        let val_loss = if (t.val_every > 0 && state.step % t.val_every == 0) || last {
+            validation_loss(&mut engine, corpus, t.batch_size, ranks)?
+        } else {
+            None
+        };
+        let m = clock.metrics(
+            &state,
+            &engine,
+            &batches,
+            (loss, val_loss, lr, &out),
+            sent_per_layer,
+            step_start,
+            opts,
+        );
+        if let Some(log) = log.as_mut() {
+            log.write(&m)?;
+        }
+        bar.set_position(state.step);
+        bar.set_message(format!("loss {loss:.4} {:.0} tok/s", m.tokens_per_s));
+        if !out.applied {
+            bar.suspend(|| {
+                eprintln!(
+                    "warning: step {}: non-finite loss or gradient, step skipped",
+                    state.step
+                )
+            });
+        }
+        summary.final_loss = loss;
+        summary.final_val_loss = val_loss.or(summary.final_val_loss);
+        let stopping = opts
+            .stop_after
+            .is_some_and(|n| state.step - first_step >= n);
+        let every = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
+        if every || last || stopping {
+            let resumed_from = opts.resume.then_some(first_step);
+            summary.last_checkpoint = checkpoint(run, cfg, &engine, &state, ranks, resumed_from)?;
+        }
+        if stopping {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    summary.steps_done = state.step - first_step;
+    summary.peak_rss_mib = peak_rss_mib();
+    Ok(summary)
+}
+
+/// Where the run starts: the parameters' source, the model config and the trainer state, from
+/// the latest checkpoint (`--resume`) or fresh from the seed.
+fn starting_point(
+    cfg: &Config,
+    corpus: &Corpus,
+    run: &Path,
+    opts: &RunOptions,
+    ranks: &Ranks,
+) -> Result<(ParamSource, ModelConfig, TrainerState)> {
+    let t = &cfg.train;
+    let adamw = AdamWConfig {
+        beta1: t.beta1,
+        beta2: t.beta2,
+        eps: t.eps,
+        weight_decay: t.weight_decay,
+    };
+    if !opts.resume {
+        let state = TrainerState {
+            step: 0,
+            optimizer_step: 0,
+            loader_cursor: 0,
+            train: t.clone(),
+            adamw,
+            data_fingerprint: Some(corpus.fingerprint.clone()),
+        };
+        return Ok((
+            ParamSource::init(&cfg.model, t.seed),
+            cfg.model.clone(),
+            state,
+        ));
+    }
+    let saved = read_saved(run)?;
+    // Refused changes stop here too (prepare_run printed the notes of applied ones).
+    check_resume(&saved, cfg)?;
+    let mut model_cfg = load_config(&saved.dir)?;
+    // Applied changes take effect: the optimizer's weight decay, the attention kernel.
+    model_cfg.attention = cfg.model.attention;
+    // Rank 0 checks every file against the manifest; the others read only their pieces.
+    let source = ParamSource::checkpoint(&saved.dir, &model_cfg, ranks.is_root())?;
+    let mut state = saved.state;
+    check_state(&state, t, &saved.dir)?;
+    state.train = t.clone();
+    state.adamw = adamw;
+    state.data_fingerprint = Some(corpus.fingerprint.clone());
+    Ok((source, model_cfg, state))
+}
+
+/// One optimizer step over `batches` (gradient accumulation): the loss summed over the ranks,
+/// what the update did, and the elements the sequence group exchanged per layer and micro-batch.
+fn train_step(
+    cfg: &Config,
+    engine: &mut Engine,
+    batches: &[Batch],
+    lr: f64,
+    ranks: &Ranks,
+) -> Result<(f64, StepOutcome, Option<u64>)> {
+    let t = &cfg.train;
+    let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
+    let sent_before = engine.sp().map_or(0, |g| g.elements_sent());
+    let local_loss = engine.compute(batches, total_targets, ranks, t.checkpoint_activations)?;
+    let sent_per_layer = engine.sp().map(|g| {
+        let sent = g.elements_sent() - sent_before;
+        // Checkpointing runs each layer's forward (and its exchange) twice.
+        let forwards = if t.checkpoint_activations { 2 } else { 1 };
+        sent / (forwards * cfg.model.num_layers * batches.len()) as u64
+    });
+    let loss = all_reduce_scalar(local_loss, ranks)?;
+    let out = engine.step(lr, t.max_grad_norm, loss.is_finite(), ranks)?;
+    Ok((loss, out, sent_per_layer))
+}
+
+/// What a non-finite loss, gradient or update does to the run: an update that made the weights
+/// non-finite stops it (nothing of the step is saved); a skipped step (non-finite loss or
+/// gradient) stops it unless `--skip-nonfinite`, and then only past `max_consecutive_skips`
+/// in a row.
+#[derive(Debug, Default)]
+struct NonFinitePolicy {
+    consecutive_skips: u64,
+}
+
+impl NonFinitePolicy {
+    fn check(&mut self, out: &StepOutcome, loss: f64, step: u64, t: &TrainConfig) -> Result<()> {
+        let (norm, finite) = (out.grad_norm, out.applied);
+        if !out.params_finite {
+            // Nothing of this step is saved: the last checkpoint (if any) stays `latest`.
+            return Err(Error::Invalid(format!(
+                "step {step}: the update made the weights non-finite (NaN/Inf) although loss {loss} \
+                 and gradient norm {norm} were finite: --lr {} is far too high. The run stops \
+                 without saving this step; start again with a lower --lr",
+                t.lr
+            )));
+        }
+        let skips = &mut self.consecutive_skips;
+        *skips = if finite { 0 } else { *skips + 1 };
+        if !finite && t.skip_nonfinite && *skips > t.max_consecutive_skips {
+            return Err(Error::Invalid(format!(
+                "step {step}: {skips} consecutive steps had a non-finite loss or \
+                 gradient (limit `max_consecutive_skips` = {}); the run is diverging or the \
+                 data is broken: lower --lr or check the data (the last checkpoint stays \
+                 resumable)",
+                t.max_consecutive_skips
+            )));
+        }
+        if !finite && !t.skip_nonfinite {
+            return Err(Error::Invalid(format!(
+                "step {step}: loss {loss} / gradient norm {norm} is not finite; lower --lr, check the \
+                 data, or pass --skip-nonfinite to skip such steps (resume from the last \
+                 checkpoint with --resume)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a step's metrics row needs from the run as a whole.
+struct Clock {
+    start: Instant,
+    flops_per_seq: f64,
+}
+
+impl Clock {
+    /// The metrics row of the step just taken.
+    #[allow(clippy::too_many_arguments)]
+    fn metrics(
+        &self,
+        state: &TrainerState,
+        engine: &Engine,
+        batches: &[Batch],
+        (loss, val_loss, lr, out): (f64, Option<f64>, f64, &StepOutcome),
+        sent_per_layer: Option<u64>,
+        step_start: Instant,
+        opts: &RunOptions,
+    ) -> StepMetrics {
+        let t = &state.train;
+        let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
+        let secs = step_start.elapsed().as_secs_f64();
+        let peak_mib = peak_rss_mib();
+        let seqs = (t.batch_size * t.grad_accum) as f64;
+        StepMetrics {
+            step: state.step,
+            loss,
+            val_loss,
+            lr,
+            grad_norm: out.grad_norm,
+            tokens: total_targets as u64,
+            tokens_per_s: total_targets as f64 / secs,
+            tflops: self.flops_per_seq * seqs / secs / 1e12,
+            peak_rss_mib: peak_mib,
+            elapsed_s: self.start.elapsed().as_secs_f64(),
+            skipped_nonfinite: !out.applied,
+            sp_sent_per_layer: sent_per_layer,
+            memory: Some(RankMemory::new(
+                engine.held_elements(),
+                peak_mib,
+                opts.ranks_in_process,
+            )),
+        }
+    }
+}
+
+/// Writes a checkpoint: every rank writes the Adam moments it holds into its own shard file
+/// (nothing gathers the optimizer state), the weights are gathered to world rank 0, which
+/// writes them and completes the directory; returns it on rank 0. The staging directory must
+/// be on a file system every rank sees. The others wait for the write without a deadline: it
+/// can take minutes.
+fn checkpoint(
+    run: &Path,
+    cfg: &Config,
+    engine: &Engine,
+    state: &TrainerState,
+    ranks: &Ranks,
+    resumed_from: Option<u64>,
+) -> Result<Option<PathBuf>> {
+    let staging = if ranks.is_root() {
+        prepare_staging(run, state.step)?
+    } else {
+        staging_dir(run, state.step)
+    };
+    ranks.world.barrier_unbounded()?;
+    let runs = engine.moment_runs(&ranks.topo);
+    let wrote = write_shard(
+        &staging,
+        engine.model(),
+        &runs,
+        ranks.topo.rank,
+        ranks.topo.world,
+    )?;
+    drop(runs);
+    let full = gather_weights(engine, cfg, ranks)?;
+    // Every shard is on disk before rank 0 lists them in the manifest; it checks it sees them
+    // all (ranks on other machines write to their own view of the run directory).
+    ranks.world.barrier_unbounded()?;
+    let mut shards = [f32::from(u8::from(wrote.is_some()))];
+    ranks.world.all_reduce_sum(&mut shards)?;
+    let dir = match full {
+        Some(full) => {
+            let dir = commit_checkpoint(run, cfg, &full, state, &staging, shards[0] as usize)?;
+            prune_checkpoints(run, cfg.train.keep_checkpoints, resumed_from)?;
+            Some(dir)
+        }
+        None => None,
+    };
+    ranks.world.barrier_unbounded()?;
+    Ok(dir)
+}
+
+/// The whole model's weights on world rank 0 (`None` on the others).
+fn gather_weights(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<GenSlm>> {
+    let model = match engine {
+        Engine::Units(z) => return z.gather_weights(ranks),
+        Engine::Whole { model, .. } => model,
+    };
+    let mut table = None;
+    if let (Some(pos), Some(_), 0) = (
+        model.layout.embed_pos,
+        model.position_shard(),
+        ranks.topo.dp_rank(),
+    ) {
+        table = gather_shard_to_root(&model.params[pos], ranks)?;
+    }
+    if !ranks.topo.gathers_slices() {
+        return Ok(None);
+    }
+    let mut full = model.clone();
+    if let (Some(pos), Some(t)) = (model.layout.embed_pos, table) {
+        full.params[pos] = t;
+        full.layout.specs[pos].shape[0] = cfg.model.max_position_embeddings;
+        full.sp = None;
+    }
+    if ranks.topo.tp > 1 {
+        // Only world rank 0's TP group is here: it joins its slices on rank 0.
+        let layout = Layout::new(&full.cfg);
+        let joined = gather_slices(&full.params, &layout, ranks.tp.as_ref(), ranks.bucket)?;
+        let Some(p) = joined else {
+            return Ok(None);
+        };
+        (full.params, full.layout, full.tp) = (p, layout, None);
+    }
+    Ok(Some(full))
+}
+
+/// Mean next-token NLL over the validation windows, on a copy without autodiff. Every DP
+/// replica evaluates all windows; its sequence group's ranks each their columns, summed over
+/// the group.
+fn validation_loss(
+    engine: &mut Engine,
+    corpus: &Corpus,
+    batch: usize,
+    ranks: &Ranks,
+) -> Result<Option<f64>> {
+    if corpus.val.is_empty() {
+        return Ok(None);
+    }
+    // Rows are not split for validation: view the layout as DP = 1 (this sequence group and
+    // its TP ranks).
+    let t = &ranks.topo;
+    let view = Ranks {
+        topo: Topology::of(
+            t.rank % (t.seq_degree() * t.tp),
+            Degrees {
+                dp: 1,
+                ..t.degrees()
+            },
+        )?,
+        ..ranks.clone()
+    };
+    let (mut sum, mut n) = (0.0f64, 0usize);
+    for ws in corpus.val.chunks(batch) {
+        let b = corpus.batch_of(ws);
+        n += b.n_targets();
+        let lb = local_batch(&b, &view);
+        let logits = engine.eval_logits(&lb)?;
+        sum += tensor_to_vec(&local_nll(engine.model(), logits, &lb))[0] as f64;
+    }
+    let mut buf = [sum];
+    if ranks.topo.seq_degree() > 1 {
+        ranks.seq.all_reduce_sum_f64(&mut buf)?;
+        sum = buf[0];
+    }
+    Ok(Some(sum / n.max(1) as f64))
+}
