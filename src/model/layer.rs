@@ -11,7 +11,6 @@ use crate::model::cache::{LayerKv, Past};
 use crate::model::neox::GenSlm;
 use crate::model::params::LayerParams;
 use crate::model::position::{alibi_slopes, rotary_tables_at, Positions};
-use crate::model::tensor_parallel::split_range;
 use crate::ops::attention::naive::naive_attention;
 use crate::ops::attention::options::AttnOptions;
 use crate::ops::attention::qkv::qkv_attention;
@@ -56,9 +55,7 @@ impl GenSlm {
                 alibi: (c.position == Position::Alibi).then(|| {
                     // This rank's heads under TP (whole heads, in order).
                     let all = alibi_slopes(c.num_heads);
-                    let (first, n) = self.tp.as_ref().map_or((0, all.len()), |tp| {
-                        split_range(c.num_heads, tp.degree(), tp.rank())
-                    });
+                    let (first, n) = self.rank_heads(c.num_heads);
                     all[first..first + n].to_vec()
                 }),
                 q_offset: pos.start(),

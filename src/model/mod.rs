@@ -12,6 +12,7 @@ pub mod layer;
 pub mod neox;
 pub mod params;
 pub mod position;
+pub mod sharded;
 pub mod tensor_parallel;
 pub mod tensors;
 

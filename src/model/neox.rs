@@ -6,7 +6,6 @@
 //! Parameters are a flat list of 1-D tensors (see `params.rs`), reshaped where used.
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::module::embedding;
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::config::{ModelConfig, Precision};
@@ -15,9 +14,7 @@ use crate::model::attention::SequenceParallel;
 use crate::model::cache::{KvCache, Past};
 use crate::model::params::{Layout, ParamSpec};
 use crate::model::position::{cat_runs, Positions};
-use crate::model::tensor_parallel::{
-    split_range, vocab_embedding, vocab_parallel_nll, TensorParallel,
-};
+use crate::model::tensor_parallel::TensorParallel;
 use crate::ops::layer_norm::layer_norm;
 use crate::ops::linear::linear;
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
@@ -153,30 +150,6 @@ impl GenSlm {
     pub(super) fn dense(&self, x: Tensor<3>, w: usize, b: Option<usize>) -> Tensor<3> {
         let bias = b.map(|b| self.compute(self.vec(b)));
         linear(self.compute(x), self.compute(self.mat(w)), bias)
-    }
-
-    /// A row-parallel linear layer: the product of this rank's input rows, summed over the TP
-    /// group before the bias is added once.
-    pub(super) fn dense_out(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
-        match &self.tp {
-            None => self.dense(x, w, Some(b)),
-            Some(tp) => tp.sum_out(self.dense(x, w, None)) + self.compute(self.vec(b)).unsqueeze(),
-        }
-    }
-
-    /// `x` entering a column-parallel linear (its gradient summed over the TP group).
-    pub(super) fn copy_in(&self, x: Tensor<3>) -> Tensor<3> {
-        match &self.tp {
-            None => x,
-            Some(tp) => tp.copy_in(x),
-        }
-    }
-
-    /// The first vocabulary id of this rank's embedding and head slices.
-    fn vocab_first(&self) -> usize {
-        self.tp.as_ref().map_or(0, |tp| {
-            split_range(self.cfg.vocab_size, tp.degree(), tp.rank()).0
-        })
     }
 
     /// LayerNorm with its statistics in fp32; the result in the compute dtype.
@@ -323,10 +296,7 @@ impl GenSlm {
         let [b, s] = tokens.dims();
         let h = c.hidden_size;
         let table = self.mat(self.layout.embed_in);
-        let mut x = match &self.tp {
-            None => embedding(table, tokens),
-            Some(tp) => vocab_embedding(table, tokens, self.vocab_first(), tp.as_ref()),
-        };
+        let mut x = self.token_embedding(table, tokens);
         if let Some(p) = self.layout.embed_pos {
             let rows = self.layout.specs[p].shape[0];
             let first = self.position_shard().unwrap_or(0);
@@ -369,17 +339,6 @@ impl GenSlm {
     /// Under TP, this rank's vocabulary columns only (see [`GenSlm::nll`]).
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         self.full(self.dense(self.copy_in(hidden), self.layout.embed_out, None))
-    }
-
-    /// [`masked_nll`] of this model's `logits` (under TP: each rank's vocabulary columns, the
-    /// sum the same on every rank of the group).
-    pub fn nll(&self, logits: Tensor<3>, targets: Vec<i64>, weights: Vec<f32>) -> Tensor<1> {
-        match &self.tp {
-            None => masked_nll(logits, targets, weights),
-            Some(tp) => {
-                vocab_parallel_nll(logits, &targets, weights, self.vocab_first(), tp.as_ref())
-            }
-        }
     }
 
     /// Logits of `tokens` held at `pos` (a rank's shard of a sequence, possibly padded).

@@ -7,7 +7,8 @@
 //! - `tiled.rs`: FlashAttention-2 as burn tensor ops on tiles (any dtype, any backend);
 //! - `cpu.rs`: the fused f32 CPU kernel; `cube.rs`: the CubeCL kernels' launch;
 //! - `qkv/`: self-attention from the fused QKV projection (rotary included) as one op;
-//! - `probe.rs`: per-thread counters the tests read (tile sizes, calls).
+//! - `probe.rs`: per-thread counters the tests read (tile sizes, calls); hidden from the docs,
+//!   not part of the op's API.
 
 pub(crate) mod cpu;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
@@ -15,8 +16,7 @@ mod cube;
 pub mod flash;
 pub mod naive;
 pub mod options;
+#[doc(hidden)]
 pub mod probe;
 pub mod qkv;
 pub(crate) mod tiled;
-
-pub use cpu::{backward as cpu_backward, forward as cpu_forward, Dims};

@@ -1,0 +1,65 @@
+//! Where a model that holds one tensor-parallel slice of the weights computes differently from
+//! a plain one — the only methods that read `GenSlm::tp`, which `parallel::parallelize` sets
+//! from outside: row-parallel linears summed over the TP group, the column-parallel input whose
+//! gradient is summed, the vocabulary-parallel embedding and cross-entropy, and the slice of
+//! the heads this rank computes. Without TP each is the plain computation.
+
+use burn::tensor::module::embedding;
+use burn::tensor::{Int, Tensor};
+
+use crate::model::neox::{masked_nll, GenSlm};
+use crate::model::tensor_parallel::{split_range, vocab_embedding, vocab_parallel_nll};
+
+impl GenSlm {
+    /// A row-parallel linear layer: the product of this rank's input rows, summed over the TP
+    /// group before the bias is added once.
+    pub(super) fn dense_out(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
+        match &self.tp {
+            None => self.dense(x, w, Some(b)),
+            Some(tp) => tp.sum_out(self.dense(x, w, None)) + self.compute(self.vec(b)).unsqueeze(),
+        }
+    }
+
+    /// `x` entering a column-parallel linear (its gradient summed over the TP group).
+    pub(super) fn copy_in(&self, x: Tensor<3>) -> Tensor<3> {
+        match &self.tp {
+            None => x,
+            Some(tp) => tp.copy_in(x),
+        }
+    }
+
+    /// The first vocabulary id of this rank's embedding and head slices.
+    pub(super) fn vocab_first(&self) -> usize {
+        self.tp.as_ref().map_or(0, |tp| {
+            split_range(self.cfg.vocab_size, tp.degree(), tp.rank()).0
+        })
+    }
+
+    /// [`masked_nll`] of this model's `logits` (under TP: each rank's vocabulary columns, the
+    /// sum the same on every rank of the group).
+    pub fn nll(&self, logits: Tensor<3>, targets: Vec<i64>, weights: Vec<f32>) -> Tensor<1> {
+        match &self.tp {
+            None => masked_nll(logits, targets, weights),
+            Some(tp) => {
+                vocab_parallel_nll(logits, &targets, weights, self.vocab_first(), tp.as_ref())
+            }
+        }
+    }
+
+    /// The token embedding: the table's rows of `tokens` (under TP, this rank's vocabulary rows,
+    /// summed over the group).
+    pub(super) fn token_embedding(&self, table: Tensor<2>, tokens: Tensor<2, Int>) -> Tensor<3> {
+        match &self.tp {
+            None => embedding(table, tokens),
+            Some(tp) => vocab_embedding(table, tokens, self.vocab_first(), tp.as_ref()),
+        }
+    }
+
+    /// `(first, count)` of the `n` heads this rank computes: all of them, or its TP slice
+    /// (whole heads, in order).
+    pub(super) fn rank_heads(&self, n: usize) -> (usize, usize) {
+        self.tp
+            .as_ref()
+            .map_or((0, n), |tp| split_range(n, tp.degree(), tp.rank()))
+    }
+}
