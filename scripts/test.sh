@@ -62,6 +62,18 @@ installed $PIP "the python reference tools (pip)" "$LOGS/pip.log"
 stage "cargo test: the model on the CPU, and the fused attention kernels on lavapipe (against an f64 reference and cubek-attention)"
 cargo test --locked --workspace "${FEATURES[@]}" 2>&1 | grep -v "XDG_RUNTIME_DIR"
 
+stage "every SIMD tier of the vector loops (fused ops, FlashAttention tiles, AdamW, FASTA cleaning, codons) against the same references, forced with GENSLM_SIMD"
+# The default run above took the CPU's best tier; each lower tier this CPU can run goes again.
+for tier in avx2 scalar; do
+  if [ "$tier" = avx2 ] && ! grep -qw avx2 /proc/cpuinfo; then
+    echo "GENSLM_SIMD=avx2: this CPU has no AVX2, so the avx2 tier cannot run here (the scalar tier does)"
+    continue
+  fi
+  echo "-- GENSLM_SIMD=$tier"
+  GENSLM_SIMD=$tier cargo test --locked "${FEATURES[@]}" --lib -- ops:: data::clean tokenizer train::optim isa:: 2>&1 | grep -E "^test result|FAILED|panicked"
+  GENSLM_SIMD=$tier cargo test --locked "${FEATURES[@]}" --test ops_flash_attention --test tokenizer 2>&1 | grep -E "^test result|FAILED|panicked"
+done
+
 stage "tokenizer fixture is reproducible with Hugging Face tokenizers"
 cp tests/fixtures/tokenizer_hf.json /tmp/genslm_fixture_before.json
 python3 scripts/make_tokenizer_fixture.py

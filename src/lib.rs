@@ -16,6 +16,7 @@ pub mod data;
 pub mod error;
 pub mod infer;
 pub mod info;
+pub mod isa;
 pub mod model;
 pub mod ops;
 pub mod parallel;

@@ -256,6 +256,10 @@ fn main() -> ExitCode {
     genslm::alloc::pin_thresholds();
     install_panic_hook();
     let cli = Cli::parse();
+    if let Err(e) = genslm::isa::check() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

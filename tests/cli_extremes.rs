@@ -389,3 +389,36 @@ fn a_window_that_cannot_fit_is_refused_by_score_and_embed() {
     }
     assert!(!dir.path().join("e.parquet").exists());
 }
+
+/// `GENSLM_SIMD` (src/isa.rs): an unknown tier, or one above what the CPU has, stops every
+/// command before work with exit 2 and the variable's name; a tier the CPU has runs.
+#[test]
+fn simd_tier_variable_is_checked_before_work() {
+    let fa = arg(&repo().join("data/lambda_virus.fa"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = arg(&dir.path().join("t.parquet"));
+    let args = ["tokenize", "--fasta", &fa, "--out", &out, "--quiet"];
+    for bad in ["sse9", "avx1024"] {
+        let o = common::bin()
+            .env("GENSLM_SIMD", bad)
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains(&format!("GENSLM_SIMD={bad}")), "{err}");
+        assert!(!dir.path().join("t.parquet").exists());
+    }
+    for ok in ["scalar", "auto"] {
+        let o = common::bin()
+            .env("GENSLM_SIMD", ok)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{ok}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}

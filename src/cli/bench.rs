@@ -223,6 +223,12 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             }
         }
     }
+    // Every figure below depends on the CPU and on the instruction-set tier the loops ran
+    // (GENSLM_SIMD can force a lower one): say both first. `bench step` is read by
+    // `bench attention`'s own process and prints only its numbers.
+    if !matches!(which, BenchCmd::Step { .. }) {
+        println!("cpu: {}", genslm::isa::describe());
+    }
     match which {
         BenchCmd::Train {
             config,
@@ -235,7 +241,8 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             let r = genslm::bench::train_steps(&cfg, seq_len, steps, &compute)?;
             println!(
                 "genslm {} seq {seq_len} {} {} threads {}: {:.1} tokens/s, {:.3} s/step, \
-                 {:.1} GFLOP/s (1024³ matmul here: {:.1} GFLOP/s, {:.0}%), peak RSS {:.0} MiB",
+                 {:.1} GFLOP/s (1024³ matmul here: {:.1} GFLOP/s, {:.0}%), peak RSS {:.0} MiB \
+                 [simd {}]",
                 cfg.name,
                 compute.device.backend.name(),
                 compute.precision,
@@ -245,7 +252,8 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                 r.gflops,
                 r.matmul_gflops,
                 100.0 * r.gflops / r.matmul_gflops,
-                r.peak_rss_mib
+                r.peak_rss_mib,
+                genslm::isa::tier()
             );
         }
         BenchCmd::Step {

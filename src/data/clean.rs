@@ -218,8 +218,8 @@ mod vector {
     /// `out` unchanged, when the block holds any other byte or the CPU lacks AVX2.
     pub fn clean_acgtn(block: &[u8], out: &mut Vec<u8>) -> Option<(u64, u64)> {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present (checked just above).
+        if crate::isa::avx2() {
+            // SAFETY: AVX2 is present (the tier is never above what the CPU has).
             return unsafe { avx2::clean(block, out) };
         }
         let _ = (block, out);
@@ -469,10 +469,13 @@ mod tests {
         let raw = b"ACGTNacgtn\r\n".repeat(20);
         let found = vector::clean_acgtn(&raw, &mut out);
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if crate::isa::avx2() {
             let (want, gc) = naive(&raw);
             assert_eq!(found, Some((20, gc)));
             assert!(out[4..] == want[..]);
+        } else {
+            // Below the avx2 tier (GENSLM_SIMD=scalar, or no AVX2) the vector tier stays off.
+            assert_eq!(found, None);
         }
         for other in *b"URYSWKMBDHV-. \t*\0" {
             for at in [0, 31, 32, 100, 250] {

@@ -183,13 +183,11 @@ macro_rules! dispatched {
                 unsafe fn v3($($arg: $ty),*) $(-> $ret)? {
                     $body
                 }
-                if std::arch::is_x86_feature_detected!("avx512f") {
+                if $crate::isa::avx512() {
                     // SAFETY: the CPU has the features the function was compiled for.
                     return unsafe { v4($($arg),*) };
                 }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
+                if $crate::isa::avx2() {
                     // SAFETY: as above.
                     return unsafe { v3($($arg),*) };
                 }

@@ -8,10 +8,11 @@ use std::arch::x86_64::*;
 
 /// Writes the ids of the first `n` whole codons of `bases` (3·n bytes) after `out`'s end, with
 /// `ids` the 128-entry table the scalar walk indexes (codes 0..63, then 64 [UNK] entries).
-/// Returns how many codons it did (a multiple of 16; the caller finishes the rest), or 0 when
-/// the CPU lacks SSSE3.
+/// Returns how many codons it did (a multiple of 16; the caller finishes the rest), or 0 below
+/// the avx2 tier (`GENSLM_SIMD=scalar`, or a CPU without AVX2).
 pub fn encode(bases: &[u8], ids: &[u8; 128], out: &mut Vec<u8>) -> usize {
-    if !std::arch::is_x86_feature_detected!("ssse3") {
+    // SSSE3 comes with every AVX2 CPU: the shuffles run from the avx2 tier up (`isa`).
+    if !crate::isa::avx2() {
         return 0;
     }
     let n = bases.len() / 48 * 16;
