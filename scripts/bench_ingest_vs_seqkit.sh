@@ -2,6 +2,8 @@
 # genslm tokenize beside `seqkit seq -u -j 2` (parse, upper-case, rewrite) on the same FASTA,
 # interleaved, RUNS times each; prints every run, then the median and best of each.
 #   scripts/bench_ingest_vs_seqkit.sh FILE.fa [RUNS] [GENSLM_BINARY]
+# TOKENIZE_ARGS adds flags to genslm tokenize (e.g. "--digest md5"); GENSLM_SIMD=avx2 forces
+# genslm's AVX2 tier (src/isa.rs).
 # seqkit: `apt-get install seqkit` (Debian) or https://bioinf.shenwei.me/seqkit/.
 set -euo pipefail
 fasta=${1:?usage: $0 FILE.fa [RUNS] [GENSLM_BINARY]}
@@ -14,7 +16,8 @@ trap 'rm -rf "$tmp"' EXIT
 cat "$fasta" > /dev/null # both start from a warm page cache
 secs() { /usr/bin/time -f %e "$@" 2>&1 >/dev/null | tail -1; }
 for i in $(seq "$runs"); do
-  g=$(secs "$genslm" tokenize --quiet --fasta "$fasta" --out "$tmp/t.parquet")
+  # shellcheck disable=SC2086
+  g=$(secs "$genslm" tokenize --quiet --fasta "$fasta" --out "$tmp/t.parquet" ${TOKENIZE_ARGS:-})
   s=$(secs seqkit seq -u -j 2 "$fasta" -o "$tmp/s.fa")
   echo "run $i  genslm $g s  seqkit $s s"
   echo "$g" >> "$tmp/g"; echo "$s" >> "$tmp/s"

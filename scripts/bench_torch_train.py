@@ -4,7 +4,8 @@ same model shape, so the two can be timed side by side on one machine.
 
 Builds GPTNeoXForCausalLM from a genslm config (TOML), fp32, sdpa attention, AdamW, batch 1 of
 random codon tokens at SEQ_LEN, and times STEPS optimizer steps after one warm-up step. Prints
-one line: tokens/s (predicted tokens per second, as genslm counts them) and peak RSS in MiB.
+one line: tokens/s (predicted tokens per second, as genslm counts them), peak RSS in MiB and
+the instruction set ATen's kernels use (ATEN_CPU_CAPABILITY=avx2 forces AVX2).
 
 Usage: python3 scripts/bench_torch_train.py CONFIG.toml SEQ_LEN [STEPS] [THREADS]
 """
@@ -45,7 +46,8 @@ def main():
     secs = (time.perf_counter() - start) / steps
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"pytorch {m['name']} seq {seq} threads {threads}: "
-          f"{(seq - 1) / secs:.1f} tokens/s, {secs:.3f} s/step, peak RSS {peak:.0f} MiB")
+          f"{(seq - 1) / secs:.1f} tokens/s, {secs:.3f} s/step, peak RSS {peak:.0f} MiB "
+          f"[cpu capability {torch.backends.cpu.get_cpu_capability()}]")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 """Independent check of a dataset written by `genslm tokenize --fasta data/ --out FILE`.
 
 Opens FILE with pyarrow and pandas, checks the columns and their types, and recomputes
-length, GC content and md5 (hashlib) from a plain-Python reading of the FASTA files.
+length, GC content and the digest — xxh3 (the `xxhash` package's XXH3-128) or md5 (hashlib),
+whichever column the file has — from a plain-Python reading of the FASTA files.
 
 Usage: python3 scripts/check_dataset.py FILE.parquet DATA_DIR
 """
@@ -12,9 +13,15 @@ import pathlib
 import sys
 
 import pandas as pd
+import xxhash
 import pyarrow.parquet as pq
 
-EXPECTED = ["id", "description", "source", "length", "gc_content", "md5", "tokens"]
+DIGESTS = {"xxh3": xxhash.xxh3_128_hexdigest, "md5": lambda b: hashlib.md5(b).hexdigest()}
+
+
+def expected(names):
+    kind = "xxh3" if "xxh3" in names else "md5"
+    return kind, ["id", "description", "source", "length", "gc_content", kind, "tokens"]
 
 
 def read_fasta(path):
@@ -33,7 +40,9 @@ def read_fasta(path):
 def main():
     parquet, data_dir = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
     table = pq.read_table(parquet)
-    assert table.column_names[: len(EXPECTED)] == EXPECTED, table.column_names
+    kind, cols = expected(table.column_names)
+    assert table.column_names[: len(cols)] == cols, table.column_names
+    digest = DIGESTS[kind]
     assert str(table.schema.field("tokens").type).startswith("list<"), table.schema
     df = pd.read_parquet(parquet)
     by_key = {(r.source, r.id): r for r in df.itertuples()}
@@ -45,11 +54,11 @@ def main():
             assert row.length == len(seq), (rid, row.length, len(seq))
             gc = (seq.count("G") + seq.count("C")) / len(seq)
             assert abs(row.gc_content - gc) < 1e-12, (rid, row.gc_content, gc)
-            assert row.md5 == hashlib.md5(seq.encode()).hexdigest(), rid
+            assert getattr(row, kind) == digest(seq.encode()), (rid, kind)
             assert len(row.tokens) == (len(seq) + 2) // 3, rid
             n += 1
     assert n == len(df), (n, len(df))
-    print(f"check_dataset: {n} records match (pyarrow {pq.__name__}, pandas {pd.__version__})")
+    print(f"check_dataset: {n} records match, digest {kind} (pyarrow {pq.__name__}, pandas {pd.__version__})")
 
 
 if __name__ == "__main__":

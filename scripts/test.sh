@@ -33,12 +33,12 @@ have_system() {
 APT=$!
 stage "installing, in the background: the python reference tools (pyarrow, pandas, tokenizers, torch, transformers; umap-learn and jupyter for the notebook)"
 # They are the independent references of the suite: a failed install fails the run.
-PY_IMPORTS="import pyarrow, pandas, tokenizers.models, torch, transformers, safetensors, umap, matplotlib, nbconvert, ipykernel"
+PY_IMPORTS="import pyarrow, pandas, tokenizers.models, torch, transformers, safetensors, umap, matplotlib, nbconvert, ipykernel, xxhash"
 (
   if ! (cd /tmp && python3 -c "$PY_IMPORTS") 2>/dev/null; then
     python3 -m pip install --quiet --disable-pip-version-check \
       pyarrow pandas tokenizers torch transformers safetensors \
-      umap-learn jupyter nbconvert ipykernel matplotlib
+      umap-learn jupyter nbconvert ipykernel matplotlib xxhash
     (cd /tmp && python3 -c "$PY_IMPORTS")
   fi
 ) >"$LOGS/pip.log" 2>&1 &
@@ -84,6 +84,8 @@ fi
 stage "tokenize the bundled genomes; check the parquet with pyarrow/pandas"
 cargo run --locked --quiet "${FEATURES[@]}" -- tokenize --fasta data/ --out "$TMP/data.parquet"
 python3 scripts/check_dataset.py "$TMP/data.parquet" data
+cargo run --locked --quiet "${FEATURES[@]}" -- tokenize --fasta data/ --out "$TMP/data-md5.parquet" --digest md5
+python3 scripts/check_dataset.py "$TMP/data-md5.parquet" data
 
 stage "train on the bundled genomes; the checkpoint loads in transformers with the same loss"
 cargo run --locked --quiet "${FEATURES[@]}" -- train --fasta data/ --config configs/tiny.toml --out "$TMP/run" \

@@ -31,6 +31,7 @@ struct Cli {
 
 cli::mirror!(VocabArg => VocabKind { Genslm69, Genslm71 });
 cli::mirror!(OnInvalidArg => OnInvalid { Error, Skip });
+cli::mirror!(DigestArg => genslm::data::digest::DigestKind { Xxh3, Md5 });
 
 #[derive(Subcommand)]
 enum Command {
@@ -51,6 +52,10 @@ enum Command {
         /// Drop a trailing partial codon instead of emitting [UNK] (GenSLM emits [UNK]).
         #[arg(long)]
         drop_partial_codon: bool,
+        /// Each record's digest column: xxh3 (XXH3-128, fast) or md5 (as md5sum and GenSLM's
+        /// tooling compute it; `genslm embed` writes md5 too)
+        #[arg(long, value_enum, default_value = "xxh3")]
+        digest: DigestArg,
     },
     /// Train a GenSLM model from FASTA (or a tokenized parquet dataset) into a run directory.
     Train(Box<cli::train::TrainArgs>),
@@ -134,6 +139,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             vocab,
             on_invalid,
             drop_partial_codon,
+            digest,
         } => {
             let opts = IngestOptions {
                 vocab: vocab.into(),
@@ -144,6 +150,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     Trailing::Unk
                 },
                 progress: !cli.quiet,
+                digest: digest.into(),
             };
             let _run = genslm::run_lock::if_in_run_dir(&out, "tokenize")?;
             let summary = tokenize_to_parquet(&fasta, &out, &opts)?;

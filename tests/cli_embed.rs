@@ -318,7 +318,12 @@ fn embed_refuses_foreign_datasets() {
     use genslm::data::dataset::{DatasetWriter, Row};
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("foreign.parquet");
-    let mut w = DatasetWriter::create(&bad, genslm::tokenizer::VocabKind::Genslm69).unwrap();
+    let mut w = DatasetWriter::create(
+        &bad,
+        genslm::tokenizer::VocabKind::Genslm69,
+        genslm::data::digest::DigestKind::Xxh3,
+    )
+    .unwrap();
     for (id, tokens) in [("fine", vec![5u8, 6, 7]), ("alien", vec![5, 200, 7])] {
         w.push(&Row {
             id,
@@ -326,7 +331,7 @@ fn embed_refuses_foreign_datasets() {
             source: "test",
             length: 9,
             gc_content: 0.5,
-            md5: "",
+            digest: "",
             tokens: &tokens,
         })
         .unwrap();

@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 
 use common::{gzip, listing, repo, run, write};
 use genslm::data::dataset::read_dataset;
+use genslm::data::digest::DigestKind;
 use genslm::tokenizer::{CodonTokenizer, VocabKind};
 
 /// A deliberately naive FASTA reader for the reference side: (header, sequence) pairs.
@@ -53,12 +54,16 @@ fn bundled_genomes_tokenize_with_correct_columns() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("data.parquet");
     let data = repo().join("data");
+    // MD5 here, against coreutils' md5sum; the default digest (XXH3-128) is checked against
+    // Python's xxhash by scripts/check_dataset.py in scripts/test.sh.
     let (ok, _, err) = run(&[
         "tokenize",
         "--fasta",
         data.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
+        "--digest",
+        "md5",
     ]);
     assert!(ok, "{err}");
     assert!(
@@ -91,7 +96,8 @@ fn bundled_genomes_tokenize_with_correct_columns() {
         assert_eq!(row.length as usize, seq.len());
         let gc = seq.chars().filter(|&c| c == 'G' || c == 'C').count() as f64 / seq.len() as f64;
         assert!((row.gc_content - gc).abs() < 1e-12, "{id}");
-        assert_eq!(row.md5, md5sum(seq.as_bytes()), "{id}");
+        assert_eq!(row.digest_kind, DigestKind::Md5);
+        assert_eq!(row.digest, md5sum(seq.as_bytes()), "{id}");
         assert_eq!(row.tokens.len(), seq.len().div_ceil(3));
         // Whole codons decode to themselves, or NNN when any base is not ACGT; a partial
         // trailing codon is [UNK], which also decodes to NNN.
@@ -145,8 +151,8 @@ fn crlf_and_lowercase_read_like_lf() {
     }
     for (a, b) in rows[0].iter().zip(&rows[1]) {
         assert_eq!(
-            (&a.id, &a.description, &a.tokens, &a.md5),
-            (&b.id, &b.description, &b.tokens, &b.md5)
+            (&a.id, &a.description, &a.tokens, &a.digest),
+            (&b.id, &b.description, &b.tokens, &b.digest)
         );
     }
     assert_eq!(rows[0][0].description, "first");

@@ -1,7 +1,8 @@
 //! Tokenized datasets as parquet: one row per FASTA record.
 //!
-//! Columns: `id`, `description`, `source` (file), `length` (bases), `gc_content`, `md5` (hex of
-//! the upper-cased sequence), `tokens` (list<int32> of token ids). The vocabulary name is kept
+//! Columns: `id`, `description`, `source` (file), `length` (bases), `gc_content`, the digest
+//! (`xxh3` or `md5`, hex of the upper-cased sequence: `data::digest`), `tokens` (list<int32> of
+//! token ids). The vocabulary name is kept
 //! in the file's key-value metadata (`genslm.vocab`) so training can check it.
 //!
 //! Rows are buffered up to a row group's worth and written by parquet's column writers, except
@@ -30,6 +31,7 @@ use parquet::schema::types::ColumnDescPtr;
 
 use super::token_pages::TokenColumn;
 use crate::atomic::AtomicFile;
+use crate::data::digest::DigestKind;
 use crate::error::{Error, Result};
 use crate::tokenizer::VocabKind;
 
@@ -48,7 +50,8 @@ pub struct Row<'a> {
     pub source: &'a str,
     pub length: u64,
     pub gc_content: f64,
-    pub md5: &'a str,
+    /// Hex digest of the bases, of the writer's [`DigestKind`].
+    pub digest: &'a str,
     /// Token ids, one byte each (both GenSLM vocabularies have under 256 tokens).
     pub tokens: &'a [u8],
 }
@@ -61,18 +64,21 @@ pub struct TokenizedRecord {
     pub source: String,
     pub length: u64,
     pub gc_content: f64,
-    pub md5: String,
+    /// Hex digest of the bases (the column `digest_kind` names).
+    pub digest: String,
+    pub digest_kind: DigestKind,
     pub tokens: Vec<u32>,
 }
 
-pub fn schema() -> SchemaRef {
+/// The columns of a dataset whose digest is `digest`.
+pub fn schema(digest: DigestKind) -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("id", DataType::Utf8, false),
         Field::new("description", DataType::Utf8, false),
         Field::new("source", DataType::Utf8, false),
         Field::new("length", DataType::Int64, false),
         Field::new("gc_content", DataType::Float64, false),
-        Field::new("md5", DataType::Utf8, false),
+        Field::new(digest.column(), DataType::Utf8, false),
         Field::new(
             "tokens",
             DataType::List(Arc::new(Field::new("item", DataType::Int32, false))),
@@ -89,7 +95,7 @@ struct Scalars {
     source: Vec<ByteArray>,
     length: Vec<i64>,
     gc: Vec<f64>,
-    md5: Vec<ByteArray>,
+    digest: Vec<ByteArray>,
 }
 
 /// Streams rows into a parquet file that appears under its name only after [`finish`].
@@ -108,7 +114,7 @@ pub struct DatasetWriter {
 }
 
 impl DatasetWriter {
-    pub fn create(path: &Path, vocab: VocabKind) -> Result<Self> {
+    pub fn create(path: &Path, vocab: VocabKind, digest: DigestKind) -> Result<Self> {
         let derr = |e: parquet::errors::ParquetError| Error::Dataset {
             path: path.to_path_buf(),
             msg: e.to_string(),
@@ -117,7 +123,7 @@ impl DatasetWriter {
         let handle = file
             .try_clone()
             .map_err(|e| Error::io(guard.tmp_path(), e))?;
-        let schema = schema();
+        let schema = schema(digest);
         let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_key_value_metadata(Some(vec![KeyValue::new(
@@ -151,7 +157,7 @@ impl DatasetWriter {
         s.source.push(row.source.into());
         s.length.push(row.length as i64);
         s.gc.push(row.gc_content);
-        s.md5.push(row.md5.into());
+        s.digest.push(row.digest.into());
         let group_rows = s.id.len();
         self.tokens.push_row(row.tokens).map_err(|e| self.err(e))?;
         self.total_rows += 1;
@@ -177,7 +183,7 @@ impl DatasetWriter {
             put::<ByteArrayType>(&mut group, &s.source)?;
             put::<Int64Type>(&mut group, &s.length)?;
             put::<DoubleType>(&mut group, &s.gc)?;
-            put::<ByteArrayType>(&mut group, &s.md5)?;
+            put::<ByteArrayType>(&mut group, &s.digest)?;
             let (bytes, close) = tokens.finish()?;
             group.append_column(&bytes, close)?;
             group.close()?;
@@ -231,6 +237,8 @@ pub struct DatasetReader {
     pub vocab: VocabKind,
     /// Rows in the file (from its footer).
     pub num_rows: u64,
+    /// Which digest its rows carry.
+    pub digest: DigestKind,
     path: PathBuf,
     reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
     pending: std::collections::VecDeque<TokenizedRecord>,
@@ -269,6 +277,11 @@ impl DatasetReader {
                 ))
             })?;
         let num_rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
+        // The file's digest column (checked again, with the others, as batches are read).
+        let digest = DigestKind::ALL
+            .into_iter()
+            .find(|k| builder.schema().field_with_name(k.column()).is_ok())
+            .unwrap_or_default();
         let reader = builder
             .with_batch_size(batch_rows.max(1))
             .build()
@@ -276,6 +289,7 @@ impl DatasetReader {
         Ok(Self {
             vocab,
             num_rows,
+            digest,
             path: path.to_path_buf(),
             reader,
             pending: Default::default(),
@@ -288,8 +302,13 @@ impl DatasetReader {
             path: self.path.clone(),
             msg,
         };
+        // The digest column is whichever kind the file has (`xxh3` first).
+        let kind = DigestKind::ALL
+            .into_iter()
+            .find(|k| batch.column_by_name(k.column()).is_some())
+            .ok_or_else(|| derr("missing column `xxh3` (or `md5`): the records' digest".into()))?;
         // A missing column is reported before one of the wrong type.
-        if let Some(f) = schema()
+        if let Some(f) = schema(kind)
             .fields()
             .iter()
             .find(|f| batch.column_by_name(f.name()).is_none())
@@ -306,7 +325,8 @@ impl DatasetReader {
         let source = typed::<StringArray>(batch, "source").ok_or_else(|| bad("source"))?;
         let length = typed::<Int64Array>(batch, "length").ok_or_else(|| bad("length"))?;
         let gc = typed::<Float64Array>(batch, "gc_content").ok_or_else(|| bad("gc_content"))?;
-        let md5 = typed::<StringArray>(batch, "md5").ok_or_else(|| bad("md5"))?;
+        let digest =
+            typed::<StringArray>(batch, kind.column()).ok_or_else(|| bad(kind.column()))?;
         let tokens = typed::<ListArray>(batch, "tokens").ok_or_else(|| bad("tokens"))?;
         for i in 0..batch.num_rows() {
             let t = tokens.value(i);
@@ -327,7 +347,8 @@ impl DatasetReader {
                 source: source.value(i).to_string(),
                 length: length.value(i) as u64,
                 gc_content: gc.value(i),
-                md5: md5.value(i).to_string(),
+                digest: digest.value(i).to_string(),
+                digest_kind: kind,
                 tokens: ids,
             });
         }
@@ -387,7 +408,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d.parquet");
-        let mut w = DatasetWriter::create(&path, VocabKind::Genslm71).unwrap();
+        let mut w = DatasetWriter::create(&path, VocabKind::Genslm71, DigestKind::Md5).unwrap();
         for (id, tokens) in &rows {
             w.push(&Row {
                 id,
@@ -395,7 +416,7 @@ mod tests {
                 source: "s",
                 length: tokens.len() as u64 * 3,
                 gc_content: 0.25,
-                md5: "m",
+                digest: "m",
                 tokens,
             })
             .unwrap();

@@ -5,10 +5,8 @@ use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use md5::{Digest, Md5};
-
-use crate::checksum::hex;
 use crate::data::dataset::{DatasetWriter, Row};
+use crate::data::digest::{DigestKind, Hasher};
 use crate::data::fasta::{self, OnInvalid};
 use crate::data::ingest_queue::{self, Budget, Item};
 use crate::error::{Error, Result};
@@ -23,6 +21,8 @@ pub struct IngestOptions {
     pub trailing: Trailing,
     /// Show a progress bar (it still hides itself when stderr is not a terminal).
     pub progress: bool,
+    /// The per-record digest column (`data::digest`).
+    pub digest: DigestKind,
 }
 
 /// What an ingest run did.
@@ -116,11 +116,13 @@ pub fn tokenize_to_parquet(
         Some(summary.input_bytes),
         "tokenize {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
     );
-    let writer = DatasetWriter::create(out, opts.vocab)?;
+    let writer = DatasetWriter::create(out, opts.vocab, opts.digest)?;
     // Three threads in a line (see ingest_queue): this one parses, validates and tokenizes;
-    // the next hashes each record's cleaned bases (MD5 is serial within a record and as much
-    // work as the first thread's, so it gets a thread to itself); the last encodes parquet.
+    // the next hashes each record's cleaned bases (a hash is serial within a record, and MD5
+    // is as much work as the first thread's, so it gets a thread to itself); the last encodes
+    // parquet.
     // On any error the writer is dropped unfinished, which removes its temporary file.
+    let digest_kind = opts.digest;
     let (budget, hashed_budget) = (Budget::default(), Budget::default());
     let (mut tx, rx) = ingest_queue::queue::<OwnedRow>(&budget);
     let (mut hashed_tx, hashed_rx) = ingest_queue::queue::<OwnedRow>(&hashed_budget);
@@ -134,14 +136,14 @@ pub fn tokenize_to_parquet(
             Ok(writer)
         });
         let hashing = scope.spawn(move || -> Result<()> {
-            let mut md5 = Md5::new();
+            let mut hasher = Hasher::new(digest_kind);
             rx.drain(|item| {
                 match item {
-                    Item::Bases(b) => md5.update(b),
+                    Item::Bases(b) => hasher.update(b),
                     Item::End(row) => {
-                        let digest = md5.finalize_reset();
+                        let digest = hasher.finish_hex();
                         if let Some(mut row) = row {
-                            row.md5 = hex(&digest);
+                            row.digest = digest;
                             let cost = row.tokens.len();
                             hashed_tx.end(Some(row), cost)?;
                         }
@@ -189,7 +191,7 @@ struct OwnedRow {
     source: std::sync::Arc<str>,
     length: u64,
     gc_content: f64,
-    md5: String,
+    digest: String,
     tokens: Vec<u8>,
 }
 
@@ -201,7 +203,7 @@ impl OwnedRow {
             source: &self.source,
             length: self.length,
             gc_content: self.gc_content,
-            md5: &self.md5,
+            digest: &self.digest,
             tokens: &self.tokens,
         }
     }
@@ -273,7 +275,7 @@ fn read_all(
                 source: source.clone(),
                 length: cleaned.bases,
                 gc_content: cleaned.gc as f64 / cleaned.bases as f64,
-                md5: String::new(), // hashed on the writer thread
+                digest: String::new(), // hashed on the hashing thread
                 tokens,
             };
             // A closed queue means the writer failed; its error is reported instead.

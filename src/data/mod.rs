@@ -2,6 +2,7 @@
 
 mod clean;
 pub mod dataset;
+pub mod digest;
 pub mod fasta;
 mod fastx_open;
 pub mod ingest;

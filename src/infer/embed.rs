@@ -27,6 +27,7 @@ use md5::{Digest, Md5};
 use crate::backend::Compute;
 use crate::checksum::hex;
 use crate::data::dataset::{DatasetReader, TokenizedRecord};
+use crate::data::digest::DigestKind;
 use crate::data::fasta::{self, OnInvalid};
 use crate::error::{Error, Result};
 use crate::infer::embed_io::{EmbeddingRow, EmbeddingWriter};
@@ -193,7 +194,7 @@ fn embedding_row<'r>(p: &'r TokenizedRecord, layer: usize, e: &'r [f32]) -> Embe
         id: &p.id,
         description: &p.description,
         source: &p.source,
-        md5: &p.md5,
+        digest: &p.digest,
         length: p.length,
         gc_content: p.gc_content,
         n_tokens: p.tokens.len() as u64,
@@ -425,6 +426,8 @@ pub fn embed_to_parquet(
         _ => Sink::Pooled(Box::new(EmbeddingWriter::create(
             out,
             model.cfg.hidden_size,
+            // FASTA input: MD5 of each record, as before; a dataset: the digest it carries.
+            dataset.as_ref().map_or(DigestKind::Md5, |d| d.digest),
             metadata,
         )?)),
     };
@@ -480,7 +483,8 @@ pub fn embed_to_parquet(
                     id: rec.id.to_string(),
                     description: rec.description.to_string(),
                     source: source.clone(),
-                    md5: hex(&Md5::digest(rec.seq)),
+                    digest: hex(&Md5::digest(rec.seq)),
+                    digest_kind: DigestKind::Md5,
                     length: rec.seq.len() as u64,
                     gc_content: rec.gc as f64 / rec.seq.len() as f64,
                     tokens: tok.encode(rec.seq),

@@ -1,6 +1,6 @@
 //! Embedding files: parquet with one row per record.
 //!
-//! Columns: `id`, `description`, `source`, `md5` (strings), `length` (bases, int64),
+//! Columns: `id`, `description`, `source`, the digest (`md5`, or the input dataset's `xxh3`) (strings), `length` (bases, int64),
 //! `gc_content` (float64), `n_tokens` (the record's tokens, int64), `layer` (the hidden-state index
 //! used, int32: 0 = embeddings, `num_layers` = after the final LayerNorm) and `embedding`
 //! (fixed-size list of float32, the model's hidden size). Key-value metadata records the model,
@@ -22,6 +22,7 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+use crate::data::digest::DigestKind;
 use crate::error::{Error, Result};
 use crate::infer::parquet_sink::ParquetSink;
 
@@ -36,7 +37,8 @@ pub struct EmbeddingRow<'a> {
     pub id: &'a str,
     pub description: &'a str,
     pub source: &'a str,
-    pub md5: &'a str,
+    /// Hex digest of the record's bases, of the writer's kind.
+    pub digest: &'a str,
     pub length: u64,
     pub gc_content: f64,
     pub n_tokens: u64,
@@ -44,12 +46,13 @@ pub struct EmbeddingRow<'a> {
     pub embedding: &'a [f32],
 }
 
-pub fn schema(dim: usize) -> SchemaRef {
+/// The columns of an embeddings file of `dim`-wide vectors whose digest column is `digest`'s.
+pub fn schema(dim: usize, digest: DigestKind) -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("id", DataType::Utf8, false),
         Field::new("description", DataType::Utf8, false),
         Field::new("source", DataType::Utf8, false),
-        Field::new("md5", DataType::Utf8, false),
+        Field::new(digest.column(), DataType::Utf8, false),
         Field::new("length", DataType::Int64, false),
         Field::new("gc_content", DataType::Float64, false),
         Field::new("n_tokens", DataType::Int64, false),
@@ -83,8 +86,13 @@ pub struct EmbeddingWriter {
 
 impl EmbeddingWriter {
     /// `metadata`: extra key-value pairs stored in the file footer.
-    pub fn create(path: &Path, dim: usize, metadata: Vec<(String, String)>) -> Result<Self> {
-        let sink = ParquetSink::create(path, schema(dim), metadata, ROW_GROUP_BYTES)?;
+    pub fn create(
+        path: &Path,
+        dim: usize,
+        digest: DigestKind,
+        metadata: Vec<(String, String)>,
+    ) -> Result<Self> {
+        let sink = ParquetSink::create(path, schema(dim, digest), metadata, ROW_GROUP_BYTES)?;
         let item = Arc::new(Field::new("item", DataType::Float32, false));
         Ok(Self {
             sink,
@@ -113,7 +121,7 @@ impl EmbeddingWriter {
         for (b, v) in self
             .strings
             .iter_mut()
-            .zip([row.id, row.description, row.source, row.md5])
+            .zip([row.id, row.description, row.source, row.digest])
         {
             b.append_value(v);
         }
@@ -144,7 +152,7 @@ impl EmbeddingWriter {
         columns.push(Arc::new(self.n_tokens.finish()));
         columns.push(Arc::new(self.layer.finish()));
         columns.push(Arc::new(self.embedding.finish()));
-        // Schema order: id, description, source, md5, length, gc_content, n_tokens, layer, embedding.
+        // Schema order: id, description, source, digest, length, gc_content, n_tokens, layer, embedding.
         self.sink.write(columns)?;
         self.rows = 0;
         Ok(())
