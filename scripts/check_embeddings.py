@@ -3,7 +3,8 @@
 
 Usage: check_embeddings.py FILE N_ROWS DIM
 Exits non-zero (with the reason) unless the file has the documented columns and types,
-N_ROWS rows, and an `embedding` column of DIM finite float32 values per row.
+N_ROWS rows, and an `embedding` column of DIM finite float32 values per row. The digest column is
+`md5` (FASTA input) or the input dataset's own (`xxh3` by default), 32 hex digits either way.
 """
 import math
 import sys
@@ -15,11 +16,12 @@ import pyarrow.parquet as pq
 def main() -> None:
     path, n_rows, dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     table = pq.read_table(path)
+    digest = "xxh3" if "xxh3" in table.column_names else "md5"
     want = {
         "id": pa.string(),
         "description": pa.string(),
         "source": pa.string(),
-        "md5": pa.string(),
+        digest: pa.string(),
         "length": pa.int64(),
         "gc_content": pa.float64(),
         "n_tokens": pa.int64(),
@@ -39,7 +41,7 @@ def main() -> None:
     assert matrix.shape == (n_rows, dim)
     assert all(math.isfinite(x) for x in flat), "non-finite embedding values"
     assert (df["n_tokens"] > 0).all() and df["gc_content"].between(0, 1).all()
-    assert df["md5"].str.len().eq(32).all()
+    assert df[digest].str.len().eq(32).all()
     print(f"{path}: {matrix.shape[0]} x {matrix.shape[1]} embeddings, columns {list(df.columns)}")
 
 

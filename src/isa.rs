@@ -52,13 +52,15 @@ pub const ENV: &str = "GENSLM_SIMD";
 pub fn detected() -> Tier {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        // Each tier includes the ones below it: a virtual CPU that reports AVX-512F but hides
+        // AVX2, FMA or SSSE3 gets the scalar tier, never a path it cannot run.
+        let avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("ssse3");
+        if avx2 && std::arch::is_x86_feature_detected!("avx512f") {
             return Tier::Avx512;
         }
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("ssse3")
-        {
+        if avx2 {
             return Tier::Avx2;
         }
     }
@@ -178,5 +180,17 @@ mod tests {
         assert!(tier() <= detected());
         assert_eq!(avx2(), tier() >= Tier::Avx2);
         assert_eq!(avx512(), tier() == Tier::Avx512);
+        // The unsafe paths each tier enables need exactly these features.
+        #[cfg(target_arch = "x86_64")]
+        {
+            if avx2() {
+                assert!(std::arch::is_x86_feature_detected!("avx2"));
+                assert!(std::arch::is_x86_feature_detected!("fma"));
+                assert!(std::arch::is_x86_feature_detected!("ssse3"));
+            }
+            if avx512() {
+                assert!(std::arch::is_x86_feature_detected!("avx512f"));
+            }
+        }
     }
 }

@@ -53,7 +53,7 @@ enum Command {
         #[arg(long)]
         drop_partial_codon: bool,
         /// Each record's digest column: xxh3 (XXH3-128, fast) or md5 (as md5sum and GenSLM's
-        /// tooling compute it; `genslm embed` writes md5 too)
+        /// tooling compute it, and as `genslm embed` writes it for FASTA input)
         #[arg(long, value_enum, default_value = "xxh3")]
         digest: DigestArg,
     },

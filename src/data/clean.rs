@@ -215,7 +215,7 @@ fn clean_slow(
 mod vector {
     /// Appends `block` upper-cased without its line breaks (LF, and CR wherever it stands, as
     /// the slower tiers drop it too) to `out` and returns (LF count, G/C count); `None`, with
-    /// `out` unchanged, when the block holds any other byte or the CPU lacks AVX2.
+    /// `out` unchanged, when the block holds any other byte or the tier is below avx2 (`isa`).
     pub fn clean_acgtn(block: &[u8], out: &mut Vec<u8>) -> Option<(u64, u64)> {
         #[cfg(target_arch = "x86_64")]
         if crate::isa::avx2() {

@@ -281,7 +281,7 @@ impl DatasetReader {
         let digest = DigestKind::ALL
             .into_iter()
             .find(|k| builder.schema().field_with_name(k.column()).is_ok())
-            .unwrap_or_default();
+            .ok_or_else(|| derr("missing column `xxh3` (or `md5`): the records' digest".into()))?;
         let reader = builder
             .with_batch_size(batch_rows.max(1))
             .build()

@@ -1,8 +1,9 @@
 //! The queue between two of ingest's threads: cleaned bases and finished rows, in file order.
 //!
 //! Ingest runs three threads in a line: the reader parses, cleans and tokenizes; the hasher
-//! takes the cleaned bases through this queue and computes each record's MD5 (about as much
-//! work as the reader's, and one record's hash cannot be split); the writer takes the hashed
+//! takes the cleaned bases through this queue and computes each record's digest
+//! (`data::digest`: XXH3-128, or MD5, which is about as much work as the reader's; one record's
+//! hash cannot be split); the writer takes the hashed
 //! rows through a second queue of this kind, without bases, and encodes parquet. Bases travel
 //! in batches of about 1 MiB and rows ride in the same batches, so a genome of small records
 //! costs a few wake-ups per megabyte rather than one per record. The queue is bounded in
