@@ -55,7 +55,7 @@ impl GenSlm {
                 alibi: (c.position == Position::Alibi).then(|| {
                     // This rank's heads under TP (whole heads, in order).
                     let all = alibi_slopes(c.num_heads);
-                    let (first, n) = self.rank_heads(c.num_heads);
+                    let (first, n) = self.rank_slice(c.num_heads);
                     all[first..first + n].to_vec()
                 }),
                 q_offset: pos.start(),

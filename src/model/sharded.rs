@@ -30,9 +30,7 @@ impl GenSlm {
 
     /// The first vocabulary id of this rank's embedding and head slices.
     pub(super) fn vocab_first(&self) -> usize {
-        self.tp.as_ref().map_or(0, |tp| {
-            split_range(self.cfg.vocab_size, tp.degree(), tp.rank()).0
-        })
+        self.rank_slice(self.cfg.vocab_size).0
     }
 
     /// [`masked_nll`] of this model's `logits` (under TP: each rank's vocabulary columns, the
@@ -55,9 +53,9 @@ impl GenSlm {
         }
     }
 
-    /// `(first, count)` of the `n` heads this rank computes: all of them, or its TP slice
-    /// (whole heads, in order).
-    pub(super) fn rank_heads(&self, n: usize) -> (usize, usize) {
+    /// `(first, count)` of `n` things split over the TP group (heads, vocabulary ids) that this
+    /// rank holds: all of them, or its slice (whole items, in order).
+    pub(super) fn rank_slice(&self, n: usize) -> (usize, usize) {
         self.tp
             .as_ref()
             .map_or((0, n), |tp| split_range(n, tp.degree(), tp.rank()))

@@ -9,18 +9,14 @@
 //! The pattern LayerNorm, linear and QKV attention share: [`GeluKernels`] (forward and backward)
 //! is implemented for `Flex` (the loops below) and for CubeCL backends (the composed tensor
 //! formulas); [`GeluOps`], the backend extension, is the forward on those and, for `Autodiff`,
-//! a [`Backward`] that calls the inner backend's `gelu_fast_bwd`.
+//! one node of `ops::autodiff::differentiable` that calls the inner backend's `gelu_fast_bwd`.
 
-use burn::backend::autodiff::{
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-    Autodiff,
-};
+use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff};
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
+use super::autodiff::{differentiable, HandBackward};
 use super::primitive::Primitive;
 use super::simd::{dispatched, exp_neg, host_f32, values};
 
@@ -156,40 +152,32 @@ impl GeluKernels for burn::backend::Cube {
     }
 }
 
+/// The op as a [`HandBackward`] one (`ops::autodiff::differentiable`): it saves only `x`.
+#[derive(Debug, Clone)]
+struct Gelu;
+
+impl<B: GeluKernels> HandBackward<B, 1> for Gelu {
+    type Saved = FloatTensor<B>;
+
+    fn forward(
+        &self,
+        [x]: [FloatTensor<B>; 1],
+        save: bool,
+    ) -> (FloatTensor<B>, Option<Self::Saved>) {
+        if !save {
+            return (B::gelu_fast_fwd(x), None);
+        }
+        (B::gelu_fast_fwd(x.clone()), Some(x))
+    }
+
+    fn backward(&self, x: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; 1] {
+        [B::gelu_fast_bwd(x, dy)]
+    }
+}
+
 impl<B: GeluKernels, Ck: CheckpointStrategy> GeluOps for Autodiff<B, Ck> {
     fn gelu_fast(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct GeluBackward;
-
-        impl<B: GeluKernels> Backward<B, 1> for GeluBackward {
-            type State = FloatTensor<B>;
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node] = ops.parents;
-                let dy = grads.consume::<B>(&ops.node);
-                if let Some(node) = node {
-                    grads.register::<B>(node.id, B::gelu_fast_bwd(ops.state, dy));
-                }
-            }
-        }
-
-        match GeluBackward
-            .prepare::<Ck>([x.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let xp = x.primitive().clone();
-                let y = B::gelu_fast_fwd(xp.clone());
-                prep.finish(xp, y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::gelu_fast(x.into_primitive())),
-        }
+        differentiable::<B, Ck, _, 1>([x], Gelu)
     }
 }
 

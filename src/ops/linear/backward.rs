@@ -1,15 +1,37 @@
-//! Linear layers under autodiff: one node that saves the input and the weight and calls the
-//! inner backend's `linear_bwd`.
+//! Linear layers under autodiff: one node (`ops::autodiff::differentiable`) that saves the
+//! input and the weight and calls the inner backend's `linear_bwd`.
 
-use burn::backend::autodiff::{
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-    Autodiff,
-};
+use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff};
 use burn::backend::tensor::FloatTensor;
 
 use super::*;
+use crate::ops::autodiff::{differentiable, HandBackward};
+
+/// The op as a [`HandBackward`] one: no argument besides its tensors.
+#[derive(Debug, Clone)]
+struct Linear;
+
+impl<B: LinearKernels> HandBackward<B, 3> for Linear {
+    // The input and the weight.
+    type Saved = [FloatTensor<B>; 2];
+
+    fn forward(
+        &self,
+        [x, w, b]: [FloatTensor<B>; 3],
+        save: bool,
+    ) -> (FloatTensor<B>, Option<Self::Saved>) {
+        if !save {
+            return (B::linear_fwd(x, w, b), None);
+        }
+        let y = B::linear_fwd(x.clone(), w.clone(), b);
+        (y, Some([x, w]))
+    }
+
+    fn backward(&self, [x, w]: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; 3] {
+        let (dx, dw, db) = B::linear_bwd(x, w, dy);
+        [dx, dw, db]
+    }
+}
 
 impl<B: LinearKernels, Ck: CheckpointStrategy> LinearOps for Autodiff<B, Ck> {
     fn linear(
@@ -17,45 +39,6 @@ impl<B: LinearKernels, Ck: CheckpointStrategy> LinearOps for Autodiff<B, Ck> {
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct LinearBackward;
-
-        impl<B: LinearKernels> Backward<B, 3> for LinearBackward {
-            // The input and the weight.
-            type State = (FloatTensor<B>, FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 3>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let dy = grads.consume::<B>(&ops.node);
-                let (x, w) = ops.state;
-                let (dx, dw, db) = B::linear_bwd(x, w, dy);
-                for (node, g) in ops.parents.into_iter().zip([dx, dw, db]) {
-                    if let Some(node) = node {
-                        grads.register::<B>(node.id, g);
-                    }
-                }
-            }
-        }
-
-        match LinearBackward
-            .prepare::<Ck>([x.node(), w.node(), b.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
-                let y = B::linear_fwd(xp.clone(), wp.clone(), b.into_primitive());
-                prep.finish((xp, wp), y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(<B as LinearOps>::linear(
-                x.into_primitive(),
-                w.into_primitive(),
-                b.into_primitive(),
-            )),
-        }
+        differentiable::<B, Ck, _, 3>([x, w, b], Linear)
     }
 }
