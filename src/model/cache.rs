@@ -97,16 +97,26 @@ impl LayerKv {
         self.k.dims()[2]
     }
 
+    /// The key buffer `[b, heads, capacity, d]`; rows `0..len` are filled.
+    pub fn keys(&self) -> &Tensor<4> {
+        &self.k
+    }
+
+    /// The value buffer, as [`LayerKv::keys`].
+    pub fn values(&self) -> &Tensor<4> {
+        &self.v
+    }
+
     /// Writes `k, v: [b, heads, n, d]` at rows `len..len + n` of `past` (new buffers of at least
-    /// `reserve` rows when there is none) and returns the buffers with views of rows
-    /// `0..len + n`, the keys and values to attend to.
+    /// `reserve` rows when there is none) and returns the buffers, whose rows `0..len + n` are
+    /// then the keys and values to attend to.
     pub fn append(
         past: Option<LayerKv>,
         k: Tensor<4>,
         v: Tensor<4>,
         len: usize,
         reserve: usize,
-    ) -> (LayerKv, Tensor<4>, Tensor<4>) {
+    ) -> LayerKv {
         let [b, heads, n, d] = k.dims();
         let need = len + n;
         let mut kv = match past {
@@ -126,11 +136,7 @@ impl LayerKv {
         };
         kv.k = kv.k.slice_assign(rows(b, heads, len..need, d), k);
         kv.v = kv.v.slice_assign(rows(b, heads, len..need, d), v);
-        let (kview, vview) = (
-            kv.k.clone().narrow(2, 0, need),
-            kv.v.clone().narrow(2, 0, need),
-        );
-        (kv, kview, vview)
+        kv
     }
 }
 

@@ -11,14 +11,15 @@ use crate::model::cache::{LayerKv, Past};
 use crate::model::neox::GenSlm;
 use crate::model::params::LayerParams;
 use crate::model::position::{alibi_slopes, rotary_tables_at, Positions};
-use crate::ops::attention::naive::naive_attention;
+use crate::ops::attention::decode::cached_attention;
 use crate::ops::attention::options::AttnOptions;
 use crate::ops::attention::qkv::qkv_attention;
 use crate::ops::gelu::gelu_fast;
 use crate::ops::rotary::apply_rotary;
 
-/// New tokens per cached decoding call up to which attention over the cache materialises its
-/// scores (`[b, heads, rows, cached]`, at most 64 KiB per head per 1K cached tokens).
+/// New tokens per cached decoding call up to which attention over the cache is the decoding
+/// kernel (one pass over the cached rows per query); longer calls (a prompt) take the
+/// configured attention.
 const DECODE_DIRECT_ROWS: usize = 16;
 
 /// What the layers of one forward share (see [`GenSlm::layer_context`]).
@@ -145,17 +146,17 @@ impl GenSlm {
             }
             (None, Past::Cache(past, reserve)) => {
                 // Keys start at position 0 of the cache; queries at the context's offset.
-                let (kv, k, v) = LayerKv::append(past, k, v, ctx.attn.q_offset, reserve);
+                let kv = LayerKv::append(past, k, v, ctx.attn.q_offset, reserve);
+                let len = ctx.attn.q_offset + s;
                 let o = AttnOptions {
                     k_offset: 0,
                     ..ctx.attn.clone()
                 };
-                // A decoding step's scores are [b, h, s, len] with s a few tokens: small, so the
-                // direct form (two matmuls) beats FlashAttention's per-tile ops over the cache.
                 let o = if s <= DECODE_DIRECT_ROWS {
-                    naive_attention(q, k, v, &o)
+                    cached_attention(q, kv.keys(), kv.values(), len, &o)
                 } else {
-                    attention(q, k, v, &o, kind)
+                    let rows = |t: &Tensor<4>| t.clone().narrow(2, 0, len);
+                    attention(q, rows(kv.keys()), rows(kv.values()), &o, kind)
                 };
                 (o, Some(kv))
             }

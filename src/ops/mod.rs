@@ -16,3 +16,4 @@ pub mod linear;
 pub mod primitive;
 pub mod rotary;
 pub(crate) mod simd;
+pub(crate) mod team;

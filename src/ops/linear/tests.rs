@@ -44,11 +44,19 @@ fn assert_close(got: &[f32], want: &[f64], what: &str) {
     }
 }
 
-/// The loops against f64, on a product small enough for the calling thread and on one
-/// split over the pool (odd sizes throughout).
+/// The loops against f64, on a product small enough for the calling thread, on one split over
+/// the pool, and on few-row products (a decoding step's; rows of `w` split over the team, with
+/// remainders of the eight-row unrolling and of the split) (odd sizes throughout).
 #[test]
 fn slices_match_f64_loops() {
-    for dims @ (rows, n, m) in [(37, 19, 23), (211, 131, 89)] {
+    let few = [
+        (1, 7, 5),
+        (1, 517, 33),
+        (2, 131, 89),
+        (3, 1029, 70),
+        (4, 64, 16),
+    ];
+    for dims @ (rows, n, m) in [(37, 19, 23), (211, 131, 89)].into_iter().chain(few) {
         let (x, w, bias, dy) = (
             data(rows * n, 0.1),
             data(n * m, 0.4),
