@@ -15,7 +15,8 @@
 //! next task index from a counter, and returns when every task has finished. A second caller
 //! while a section runs (thread ranks decoding side by side) runs its tasks itself.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::TryLockError;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -27,7 +28,8 @@ struct Section {
     tasks: usize,
     next: AtomicUsize,
     done: AtomicUsize,
-    panicked: AtomicBool,
+    /// The first task's panic, raised again by the caller.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     /// The caller's `&dyn Fn(usize) + Sync`, its lifetime erased: called only for a claimed
     /// index below `tasks`, and the caller does not return before every such call has.
     f: *const (dyn Fn(usize) + Sync + 'static),
@@ -48,8 +50,9 @@ impl Section {
             // SAFETY: `i` is a claimed task below `tasks`, so the caller is still waiting for it
             // (it returns only when `done` reaches `tasks`) and its closure is alive.
             let f = unsafe { &*self.f };
-            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
-                self.panicked.store(true, Ordering::Relaxed);
+            if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))) {
+                let mut first = self.panic.lock().unwrap_or_else(|p| p.into_inner());
+                first.get_or_insert(payload);
             }
             self.done.fetch_add(1, Ordering::Release);
         }
@@ -57,8 +60,8 @@ impl Section {
 }
 
 struct Team {
-    /// Helper threads (the pool's size minus the caller).
-    helpers: usize,
+    /// Helper threads started.
+    helpers: AtomicUsize,
     /// Bumped for every section; helpers spin on it.
     epoch: AtomicU64,
     /// The current section, for helpers to take a reference to.
@@ -73,29 +76,34 @@ struct Team {
 
 static TEAM: OnceLock<Team> = OnceLock::new();
 
+/// The team, its helpers started at the first call (the pool's size minus the caller; as many
+/// as the system lets start).
 fn team() -> &'static Team {
-    TEAM.get_or_init(|| {
-        let helpers = rayon::current_num_threads().saturating_sub(1);
-        for _ in 0..helpers {
-            std::thread::Builder::new()
+    static STARTED: OnceLock<()> = OnceLock::new();
+    let t = TEAM.get_or_init(|| Team {
+        helpers: AtomicUsize::new(0),
+        epoch: AtomicU64::new(0),
+        current: Mutex::new(None),
+        busy: Mutex::new(()),
+        sleepers: AtomicUsize::new(0),
+        wake: Condvar::new(),
+        sleep_lock: Mutex::new(()),
+    });
+    STARTED.get_or_init(|| {
+        for _ in 1..rayon::current_num_threads() {
+            let spawned = std::thread::Builder::new()
                 .name("genslm-team".into())
-                .spawn(helper)
-                .expect("spawning a helper thread");
+                .spawn(move || helper(t));
+            if spawned.is_err() {
+                break; // fewer helpers: the sections still run, on fewer threads
+            }
+            t.helpers.fetch_add(1, Ordering::Relaxed);
         }
-        Team {
-            helpers,
-            epoch: AtomicU64::new(0),
-            current: Mutex::new(None),
-            busy: Mutex::new(()),
-            sleepers: AtomicUsize::new(0),
-            wake: Condvar::new(),
-            sleep_lock: Mutex::new(()),
-        }
-    })
+    });
+    t
 }
 
-fn helper() {
-    let t = team();
+fn helper(t: &'static Team) {
     let mut seen = 0;
     let mut idle_since = Instant::now();
     loop {
@@ -130,10 +138,15 @@ fn helper() {
 /// all have run. A panic in a task is raised again here.
 pub fn for_each_task(tasks: usize, f: impl Fn(usize) + Sync) {
     let t = team();
-    let guard = (tasks > 1 && t.helpers > 0)
-        .then(|| t.busy.try_lock().ok())
+    // A poisoned lock only means an earlier section panicked; the team is intact.
+    let guard = (tasks > 1 && t.helpers.load(Ordering::Relaxed) > 0)
+        .then(|| match t.busy.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        })
         .flatten();
-    let Some(_busy) = guard else {
+    let Some(busy) = guard else {
         (0..tasks).for_each(f);
         return;
     };
@@ -145,7 +158,7 @@ pub fn for_each_task(tasks: usize, f: impl Fn(usize) + Sync) {
         tasks,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
-        panicked: AtomicBool::new(false),
+        panic: Mutex::new(None),
         f,
     });
     *t.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.clone());
@@ -155,18 +168,27 @@ pub fn for_each_task(tasks: usize, f: impl Fn(usize) + Sync) {
         t.wake.notify_all();
     }
     s.work();
+    let mut spins = 0u32;
     while s.done.load(Ordering::Acquire) < tasks {
-        std::hint::spin_loop();
+        // A helper holding the last task may have been preempted: after a while, let it run.
+        spins += 1;
+        if spins < 1 << 14 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
     *t.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    if s.panicked.load(Ordering::Relaxed) {
-        panic!("a task of a parallel section panicked");
+    drop(busy);
+    let payload = s.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(payload) = payload {
+        std::panic::resume_unwind(payload);
     }
 }
 
 /// Threads a section runs on: the caller and the helpers.
 pub fn threads() -> usize {
-    team().helpers + 1
+    team().helpers.load(Ordering::Relaxed) + 1
 }
 
 /// [`for_each_task`] over the chunks of `data` (`chunk` elements each, the last one shorter):
@@ -237,7 +259,13 @@ mod tests {
     #[test]
     fn a_panicking_task_panics_the_caller() {
         let r = std::panic::catch_unwind(|| for_each_task(8, |i| assert!(i != 5, "task 5")));
-        assert!(r.is_err());
+        let payload = r.expect_err("the section panics");
+        let msg = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or(payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("");
+        assert!(msg.contains("task 5"), "the task's own message: {msg:?}");
         // The team still works after it.
         let sum = AtomicUsize::new(0);
         for_each_task(10, |i| {

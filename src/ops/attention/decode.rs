@@ -35,7 +35,7 @@ pub fn cached_attention(
                 .try_into_primitive::<burn::backend::Flex>()
                 .is_ok()
     };
-    if !(cpu(&q) && cpu(k)) {
+    if !(cpu(&q) && cpu(k) && cpu(v)) {
         return naive_attention(
             q,
             k.clone().narrow(2, 0, len),
@@ -144,13 +144,14 @@ mod tests {
     /// the reference on the filled rows.
     #[test]
     fn equals_the_reference_on_the_filled_rows() {
-        let (b, h, d) = (2, 3, 16);
-        for (s, len, cap) in [
-            (1, 1, 1),
-            (1, 37, 64),
-            (3, 40, 40),
-            (5, 129, 200),
-            (16, 16, 30),
+        let (b, h) = (2, 3);
+        // Head dims with and without a remainder past the dot products' 16 lanes.
+        for (d, s, len, cap) in [
+            (16, 1, 1, 1),
+            (8, 1, 37, 64),
+            (24, 3, 40, 40),
+            (64, 5, 129, 200),
+            (40, 16, 16, 30),
         ] {
             for causal in [true, false] {
                 for alibi in [None, Some(vec![0.5, 0.125, 0.03125])] {
@@ -169,8 +170,10 @@ mod tests {
                         .zip(tensor_to_vec(&want))
                         .map(|(a, b)| (a - b).abs())
                         .fold(0f32, f32::max);
-                    let what =
-                        format!("s {s} len {len} cap {cap} causal {causal} {:?}", opts.alibi);
+                    let what = format!(
+                        "d {d} s {s} len {len} cap {cap} causal {causal} {:?}",
+                        opts.alibi
+                    );
                     assert!(worst < 1e-5, "{what}: {worst}");
                 }
             }

@@ -66,6 +66,9 @@ pub(super) fn fwd_few_rows(
     (rows, n, m): (usize, usize, usize),
 ) -> Vec<f32> {
     assert!(x.len() == rows * n && w.len() == n * m && b.len() == m);
+    if rows * n * m == 0 {
+        return b.repeat(rows); // an empty sum, or nothing to write
+    }
     let tasks = team::threads().min(n / ROW_BLOCK).max(1);
     let per = n.div_ceil(tasks);
     let mut sums = vec![0f32; tasks * rows * m];
