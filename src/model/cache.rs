@@ -119,7 +119,10 @@ impl LayerKv {
     ) -> LayerKv {
         let [b, heads, n, d] = k.dims();
         // Cached rows without their buffers would be read as zeros: a caller's bug, never data.
-        assert!(past.is_some() || len == 0, "{len} cached tokens but no buffers");
+        assert!(
+            past.is_some() || len == 0,
+            "{len} cached tokens but no buffers"
+        );
         let need = len + n;
         let mut kv = match past {
             Some(kv) if kv.capacity() >= need => kv,

@@ -11,6 +11,7 @@ pub mod nccl;
 #[cfg(all(feature = "nccl", feature = "cuda"))]
 pub mod nccl_device;
 pub mod parallelize;
+pub mod pipeline;
 pub mod ranks;
 pub mod ring;
 pub mod stream_order;

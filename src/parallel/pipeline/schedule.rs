@@ -1,0 +1,554 @@
+//! Pipeline schedules as data (issue 40, step 1): for each stage, the ordered list of passes it
+//! runs over the micro-batches of one optimizer step. One function builds every schedule
+//! ([`Schedule::build`]); an engine executes the lists, and the tests below check each schedule
+//! as data: every pass once and on its stage, a micro-batch's forward before its backward,
+//! the dependencies between stages satisfiable in the given orders, the in-flight activations
+//! within the schedule's bound, and the idle time of a unit-cost run equal to the closed form.
+//!
+//! The model's layers are cut into `stages × virtual` chunks; chunk `c` lives on stage
+//! `c % stages` (Megatron's interleaved layout: stage `s` holds chunks `s, s + P, s + 2P, …`),
+//! so with one virtual stage chunk `c` is stage `c`. A micro-batch's forward runs the chunks in
+//! order, its backward in reverse.
+//!
+//! Schedules (`--pp-schedule`):
+//! - `gpipe`: all forwards, then all backwards. The simplest; holds every micro-batch's
+//!   activations at once.
+//! - `1f1b`: `P − s − 1` warm-up forwards on stage `s`, then one forward and one backward in
+//!   turn, then the remaining backwards; stage `s` holds at most `P − s` micro-batches.
+//! - `interleaved` (`--pp-virtual V`): 1F1B over `V` chunks per stage, the bubble divided by
+//!   `V` (Narayanan et al. 2021); needs the micro-batches in whole groups of `P`.
+//! - `zb`: ZB-H1 of Qi et al. 2024 (arXiv 2401.10241): the backward split into the input
+//!   gradient (B), which the previous stage waits for, and the weight gradient (W), which
+//!   nobody waits for. Stage `s` postpones `s` of its W passes to the end, where the later
+//!   stages would otherwise wait for the earlier ones' last backwards; the in-flight bound
+//!   stays 1F1B's `P` on stage 0.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleKind {
+    GPipe,
+    OneFOneB,
+    Interleaved,
+    ZeroBubble,
+}
+
+impl ScheduleKind {
+    pub const ALL: [ScheduleKind; 4] = [
+        Self::GPipe,
+        Self::OneFOneB,
+        Self::Interleaved,
+        Self::ZeroBubble,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::GPipe => "gpipe",
+            Self::OneFOneB => "1f1b",
+            Self::Interleaved => "interleaved",
+            Self::ZeroBubble => "zb",
+        }
+    }
+
+    /// Whether the backward is split into B (input gradient) and W (weight gradient).
+    pub fn splits_backward(self) -> bool {
+        self == Self::ZeroBubble
+    }
+}
+
+impl fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ScheduleKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "--pp-schedule {s:?}: expected one of gpipe, 1f1b, interleaved, zb"
+                ))
+            })
+    }
+}
+
+/// What a pass computes: the forward, the backward (for schedules that do not split it: the
+/// input and the weight gradients together), or the weight gradient alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Pass {
+    F,
+    B,
+    W,
+}
+
+/// One pass of one micro-batch through one chunk of layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Op {
+    pub pass: Pass,
+    pub micro: usize,
+    /// The model chunk (`0..stages × virtual`), on stage `chunk % stages`.
+    pub chunk: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule {
+    pub kind: ScheduleKind,
+    pub stages: usize,
+    pub micros: usize,
+    pub virtual_stages: usize,
+    /// Per stage, its passes in the order it runs them.
+    pub ops: Vec<Vec<Op>>,
+}
+
+impl Schedule {
+    /// The schedule `kind` for `stages` stages, `micros` micro-batches and `virtual` chunks per
+    /// stage, or why it cannot run.
+    pub fn build(
+        kind: ScheduleKind,
+        stages: usize,
+        micros: usize,
+        virtual_stages: usize,
+    ) -> Result<Self> {
+        let (p, m, v) = (stages, micros, virtual_stages);
+        if p == 0 || m == 0 || v == 0 {
+            return Err(Error::Invalid(format!(
+                "pipeline of {p} stages, {m} micro-batches, {v} virtual stages: each must be at least 1"
+            )));
+        }
+        if v > 1 && kind != ScheduleKind::Interleaved {
+            return Err(Error::Invalid(format!(
+                "--pp-virtual {v} needs --pp-schedule interleaved ({kind} runs one chunk per stage)"
+            )));
+        }
+        if matches!(
+            kind,
+            ScheduleKind::OneFOneB | ScheduleKind::Interleaved | ScheduleKind::ZeroBubble
+        ) && m < p
+        {
+            return Err(Error::Invalid(format!(
+                "--pp-schedule {kind} with {p} stages needs at least {p} micro-batches (--grad-accum), \
+                 got {m}: with fewer, the last stage's first backward cannot start before the first \
+                 stage runs out of forwards, so the schedule is GPipe's; use --pp-schedule gpipe"
+            )));
+        }
+        if kind == ScheduleKind::Interleaved && m % p != 0 {
+            return Err(Error::Invalid(format!(
+                "--pp-schedule interleaved runs the micro-batches in groups of the {p} stages: \
+                 --grad-accum {m} is not a multiple of {p}"
+            )));
+        }
+        let ops = (0..p)
+            .map(|s| match kind {
+                ScheduleKind::GPipe => gpipe(s, m),
+                ScheduleKind::OneFOneB => one_f_one_b(s, p, m),
+                ScheduleKind::Interleaved => interleaved(s, p, m, v),
+                ScheduleKind::ZeroBubble => zb_h1(s, p, m),
+            })
+            .collect();
+        Ok(Schedule {
+            kind,
+            stages: p,
+            micros: m,
+            virtual_stages: v,
+            ops,
+        })
+    }
+
+    /// Chunks of the model: `stages × virtual`.
+    pub fn chunks(&self) -> usize {
+        self.stages * self.virtual_stages
+    }
+
+    /// The pass after which a micro-batch's activations on a chunk are no longer needed: W when
+    /// the backward is split (the weight gradient reads the layer inputs), else B.
+    pub fn frees(&self) -> Pass {
+        if self.kind.splits_backward() {
+            Pass::W
+        } else {
+            Pass::B
+        }
+    }
+
+    /// The passes `op` waits for on other stages (or earlier on its own): the previous chunk's
+    /// forward, the next chunk's input gradient, its own forward, its own input gradient.
+    pub fn deps(&self, op: Op) -> Vec<Op> {
+        let last = self.chunks() - 1;
+        let at = |pass, chunk| Op {
+            pass,
+            micro: op.micro,
+            chunk,
+        };
+        match op.pass {
+            Pass::F if op.chunk > 0 => vec![at(Pass::F, op.chunk - 1)],
+            Pass::F => vec![],
+            Pass::B if op.chunk < last => vec![at(Pass::F, op.chunk), at(Pass::B, op.chunk + 1)],
+            Pass::B => vec![at(Pass::F, op.chunk)],
+            Pass::W => vec![at(Pass::B, op.chunk)],
+        }
+    }
+}
+
+/// Stage `s` of GPipe: every forward, then every backward (in order).
+fn gpipe(s: usize, m: usize) -> Vec<Op> {
+    let f = (0..m).map(|i| Op {
+        pass: Pass::F,
+        micro: i,
+        chunk: s,
+    });
+    let b = (0..m).map(|i| Op {
+        pass: Pass::B,
+        micro: i,
+        chunk: s,
+    });
+    f.chain(b).collect()
+}
+
+/// Stage `s` of 1F1B: `P − s − 1` warm-up forwards, then forward/backward pairs, then the
+/// remaining backwards.
+fn one_f_one_b(s: usize, p: usize, m: usize) -> Vec<Op> {
+    let warm = (p - s - 1).min(m);
+    let op = |pass, micro| Op {
+        pass,
+        micro,
+        chunk: s,
+    };
+    let mut ops: Vec<Op> = (0..warm).map(|i| op(Pass::F, i)).collect();
+    for k in 0..m - warm {
+        ops.push(op(Pass::F, warm + k));
+        ops.push(op(Pass::B, k));
+    }
+    ops.extend((m - warm..m).map(|i| op(Pass::B, i)));
+    ops
+}
+
+/// Stage `s` of interleaved 1F1B over `v` chunks: the stage's `m · v` (micro-batch, chunk)
+/// pairs ordered in groups of `p` micro-batches, chunk by chunk (the backward takes the chunks
+/// in reverse); warm-up forwards enough for the next stage's first chunk to reach this stage's
+/// second (`2(p − s − 1) + (v − 1)p`), then pairs, then the remaining backwards.
+fn interleaved(s: usize, p: usize, m: usize, v: usize) -> Vec<Op> {
+    let total = m * v;
+    let nth = |k: usize, forward: bool| {
+        let in_group = k % (p * v);
+        let local = in_group / p;
+        let local = if forward { local } else { v - 1 - local };
+        (k / (p * v) * p + k % p, local * p + s)
+    };
+    let op = |pass, k| {
+        let (micro, chunk) = nth(k, pass == Pass::F);
+        Op { pass, micro, chunk }
+    };
+    let warm = if m == p {
+        total
+    } else {
+        (2 * (p - s - 1) + (v - 1) * p).min(total)
+    };
+    let mut ops: Vec<Op> = (0..warm).map(|k| op(Pass::F, k)).collect();
+    for k in 0..total - warm {
+        ops.push(op(Pass::F, warm + k));
+        ops.push(op(Pass::B, k));
+    }
+    ops.extend((total - warm..total).map(|k| op(Pass::B, k)));
+    ops
+}
+
+/// Stage `s` of ZB-H1: 1F1B's `P − s − 1` warm-up forwards; then `s` forward/input-gradient
+/// pairs whose weight gradients wait; then forward, input gradient, weight gradient (the oldest
+/// waiting one) while forwards remain; then input and weight gradients; then the `s` weight
+/// gradients that waited.
+fn zb_h1(s: usize, p: usize, m: usize) -> Vec<Op> {
+    let op = |pass, micro| Op {
+        pass,
+        micro,
+        chunk: s,
+    };
+    let (mut f, mut b, mut w) = (0, 0, 0);
+    let mut ops = Vec::with_capacity(3 * m);
+    while f < (p - s - 1).min(m) {
+        ops.push(op(Pass::F, f));
+        f += 1;
+    }
+    for _ in 0..s {
+        if f == m {
+            break;
+        }
+        ops.extend([op(Pass::F, f), op(Pass::B, b)]);
+        (f, b) = (f + 1, b + 1);
+    }
+    while f < m {
+        ops.extend([op(Pass::F, f), op(Pass::B, b), op(Pass::W, w)]);
+        (f, b, w) = (f + 1, b + 1, w + 1);
+    }
+    while b < m {
+        ops.extend([op(Pass::B, b), op(Pass::W, w)]);
+        (b, w) = (b + 1, w + 1);
+    }
+    ops.extend((w..m).map(|i| op(Pass::W, i)));
+    ops
+}
+
+/// A run of a schedule where each pass takes a fixed time: when each stage is busy and idle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timeline {
+    /// When the last pass of any stage ends.
+    pub makespan: u64,
+    /// Per stage: time spent running passes.
+    pub busy: Vec<u64>,
+    /// Per stage: the most micro-batch chunks whose activations are alive at once (forward
+    /// run, [`Schedule::frees`] not yet).
+    pub peak_in_flight: Vec<usize>,
+}
+
+impl Timeline {
+    /// Idle time of stage `s` over the step: the makespan less its busy time.
+    pub fn idle(&self, s: usize) -> u64 {
+        self.makespan - self.busy[s]
+    }
+}
+
+/// Runs `schedule` with each pass taking `cost(pass)` time units and no communication time:
+/// every stage runs its list in order, a pass starting when its stage is free and its
+/// dependencies have ended. Errors when a stage's next pass waits for a pass that can never
+/// run (a deadlock in the given orders), or when a pass is missing, repeated or on the wrong
+/// stage.
+pub fn simulate(schedule: &Schedule, cost: impl Fn(Pass) -> u64) -> Result<Timeline> {
+    use std::collections::HashMap;
+    let (p, m, chunks) = (schedule.stages, schedule.micros, schedule.chunks());
+    let passes: &[Pass] = if schedule.kind.splits_backward() {
+        &[Pass::F, Pass::B, Pass::W]
+    } else {
+        &[Pass::F, Pass::B]
+    };
+    let mut seen = HashMap::new();
+    for (s, ops) in schedule.ops.iter().enumerate() {
+        for op in ops {
+            if op.chunk >= chunks
+                || op.micro >= m
+                || op.chunk % p != s
+                || !passes.contains(&op.pass)
+            {
+                return Err(Error::Invalid(format!(
+                    "stage {s} runs {op:?}, which is not one of its passes"
+                )));
+            }
+            if seen.insert(*op, s).is_some() {
+                return Err(Error::Invalid(format!("{op:?} runs twice")));
+            }
+        }
+    }
+    if seen.len() != passes.len() * m * chunks {
+        return Err(Error::Invalid(format!(
+            "{} passes scheduled, {} needed",
+            seen.len(),
+            passes.len() * m * chunks
+        )));
+    }
+    let mut end: HashMap<Op, u64> = HashMap::new();
+    let mut next = vec![0usize; p];
+    let mut free = vec![0u64; p];
+    let mut busy = vec![0u64; p];
+    let mut alive = vec![0usize; p];
+    let mut peak = vec![0usize; p];
+    let frees = schedule.frees();
+    let mut left = seen.len();
+    while left > 0 {
+        let mut progressed = false;
+        for s in 0..p {
+            while let Some(&op) = schedule.ops[s].get(next[s]) {
+                let deps = schedule.deps(op);
+                if !deps.iter().all(|d| end.contains_key(d)) {
+                    break;
+                }
+                let ready = deps.iter().map(|d| end[d]).max().unwrap_or(0);
+                let start = ready.max(free[s]);
+                let t = cost(op.pass);
+                end.insert(op, start + t);
+                (free[s], busy[s]) = (start + t, busy[s] + t);
+                if op.pass == Pass::F {
+                    alive[s] += 1;
+                    peak[s] = peak[s].max(alive[s]);
+                } else if op.pass == frees {
+                    alive[s] -= 1;
+                }
+                next[s] += 1;
+                left -= 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            let waiting: Vec<String> = (0..p)
+                .filter_map(|s| {
+                    schedule.ops[s]
+                        .get(next[s])
+                        .map(|op| format!("stage {s} at {op:?}"))
+                })
+                .collect();
+            return Err(Error::Invalid(format!(
+                "the schedule deadlocks: {}",
+                waiting.join(", ")
+            )));
+        }
+    }
+    Ok(Timeline {
+        makespan: free.iter().copied().max().unwrap_or(0),
+        busy,
+        peak_in_flight: peak,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The grid of the issue: P ∈ {2, 4}, m ∈ {P, 2P, 8}, V ∈ {1, 2} (V = 2 for interleaved).
+    fn grid() -> Vec<(ScheduleKind, usize, usize, usize)> {
+        let mut g = vec![];
+        for kind in ScheduleKind::ALL {
+            for p in [2, 4] {
+                for m in [p, 2 * p, 8] {
+                    let vs: &[usize] = if kind == ScheduleKind::Interleaved {
+                        &[1, 2]
+                    } else {
+                        &[1]
+                    };
+                    for &v in vs {
+                        g.push((kind, p, m, v));
+                    }
+                }
+            }
+        }
+        g
+    }
+
+    /// Costs in units where a forward through one chunk is 1 (a stage's forward is V) and a
+    /// whole backward twice that; split, B and W take half the backward each.
+    fn unit(kind: ScheduleKind) -> impl Fn(Pass) -> u64 {
+        move |pass| match (pass, kind.splits_backward()) {
+            (Pass::F, _) => 1,
+            (Pass::B, false) => 2,
+            (Pass::B, true) | (Pass::W, _) => 1,
+        }
+    }
+
+    #[test]
+    fn every_schedule_is_complete_ordered_and_runs() {
+        for (kind, p, m, v) in grid() {
+            let s = Schedule::build(kind, p, m, v).unwrap();
+            let what = format!("{kind} P {p} m {m} V {v}");
+            // Forward before backward before weight pass, per micro-batch and chunk, on its stage.
+            for ops in &s.ops {
+                let pos = |o: Op| ops.iter().position(|x| *x == o);
+                for o in ops.iter().filter(|o| o.pass != Pass::F) {
+                    let before = Op {
+                        pass: if o.pass == Pass::W { Pass::B } else { Pass::F },
+                        ..*o
+                    };
+                    assert!(pos(before) < pos(*o), "{what}: {before:?} after {o:?}");
+                }
+            }
+            // Every pass once, on its stage, and the cross-stage dependencies satisfiable.
+            simulate(&s, unit(kind)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
+    }
+
+    /// Stage 0 holds at most the schedule's bound of micro-batches: 1F1B and ZB-H1 P, GPipe m,
+    /// interleaved Megatron's `2(P − 1) + (V − 1)P + 1` chunks' worth (m = P: all m·V).
+    #[test]
+    fn in_flight_activations_stay_within_the_bound() {
+        for (kind, p, m, v) in grid() {
+            let s = Schedule::build(kind, p, m, v).unwrap();
+            let t = simulate(&s, unit(kind)).unwrap();
+            let bound = match kind {
+                ScheduleKind::GPipe => m,
+                ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => p,
+                ScheduleKind::Interleaved if m == p => m * v,
+                ScheduleKind::Interleaved => 2 * (p - 1) + (v - 1) * p + 1,
+            };
+            assert_eq!(
+                t.peak_in_flight[0],
+                bound.min(m * v),
+                "{kind} P {p} m {m} V {v}"
+            );
+            for (stage, &peak) in t.peak_in_flight.iter().enumerate() {
+                assert!(
+                    peak <= t.peak_in_flight[0],
+                    "{kind} P {p} m {m}: stage {stage} holds {peak}"
+                );
+            }
+        }
+    }
+
+    /// The idle time of a unit-cost run against the closed forms, idle / busy on every stage:
+    /// GPipe and 1F1B (P − 1)/m, interleaved (P − 1)/(m·V), ZB-H1 (P − 1)(F + B − W) idle, a
+    /// third of 1F1B's when F, B and W cost the same.
+    #[test]
+    fn bubbles_equal_the_closed_forms() {
+        for (kind, p, m, v) in grid() {
+            let s = Schedule::build(kind, p, m, v).unwrap();
+            let t = simulate(&s, unit(kind)).unwrap();
+            let what = format!("{kind} P {p} m {m} V {v}");
+            // Busy: m micro-batches × V chunks × (F + B) = 3mV units on every stage.
+            for stage in 0..p {
+                assert_eq!(t.busy[stage], 3 * (m * v) as u64, "{what}");
+                let want = match kind {
+                    // Idle / busy = (P − 1)/(m·V) (V = 1 but interleaved's: (P − 1)/m) of 3mV busy units.
+                    ScheduleKind::GPipe | ScheduleKind::OneFOneB | ScheduleKind::Interleaved => {
+                        3 * (p as u64 - 1)
+                    }
+                    ScheduleKind::ZeroBubble => p as u64 - 1,
+                };
+                assert_eq!(t.idle(stage), want, "{what}: stage {stage}");
+            }
+        }
+    }
+
+    #[test]
+    fn impossible_layouts_are_refused_with_the_reason() {
+        let err = |k, p, m, v| Schedule::build(k, p, m, v).unwrap_err().to_string();
+        assert!(err(ScheduleKind::OneFOneB, 4, 3, 1).contains("at least 4 micro-batches"));
+        assert!(err(ScheduleKind::Interleaved, 4, 6, 2).contains("not a multiple of 4"));
+        assert!(err(ScheduleKind::OneFOneB, 2, 4, 2).contains("needs --pp-schedule interleaved"));
+        assert!(err(ScheduleKind::GPipe, 0, 4, 1).contains("at least 1"));
+        assert!(
+            Schedule::build(ScheduleKind::GPipe, 4, 2, 1).is_ok(),
+            "GPipe runs any m"
+        );
+        assert!("2f2b"
+            .parse::<ScheduleKind>()
+            .unwrap_err()
+            .to_string()
+            .contains("expected one of"));
+    }
+
+    /// A schedule whose orders deadlock, a missing pass and a repeated one are caught.
+    #[test]
+    fn the_simulation_catches_broken_schedules() {
+        let mut s = Schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
+        // Stage 1 runs micro-batch 1's backward before its forward of micro-batch 0.
+        s.ops[1].swap(0, 3);
+        assert!(simulate(&s, |_| 1)
+            .unwrap_err()
+            .to_string()
+            .contains("deadlocks"));
+        let mut s = Schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
+        s.ops[0].pop();
+        assert!(simulate(&s, |_| 1)
+            .unwrap_err()
+            .to_string()
+            .contains("needed"));
+        let mut s = Schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
+        let first = s.ops[0][0];
+        s.ops[0].push(first);
+        assert!(simulate(&s, |_| 1)
+            .unwrap_err()
+            .to_string()
+            .contains("twice"));
+    }
+}
