@@ -194,8 +194,12 @@ grep -q "no NVIDIA driver" <<<"$PROBE" || { echo "$PROBE"; echo "error: gpu-prob
 stage "the whole model with --backend wgpu on lavapipe: losses as on the CPU, attention memory linear in seq"
 ./scripts/test-kernels.sh --model-only
 
-stage "sequence/data parallelism under mpirun -np 2 and -np 4 match one process; fault test"
-cargo build --locked --features wgpu,mpi
+stage "sequence/data parallelism under mpirun -np 2 and -np 4 match one process; fault test; point-to-point calls"
+cargo build --locked --features wgpu,mpi --bin genslm --example mpi_point_to_point
 ./scripts/check_mpi.sh "${CARGO_TARGET_DIR:-target}/debug/genslm"
+P2P="${CARGO_TARGET_DIR:-target}/debug/examples/mpi_point_to_point"
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 4 "$P2P"
+# Every call cut into pieces of at most 3 elements (messages of 5, 7 and 9).
+GENSLM_MPI_MAX_COUNT=3 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 3 "$P2P"
 
 stage "all tests passed"

@@ -63,6 +63,27 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
         let mut all = self.all_gather(send)?;
         Ok(std::mem::take(&mut all[(self.rank() + n - 1) % n]))
     }
+    /// Point to point: `buf` to rank `to` (pipeline stages hand activations and their gradients
+    /// to their neighbours); rank `to` takes it with [`Communicator::recv`] of the same length.
+    /// Messages from one rank to another arrive in the order sent. It may wait until the
+    /// receive is posted (MPI's rendezvous for large buffers), so a rank that sends to one
+    /// neighbour while receiving from another in the same step calls
+    /// [`Communicator::send_recv`]. Threads and MPI implement it; the default refuses by name.
+    fn send(&self, to: usize, _buf: &[f32]) -> Result<()> {
+        Err(no_point_to_point("send to", to, self.size()))
+    }
+    /// Point to point: the next message from rank `from`, into `buf` (its length must be the
+    /// sent one).
+    fn recv(&self, from: usize, _buf: &mut [f32]) -> Result<()> {
+        Err(no_point_to_point("receive from", from, self.size()))
+    }
+    /// `send` to `to` and `recv` from `from` together, neither waiting for the other to finish.
+    /// The default sends first, which is right where a send never waits for its receive
+    /// (threads).
+    fn send_recv(&self, to: usize, send: &[f32], from: usize, recv: &mut [f32]) -> Result<()> {
+        self.send(to, send)?;
+        self.recv(from, recv)
+    }
     /// Rank `root`'s `buf` to everyone.
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()>;
     fn barrier(&self) -> Result<()>;
@@ -134,6 +155,24 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
             .map(|j| recv[j * send.len()..(j + 1) * send.len()].to_vec())
             .collect())
     }
+}
+
+/// The error of a communicator without point-to-point calls.
+fn no_point_to_point(what: &str, peer: usize, size: usize) -> Error {
+    Error::Invalid(format!(
+        "{what} rank {peer} of {size}: this communicator has no point-to-point calls (threads \
+         and MPI do)"
+    ))
+}
+
+/// Checks a point-to-point peer and length: `op` names the call.
+pub fn check_peer(op: &str, peer: usize, size: usize) -> Result<()> {
+    if peer >= size {
+        return Err(Error::Invalid(format!(
+            "{op}: rank {peer} does not exist in a group of {size}"
+        )));
+    }
+    Ok(())
 }
 
 fn to_host<const D: usize>(t: Tensor<D>, op: &str) -> Result<Vec<f32>> {

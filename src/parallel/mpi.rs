@@ -17,7 +17,7 @@ use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::traits::*;
 
 use crate::error::{Error, Result};
-use crate::parallel::comm::{check_blocks, Communicator};
+use crate::parallel::comm::{check_blocks, check_peer, Communicator};
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::Topology;
 
@@ -266,6 +266,66 @@ impl Communicator for MpiComm {
             );
         }
         Ok(recv)
+    }
+
+    fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
+        check_peer("send", to, self.size)?;
+        let comm = self.lock();
+        let peer = comm.process_at_rank(to as i32);
+        for (at, len) in pieces(buf.len(), self.max_count) {
+            peer.send(&buf[at..at + len]);
+        }
+        Ok(())
+    }
+
+    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<()> {
+        check_peer("recv", from, self.size)?;
+        let comm = self.lock();
+        let peer = comm.process_at_rank(from as i32);
+        for (at, len) in pieces(buf.len(), self.max_count) {
+            let status = peer.receive_into(&mut buf[at..at + len]);
+            let got = status.count(f32::equivalent_datatype()) as usize;
+            if got != len {
+                return Err(Error::Invalid(format!(
+                    "recv: rank {} expected {len} elements from rank {from}, which sent {got}",
+                    self.rank
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn send_recv(&self, to: usize, send: &[f32], from: usize, recv: &mut [f32]) -> Result<()> {
+        check_peer("send_recv", to, self.size)?;
+        check_peer("send_recv", from, self.size)?;
+        // MPI_Sendrecv piece by piece: both sides cut at the same offsets, as send/recv do.
+        // The two buffers may differ in length; the shorter one's pieces end first.
+        let comm = self.lock();
+        let (dest, source) = (
+            comm.process_at_rank(to as i32),
+            comm.process_at_rank(from as i32),
+        );
+        let (mut s, mut r) = (
+            pieces(send.len(), self.max_count),
+            pieces(recv.len(), self.max_count),
+        );
+        loop {
+            match (s.next(), r.next()) {
+                (Some((sa, sl)), Some((ra, rl))) => {
+                    mpi::point_to_point::send_receive_into(
+                        &send[sa..sa + sl],
+                        &dest,
+                        &mut recv[ra..ra + rl],
+                        &source,
+                    );
+                }
+                (Some((sa, sl)), None) => dest.send(&send[sa..sa + sl]),
+                (None, Some((ra, rl))) => {
+                    source.receive_into(&mut recv[ra..ra + rl]);
+                }
+                (None, None) => return Ok(()),
+            }
+        }
     }
 
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {

@@ -11,11 +11,12 @@
 //! Every collective checks the contract MPI and NCCL impose (equal counts on every rank), so a
 //! layout that would truncate or misalign data under mpirun fails here too, with a message.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::parallel::comm::{check_blocks, Communicator};
+use crate::parallel::comm::{check_blocks, check_peer, Communicator};
 
 /// What a rank puts into one round: f32 buffers and, for f64 reductions, f64 ones.
 #[derive(Debug, Default)]
@@ -39,6 +40,8 @@ struct Round {
     /// Rounds started so far.
     round: u64,
     aborted: Option<String>,
+    /// Point-to-point messages sent and not yet received, per (from, to), in order.
+    mail: HashMap<(usize, usize), VecDeque<Vec<f32>>>,
 }
 
 #[derive(Debug)]
@@ -311,6 +314,48 @@ impl Communicator for ThreadComm {
         Ok(all[(self.rank + n - 1) % n].f32s[0].clone())
     }
 
+    fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
+        check_peer("send", to, self.shared.n)?;
+        let mut st = self.lock();
+        if let Some(why) = &st.aborted {
+            return Err(Error::Invalid(format!(
+                "rank {}: stopping: {why}",
+                self.rank
+            )));
+        }
+        st.mail
+            .entry((self.rank, to))
+            .or_default()
+            .push_back(buf.to_vec());
+        self.shared.cv.notify_all();
+        Ok(())
+    }
+
+    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<()> {
+        check_peer("recv", from, self.shared.n)?;
+        let mut clock = RunningClock::new(Some(self.shared.timeout));
+        let mut st = self.lock();
+        loop {
+            if let Some(msg) = st
+                .mail
+                .get_mut(&(from, self.rank))
+                .and_then(VecDeque::pop_front)
+            {
+                if msg.len() != buf.len() {
+                    return Err(Error::Invalid(format!(
+                        "recv: rank {} expected {} elements from rank {from}, which sent {}",
+                        self.rank,
+                        buf.len(),
+                        msg.len()
+                    )));
+                }
+                buf.copy_from_slice(&msg);
+                return Ok(());
+            }
+            st = self.wait(st, &mut clock)?;
+        }
+    }
+
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
         let mine = if self.rank == root {
             buf.clone()
@@ -471,5 +516,86 @@ mod tests {
                 assert!(e.contains("rank 1 failed: disk full"), "{e}");
             }
         }
+    }
+
+    /// A pipeline's traffic: each rank passes its activations on to the next and gradients back
+    /// to the previous with `send_recv`, several messages in a row arriving in order; a wrong
+    /// length, a missing peer, a silent sender and a failed rank are errors with their reason.
+    #[test]
+    fn point_to_point_delivers_in_order_and_reports_misuse() {
+        let out = run(4, |c| {
+            let (r, n) = (c.rank(), c.size());
+            for step in 0..3 {
+                let act = vec![(10 * r + step) as f32; 2];
+                let mut got = vec![0.0; 2];
+                if r + 1 < n {
+                    c.send(r + 1, &act).unwrap();
+                }
+                if r > 0 {
+                    c.recv(r - 1, &mut got).unwrap();
+                    assert_eq!(
+                        got,
+                        vec![(10 * (r - 1) + step) as f32; 2],
+                        "rank {r} step {step}"
+                    );
+                }
+            }
+            // Gradients back and activations forward at once, around the ring.
+            let mut back = vec![0.0; 3];
+            c.send_recv((r + n - 1) % n, &[r as f32; 3], (r + 1) % n, &mut back)
+                .unwrap();
+            assert_eq!(back, vec![((r + 1) % n) as f32; 3]);
+            back[0]
+        });
+        assert_eq!(out, vec![1.0, 2.0, 3.0, 0.0]);
+        let errs = run(2, |c| {
+            let mut buf = vec![0.0; 2];
+            if c.rank() == 0 {
+                c.send(1, &[1.0; 3]).unwrap();
+                c.send(5, &[1.0]).unwrap_err().to_string()
+            } else {
+                c.recv(0, &mut buf).unwrap_err().to_string()
+            }
+        });
+        assert!(
+            errs[0].contains("rank 5 does not exist in a group of 2"),
+            "{}",
+            errs[0]
+        );
+        assert!(
+            errs[1].contains("expected 2 elements from rank 0, which sent 3"),
+            "{}",
+            errs[1]
+        );
+        let hs: Vec<_> = thread_group(2, Duration::from_millis(100))
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    if c.rank() == 1 {
+                        c.recv(0, &mut [0.0]).unwrap_err().to_string()
+                    } else {
+                        String::new()
+                    }
+                })
+            })
+            .collect();
+        let silent = hs
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>();
+        assert!(
+            silent[1].contains("no answer from the other ranks"),
+            "{}",
+            silent[1]
+        );
+        let stopped = run(2, |c| {
+            if c.rank() == 0 {
+                c.abort("out of memory");
+                String::new()
+            } else {
+                c.recv(0, &mut [0.0]).unwrap_err().to_string()
+            }
+        });
+        assert!(stopped[1].contains("out of memory"), "{}", stopped[1]);
     }
 }
