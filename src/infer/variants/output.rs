@@ -13,7 +13,6 @@
 //! figure to compare indels by, since their windows predict different numbers of codons). `NA` where a value does not exist (an unscored variant; the window's first
 //! codon, which is never predicted).
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use super::annotate::Consequence;
@@ -40,50 +39,93 @@ fn or_na(s: &str) -> &str {
     }
 }
 
-/// One row's text (no newline).
-pub fn row(r: &VariantRow) -> String {
+/// One cell of the table, typed: the TSV writes its text, parquet its value.
+#[derive(Debug, Clone, PartialEq)]
+enum Cell {
+    Text(String),
+    Int(Option<i64>),
+    Float(Option<f64>),
+    /// `codon_deltas`: per-codon Δ (a codon never predicted is NA inside the list).
+    Floats(Option<Vec<f64>>),
+}
+
+impl Cell {
+    fn float(x: f64) -> Cell {
+        Cell::Float(x.is_finite().then_some(x))
+    }
+
+    fn text(&self) -> String {
+        match self {
+            Cell::Text(t) => or_na(t).to_string(),
+            Cell::Int(i) => i.map_or("NA".into(), |i| i.to_string()),
+            Cell::Float(x) => x.map_or("NA".into(), num),
+            Cell::Floats(None) => "NA".into(),
+            Cell::Floats(Some(v)) => v.iter().map(|&x| num(x)).collect::<Vec<_>>().join(","),
+        }
+    }
+}
+
+/// One row's cells, in [`HEADER`]'s order.
+fn cells(r: &VariantRow) -> Vec<Cell> {
     let v = &r.variant;
-    let mut s = format!(
-        "{}\t{}\t{}\t{}\t{}\t",
-        v.chrom, v.pos, v.id, v.reference, v.alt
-    );
+    let text = |s: &str| Cell::Text(s.to_string());
+    let mut c = vec![
+        text(&v.chrom),
+        Cell::Int(Some(v.pos as i64)),
+        text(&v.id),
+        text(&v.reference),
+        text(&v.alt),
+    ];
     match &r.annotation {
-        Some(a) => {
-            let _ = write!(
-                s,
-                "{}\t{}\t{}\t{}\t{}",
-                a.consequence.name(),
-                or_na(&a.aa_change),
-                a.codons.start + 1,
-                or_na(&a.ref_codons),
-                or_na(&a.alt_codons)
-            );
-        }
-        None => {
-            let _ = write!(s, "{}\tNA\tNA\tNA\tNA", Consequence::OutsideCds.name());
-        }
+        Some(a) => c.extend([
+            text(a.consequence.name()),
+            text(&a.aa_change),
+            Cell::Int(Some(a.codons.start as i64 + 1)),
+            text(&a.ref_codons),
+            text(&a.alt_codons),
+        ]),
+        None => c.extend([
+            text(Consequence::OutsideCds.name()),
+            text(""),
+            Cell::Int(None),
+            text(""),
+            text(""),
+        ]),
     }
     match (&r.window, &r.delta) {
         (Some((start, _, rt, at)), Some(d)) => {
-            let codon_sum: f64 = d.codons.iter().filter(|x| x.is_finite()).sum();
             let any = d.codons.iter().any(|x| x.is_finite());
-            let _ = write!(
-                s,
-                "\t{}\t{rt}\t{at}\t{}\t{}\t{}\t{}",
-                start + 1,
-                num(d.total),
-                if any { num(codon_sum) } else { "NA".into() },
-                d.codons
-                    .iter()
-                    .map(|&x| num(x))
-                    .collect::<Vec<_>>()
-                    .join(","),
-                num(d.mean)
-            );
+            let codon_sum: f64 = d.codons.iter().filter(|x| x.is_finite()).sum();
+            c.extend([
+                Cell::Int(Some(*start as i64 + 1)),
+                Cell::Int(Some(*rt as i64)),
+                Cell::Int(Some(*at as i64)),
+                Cell::float(d.total),
+                Cell::Float(any.then_some(codon_sum)),
+                Cell::Floats(Some(d.codons.clone())),
+                Cell::float(d.mean),
+            ]);
         }
-        _ => s.push_str("\tNA\tNA\tNA\tNA\tNA\tNA\tNA"),
+        _ => c.extend([
+            Cell::Int(None),
+            Cell::Int(None),
+            Cell::Int(None),
+            Cell::Float(None),
+            Cell::Float(None),
+            Cell::Floats(None),
+            Cell::Float(None),
+        ]),
     }
-    s
+    c
+}
+
+/// One row's text (no newline).
+pub fn row(r: &VariantRow) -> String {
+    cells(r)
+        .iter()
+        .map(Cell::text)
+        .collect::<Vec<_>>()
+        .join("\t")
 }
 
 pub fn write_tsv(path: &Path, rows: &[VariantRow]) -> Result<()> {
@@ -99,7 +141,8 @@ pub fn write_tsv(path: &Path, rows: &[VariantRow]) -> Result<()> {
 
 /// The same table as parquet (for `--out *.parquet`): strings for the text columns, int64 for
 /// `pos`, `codon`, `window_start`, `ref_tokens`, `alt_tokens`, float64 for the Δ columns (null
-/// where the TSV says `NA`), `codon_deltas` a list of float64.
+/// where the TSV says `NA`; the computed f64 values, where the TSV prints six decimals),
+/// `codon_deltas` a list of float64.
 pub fn write_parquet(path: &Path, rows: &[VariantRow]) -> Result<()> {
     use std::sync::Arc;
 
@@ -126,49 +169,40 @@ pub fn write_parquet(path: &Path, rows: &[VariantRow]) -> Result<()> {
         })
         .collect();
     let schema = Arc::new(Schema::new(fields));
-    // Each column from the TSV row's text, so the two formats cannot disagree.
-    let texts: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| row(r).split('\t').map(str::to_string).collect())
-        .collect();
+    // The TSV's cells, typed: the two formats hold the same table, parquet the exact f64s
+    // where the TSV prints six decimals.
+    let table: Vec<Vec<Cell>> = rows.iter().map(cells).collect();
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(names.len());
     for (c, &n) in names.iter().enumerate() {
-        let cell = |t: &Vec<String>| t[c].clone();
+        let col = table.iter().map(|t| &t[c]);
         columns.push(if ints.contains(&n) {
             let mut b = Int64Builder::new();
-            for t in &texts {
-                b.append_option(cell(t).parse::<i64>().ok());
-            }
+            col.for_each(|x| b.append_option(if let Cell::Int(i) = x { *i } else { None }));
             Arc::new(b.finish())
         } else if floats.contains(&n) {
             let mut b = Float64Builder::new();
-            for t in &texts {
-                b.append_option(cell(t).parse::<f64>().ok());
-            }
+            col.for_each(|x| b.append_option(if let Cell::Float(f) = x { *f } else { None }));
             Arc::new(b.finish())
         } else if n == "codon_deltas" {
             let mut b = ListBuilder::new(Float64Builder::new());
-            for t in &texts {
-                let v = cell(t);
-                if v == "NA" && t[names.iter().position(|&x| x == "delta_ll").unwrap_or(0)] == "NA"
-                {
-                    b.append(false);
-                    continue;
+            for x in col {
+                match x {
+                    Cell::Floats(Some(v)) => {
+                        for &d in v {
+                            b.values().append_option(d.is_finite().then_some(d));
+                        }
+                        b.append(true);
+                    }
+                    _ => b.append(false),
                 }
-                for x in v.split(',') {
-                    b.values().append_option(x.parse::<f64>().ok());
-                }
-                b.append(true);
             }
             Arc::new(b.finish())
         } else {
             let mut b = StringBuilder::new();
-            for t in &texts {
-                let v = cell(t);
-                if v == "NA" {
-                    b.append_null();
-                } else {
-                    b.append_value(v);
+            for x in col {
+                match x {
+                    Cell::Text(t) if !t.is_empty() => b.append_value(t),
+                    _ => b.append_null(),
                 }
             }
             Arc::new(b.finish())
