@@ -89,9 +89,11 @@ enum Command {
     Embed(Box<cli::infer::EmbedArgs>),
     /// Plot an embeddings file (2-D PCA scatter coloured by a column), or a run's curves
     /// (loss and validation loss, learning rate, tokens/s, peak memory over steps), as PNG.
+    // One of the two inputs, named together when neither is given.
+    #[command(group(clap::ArgGroup::new("input").required(true).args(["embeddings", "run"])))]
     Plot {
         /// Embeddings parquet written by `genslm embed`.
-        #[arg(long, required_unless_present = "run", conflicts_with = "run")]
+        #[arg(long)]
         embeddings: Option<PathBuf>,
         /// A run directory (`train --out`): plot its metrics.jsonl.
         #[arg(long)]

@@ -437,6 +437,12 @@ fn colour_counts(png_path: &Path) -> Vec<[usize; 5]> {
 #[test]
 fn plot_run_draws_each_curve_in_its_panel() {
     let dir = tempfile::tempdir().unwrap();
+    // Neither input: the error names both (it named --embeddings only).
+    let (ok, _, err) = run(&["plot", "--out", &s(&dir.path().join("none.png"))]);
+    assert!(
+        !ok && err.contains("--embeddings") && err.contains("--run"),
+        "{err}"
+    );
     let mut val_pixels = Vec::new();
     for (val_every, name) in [("2", "with_val"), ("0", "end_only")] {
         let out = dir.path().join(name);
