@@ -59,6 +59,25 @@ fn variants_table_prefix_reuse_and_full_recomputation_agree() {
     }
     let (t1, t2) = (table(&fast), table(&slow));
     assert_eq!(t1[0].len(), 17);
+    // The summary gives the windows scored where they differ from --window: the range of the
+    // table's ref_tokens (genslm69: one token per codon).
+    let rt = t1[0].iter().position(|c| c == "ref_tokens").unwrap();
+    let lens: Vec<usize> = t1[1..].iter().filter_map(|r| r[rt].parse().ok()).collect();
+    let (lo, hi) = (lens.iter().min().unwrap(), lens.iter().max().unwrap());
+    assert!(
+        (lo, hi) != (&12, &12),
+        "the VCF has clipped and stretched windows"
+    );
+    let model = arg(trained_tiny());
+    let loud = arg(&dir.path().join("loud.tsv"));
+    let (f, v) = (arg(&fa), arg(&vcf));
+    let (ok, _, err) = run(&[
+        "variants", "--model", &model, "--fasta", &f, "--vcf", &v, "--out", &loud, "--window", "12",
+    ]);
+    assert!(
+        ok && err.contains(&format!("window 12 codons ({lo}–{hi} scored")),
+        "{err}"
+    );
     assert_eq!(t1.len(), 1 + 9, "one row per ALT allele");
     let col = |name: &str| t1[0].iter().position(|c| c == name).unwrap();
     for (a, b) in t1.iter().zip(&t2).skip(1) {

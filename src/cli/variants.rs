@@ -84,8 +84,15 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
     };
     let s = run_variants(&a.model, &a.fasta, &opts, &a.out)?;
     if !quiet {
+        // The windows actually scored, where they differ from the one asked for.
+        let used = match s.used {
+            Some((lo, hi)) if (lo, hi) != (s.window, s.window) => {
+                format!(" ({lo}–{hi} scored: clipped at the CDS ends, stretched for long changes)")
+            }
+            _ => String::new(),
+        };
         eprintln!(
-            "{} variants ({} scored, {} skipped), window {} codons, in {:.1} s: {}",
+            "{} variants ({} scored, {} skipped), window {} codons{used}, in {:.1} s: {}",
             s.variants,
             s.scored,
             s.skipped,

@@ -94,7 +94,11 @@ pub struct VariantSummary {
     pub variants: usize,
     pub scored: usize,
     pub skipped: usize,
+    /// The window asked for (or the model's), in codons.
     pub window: usize,
+    /// The shortest and longest windows scored (clipped at the CDS ends, stretched to hold a
+    /// long change); `None` when nothing was scored.
+    pub used: Option<(usize, usize)>,
     pub elapsed: Duration,
 }
 
@@ -453,6 +457,13 @@ pub fn run_variants(
         scored: idx.len(),
         skipped,
         window: w,
+        used: rows
+            .iter()
+            .filter_map(|r| r.window.map(|(_, len, _, _)| len))
+            .fold(None, |acc, len| match acc {
+                None => Some((len, len)),
+                Some((lo, hi)) => Some((lo.min(len), hi.max(len))),
+            }),
         elapsed: t0.elapsed(),
     })
 }
