@@ -198,6 +198,22 @@ fn several_steps_keep_matching() {
                 let (va, vb) = (a.val_loss.unwrap_or(0.0), b.val_loss.unwrap_or(0.0));
                 assert!((va - vb).abs() <= 1e-5 * vb.abs().max(1.0));
             }
+            // Time in communication: counted on several ranks (some, less than the step: the
+            // step's elapsed time bounds it), absent on one.
+            for x in &m {
+                match (dp * sp, x.comm_wait_s) {
+                    (1, w) => assert_eq!(w, None),
+                    (_, Some(w)) => {
+                        let step_s = x.tokens as f64 / x.tokens_per_s;
+                        assert!(
+                            w > 0.0 && w < step_s,
+                            "{dp}x{sp}: {w} s of a {step_s} s step"
+                        );
+                    }
+                    (_, None) => panic!("{dp}x{sp}: no comm_wait_s"),
+                }
+            }
+            assert_eq!(reference[0].comm_wait_s, None);
             // Ulysses traffic: 4 exchanges of [b/D, H, s/P, d] per layer = 4·(b/D)·s·h/P.
             if sp > 1 {
                 let expect = 4 * (4 / dp) * SEQ * 64 / sp;

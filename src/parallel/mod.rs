@@ -18,6 +18,7 @@ pub mod stream_order;
 pub mod tensor;
 pub mod tensor_slices;
 pub mod threads;
+pub mod timed;
 pub mod topology;
 pub mod ulysses;
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::parallel::bucket::DEFAULT_BUCKET;
 use crate::parallel::comm::{Communicator, Solo};
 use crate::parallel::threads::{thread_group, ThreadComm};
+use crate::parallel::timed::{CommClock, Timed};
 use crate::parallel::topology::{Degrees, Topology};
 
 #[derive(Debug, Clone)]
@@ -50,6 +51,23 @@ impl Ranks {
     /// The same ranks with another bucket size.
     pub fn with_bucket(self, bucket: usize) -> Self {
         Self { bucket, ..self }
+    }
+
+    /// The same ranks with every group's calls timed into one clock (a step's `comm_wait_s`).
+    pub fn timed(self) -> (Self, Arc<CommClock>) {
+        let clock = Arc::new(CommClock::default());
+        let t = |c: Arc<dyn Communicator>| Timed::wrap(c, &clock);
+        let ranks = Self {
+            world: t(self.world),
+            tp: t(self.tp),
+            data: t(self.data),
+            sp: t(self.sp),
+            cp: t(self.cp),
+            seq: t(self.seq),
+            dp: t(self.dp),
+            ..self
+        };
+        (ranks, clock)
     }
 
     pub fn is_root(&self) -> bool {

@@ -33,6 +33,10 @@ pub struct StepMetrics {
     /// (q, k, v and the output: 4·b·s·h/P with b the rank's rows).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub sp_sent_per_layer: Option<u64>,
+    /// Seconds rank 0 spent inside communicator calls during the step's forward, backward and
+    /// update (moving data, and waiting for the other ranks); absent on one rank.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub comm_wait_s: Option<f64>,
     /// What rank 0 holds at the step's update (other ranks hold the same up to one padding
     /// block per ZeRO unit).
     #[serde(skip_serializing_if = "Option::is_none", default)]

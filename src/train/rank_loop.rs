@@ -74,7 +74,9 @@ pub fn train_rank(
 ) -> Result<TrainSummary> {
     let t = &cfg.train;
     validate_layout(cfg, &ranks.topo)?;
-    let ranks = &ranks.clone().with_bucket(t.reduce_bucket_size);
+    // Every group's calls timed into one clock: the step's comm_wait_s.
+    let (ranks, comm_clock) = ranks.clone().with_bucket(t.reduce_bucket_size).timed();
+    let ranks = &ranks;
     let ad = opts.device.open(opts.thread_rank)?.autodiff();
     let (source, model_cfg, mut state) = starting_point(cfg, corpus, run, opts, ranks)?;
     let start = Start {
@@ -120,7 +122,9 @@ pub fn train_rank(
         let batches: Vec<Batch> = (0..t.grad_accum)
             .map(|_| loader.next_batch(corpus, t.batch_size))
             .collect();
+        let comm_before = comm_clock.seconds();
         let (loss, out, sent_per_layer) = train_step(cfg, &mut engine, &batches, lr, ranks)?;
+        let comm_wait = (ranks.topo.world > 1).then(|| comm_clock.seconds() - comm_before);
         state.step += 1;
         state.loader_cursor = loader.cursor;
         state.optimizer_step = engine.step_count();
@@ -136,7 +140,7 @@ pub fn train_rank(
             &engine,
             &batches,
             (loss, val_loss, lr, &out),
-            sent_per_layer,
+            (sent_per_layer, comm_wait),
             step_start,
             opts,
         );
@@ -302,7 +306,7 @@ impl Clock {
         engine: &Engine,
         batches: &[Batch],
         (loss, val_loss, lr, out): (f64, Option<f64>, f64, &StepOutcome),
-        sent_per_layer: Option<u64>,
+        (sent_per_layer, comm_wait_s): (Option<u64>, Option<f64>),
         step_start: Instant,
         opts: &RunOptions,
     ) -> StepMetrics {
@@ -324,6 +328,7 @@ impl Clock {
             elapsed_s: self.start.elapsed().as_secs_f64(),
             skipped_nonfinite: !out.applied,
             sp_sent_per_layer: sent_per_layer,
+            comm_wait_s,
             memory: Some(RankMemory::new(
                 engine.held_elements(),
                 peak_mib,
