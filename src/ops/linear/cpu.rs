@@ -39,10 +39,7 @@ pub(super) fn fwd_slices(
     if rows <= FEW_ROWS {
         return fwd_few_rows(x, w, b, (rows, n, m));
     }
-    let mut y = Vec::with_capacity(rows * m);
-    for _ in 0..rows {
-        y.extend_from_slice(b);
-    }
+    let mut y = b.repeat(rows);
     let t = threads(rows, m, n);
     matmul((rows, m, n), &mut y, m, true, x, (n, 1), w, (m, 1), t);
     y
@@ -76,10 +73,7 @@ pub(super) fn fwd_few_rows(
         let (first, last) = (t * per, ((t + 1) * per).min(n));
         accumulate_rows(acc, x, &w[first * m..last * m], n, first);
     });
-    let mut y = Vec::with_capacity(rows * m);
-    for _ in 0..rows {
-        y.extend_from_slice(b);
-    }
+    let mut y = b.repeat(rows);
     for acc in sums.chunks_exact(rows * m) {
         add_row(&mut y, acc);
     }
