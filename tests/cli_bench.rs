@@ -85,3 +85,57 @@ fn bench_train_reports_throughput_and_threads() {
         );
     }
 }
+
+/// Several ranks through the trainer, behind a simulated 10 ms link: every step waits for at
+/// least its loss and gradient reductions (two calls, 20 ms) and the wait is part of the step;
+/// without the link the same run waits far less. A malformed link is refused by name.
+#[test]
+fn bench_train_on_ranks_behind_a_simulated_network() {
+    let cfg = repo().join("configs/tiny.toml");
+    let cfg = cfg.to_str().unwrap();
+    let figures = |extra: &[&str]| -> (f64, f64) {
+        let mut a = vec![
+            "bench",
+            "train",
+            "--config",
+            cfg,
+            "--seq-len",
+            "32",
+            "--steps",
+            "2",
+            "--dp",
+            "2",
+        ];
+        a.extend_from_slice(extra);
+        let (ok, out, err) = run(&a);
+        assert!(ok, "{err}");
+        let num = |before: &str| -> f64 {
+            let at = out
+                .find(before)
+                .unwrap_or_else(|| panic!("{before} in {out}"));
+            out[..at]
+                .split_whitespace()
+                .last()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        (num(" s/step,"), num(" s/step in communication"))
+    };
+    let (step, comm) = figures(&["--simulate-network", "10ms,1GB/s"]);
+    assert!(comm >= 0.02 && comm <= step, "{comm} s of a {step} s step");
+    let (_, local) = figures(&[]);
+    assert!(
+        local < comm / 2.0,
+        "{local} without the link, {comm} with it"
+    );
+    let (ok, _, err) = run(&[
+        "bench",
+        "train",
+        "--config",
+        cfg,
+        "--simulate-network",
+        "fast",
+    ]);
+    assert!(!ok && err.contains("--simulate-network \"fast\""), "{err}");
+}

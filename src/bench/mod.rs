@@ -7,8 +7,10 @@
 mod attention;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod cubek;
+mod train_ranks;
 
 pub use attention::{attention_op, AttnBench, AttnBenchCase, AttnImpl};
+pub use train_ranks::{train_ranks, RanksBench};
 
 use std::io::Write;
 use std::path::Path;

@@ -81,6 +81,24 @@ pub enum BenchCmd {
         /// Timed steps (after one warm-up step).
         #[arg(long, default_value_t = 3)]
         steps: usize,
+        /// Data-parallel ranks, as threads of this process (with any degree above 1, or
+        /// --simulate-network, the steps run through the trainer on random codons, one
+        /// sequence per DP rank, and the time in communication is reported).
+        #[arg(long, default_value_t = 1)]
+        dp: usize,
+        /// Ulysses sequence-parallel ranks (threads).
+        #[arg(long, default_value_t = 1)]
+        sp: usize,
+        /// Context-parallel ranks, ring attention (threads).
+        #[arg(long, default_value_t = 1)]
+        cp: usize,
+        /// Tensor-parallel ranks (threads).
+        #[arg(long, default_value_t = 1)]
+        tp: usize,
+        /// Every message between the ranks waits LATENCY + its bytes / BANDWIDTH first, e.g.
+        /// `20ms,1GB/s`: a slow network simulated on one machine.
+        #[arg(long, value_name = "LATENCY,BANDWIDTH")]
+        simulate_network: Option<String>,
         #[command(flatten)]
         device: super::device::DeviceArgs,
     },
@@ -167,9 +185,23 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
     let max = genslm::config::MAX_TOKENS;
     match &which {
         BenchCmd::Step { seq_len, .. } => at_most("--seq-len", *seq_len, max)?,
-        BenchCmd::Train { seq_len, steps, .. } => {
+        BenchCmd::Train {
+            seq_len,
+            steps,
+            dp,
+            sp,
+            cp,
+            tp,
+            ..
+        } => {
             at_most("--seq-len", *seq_len, max)?;
             at_most("--steps", *steps, 1 << 20)?;
+            for (flag, v) in [("--dp", dp), ("--sp", sp), ("--cp", cp), ("--tp", tp)] {
+                if *v == 0 {
+                    return Err(anyhow::anyhow!("{flag} 0: must be at least 1"));
+                }
+                at_most(flag, *v, 1 << 10)?;
+            }
         }
         BenchCmd::Attention {
             seq_lens,
@@ -234,10 +266,36 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             config,
             seq_len,
             steps,
+            dp,
+            sp,
+            cp,
+            tp,
+            simulate_network,
             device,
         } => {
             let cfg = genslm::config::Config::load(&config)?.model;
             let compute = device.compute();
+            let degrees = genslm::parallel::Degrees { dp, cp, sp, tp };
+            if degrees.world() > 1 || simulate_network.is_some() {
+                let net = simulate_network
+                    .as_deref()
+                    .map(str::parse::<genslm::parallel::netsim::NetSim>)
+                    .transpose()?;
+                let r = genslm::bench::train_ranks(&cfg, seq_len, steps, degrees, net, &compute)?;
+                println!(
+                    "genslm {} seq {seq_len} dp {dp} cp {cp} sp {sp} tp {tp} {} network {}: \
+                     {:.1} tokens/s, {:.3} s/step, {:.3} s/step in communication (rank 0) \
+                     [simd {}]",
+                    cfg.name,
+                    compute.device.backend.name(),
+                    simulate_network.as_deref().unwrap_or("none"),
+                    r.tokens_per_s,
+                    r.secs_per_step,
+                    r.comm_wait_s,
+                    genslm::isa::tier()
+                );
+                return Ok(());
+            }
             let r = genslm::bench::train_steps(&cfg, seq_len, steps, &compute)?;
             println!(
                 "genslm {} seq {seq_len} {} {} threads {}: {:.1} tokens/s, {:.3} s/step, \

@@ -214,6 +214,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         device,
         thread_rank: 0,
         ranks_in_process: 1,
+        network: None,
     };
     let degrees = Degrees {
         dp: a.dp,

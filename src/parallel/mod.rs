@@ -10,6 +10,7 @@ pub mod mpi;
 pub mod nccl;
 #[cfg(all(feature = "nccl", feature = "cuda"))]
 pub mod nccl_device;
+pub mod netsim;
 pub mod parallelize;
 pub mod pipeline;
 pub mod ranks;

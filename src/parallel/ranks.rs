@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::parallel::bucket::DEFAULT_BUCKET;
 use crate::parallel::comm::{Communicator, Solo};
+use crate::parallel::netsim::{Delayed, NetSim};
 use crate::parallel::threads::{thread_group, ThreadComm};
 use crate::parallel::timed::{CommClock, Timed};
 use crate::parallel::topology::{Degrees, Topology};
@@ -51,6 +52,21 @@ impl Ranks {
     /// The same ranks with another bucket size.
     pub fn with_bucket(self, bucket: usize) -> Self {
         Self { bucket, ..self }
+    }
+
+    /// The same ranks behind a simulated network (benchmarks and tests only).
+    pub fn delayed(self, net: NetSim) -> Self {
+        let d = |c: Arc<dyn Communicator>| Delayed::wrap(c, net);
+        Self {
+            world: d(self.world),
+            tp: d(self.tp),
+            data: d(self.data),
+            sp: d(self.sp),
+            cp: d(self.cp),
+            seq: d(self.seq),
+            dp: d(self.dp),
+            ..self
+        }
     }
 
     /// The same ranks with every group's calls timed into one clock (a step's `comm_wait_s`).

@@ -48,6 +48,9 @@ pub struct RunOptions {
     pub thread_rank: usize,
     /// Ranks this process runs (threads); 0 or 1 means one (memory accounting).
     pub ranks_in_process: usize,
+    /// Ranks as threads talk through a simulated network (`bench train --simulate-network`;
+    /// benchmarks and tests only).
+    pub network: Option<crate::parallel::netsim::NetSim>,
 }
 
 /// Refuses, before any work, a CPU run whose predicted peak memory exceeds what this machine

@@ -68,6 +68,10 @@ pub fn train_grid(
     let (tx, rx) = std::sync::mpsc::channel();
     let mut started = 0;
     for ranks in thread_grid(d, timeout) {
+        let ranks = match opts.network {
+            Some(net) => ranks.delayed(net),
+            None => ranks,
+        };
         let (cfg, corpus, run) = (cfg.clone(), corpus.clone(), run.to_path_buf());
         let opts = RunOptions {
             thread_rank: ranks.topo.rank,

@@ -1,0 +1,90 @@
+//! `genslm bench train` on several ranks (threads of this process), through the trainer itself,
+//! optionally behind a simulated network (`--simulate-network 20ms,1GB/s`, issue 42): the step
+//! time and the time rank 0 spent in communication (`comm_wait_s`), so that what overlap hides
+//! can be seen without a cluster.
+
+use std::io::Write;
+
+use crate::backend::Compute;
+use crate::config::{Config, ModelConfig, TrainConfig};
+use crate::error::{Error, Result};
+use crate::parallel::netsim::NetSim;
+use crate::parallel::Degrees;
+use crate::rng::SplitMix64;
+use crate::train::metrics::read_metrics;
+use crate::train::setup::{DataSource, RunOptions};
+use crate::train::trainer::train_grid;
+
+/// Steps' means over the timed steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RanksBench {
+    pub secs_per_step: f64,
+    pub tokens_per_s: f64,
+    /// Seconds rank 0 spent inside communicator calls per step.
+    pub comm_wait_s: f64,
+}
+
+/// `steps` timed training steps (after one warm-up step; the run's last step, which also
+/// validates, is not timed) of a fresh `model` at `seq_len` on `d` ranks as threads, one
+/// sequence per DP rank, on random codons written to a temporary FASTA.
+pub fn train_ranks(
+    model: &ModelConfig,
+    seq_len: usize,
+    steps: usize,
+    d: Degrees,
+    network: Option<NetSim>,
+    compute: &Compute,
+) -> Result<RanksBench> {
+    if seq_len < 2 || steps == 0 {
+        return Err(Error::Invalid(format!(
+            "--seq-len {seq_len} --steps {steps}: a training step needs at least 2 tokens and \
+             one step"
+        )));
+    }
+    let dir = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
+    let fasta = dir.path().join("random.fa");
+    // Enough records of one window each for every step's batch, with some held out.
+    let records = d.dp * (steps + 2) * 2 + 8;
+    let mut rng = SplitMix64::new(7);
+    let mut text = String::with_capacity(records * (3 * seq_len + 20));
+    for r in 0..records {
+        text.push_str(&format!(">r{r}\n"));
+        text.extend((0..3 * seq_len).map(|_| b"ACGT"[rng.below(4) as usize] as char));
+        text.push('\n');
+    }
+    std::fs::File::create(&fasta)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| Error::io(&fasta, e))?;
+    let cfg = Config {
+        model: model.clone(),
+        train: TrainConfig {
+            steps: steps as u64 + 2,
+            seq_len,
+            batch_size: d.dp,
+            grad_accum: 1,
+            val_every: 0,
+            precision: Some(compute.precision),
+            ..TrainConfig::default()
+        },
+    };
+    let run = dir.path().join("run");
+    let opts = RunOptions {
+        device: compute.device,
+        network,
+        ..RunOptions::default()
+    };
+    train_grid(&cfg, &DataSource::Fasta(vec![fasta]), &run, &opts, d)?;
+    let m = read_metrics(&run.join("metrics.jsonl"))?;
+    let timed = &m[1..m.len() - 1];
+    let n = timed.len() as f64;
+    let secs: f64 = timed
+        .iter()
+        .map(|x| x.tokens as f64 / x.tokens_per_s)
+        .sum::<f64>()
+        / n;
+    Ok(RanksBench {
+        secs_per_step: secs,
+        tokens_per_s: timed.iter().map(|x| x.tokens as f64).sum::<f64>() / n / secs,
+        comm_wait_s: timed.iter().filter_map(|x| x.comm_wait_s).sum::<f64>() / n,
+    })
+}

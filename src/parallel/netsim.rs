@@ -1,0 +1,261 @@
+//! A simulated network for benchmarks and tests (issue 42): a communicator wrapper that holds
+//! every call back by a latency plus the bytes this rank passes over a bandwidth, so that
+//! `genslm bench train --simulate-network 20ms,1GB/s` shows on one machine what a step costs
+//! when messages cross a slow link, and how much of that overlap hides. Never in the path of a
+//! normal run: only `RunOptions::network` applies it.
+//!
+//! The delay is paid before the call by the rank making it: `latency + bytes / bandwidth`, with
+//! `bytes` what the rank hands over (its send buffer; for a receive, the buffer it fills).
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use burn::tensor::{Device, Tensor};
+
+use crate::error::{Error, Result};
+use crate::parallel::comm::Communicator;
+
+const BANDWIDTH: &str =
+    "the bandwidth must be at least 1 B/s, in B/s, KB/s, MB/s, GB/s (or Kb/s, Mb/s, Gb/s)";
+
+/// Latency and bandwidth of the simulated link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NetSim {
+    pub latency: Duration,
+    pub bytes_per_s: f64,
+}
+
+impl NetSim {
+    /// The hold-back of a call that moves `bytes`.
+    pub fn delay(&self, bytes: usize) -> Duration {
+        self.latency + Duration::from_secs_f64(bytes as f64 / self.bytes_per_s)
+    }
+}
+
+impl FromStr for NetSim {
+    type Err = Error;
+
+    /// `LATENCY,BANDWIDTH`: e.g. `20ms,1GB/s`, `500us,10Gb/s`. Latency in s, ms or us;
+    /// bandwidth in B/s, KB/s, MB/s, GB/s (powers of 1000), or bits (`Gb/s`, …).
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |why: &str| {
+            Error::Invalid(format!(
+                "--simulate-network {s:?}: {why}; expected LATENCY,BANDWIDTH such as 20ms,1GB/s"
+            ))
+        };
+        let (lat, bw) = s.split_once(',').ok_or_else(|| bad("no comma"))?;
+        let lat = lat.trim();
+        let (num, scale) = [("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+            .iter()
+            .find_map(|(u, k)| lat.strip_suffix(u).map(|n| (n, *k)))
+            .ok_or_else(|| bad("the latency needs a unit: s, ms or us"))?;
+        let latency = num
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0 && x * scale <= 3600.0)
+            .ok_or_else(|| bad("the latency must be a number from 0 to 3600 s"))?;
+        let bw = bw.trim();
+        let rate = bw.strip_suffix("/s").ok_or_else(|| bad(BANDWIDTH))?;
+        let units = [
+            ("GB", 1e9),
+            ("MB", 1e6),
+            ("KB", 1e3),
+            ("B", 1.0),
+            ("Gb", 1e9 / 8.0),
+            ("Mb", 1e6 / 8.0),
+            ("Kb", 1e3 / 8.0),
+        ];
+        let (num, k) = units
+            .iter()
+            .find_map(|(u, k)| rate.strip_suffix(u).map(|n| (n, *k)))
+            .ok_or_else(|| bad(BANDWIDTH))?;
+        let bytes_per_s = num
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .map(|x| x * k)
+            .filter(|x| x.is_finite() && *x >= 1.0)
+            .ok_or_else(|| bad(BANDWIDTH))?;
+        Ok(NetSim {
+            latency: Duration::from_secs_f64(latency * scale),
+            bytes_per_s,
+        })
+    }
+}
+
+/// A communicator behind a simulated link ([`NetSim`]).
+#[derive(Debug)]
+pub struct Delayed {
+    inner: Arc<dyn Communicator>,
+    net: NetSim,
+}
+
+impl Delayed {
+    pub fn wrap(inner: Arc<dyn Communicator>, net: NetSim) -> Arc<dyn Communicator> {
+        Arc::new(Delayed { inner, net })
+    }
+
+    fn hold(&self, elements: usize, bytes_each: usize) {
+        if self.inner.size() > 1 {
+            std::thread::sleep(self.net.delay(elements * bytes_each));
+        }
+    }
+}
+
+fn numel<const D: usize>(ts: &[Tensor<D>]) -> usize {
+    ts.iter().map(|t| t.shape().num_elements()).sum()
+}
+
+impl Communicator for Delayed {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        self.hold(buf.len(), 4);
+        self.inner.all_reduce_sum(buf)
+    }
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
+        self.hold(buf.len(), 8);
+        self.inner.all_reduce_sum_f64(buf)
+    }
+    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        self.hold(send.len(), 4);
+        self.inner.all_gather_into(send, recv)
+    }
+    fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
+        self.hold(buf.len(), 4);
+        self.inner.reduce_scatter_sum(buf, out)
+    }
+    fn gather_into(&self, send: &[f32], recv: Option<&mut [f32]>, root: usize) -> Result<()> {
+        self.hold(send.len(), 4);
+        self.inner.gather_into(send, recv, root)
+    }
+    fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
+        self.hold(send.iter().map(Vec::len).sum(), 4);
+        self.inner.all_to_all(send)
+    }
+    fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
+        self.hold(send.len(), 4);
+        self.inner.ring_pass(send)
+    }
+    fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
+        self.hold(buf.len(), 4);
+        self.inner.send(to, buf)
+    }
+    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<()> {
+        self.hold(buf.len(), 4);
+        self.inner.recv(from, buf)
+    }
+    fn send_recv(&self, to: usize, send: &[f32], from: usize, recv: &mut [f32]) -> Result<()> {
+        self.hold(send.len().max(recv.len()), 4);
+        self.inner.send_recv(to, send, from, recv)
+    }
+    fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
+        self.hold(buf.len(), 4);
+        self.inner.broadcast(buf, root)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.hold(0, 4);
+        self.inner.barrier()
+    }
+    fn barrier_unbounded(&self) -> Result<()> {
+        self.hold(0, 4);
+        self.inner.barrier_unbounded()
+    }
+    fn abort(&self, why: &str) {
+        self.inner.abort(why)
+    }
+    fn on_device(&self, device: &Device) -> bool {
+        self.inner.on_device(device)
+    }
+    fn all_to_all_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
+        self.hold(numel(&send), 4);
+        self.inner.all_to_all_tensors(send)
+    }
+    fn ring_pass_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
+        self.hold(numel(&send), 4);
+        self.inner.ring_pass_tensors(send)
+    }
+    fn all_reduce_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        self.hold(t.shape().num_elements(), 4);
+        self.inner.all_reduce_tensor(t)
+    }
+    fn reduce_scatter_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        self.hold(t.shape().num_elements(), 4);
+        self.inner.reduce_scatter_tensor(t)
+    }
+    fn all_gather_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        self.hold(t.shape().num_elements(), 4);
+        self.inner.all_gather_tensor(t)
+    }
+    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
+        self.hold(send.len(), 4);
+        self.inner.all_gather(send)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::parallel::threads::thread_group;
+
+    #[test]
+    fn links_parse_with_their_units_and_bad_ones_are_refused() {
+        let n: NetSim = "20ms,1GB/s".parse().unwrap();
+        assert_eq!((n.latency, n.bytes_per_s), (Duration::from_millis(20), 1e9));
+        let n: NetSim = " 500us , 10Gb/s".parse().unwrap();
+        assert_eq!(
+            (n.latency, n.bytes_per_s),
+            (Duration::from_micros(500), 1.25e9)
+        );
+        let n: NetSim = "0s,100MB/s".parse().unwrap();
+        assert_eq!(n.delay(1_000_000), Duration::from_millis(10));
+        for (bad, why) in [
+            ("20ms", "no comma"),
+            ("20,1GB/s", "needs a unit"),
+            ("-1ms,1GB/s", "from 0 to 3600"),
+            ("20ms,1GB", "bandwidth must be"),
+            ("20ms,1TB/s", "bandwidth must be"),
+            ("20ms,0B/s", "bandwidth must be"),
+            ("1e9s,1GB/s", "from 0 to 3600"),
+        ] {
+            let e = bad.parse::<NetSim>().unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains(bad), "{bad}: {e}");
+        }
+    }
+
+    /// An all-reduce of 1 MB over a 50 ms, 100 MB/s link takes at least 60 ms and gives the
+    /// sum; one rank alone pays nothing.
+    #[test]
+    fn calls_wait_for_the_link_and_return_what_they_would() {
+        let net: NetSim = "50ms,100MB/s".parse().unwrap();
+        let handles: Vec<_> = thread_group(2, Duration::from_secs(10))
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let c = Delayed::wrap(Arc::new(c), net);
+                    let mut buf = vec![c.rank() as f32 + 1.0; 250_000];
+                    let t = Instant::now();
+                    c.all_reduce_sum(&mut buf).unwrap();
+                    (t.elapsed(), buf[0])
+                })
+            })
+            .collect();
+        for h in handles {
+            let (took, sum) = h.join().unwrap();
+            assert_eq!(sum, 3.0);
+            assert!(took >= Duration::from_millis(60), "{took:?}");
+        }
+        let solo = Delayed::wrap(Arc::new(crate::parallel::comm::Solo), net);
+        let t = Instant::now();
+        solo.all_reduce_sum(&mut [1.0; 1000]).unwrap();
+        assert!(t.elapsed() < Duration::from_millis(40));
+    }
+}
