@@ -72,7 +72,9 @@ pub enum BenchCmd {
     },
     /// Training throughput: tokens/s, model GFLOP/s (beside a 1024³ matmul's) and peak RSS of
     /// AdamW steps at one sequence length, batch 1 (the PyTorch peer:
-    /// scripts/bench_torch_train.py).
+    /// scripts/bench_torch_train.py). With any degree above 1, or --simulate-network, the steps
+    /// run through the trainer on that many ranks as threads, on random codons, one sequence
+    /// per DP rank, and the time in communication is reported.
     Train {
         #[arg(long, default_value = "configs/genslm-25m.toml")]
         config: PathBuf,
@@ -81,20 +83,8 @@ pub enum BenchCmd {
         /// Timed steps (after one warm-up step).
         #[arg(long, default_value_t = 3)]
         steps: usize,
-        /// Data-parallel ranks, as threads of this process (with any degree above 1, or
-        /// --simulate-network, the steps run through the trainer on random codons, one
-        /// sequence per DP rank, and the time in communication is reported).
-        #[arg(long, default_value_t = 1)]
-        dp: usize,
-        /// Ulysses sequence-parallel ranks (threads).
-        #[arg(long, default_value_t = 1)]
-        sp: usize,
-        /// Context-parallel ranks, ring attention (threads).
-        #[arg(long, default_value_t = 1)]
-        cp: usize,
-        /// Tensor-parallel ranks (threads).
-        #[arg(long, default_value_t = 1)]
-        tp: usize,
+        #[command(flatten)]
+        degrees: super::train::DegreeArgs,
         /// Every message between the ranks waits LATENCY + its bytes / BANDWIDTH first, e.g.
         /// `20ms,1GB/s`: a slow network simulated on one machine.
         #[arg(long, value_name = "LATENCY,BANDWIDTH")]
@@ -188,20 +178,22 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Train {
             seq_len,
             steps,
-            dp,
-            sp,
-            cp,
-            tp,
+            degrees,
             ..
         } => {
             at_most("--seq-len", *seq_len, max)?;
             at_most("--steps", *steps, 1 << 20)?;
-            for (flag, v) in [("--dp", dp), ("--sp", sp), ("--cp", cp), ("--tp", tp)] {
-                if *v == 0 {
-                    return Err(anyhow::anyhow!("{flag} 0: must be at least 1"));
-                }
-                at_most(flag, *v, 1 << 10)?;
+            let d = degrees.degrees();
+            for (flag, v) in [
+                ("--dp", d.dp),
+                ("--sp", d.sp),
+                ("--cp", d.cp),
+                ("--tp", d.tp),
+            ] {
+                at_most(flag, v, 1 << 10)?;
             }
+            // Zero degrees: the topology's own refusal.
+            genslm::parallel::Topology::of(0, d)?;
         }
         BenchCmd::Attention {
             seq_lens,
@@ -266,16 +258,14 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             config,
             seq_len,
             steps,
-            dp,
-            sp,
-            cp,
-            tp,
+            degrees,
             simulate_network,
             device,
         } => {
             let cfg = genslm::config::Config::load(&config)?.model;
             let compute = device.compute();
-            let degrees = genslm::parallel::Degrees { dp, cp, sp, tp };
+            let degrees = degrees.degrees();
+            let genslm::parallel::Degrees { dp, cp, sp, tp } = degrees;
             if degrees.world() > 1 || simulate_network.is_some() {
                 let net = simulate_network
                     .as_deref()

@@ -8,6 +8,39 @@ use genslm::train::trainer::{train_grid, DataSource, RunOptions};
 use super::device::DeviceArgs;
 use super::AttentionArg;
 
+/// The rank grid's degrees (`genslm train`, `genslm bench train`).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct DegreeArgs {
+    /// Sequence-parallel degree P (Ulysses): each sequence is split over P ranks.
+    #[arg(long, default_value_t = 1)]
+    pub sp: usize,
+    /// Context-parallel degree C (ring attention): each sequence is cut into 2C chunks and CP
+    /// rank c holds chunks c and 2C−1−c (equal causal work); K/V blocks travel around the ring.
+    /// Combines with --sp (Ulysses inside each CP rank's chunks).
+    #[arg(long, default_value_t = 1)]
+    pub cp: usize,
+    /// Tensor-parallel degree T (Megatron): each layer's heads and MLP columns, the embedding
+    /// and the output head's vocabulary are split over T ranks, which see the same tokens. T
+    /// must divide the heads and the intermediate size; ZeRO 0 or 1 only.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
+    /// Data-parallel degree D: the global batch is split over D replicas. D × C × P × T ranks
+    /// run as threads of this process (or one per process under mpirun).
+    #[arg(long, default_value_t = 1)]
+    pub dp: usize,
+}
+
+impl DegreeArgs {
+    pub fn degrees(self) -> Degrees {
+        Degrees {
+            dp: self.dp,
+            cp: self.cp,
+            sp: self.sp,
+            tp: self.tp,
+        }
+    }
+}
+
 /// `genslm train`: every setting flag overrides the `[train]` field of the same name.
 #[derive(clap::Args)]
 pub struct TrainArgs {
@@ -31,23 +64,8 @@ pub struct TrainArgs {
     stop_after: Option<u64>,
     #[command(flatten)]
     device: DeviceArgs,
-    /// Sequence-parallel degree P (Ulysses): each sequence is split over P ranks.
-    #[arg(long, default_value_t = 1)]
-    sp: usize,
-    /// Context-parallel degree C (ring attention): each sequence is cut into 2C chunks and CP
-    /// rank c holds chunks c and 2C−1−c (equal causal work); K/V blocks travel around the ring.
-    /// Combines with --sp (Ulysses inside each CP rank's chunks).
-    #[arg(long, default_value_t = 1)]
-    cp: usize,
-    /// Tensor-parallel degree T (Megatron): each layer's heads and MLP columns, the embedding
-    /// and the output head's vocabulary are split over T ranks, which see the same tokens. T
-    /// must divide the heads and the intermediate size; ZeRO 0 or 1 only.
-    #[arg(long, default_value_t = 1)]
-    tp: usize,
-    /// Data-parallel degree D: the global batch is split over D replicas. D × C × P × T ranks
-    /// run as threads of this process (or one per process under mpirun).
-    #[arg(long, default_value_t = 1)]
-    dp: usize,
+    #[command(flatten)]
+    degrees: DegreeArgs,
     /// ZeRO stage over the ranks: 0 replicated, 1 Adam moments sharded over DP, 2 also
     /// gradients, 3 also weights (both over all DP×SP ranks; a layer's weights are gathered
     /// only while it runs).
@@ -216,12 +234,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         ranks_in_process: 1,
         network: None,
     };
-    let degrees = Degrees {
-        dp: a.dp,
-        cp: a.cp,
-        sp: a.sp,
-        tp: a.tp,
-    };
+    let degrees = a.degrees.degrees();
     let s = match genslm::parallel::launch::launched_world_size() {
         Some((n, _)) => train_launched(&cfg, &data, &a.out, &opts, n, degrees)?,
         None => train_grid(&cfg, &data, &a.out, &opts, degrees)?,

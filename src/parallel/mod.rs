@@ -3,6 +3,7 @@
 
 pub mod bucket;
 pub mod comm;
+pub mod hooked;
 pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi;

@@ -8,13 +8,10 @@
 //! `bytes` what the rank hands over (its send buffer; for a receive, the buffer it fills).
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use burn::tensor::{Device, Tensor};
-
 use crate::error::{Error, Result};
-use crate::parallel::comm::Communicator;
+use crate::parallel::hooked::Hook;
 
 const BANDWIDTH: &str =
     "the bandwidth must be at least 1 B/s, in B/s, KB/s, MB/s, GB/s (or Kb/s, Mb/s, Gb/s)";
@@ -85,117 +82,15 @@ impl FromStr for NetSim {
     }
 }
 
-/// A communicator behind a simulated link ([`NetSim`]).
-#[derive(Debug)]
-pub struct Delayed {
-    inner: Arc<dyn Communicator>,
-    net: NetSim,
-}
-
-impl Delayed {
-    pub fn wrap(inner: Arc<dyn Communicator>, net: NetSim) -> Arc<dyn Communicator> {
-        Arc::new(Delayed { inner, net })
-    }
-
-    fn hold(&self, elements: usize, bytes_each: usize) {
-        if self.inner.size() > 1 {
-            std::thread::sleep(self.net.delay(elements * bytes_each));
+/// Wrapped in a [`Hooked`](crate::parallel::hooked::Hooked) communicator, a link holds each
+/// call back before it runs.
+impl Hook for NetSim {
+    /// One rank alone sends nothing and pays nothing.
+    fn around<T>(&self, size: usize, bytes: usize, call: impl FnOnce() -> T) -> T {
+        if size > 1 {
+            std::thread::sleep(self.delay(bytes));
         }
-    }
-}
-
-fn numel<const D: usize>(ts: &[Tensor<D>]) -> usize {
-    ts.iter().map(|t| t.shape().num_elements()).sum()
-}
-
-impl Communicator for Delayed {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
-        self.hold(buf.len(), 4);
-        self.inner.all_reduce_sum(buf)
-    }
-    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
-        self.hold(buf.len(), 8);
-        self.inner.all_reduce_sum_f64(buf)
-    }
-    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
-        self.hold(send.len(), 4);
-        self.inner.all_gather_into(send, recv)
-    }
-    fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
-        self.hold(buf.len(), 4);
-        self.inner.reduce_scatter_sum(buf, out)
-    }
-    fn gather_into(&self, send: &[f32], recv: Option<&mut [f32]>, root: usize) -> Result<()> {
-        self.hold(send.len(), 4);
-        self.inner.gather_into(send, recv, root)
-    }
-    fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
-        self.hold(send.iter().map(Vec::len).sum(), 4);
-        self.inner.all_to_all(send)
-    }
-    fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
-        self.hold(send.len(), 4);
-        self.inner.ring_pass(send)
-    }
-    fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
-        self.hold(buf.len(), 4);
-        self.inner.send(to, buf)
-    }
-    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<()> {
-        self.hold(buf.len(), 4);
-        self.inner.recv(from, buf)
-    }
-    fn send_recv(&self, to: usize, send: &[f32], from: usize, recv: &mut [f32]) -> Result<()> {
-        self.hold(send.len().max(recv.len()), 4);
-        self.inner.send_recv(to, send, from, recv)
-    }
-    fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
-        self.hold(buf.len(), 4);
-        self.inner.broadcast(buf, root)
-    }
-    fn barrier(&self) -> Result<()> {
-        self.hold(0, 4);
-        self.inner.barrier()
-    }
-    fn barrier_unbounded(&self) -> Result<()> {
-        self.hold(0, 4);
-        self.inner.barrier_unbounded()
-    }
-    fn abort(&self, why: &str) {
-        self.inner.abort(why)
-    }
-    fn on_device(&self, device: &Device) -> bool {
-        self.inner.on_device(device)
-    }
-    fn all_to_all_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
-        self.hold(numel(&send), 4);
-        self.inner.all_to_all_tensors(send)
-    }
-    fn ring_pass_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
-        self.hold(numel(&send), 4);
-        self.inner.ring_pass_tensors(send)
-    }
-    fn all_reduce_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
-        self.hold(t.shape().num_elements(), 4);
-        self.inner.all_reduce_tensor(t)
-    }
-    fn reduce_scatter_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
-        self.hold(t.shape().num_elements(), 4);
-        self.inner.reduce_scatter_tensor(t)
-    }
-    fn all_gather_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
-        self.hold(t.shape().num_elements(), 4);
-        self.inner.all_gather_tensor(t)
-    }
-    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
-        self.hold(send.len(), 4);
-        self.inner.all_gather(send)
+        call()
     }
 }
 
@@ -204,7 +99,9 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::parallel::hooked::Hooked;
     use crate::parallel::threads::thread_group;
+    use std::sync::Arc;
 
     #[test]
     fn links_parse_with_their_units_and_bad_ones_are_refused() {
@@ -240,7 +137,7 @@ mod tests {
             .into_iter()
             .map(|c| {
                 std::thread::spawn(move || {
-                    let c = Delayed::wrap(Arc::new(c), net);
+                    let c = Hooked::wrap(Arc::new(c), net);
                     let mut buf = vec![c.rank() as f32 + 1.0; 250_000];
                     let t = Instant::now();
                     c.all_reduce_sum(&mut buf).unwrap();
@@ -253,7 +150,7 @@ mod tests {
             assert_eq!(sum, 3.0);
             assert!(took >= Duration::from_millis(60), "{took:?}");
         }
-        let solo = Delayed::wrap(Arc::new(crate::parallel::comm::Solo), net);
+        let solo = Hooked::wrap(Arc::new(crate::parallel::comm::Solo), net);
         let t = Instant::now();
         solo.all_reduce_sum(&mut [1.0; 1000]).unwrap();
         assert!(t.elapsed() < Duration::from_millis(40));

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use crate::parallel::bucket::DEFAULT_BUCKET;
 use crate::parallel::comm::{Communicator, Solo};
-use crate::parallel::netsim::{Delayed, NetSim};
+use crate::parallel::hooked::Hooked;
+use crate::parallel::netsim::NetSim;
 use crate::parallel::threads::{thread_group, ThreadComm};
-use crate::parallel::timed::{CommClock, Timed};
+use crate::parallel::timed::CommClock;
 use crate::parallel::topology::{Degrees, Topology};
 
 #[derive(Debug, Clone)]
@@ -54,36 +55,29 @@ impl Ranks {
         Self { bucket, ..self }
     }
 
-    /// The same ranks behind a simulated network (benchmarks and tests only).
-    pub fn delayed(self, net: NetSim) -> Self {
-        let d = |c: Arc<dyn Communicator>| Delayed::wrap(c, net);
+    /// The same ranks with every group wrapped by `wrap`.
+    fn wrapped(self, wrap: impl Fn(Arc<dyn Communicator>) -> Arc<dyn Communicator>) -> Self {
         Self {
-            world: d(self.world),
-            tp: d(self.tp),
-            data: d(self.data),
-            sp: d(self.sp),
-            cp: d(self.cp),
-            seq: d(self.seq),
-            dp: d(self.dp),
+            world: wrap(self.world),
+            tp: wrap(self.tp),
+            data: wrap(self.data),
+            sp: wrap(self.sp),
+            cp: wrap(self.cp),
+            seq: wrap(self.seq),
+            dp: wrap(self.dp),
             ..self
         }
+    }
+
+    /// The same ranks behind a simulated network (benchmarks and tests only).
+    pub fn delayed(self, net: NetSim) -> Self {
+        self.wrapped(|c| Hooked::wrap(c, net))
     }
 
     /// The same ranks with every group's calls timed into one clock (a step's `comm_wait_s`).
     pub fn timed(self) -> (Self, Arc<CommClock>) {
         let clock = Arc::new(CommClock::default());
-        let t = |c: Arc<dyn Communicator>| Timed::wrap(c, &clock);
-        let ranks = Self {
-            world: t(self.world),
-            tp: t(self.tp),
-            data: t(self.data),
-            sp: t(self.sp),
-            cp: t(self.cp),
-            seq: t(self.seq),
-            dp: t(self.dp),
-            ..self
-        };
-        (ranks, clock)
+        (self.wrapped(|c| Hooked::wrap(c, clock.clone())), clock)
     }
 
     pub fn is_root(&self) -> bool {

@@ -3,18 +3,15 @@
 //! it the rank spent moving data or waiting for the other ranks. With blocking collectives
 //! that is time the rank computed nothing; overlapped communication will shrink it.
 //!
-//! [`Timed`] forwards every call (defaults included, so a communicator's own device paths and
-//! point-to-point calls stay its own) and adds its wall time to a shared [`CommClock`]. Two
-//! clock reads per call: nothing beside a collective.
+//! A [`Hooked`](crate::parallel::hooked::Hooked) communicator with a shared [`CommClock`] as
+//! its hook adds each call's wall time to the clock. Two clock reads per call: nothing beside
+//! a collective.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::tensor::{Device, Tensor};
-
-use crate::error::Result;
-use crate::parallel::comm::Communicator;
+use crate::parallel::hooked::Hook;
 
 /// Nanoseconds spent in communicator calls, summed over every group of one rank.
 #[derive(Debug, Default)]
@@ -27,102 +24,17 @@ impl CommClock {
     pub fn seconds(&self) -> f64 {
         self.nanos.load(Ordering::Relaxed) as f64 * 1e-9
     }
+}
 
-    fn time<T>(&self, f: impl FnOnce() -> T) -> T {
+/// Wrapped in a [`Hooked`](crate::parallel::hooked::Hooked) communicator, a clock times each
+/// call into itself.
+impl Hook for Arc<CommClock> {
+    fn around<T>(&self, _size: usize, _bytes: usize, call: impl FnOnce() -> T) -> T {
         let t = Instant::now();
-        let out = f();
+        let out = call();
         self.nanos
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         out
-    }
-}
-
-/// A communicator whose calls are timed into a [`CommClock`].
-#[derive(Debug)]
-pub struct Timed {
-    inner: Arc<dyn Communicator>,
-    clock: Arc<CommClock>,
-}
-
-impl Timed {
-    pub fn wrap(inner: Arc<dyn Communicator>, clock: &Arc<CommClock>) -> Arc<dyn Communicator> {
-        Arc::new(Timed {
-            inner,
-            clock: clock.clone(),
-        })
-    }
-}
-
-impl Communicator for Timed {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
-        self.clock.time(|| self.inner.all_reduce_sum(buf))
-    }
-    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
-        self.clock.time(|| self.inner.all_reduce_sum_f64(buf))
-    }
-    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
-        self.clock.time(|| self.inner.all_gather_into(send, recv))
-    }
-    fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
-        self.clock.time(|| self.inner.reduce_scatter_sum(buf, out))
-    }
-    fn gather_into(&self, send: &[f32], recv: Option<&mut [f32]>, root: usize) -> Result<()> {
-        self.clock.time(|| self.inner.gather_into(send, recv, root))
-    }
-    fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
-        self.clock.time(|| self.inner.all_to_all(send))
-    }
-    fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
-        self.clock.time(|| self.inner.ring_pass(send))
-    }
-    fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
-        self.clock.time(|| self.inner.send(to, buf))
-    }
-    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<()> {
-        self.clock.time(|| self.inner.recv(from, buf))
-    }
-    fn send_recv(&self, to: usize, send: &[f32], from: usize, recv: &mut [f32]) -> Result<()> {
-        self.clock
-            .time(|| self.inner.send_recv(to, send, from, recv))
-    }
-    fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
-        self.clock.time(|| self.inner.broadcast(buf, root))
-    }
-    fn barrier(&self) -> Result<()> {
-        self.clock.time(|| self.inner.barrier())
-    }
-    fn barrier_unbounded(&self) -> Result<()> {
-        self.clock.time(|| self.inner.barrier_unbounded())
-    }
-    fn abort(&self, why: &str) {
-        self.inner.abort(why)
-    }
-    fn on_device(&self, device: &Device) -> bool {
-        self.inner.on_device(device)
-    }
-    fn all_to_all_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
-        self.clock.time(|| self.inner.all_to_all_tensors(send))
-    }
-    fn ring_pass_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
-        self.clock.time(|| self.inner.ring_pass_tensors(send))
-    }
-    fn all_reduce_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
-        self.clock.time(|| self.inner.all_reduce_tensor(t))
-    }
-    fn reduce_scatter_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
-        self.clock.time(|| self.inner.reduce_scatter_tensor(t))
-    }
-    fn all_gather_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
-        self.clock.time(|| self.inner.all_gather_tensor(t))
-    }
-    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
-        self.clock.time(|| self.inner.all_gather(send))
     }
 }
 
@@ -131,6 +43,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::parallel::hooked::Hooked;
     use crate::parallel::threads::thread_group;
 
     /// A rank that waits for a late peer counts the wait; results pass through unchanged; the
@@ -145,8 +58,8 @@ mod tests {
             .map(|((a, b), clock)| {
                 std::thread::spawn(move || {
                     let (a, b) = (
-                        Timed::wrap(Arc::new(a), &clock),
-                        Timed::wrap(Arc::new(b), &clock),
+                        Hooked::wrap(Arc::new(a), clock.clone()),
+                        Hooked::wrap(Arc::new(b), clock.clone()),
                     );
                     if a.rank() == 1 {
                         std::thread::sleep(Duration::from_millis(300));

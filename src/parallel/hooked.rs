@@ -1,0 +1,119 @@
+//! One forwarding communicator for the wrappers that do something around every call: timing
+//! it (`timed.rs`) or holding it back as a slow link would (`netsim.rs`). [`Hooked`] forwards
+//! each method of [`Communicator`] — its defaults included, so a communicator's own device
+//! paths and point-to-point calls stay its own — through its [`Hook`], which sees how many
+//! elements the rank hands over.
+
+use std::sync::Arc;
+
+use burn::tensor::{Device, Tensor};
+
+use crate::error::Result;
+use crate::parallel::comm::Communicator;
+
+/// What a wrapper does around each call.
+pub trait Hook: Send + Sync + std::fmt::Debug {
+    /// Runs `call` in a group of `size` ranks to which this rank hands `bytes` bytes (its send
+    /// buffer; for a receive, the buffer it fills).
+    fn around<T>(&self, size: usize, bytes: usize, call: impl FnOnce() -> T) -> T;
+}
+
+/// `inner` with `hook` around each call.
+#[derive(Debug)]
+pub struct Hooked<H> {
+    inner: Arc<dyn Communicator>,
+    hook: H,
+}
+
+impl<H: Hook + 'static> Hooked<H> {
+    pub fn wrap(inner: Arc<dyn Communicator>, hook: H) -> Arc<dyn Communicator> {
+        Arc::new(Hooked { inner, hook })
+    }
+
+    /// `call` with the hook around it, for `elements` of `bytes_each` bytes.
+    fn with<T>(&self, elements: usize, bytes_each: usize, call: impl FnOnce() -> T) -> T {
+        self.hook
+            .around(self.inner.size(), elements * bytes_each, call)
+    }
+}
+
+fn numel<const D: usize>(ts: &[Tensor<D>]) -> usize {
+    ts.iter().map(|t| t.shape().num_elements()).sum()
+}
+
+impl<H: Hook + 'static> Communicator for Hooked<H> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        self.with(buf.len(), 4, || self.inner.all_reduce_sum(buf))
+    }
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
+        self.with(buf.len(), 8, || self.inner.all_reduce_sum_f64(buf))
+    }
+    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        self.with(send.len(), 4, || self.inner.all_gather_into(send, recv))
+    }
+    fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
+        self.with(buf.len(), 4, || self.inner.reduce_scatter_sum(buf, out))
+    }
+    fn gather_into(&self, send: &[f32], recv: Option<&mut [f32]>, root: usize) -> Result<()> {
+        self.with(send.len(), 4, || self.inner.gather_into(send, recv, root))
+    }
+    fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
+        let n = send.iter().map(Vec::len).sum();
+        self.with(n, 4, || self.inner.all_to_all(send))
+    }
+    fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
+        self.with(send.len(), 4, || self.inner.ring_pass(send))
+    }
+    fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
+        self.with(buf.len(), 4, || self.inner.send(to, buf))
+    }
+    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<()> {
+        self.with(buf.len(), 4, || self.inner.recv(from, buf))
+    }
+    fn send_recv(&self, to: usize, send: &[f32], from: usize, recv: &mut [f32]) -> Result<()> {
+        let n = send.len().max(recv.len());
+        self.with(n, 4, || self.inner.send_recv(to, send, from, recv))
+    }
+    fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
+        self.with(buf.len(), 4, || self.inner.broadcast(buf, root))
+    }
+    fn barrier(&self) -> Result<()> {
+        self.with(0, 4, || self.inner.barrier())
+    }
+    fn barrier_unbounded(&self) -> Result<()> {
+        self.with(0, 4, || self.inner.barrier_unbounded())
+    }
+    fn abort(&self, why: &str) {
+        self.inner.abort(why)
+    }
+    fn on_device(&self, device: &Device) -> bool {
+        self.inner.on_device(device)
+    }
+    fn all_to_all_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
+        self.with(numel(&send), 4, || self.inner.all_to_all_tensors(send))
+    }
+    fn ring_pass_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
+        self.with(numel(&send), 4, || self.inner.ring_pass_tensors(send))
+    }
+    fn all_reduce_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        let n = t.shape().num_elements();
+        self.with(n, 4, || self.inner.all_reduce_tensor(t))
+    }
+    fn reduce_scatter_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        let n = t.shape().num_elements();
+        self.with(n, 4, || self.inner.reduce_scatter_tensor(t))
+    }
+    fn all_gather_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
+        let n = t.shape().num_elements();
+        self.with(n, 4, || self.inner.all_gather_tensor(t))
+    }
+    fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
+        self.with(send.len(), 4, || self.inner.all_gather(send))
+    }
+}
