@@ -56,12 +56,7 @@ const ROW_BLOCK: usize = 64;
 /// [`team`] (a decoding step's sections are too short for rayon's wake-ups), each task streams
 /// its block once (eight rows at a time) into partial sums of every output, and the partial
 /// sums are added to the bias.
-pub(super) fn fwd_few_rows(
-    x: &[f32],
-    w: &[f32],
-    b: &[f32],
-    (rows, n, m): (usize, usize, usize),
-) -> Vec<f32> {
+fn fwd_few_rows(x: &[f32], w: &[f32], b: &[f32], (rows, n, m): (usize, usize, usize)) -> Vec<f32> {
     assert!(x.len() == rows * n && w.len() == n * m && b.len() == m);
     if rows * n * m == 0 {
         return b.repeat(rows); // an empty sum, or nothing to write
