@@ -131,7 +131,7 @@ impl GenSlm {
     /// `t` in the compute dtype. Under autodiff the cast's backward hands the gradient back in
     /// fp32, so the fp32 parameters receive fp32 gradients (mixed precision with master
     /// weights).
-    pub(super) fn compute<const D: usize>(&self, t: Tensor<D>) -> Tensor<D> {
+    pub(crate) fn compute<const D: usize>(&self, t: Tensor<D>) -> Tensor<D> {
         match self.precision {
             Precision::Fp32 => t,
             Precision::Bf16 => t.cast(FloatDType::BF16),

@@ -11,6 +11,7 @@ pub mod optim;
 pub mod optim_cpu;
 pub mod optim_shards;
 pub mod param_source;
+pub mod pipeline;
 pub mod rank_loop;
 pub mod recompute;
 pub mod resume;

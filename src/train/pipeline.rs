@@ -1,0 +1,291 @@
+//! One pipeline stage's share of a step: its passes of a [`Schedule`] over the micro-batches,
+//! run on this rank's chunks of layers (issue 40).
+//!
+//! A chunk's forward takes the previous chunk's output (chunk 0: the embeddings of the
+//! tokens), runs its layers and hands the output to the next chunk's stage; the last chunk
+//! computes the loss. A chunk's backward takes the gradient of its output from the next
+//! chunk's stage, applies it through the surrogate `Σ out ⊙ g` (whose gradient with respect
+//! to `out` is exactly `g`, as in [`crate::train::layerwise`]) and sends the gradient of its
+//! input back. By the chain rule the stages' parameter gradients are those of one rank's
+//! whole-graph backward, up to float rounding (tests/parallel_pipeline.rs).
+//!
+//! Each (micro-batch, chunk) keeps its autodiff graph from its F to its B, or with
+//! `checkpoint` only its input, the chunk's forward recomputed in B: the schedule decides how
+//! many are alive at once (1F1B: at most P on stage 0).
+//!
+//! ZB splits the backward into B (input gradient, which the previous stage waits for) and W
+//! (weight gradient). burn's autodiff computes both in one backward pass, so here B does the
+//! arithmetic of both and sends the input gradient at once; W only adds the kept parameter
+//! gradients into the step's. The schedule's order is followed exactly, but the time a W
+//! would fill a bubble with is spent in B.
+
+use std::collections::HashMap;
+
+use burn::tensor::{Gradients, Tensor, TensorData};
+
+use crate::error::{Error, Result};
+use crate::model::cache::Past;
+use crate::model::GenSlm;
+use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
+use crate::parallel::comm::Communicator;
+use crate::parallel::pipeline::mailroom::{Mailroom, Msg};
+use crate::parallel::pipeline::schedule::{Op, Pass, Schedule};
+use crate::parallel::pipeline::stages::Stages;
+use crate::train::layerwise::Unit;
+use crate::train::recompute::accumulate;
+use crate::train::shard::{local_nll, LocalBatch};
+
+/// How a step runs through the pipeline.
+#[derive(Debug, Clone, Copy)]
+pub struct Pipeline<'a> {
+    pub schedule: &'a Schedule,
+    pub stages: &'a Stages,
+    /// The pipeline group: member `s` runs stage `s`.
+    pub comm: &'a dyn Communicator,
+    /// Full activation checkpointing: keep each chunk's input only, recompute in B.
+    pub checkpoint: bool,
+}
+
+/// The parameter units stage `stage` holds: its chunks' layers, the embeddings with chunk 0
+/// and the head with the last chunk.
+pub fn stage_units(stages: &Stages, model: &GenSlm, stage: usize) -> Vec<Unit> {
+    let mut units = Vec::new();
+    for c in stages.chunks_of(stage) {
+        if c == 0 {
+            units.push(Unit::Embed);
+            if model.layout.embed_pos.is_some() {
+                units.push(Unit::Pos);
+            }
+        }
+        units.extend(stages.layers(c).map(Unit::Layer));
+        if stages.is_last(c) {
+            units.push(Unit::Head);
+        }
+    }
+    units
+}
+
+/// What a chunk's forward produced.
+enum Out {
+    /// The output activation (`[rows, cols, hidden]`, compute dtype).
+    Hidden(Tensor<3>),
+    /// The last chunk: this micro-batch's loss term `Σ nll / denom`.
+    Loss(Tensor<1>),
+}
+
+/// A chunk's forward kept for its backward (a few handles; boxing would only add an
+/// allocation per pass).
+#[allow(clippy::large_enum_variant)]
+enum Kept {
+    /// The graph: the input leaf (fp32; none on chunk 0, whose input is the tokens) and the
+    /// output.
+    Graph(Option<Tensor<3>>, Out),
+    /// Checkpointing: the input's values only.
+    Input(Option<Vec<f32>>),
+}
+
+/// This stage's passes of one step over `micro` (this rank's slices of the micro-batches, in
+/// order). Parameter gradients of the stage's units are added into `acc` (one slot per
+/// parameter of `model`); returns the step's loss `Σ nll / denom` over every micro-batch,
+/// the same on every stage. `model`'s parameters of this stage's units must be autodiff
+/// leaves that require gradients; the others are never read.
+pub fn stage_loss_and_grads(
+    p: &Pipeline<'_>,
+    model: &GenSlm,
+    micro: &[LocalBatch],
+    denom: f64,
+    acc: &mut [Option<Tensor<1>>],
+) -> Result<f64> {
+    let (sched, stages) = (p.schedule, p.stages);
+    if micro.len() != sched.micros {
+        return Err(Error::Invalid(format!(
+            "a pipeline schedule of {} micro-batches run on {}",
+            sched.micros,
+            micro.len()
+        )));
+    }
+    let layers = stages.layers(stages.chunks() - 1).end;
+    if stages.chunks() != sched.chunks() || layers != model.layout.layers.len() {
+        return Err(Error::Invalid(format!(
+            "pipeline chunks: {} chunks of {layers} layers for a schedule of {} chunks and a model \
+             of {} layers",
+            stages.chunks(),
+            sched.chunks(),
+            model.layout.layers.len()
+        )));
+    }
+    let me = p.comm.rank();
+    let hidden = model.cfg.hidden_size;
+    let len = |m: Msg| {
+        let lb = &micro[m.micro()];
+        lb.rows * lb.cols * hidden
+    };
+    let mut run = Run {
+        p,
+        model,
+        micro,
+        denom,
+        mail: Mailroom::new(p.comm, sched)?,
+        kept: HashMap::new(),
+        weight_grads: HashMap::new(),
+        loss: 0.0,
+    };
+    for &op in &sched.ops[me] {
+        match op.pass {
+            Pass::F => run.forward(op, &len)?,
+            Pass::B => run.backward(op, &len, acc)?,
+            Pass::W => {
+                let grads = run
+                    .weight_grads
+                    .remove(&(op.micro, op.chunk))
+                    .ok_or_else(|| {
+                        Error::Invalid(format!("pipeline: {op:?} before its input gradient"))
+                    })?;
+                accumulate(model, &grads, acc);
+            }
+        }
+    }
+    if !run.mail.is_done() || !run.kept.is_empty() || !run.weight_grads.is_empty() {
+        return Err(Error::Invalid(format!(
+            "pipeline stage {me}: the step ended with passes or messages left over"
+        )));
+    }
+    // The loss lives on the last stage; every stage reports the step's.
+    let mut loss = [run.loss];
+    p.comm.all_reduce_sum_f64(&mut loss)?;
+    Ok(loss[0])
+}
+
+/// One step's state on a stage.
+struct Run<'a, 'p> {
+    p: &'a Pipeline<'p>,
+    model: &'a GenSlm,
+    micro: &'a [LocalBatch],
+    denom: f64,
+    mail: Mailroom<'p>,
+    kept: HashMap<(usize, usize), Kept>,
+    /// ZB: the parameter gradients B computed, waiting for W.
+    weight_grads: HashMap<(usize, usize), Gradients>,
+    /// This stage's loss terms (non-zero on the last stage only).
+    loss: f64,
+}
+
+impl Run<'_, '_> {
+    /// `[rows, cols, hidden]` of a micro-batch's activations on this rank.
+    fn shape(&self, micro: usize) -> [usize; 3] {
+        let lb = &self.micro[micro];
+        [lb.rows, lb.cols, self.model.cfg.hidden_size]
+    }
+
+    /// Runs `chunk` of `model` on `input` (none: the tokens' embeddings).
+    fn chunk(
+        &self,
+        model: &GenSlm,
+        micro: usize,
+        chunk: usize,
+        input: Option<Tensor<3>>,
+    ) -> Result<Out> {
+        let lb = &self.micro[micro];
+        let ctx = model.layer_context_at(&lb.positions);
+        let mut x = match input {
+            Some(x) => model.compute(x),
+            None => model.embed_at(
+                tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device),
+                &lb.positions,
+            )?,
+        };
+        for li in self.p.stages.layers(chunk) {
+            x = model.layer(li, x, &ctx, Past::None).0;
+        }
+        if !self.p.stages.is_last(chunk) {
+            return Ok(Out::Hidden(x));
+        }
+        let logits = model.logits(model.final_norm(x));
+        Ok(Out::Loss(local_nll(model, logits, lb) / self.denom))
+    }
+
+    fn leaf(&self, micro: usize, data: Vec<f32>, model: &GenSlm) -> Tensor<3> {
+        Tensor::from_data(TensorData::new(data, self.shape(micro)), &model.device)
+    }
+
+    fn forward(&mut self, op: Op, len: &impl Fn(Msg) -> usize) -> Result<()> {
+        let Op { micro, chunk, .. } = op;
+        let input = if chunk == 0 {
+            None
+        } else {
+            let msg = Msg::Activation { micro, chunk };
+            let sender = msg.sender(self.p.schedule);
+            Some(self.mail.take(msg, sender, len)?)
+        };
+        let (kept, out) = if self.p.checkpoint {
+            let frozen = self.model.without_autodiff();
+            let x = input.clone().map(|d| self.leaf(micro, d, &frozen));
+            (Kept::Input(input), self.chunk(&frozen, micro, chunk, x)?)
+        } else {
+            let leaf = input.map(|d| self.leaf(micro, d, self.model).require_grad());
+            let out = self.chunk(self.model, micro, chunk, leaf.clone())?;
+            let handle = match &out {
+                Out::Hidden(x) => Out::Hidden(x.clone()),
+                Out::Loss(l) => Out::Loss(l.clone()),
+            };
+            (Kept::Graph(leaf, handle), out)
+        };
+        match out {
+            Out::Hidden(x) => {
+                if let Some((to, msg)) = Msg::sent_by(op, self.p.schedule) {
+                    self.mail.post(to, msg, tensor_to_vec(&x))?;
+                }
+            }
+            Out::Loss(l) => self.loss += tensor_to_vec(&l)[0] as f64,
+        }
+        self.kept.insert((micro, chunk), kept);
+        Ok(())
+    }
+
+    fn backward(
+        &mut self,
+        op: Op,
+        len: &impl Fn(Msg) -> usize,
+        acc: &mut [Option<Tensor<1>>],
+    ) -> Result<()> {
+        let Op { micro, chunk, .. } = op;
+        let (input, out) = match self.kept.remove(&(micro, chunk)) {
+            Some(Kept::Graph(input, out)) => (input, out),
+            Some(Kept::Input(data)) => {
+                let leaf = data.map(|d| self.leaf(micro, d, self.model).require_grad());
+                let out = self.chunk(self.model, micro, chunk, leaf.clone())?;
+                (leaf, out)
+            }
+            None => {
+                return Err(Error::Invalid(format!(
+                    "pipeline: {op:?} before its forward"
+                )))
+            }
+        };
+        let mut grads = match out {
+            Out::Loss(l) => l.backward(),
+            Out::Hidden(out) => {
+                let msg = Msg::Gradient { micro, chunk };
+                let g = self.mail.take(msg, msg.sender(self.p.schedule), len)?;
+                let g = self.leaf(micro, g, self.model);
+                (self.model.full(out) * g).sum().backward()
+            }
+        };
+        if let Some(input) = input {
+            let g = input.grad_remove(&mut grads).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "pipeline: no gradient reached the input of chunk {chunk}"
+                ))
+            })?;
+            if let Some((to, msg)) = Msg::sent_by(op, self.p.schedule) {
+                self.mail.post(to, msg, tensor_to_vec(&g))?;
+            }
+        }
+        if self.p.schedule.kind.splits_backward() {
+            self.weight_grads.insert((micro, chunk), grads);
+        } else {
+            accumulate(self.model, &grads, acc);
+        }
+        Ok(())
+    }
+}
