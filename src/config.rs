@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::parallel::pipeline::schedule::ScheduleKind;
 use crate::tokenizer::VocabKind;
 
 /// Default `reduce_bucket_size`: 2²⁴ elements (64 MiB of f32) per collective call, far below
@@ -169,6 +170,12 @@ pub struct TrainConfig {
     pub rank_timeout_s: u64,
     /// Compute precision; unset = the backend's default (bf16 on CUDA, fp32 on CPU).
     pub precision: Option<Precision>,
+    /// Pipeline schedule when `--pp` > 1: gpipe, 1f1b, interleaved or zb.
+    pub pp_schedule: ScheduleKind,
+    /// Chunks of layers per pipeline stage (more than 1 with `interleaved` only).
+    pub pp_virtual: usize,
+    /// Layers per pipeline chunk, in chunk order (unset: as even as the layer count allows).
+    pub pp_layers: Option<Vec<usize>>,
 }
 
 impl Default for TrainConfig {
@@ -198,6 +205,9 @@ impl Default for TrainConfig {
             reduce_bucket_size: DEFAULT_BUCKET,
             rank_timeout_s: 600,
             precision: None,
+            pp_schedule: ScheduleKind::OneFOneB,
+            pp_virtual: 1,
+            pp_layers: None,
         }
     }
 }
@@ -209,6 +219,7 @@ impl TrainConfig {
             ("steps", self.steps as usize),
             ("batch_size", self.batch_size),
             ("grad_accum", self.grad_accum),
+            ("pp_virtual", self.pp_virtual),
         ];
         for (field, v) in positive {
             if v == 0 {

@@ -26,7 +26,19 @@ type Layout = (usize, usize, usize, usize, u8, bool);
 fn run_config(cfg: Config, layouts: &[Layout]) {
     let grid: Vec<_> = layouts
         .iter()
-        .map(|&(dp, cp, sp, tp, zero, ckpt)| (Degrees { dp, cp, sp, tp }, zero, ckpt))
+        .map(|&(dp, cp, sp, tp, zero, ckpt)| {
+            (
+                Degrees {
+                    dp,
+                    cp,
+                    sp,
+                    tp,
+                    pp: 1,
+                },
+                zero,
+                ckpt,
+            )
+        })
         .collect();
     layouts_match_one_rank(&cfg, &grid)
 }
@@ -95,12 +107,14 @@ fn tensor_parallel_checkpoints_resume_on_other_layouts() {
         cp: 1,
         sp: 2,
         tp: 2,
+        pp: 1,
     };
     let tp_dp = Degrees {
         dp: 2,
         cp: 1,
         sp: 1,
         tp: 2,
+        pp: 1,
     };
     let single = Degrees::new(1, 1, 1);
     for (name, before, after) in [

@@ -32,7 +32,13 @@ fn shape(layers: usize, h: usize, heads: usize, i: usize) -> ModelConfig {
 
 fn layout(tp: usize, sp: usize, dp: usize, zero: u8, megatron_sp: bool) -> Parallelism {
     Parallelism {
-        degrees: Degrees { dp, cp: 1, sp, tp },
+        degrees: Degrees {
+            dp,
+            cp: 1,
+            sp,
+            tp,
+            pp: 1,
+        },
         zero,
         megatron_sp,
         zero_over_sp: true,

@@ -265,7 +265,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             let cfg = genslm::config::Config::load(&config)?.model;
             let compute = device.compute();
             let degrees = degrees.degrees();
-            let genslm::parallel::Degrees { dp, cp, sp, tp } = degrees;
+            let genslm::parallel::Degrees { dp, cp, sp, tp, pp } = degrees;
             if degrees.world() > 1 || simulate_network.is_some() {
                 let net = simulate_network
                     .as_deref()
@@ -273,7 +273,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     .transpose()?;
                 let r = genslm::bench::train_ranks(&cfg, seq_len, steps, degrees, net, &compute)?;
                 println!(
-                    "genslm {} seq {seq_len} dp {dp} cp {cp} sp {sp} tp {tp} {} network {}: \
+                    "genslm {} seq {seq_len} dp {dp} pp {pp} cp {cp} sp {sp} tp {tp} {} network {}: \
                      {:.1} tokens/s, {:.3} s/step, {:.3} s/step in communication (rank 0) \
                      [simd {}]",
                     cfg.name,

@@ -28,6 +28,11 @@ pub struct DegreeArgs {
     /// run as threads of this process (or one per process under mpirun).
     #[arg(long, default_value_t = 1)]
     pub dp: usize,
+    /// Pipeline stages P: the layers are cut into P stages (the embeddings on the first, the
+    /// head on the last); the micro-batches of a step (--grad-accum) flow through them by
+    /// --pp-schedule. Threads only so far; ZeRO 0 or 1.
+    #[arg(long, default_value_t = 1)]
+    pub pp: usize,
 }
 
 impl DegreeArgs {
@@ -37,6 +42,7 @@ impl DegreeArgs {
             cp: self.cp,
             sp: self.sp,
             tp: self.tp,
+            pp: self.pp,
         }
     }
 }
@@ -125,6 +131,18 @@ pub struct TrainArgs {
     /// Attention implementation (overrides `[model] attention`).
     #[arg(long, value_enum)]
     attention: Option<AttentionArg>,
+    /// Pipeline schedule with --pp: gpipe (every forward, then every backward), 1f1b (at most
+    /// P micro-batches in flight; needs --grad-accum ≥ P), interleaved (with --pp-virtual V:
+    /// the bubble / V; --grad-accum a multiple of P), zb (zero-bubble ZB-H1 order).
+    #[arg(long)]
+    pp_schedule: Option<genslm::parallel::pipeline::schedule::ScheduleKind>,
+    /// Chunks of layers per pipeline stage (interleaved).
+    #[arg(long)]
+    pp_virtual: Option<usize>,
+    /// Layers per pipeline chunk in chunk order, e.g. 3,3,2,2 (default: even, extra layers on
+    /// the last chunks).
+    #[arg(long, value_delimiter = ',')]
+    pp_layers: Option<Vec<usize>>,
 }
 
 /// One rank per process under mpirun/srun: SP from --sp, CP from --cp, TP from --tp, DP =
@@ -138,7 +156,13 @@ pub fn train_launched(
     n: usize,
     d: Degrees,
 ) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
-    let Degrees { dp, cp, sp, tp } = d;
+    let Degrees { dp, cp, sp, tp, pp } = d;
+    if pp > 1 {
+        anyhow::bail!(
+            "--pp {pp} under mpirun: pipeline stages run as threads of one process so far \
+             (run without mpirun: genslm train --pp {pp} …)"
+        );
+    }
     if dp != 1 && d.world() != n {
         anyhow::bail!(
             "--dp {dp} × --cp {cp} × --sp {sp} × --tp {tp} ≠ the {n} processes mpirun started"
@@ -207,8 +231,13 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         rank_timeout_s,
         max_consecutive_skips,
         keep_checkpoints,
-        zero
+        zero,
+        pp_schedule,
+        pp_virtual
     );
+    if let Some(v) = a.pp_layers {
+        t.pp_layers = Some(v);
+    }
     // Recorded resolved, so config.toml and the checkpoint say what ran.
     t.precision = Some(genslm::backend::resolve_precision(
         a.device.precision().or(t.precision),

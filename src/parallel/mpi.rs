@@ -104,6 +104,7 @@ pub fn mpi_ranks(
         cp,
         sp,
         tp,
+        pp: 1,
     };
     let topo = Topology::of(world.rank() as usize, d)?;
     // Colours name each group by what its members share; MPI keeps them in world-rank order,
@@ -130,6 +131,8 @@ pub fn mpi_ranks(
         cp: cp_comm,
         seq: seq_comm,
         dp: dp_comm,
+        // mpi_ranks builds no pipeline (train_launched refuses --pp under mpirun so far).
+        pp: Arc::new(crate::parallel::comm::Solo),
         bucket: crate::parallel::bucket::DEFAULT_BUCKET,
     })
 }

@@ -14,7 +14,7 @@ use crate::parallel::topology::{Degrees, Topology};
 #[derive(Debug, Clone)]
 pub struct Ranks {
     pub topo: Topology,
-    /// All DP × CP × SP × TP ranks.
+    /// All DP × PP × CP × SP × TP ranks.
     pub world: Arc<dyn Communicator>,
     /// This rank's TP group (contiguous ranks; holds one layer's weights between them).
     pub tp: Arc<dyn Communicator>,
@@ -30,6 +30,9 @@ pub struct Ranks {
     /// The ranks holding the same parameter shards: the same SP rank in every DP replica and
     /// CP rank ([`Topology::dp_group`]).
     pub dp: Arc<dyn Communicator>,
+    /// This rank's pipeline: the same DP, CP, SP and TP rank at every stage
+    /// ([`Topology::pp_group`]; member `s` is stage `s`).
+    pub pp: Arc<dyn Communicator>,
     /// Elements per call of the bucketed collectives (`parallel::bucket`): gradient
     /// reductions, ZeRO's reduce-scatter and all-gather, checkpoint gathers.
     pub bucket: usize,
@@ -46,6 +49,7 @@ impl Ranks {
             cp: Arc::new(Solo),
             seq: Arc::new(Solo),
             dp: Arc::new(Solo),
+            pp: Arc::new(Solo),
             bucket: DEFAULT_BUCKET,
         }
     }
@@ -65,6 +69,7 @@ impl Ranks {
             cp: wrap(self.cp),
             seq: wrap(self.seq),
             dp: wrap(self.dp),
+            pp: wrap(self.pp),
             ..self
         }
     }
@@ -90,7 +95,7 @@ pub fn thread_ranks(dp: usize, sp: usize, timeout: Duration) -> Vec<Ranks> {
     thread_grid(Degrees::new(dp, 1, sp), timeout)
 }
 
-/// The ranks of a `dp × cp × sp × tp` grid as threads of this process, one `Ranks` per thread.
+/// The ranks of a `dp × pp × cp × sp × tp` grid as threads of this process, one `Ranks` per thread.
 pub fn thread_grid(d: Degrees, timeout: Duration) -> Vec<Ranks> {
     let n = d.world();
     let topos: Vec<Topology> = (0..n)
@@ -116,6 +121,7 @@ pub fn thread_grid(d: Degrees, timeout: Duration) -> Vec<Ranks> {
             cp: handle(topo.cp_group(), topo.rank),
             seq: handle(topo.seq_group(), topo.rank),
             dp: handle(topo.dp_group(), topo.rank),
+            pp: handle(topo.pp_group(), topo.rank),
             bucket: DEFAULT_BUCKET,
         })
         .collect()
@@ -130,4 +136,5 @@ pub fn abort_all(r: &Ranks, why: &str) {
     r.cp.abort(why);
     r.seq.abort(why);
     r.dp.abort(why);
+    r.pp.abort(why);
 }

@@ -1,10 +1,12 @@
-//! The DP × CP × SP × TP grid and the groups it names (docs/ARCHITECTURE.md §5).
+//! The DP × PP × CP × SP × TP grid and the groups it names (docs/ARCHITECTURE.md §5).
 //!
-//! rank = ((dp_rank · cp + cp_rank) · sp + sp_rank) · tp + tp_rank: TP groups are contiguous
-//! ranks (tensor parallelism all-reduces twice per layer, so it stays inside a node), SP groups
-//! stride by `tp` (Ulysses' all-to-all, next closest), CP groups by `sp · tp` (the ring crosses
-//! nodes), DP replicas by `cp · sp · tp`. Every group but TP's joins ranks of one TP rank: they
-//! hold the same slices of the weights. One sequence is held by the `cp · sp` ranks of a *sequence
+//! rank = (((dp_rank · pp + pp_rank) · cp + cp_rank) · sp + sp_rank) · tp + tp_rank: TP groups
+//! are contiguous ranks (tensor parallelism all-reduces twice per layer, so it stays inside a
+//! node), SP groups stride by `tp` (Ulysses' all-to-all, next closest), CP groups by `sp · tp`
+//! (the ring crosses nodes), pipeline stages by `cp · sp · tp` (one activation per micro-batch
+//! between neighbours: little traffic, fine across nodes), DP replicas by `pp · cp · sp · tp`
+//! (Megatron's order). Every group but TP's joins ranks of one TP rank: they hold the same
+//! slices of the weights; every group but PP's joins ranks of one stage. One sequence is held by the `cp · sp` ranks of a *sequence
 //! group*: CP splits it into `2·cp` chunks and gives CP rank c chunks c and 2·cp−1−c (zigzag:
 //! equal causal work on every rank), SP then splits that rank's tokens contiguously.
 
@@ -23,6 +25,8 @@ pub struct Topology {
     pub cp: usize,
     /// Tensor-parallel (Megatron) degree.
     pub tp: usize,
+    /// Pipeline stages.
+    pub pp: usize,
 }
 
 /// The degrees of a layout, as the command line gives them.
@@ -32,17 +36,25 @@ pub struct Degrees {
     pub cp: usize,
     pub sp: usize,
     pub tp: usize,
+    /// Pipeline stages (1: no pipeline).
+    pub pp: usize,
 }
 
 impl Degrees {
-    /// DP × CP × SP without tensor parallelism.
+    /// DP × CP × SP without tensor or pipeline parallelism.
     pub fn new(dp: usize, cp: usize, sp: usize) -> Self {
-        Self { dp, cp, sp, tp: 1 }
+        Self {
+            dp,
+            cp,
+            sp,
+            tp: 1,
+            pp: 1,
+        }
     }
 
     /// Ranks in the layout.
     pub fn world(&self) -> usize {
-        self.dp * self.cp * self.sp * self.tp
+        self.dp * self.pp * self.cp * self.sp * self.tp
     }
 }
 
@@ -54,19 +66,20 @@ impl Topology {
 
     /// Rank `rank` of the grid `d`.
     pub fn of(rank: usize, d: Degrees) -> Result<Self> {
-        let Degrees { dp, cp, sp, tp } = d;
-        if dp == 0 || sp == 0 || cp == 0 || tp == 0 {
+        let Degrees { dp, cp, sp, tp, pp } = d;
+        if dp == 0 || sp == 0 || cp == 0 || tp == 0 || pp == 0 {
             return Err(Error::Invalid(format!(
-                "--dp {dp} --cp {cp} --sp {sp} --tp {tp}: degrees must be positive"
+                "--dp {dp} --pp {pp} --cp {cp} --sp {sp} --tp {tp}: degrees must be positive"
             )));
         }
         let world = dp
             .checked_mul(sp)
             .and_then(|n| n.checked_mul(cp))
             .and_then(|n| n.checked_mul(tp))
+            .and_then(|n| n.checked_mul(pp))
             .ok_or_else(|| {
                 Error::Invalid(format!(
-                    "--dp {dp} × --cp {cp} × --sp {sp} × --tp {tp} overflow"
+                    "--dp {dp} × --pp {pp} × --cp {cp} × --sp {sp} × --tp {tp} overflow"
                 ))
             })?;
         if rank >= world {
@@ -81,6 +94,7 @@ impl Topology {
             sp,
             cp,
             tp,
+            pp,
         })
     }
 
@@ -91,6 +105,7 @@ impl Topology {
             cp: self.cp,
             sp: self.sp,
             tp: self.tp,
+            pp: self.pp,
         }
     }
 
@@ -110,8 +125,17 @@ impl Topology {
         (self.rank / (self.tp * self.sp)) % self.cp
     }
 
+    pub fn pp_rank(&self) -> usize {
+        (self.rank / (self.tp * self.sp * self.cp)) % self.pp
+    }
+
     pub fn dp_rank(&self) -> usize {
-        self.rank / (self.tp * self.sp * self.cp)
+        self.rank / (self.tp * self.sp * self.cp * self.pp)
+    }
+
+    /// The world rank at these coordinates.
+    fn at(&self, dp: usize, pp: usize, cp: usize, sp: usize, tp: usize) -> usize {
+        (((dp * self.pp + pp) * self.cp + cp) * self.sp + sp) * self.tp + tp
     }
 
     /// Ranks that hold one sequence between them (CP × SP).
@@ -123,6 +147,12 @@ impl Topology {
     /// gather a whole TP slice of the state for a checkpoint and hand it to rank 0.
     pub fn gathers_slices(&self) -> bool {
         self.rank < self.tp
+    }
+
+    /// Whether this rank is DP, CP and SP rank 0 of its stage: under PP, the ranks of stages
+    /// past the first that hand their stage's weights to stage 0 for a checkpoint.
+    pub fn leads_stage(&self) -> bool {
+        self.dp_rank() == 0 && self.cp_rank() == 0 && self.sp_rank() == 0
     }
 
     /// World ranks of this rank's TP group (contiguous).
@@ -137,34 +167,59 @@ impl Topology {
         (0..self.sp).map(|s| base + s * self.tp).collect()
     }
 
-    /// World ranks of this rank's CP ring (same DP replica, SP and TP rank, stride sp · tp).
+    /// World ranks of this rank's CP ring (same DP replica, stage, SP and TP rank, stride
+    /// sp · tp).
     pub fn cp_group(&self) -> Vec<usize> {
-        let stride = self.sp * self.tp;
-        let base = self.dp_rank() * self.cp * stride + self.sp_rank() * self.tp + self.tp_rank();
-        (0..self.cp).map(|c| base + c * stride).collect()
+        let (d, p, s, t) = (
+            self.dp_rank(),
+            self.pp_rank(),
+            self.sp_rank(),
+            self.tp_rank(),
+        );
+        (0..self.cp).map(|c| self.at(d, p, c, s, t)).collect()
     }
 
-    /// World ranks of this rank's sequence group (same DP replica and TP rank: CP × SP).
+    /// World ranks of this rank's sequence group (same DP replica, stage and TP rank: CP × SP).
     pub fn seq_group(&self) -> Vec<usize> {
-        let base = self.dp_rank() * self.cp * self.sp * self.tp + self.tp_rank();
-        (0..self.cp * self.sp).map(|j| base + j * self.tp).collect()
+        let (d, p, t) = (self.dp_rank(), self.pp_rank(), self.tp_rank());
+        (0..self.cp)
+            .flat_map(|c| (0..self.sp).map(move |s| (c, s)))
+            .map(|(c, s)| self.at(d, p, c, s, t))
+            .collect()
     }
 
-    /// World ranks holding the same parameter shards as this one: the same SP and TP rank in
-    /// every DP replica and CP rank (the group that sums the SP-split position table's
+    /// World ranks holding the same parameter shards as this one: the same stage, SP and TP
+    /// rank in every DP replica and CP rank (the group that sums the SP-split position table's
     /// gradients and shards ZeRO-1's optimizer state).
     pub fn dp_group(&self) -> Vec<usize> {
-        (0..self.dp * self.cp)
-            .map(|d| (d * self.sp + self.sp_rank()) * self.tp + self.tp_rank())
+        let (p, s, t) = (self.pp_rank(), self.sp_rank(), self.tp_rank());
+        (0..self.dp)
+            .flat_map(|d| (0..self.cp).map(move |c| (d, c)))
+            .map(|(d, c)| self.at(d, p, c, s, t))
             .collect()
     }
 
-    /// World ranks holding the same TP slices of the weights: every DP × CP × SP rank of this
-    /// TP rank (the group that sums gradients; the whole world when TP is 1).
+    /// World ranks holding the same TP slices of the same stage's weights: every DP × CP × SP
+    /// rank of this stage and TP rank (the group that sums gradients; the whole world without
+    /// TP and PP).
     pub fn data_group(&self) -> Vec<usize> {
-        (0..self.world / self.tp)
-            .map(|j| j * self.tp + self.tp_rank())
+        let (p, t) = (self.pp_rank(), self.tp_rank());
+        (0..self.dp)
+            .flat_map(|d| (0..self.cp * self.sp).map(move |j| (d, j)))
+            .map(|(d, j)| self.at(d, p, j / self.sp, j % self.sp, t))
             .collect()
+    }
+
+    /// World ranks of this rank's pipeline: the same DP, CP, SP and TP rank at every stage, in
+    /// stage order (stride cp · sp · tp).
+    pub fn pp_group(&self) -> Vec<usize> {
+        let (d, c, s, t) = (
+            self.dp_rank(),
+            self.cp_rank(),
+            self.sp_rank(),
+            self.tp_rank(),
+        );
+        (0..self.pp).map(|p| self.at(d, p, c, s, t)).collect()
     }
 
     /// The padded sequence length a step of `seq_len` tokens runs at: a multiple of the number
@@ -271,6 +326,7 @@ mod tests {
             cp: 1,
             sp: 2,
             tp: 2,
+            pp: 1,
         };
         let t = Topology::of(7, d).unwrap();
         assert_eq!(
@@ -288,6 +344,65 @@ mod tests {
             let u = Topology::of(r, d).unwrap();
             assert!(u.tp_group().contains(&r) && u.sp_group().contains(&r));
             assert!(u.seq_group().contains(&r) && u.dp_group().contains(&r));
+        }
+    }
+
+    /// With pipeline stages: every group but PP's stays inside one stage, the PP group crosses
+    /// the stages at fixed other coordinates, and each kind of group partitions the world
+    /// (every rank is in its own group, and every member names the same group).
+    #[test]
+    fn pipeline_groups() {
+        let d = Degrees {
+            dp: 2,
+            cp: 2,
+            sp: 2,
+            tp: 2,
+            pp: 3,
+        };
+        let n = d.world();
+        assert_eq!(n, 48);
+        // rank 15 = (((0·3 + 1)·2 + 1)·2 + 1)·2 + 1.
+        let t = Topology::of(15, d).unwrap();
+        assert_eq!(
+            (
+                t.dp_rank(),
+                t.pp_rank(),
+                t.cp_rank(),
+                t.sp_rank(),
+                t.tp_rank()
+            ),
+            (0, 1, 1, 1, 1)
+        );
+        assert_eq!(t.pp_group(), vec![7, 15, 23]);
+        assert_eq!(t.cp_group(), vec![11, 15]);
+        assert_eq!(t.seq_group(), vec![9, 11, 13, 15]);
+        assert_eq!(t.dp_group(), vec![11, 15, 35, 39]);
+        assert_eq!(t.data_group(), vec![9, 11, 13, 15, 33, 35, 37, 39]);
+        assert_eq!(t.sp_group(), vec![13, 15]);
+        assert_eq!(t.tp_group(), vec![14, 15]);
+        let groups: [fn(&Topology) -> Vec<usize>; 7] = [
+            Topology::tp_group,
+            Topology::sp_group,
+            Topology::cp_group,
+            Topology::seq_group,
+            Topology::dp_group,
+            Topology::data_group,
+            Topology::pp_group,
+        ];
+        for (k, g) in groups.iter().enumerate() {
+            for r in 0..n {
+                let u = Topology::of(r, d).unwrap();
+                let members = g(&u);
+                assert!(members.contains(&r), "group {k} of rank {r}");
+                for &m in &members {
+                    let v = Topology::of(m, d).unwrap();
+                    assert_eq!(g(&v), members, "group {k}: {r} and {m} disagree");
+                    // Only the PP group crosses stages.
+                    if k != 6 {
+                        assert_eq!(v.pp_rank(), u.pp_rank(), "group {k} of {r} holds {m}");
+                    }
+                }
+            }
         }
     }
 

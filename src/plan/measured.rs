@@ -213,6 +213,7 @@ pub fn strategy(r: &Run) -> Strategy {
             cp: 1,
             sp: 1,
             tp: r.tp,
+            pp: 1,
         },
         zero: r.zero,
         megatron_sp: true,

@@ -162,7 +162,8 @@ pub(super) fn sweep_report(
                     dp: 1,
                     cp: 1,
                     sp: 1,
-                    tp: 1
+                    tp: 1,
+                    pp: 1,
                 },
                 zero: 0,
                 megatron_sp: false,

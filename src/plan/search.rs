@@ -109,7 +109,13 @@ pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<
                 }
                 for &zero in &zeros {
                     out.push(Parallelism {
-                        degrees: Degrees { dp, cp, sp, tp },
+                        degrees: Degrees {
+                            dp,
+                            cp,
+                            sp,
+                            tp,
+                            pp: 1,
+                        },
                         zero,
                         megatron_sp: false,
                         // genslm's trainer partitions ZeRO-1 over DP × CP and ZeRO-2/3 over

@@ -161,8 +161,14 @@ impl DistOptim {
                 (norm, applied)
             }
         };
-        // Every rank holds the same full parameters, so all agree.
-        let params_finite = !applied || params.iter().all(all_finite);
+        // Every rank of a stage holds the same parameters, so all agree; the stages agree
+        // through the pipeline group.
+        let mut params_finite = !applied || params.iter().all(all_finite);
+        if ranks.topo.pp > 1 {
+            let mut bad = [f64::from(u8::from(!params_finite))];
+            ranks.pp.all_reduce_sum_f64(&mut bad)?;
+            params_finite = bad[0] == 0.0;
+        }
         model.params = params
             .into_iter()
             .map(|p| p.autodiff().require_grad())

@@ -11,7 +11,7 @@ use crate::data::loader::Batch;
 use crate::error::{Error, Result};
 use crate::model::attention::SequenceParallel;
 use crate::model::GenSlm;
-use crate::ops::primitive::{host_to_param, tokens_tensor};
+use crate::ops::primitive::{host_to_param, tensor_to_vec, tokens_tensor};
 use crate::parallel::parallelize::parallelize;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::Topology;
@@ -20,7 +20,8 @@ use crate::train::layerwise::{forward_logits, loss_and_grads as layerwise};
 use crate::train::optim::{AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::param_source::ParamSource;
-use crate::train::shard::{local_batch, LocalBatch};
+use crate::train::pipeline::{stage_eval_nll, stage_loss_and_grads, Pipe, Pipeline};
+use crate::train::shard::{local_batch, local_nll, LocalBatch};
 use crate::train::step::{loss_and_grads, require_micro_batches};
 use crate::train::zero_units::{Fetched, ZeroUnits};
 
@@ -35,6 +36,8 @@ pub struct Start<'a> {
     pub step: u64,
     /// The autodiff device the model trains on.
     pub device: &'a Device,
+    /// Pipeline stages (`None`: one stage).
+    pub pipe: Option<Pipe>,
 }
 
 // One per rank, built once: boxing the larger variant would buy nothing.
@@ -46,6 +49,8 @@ pub enum Engine {
         opt: DistOptim,
         /// The step's reduced-later gradients, between `compute` and `step`.
         grads: Option<Vec<Tensor<1>>>,
+        /// Under PP, the pipeline; the model then holds this stage's parameters only.
+        pipe: Option<Box<Pipe>>,
     },
     Units(ZeroUnits),
 }
@@ -68,6 +73,7 @@ impl Engine {
             model,
             opt,
             grads: None,
+            pipe: None,
         }
     }
 
@@ -84,6 +90,7 @@ impl Engine {
             adamw,
             step,
             device,
+            pipe,
         } = start;
         let plain = device.clone().without_autodiff();
         if zero >= 2 && ranks.topo.world > 1 {
@@ -124,13 +131,23 @@ impl Engine {
                 (moments.m[i], moments.v[i]) = (host_to_param(m, &plain), host_to_param(v, &plain));
             }
         }
-        let model = parallelize(
+        let mut model = parallelize(
             model,
             Some((&mut moments.m, &mut moments.v)),
             ranks,
             seq_len,
         )?;
-        Ok(Engine::new(model, moments, zero, ranks))
+        let Some(pipe) = pipe else {
+            return Ok(Engine::new(model, moments, zero, ranks));
+        };
+        // A stage keeps its own layers (built whole first: a model that fits one rank only
+        // in pieces needs per-unit building, as ZeRO-3 does; not done for PP yet).
+        pipe.keep_stage(&mut model, &mut moments, ranks.topo.pp_rank());
+        let mut engine = Engine::new(model, moments, zero, ranks);
+        if let Engine::Whole { pipe: p, .. } = &mut engine {
+            *p = Some(Box::new(pipe));
+        }
+        Ok(engine)
     }
 
     /// The model as this rank holds it (under ZeRO-3 every parameter is empty).
@@ -162,6 +179,23 @@ impl Engine {
         checkpoint: bool,
     ) -> Result<f64> {
         match self {
+            Engine::Whole {
+                model,
+                grads,
+                pipe: Some(pipe),
+                ..
+            } => {
+                let (loss, g) = pipeline_loss_and_grads(
+                    pipe,
+                    model,
+                    batches,
+                    total_targets,
+                    ranks,
+                    checkpoint,
+                )?;
+                *grads = Some(g);
+                Ok(loss)
+            }
             Engine::Whole { model, grads, .. } => {
                 let (loss, g) = loss_and_grads(model, batches, total_targets, ranks, checkpoint)?;
                 *grads = Some(g);
@@ -190,7 +224,9 @@ impl Engine {
         ranks: &Ranks,
     ) -> Result<StepOutcome> {
         match self {
-            Engine::Whole { model, opt, grads } => {
+            Engine::Whole {
+                model, opt, grads, ..
+            } => {
                 let g = grads
                     .take()
                     .ok_or_else(|| Error::Invalid("step without gradients".into()))?;
@@ -200,9 +236,26 @@ impl Engine {
         }
     }
 
-    /// Logits of `lb` without autodiff. Under ZeRO-3 every rank of the group must call it
-    /// with a batch of the same shape (the layers' weights are gathered one by one).
-    pub fn eval_logits(&mut self, lb: &LocalBatch) -> Result<Tensor<3>> {
+    /// This rank's Σ nll of `lb` without autodiff (its positions' terms; under PP non-zero on
+    /// the last stage only). Under ZeRO-3 and PP every rank of the group must call it with a
+    /// batch of the same shape (the layers' weights are gathered one by one; the stages hand
+    /// activations on).
+    pub fn eval_nll(&mut self, lb: &LocalBatch, ranks: &Ranks) -> Result<f64> {
+        if let Engine::Whole {
+            model,
+            pipe: Some(pipe),
+            ..
+        } = self
+        {
+            return stage_eval_nll(&pipe.stages, ranks.pp.as_ref(), model, lb);
+        }
+        let logits = self.eval_logits(lb)?;
+        Ok(tensor_to_vec(&local_nll(self.model(), logits, lb))[0] as f64)
+    }
+
+    /// Logits of `lb` without autodiff (not under PP: see [`Engine::eval_nll`]). Under ZeRO-3
+    /// every rank of the group must call it with a batch of the same shape.
+    fn eval_logits(&mut self, lb: &LocalBatch) -> Result<Tensor<3>> {
         match self {
             Engine::Units(z) if z.stage >= 3 => {
                 let layout = z.model.layout.clone();
@@ -232,4 +285,41 @@ impl Engine {
             Engine::Units(z) => z.moment_runs(),
         }
     }
+}
+
+/// This stage's share of the step over `batches` through the pipeline, and a gradient for every
+/// parameter (empty for the other stages' empty ones).
+fn pipeline_loss_and_grads(
+    pipe: &Pipe,
+    model: &GenSlm,
+    batches: &[Batch],
+    total_targets: usize,
+    ranks: &Ranks,
+    checkpoint: bool,
+) -> Result<(f64, Vec<Tensor<1>>)> {
+    require_micro_batches(batches)?;
+    let micro: Vec<LocalBatch> = batches.iter().map(|b| local_batch(b, ranks)).collect();
+    let p = Pipeline {
+        schedule: &pipe.schedule,
+        stages: &pipe.stages,
+        comm: ranks.pp.as_ref(),
+        checkpoint,
+    };
+    let mut acc: Vec<Option<Tensor<1>>> = vec![None; model.params.len()];
+    let denom = total_targets.max(1) as f64;
+    let loss = stage_loss_and_grads(&p, model, &micro, denom, &mut acc)?;
+    let grads = acc
+        .into_iter()
+        .zip(&model.params)
+        .enumerate()
+        .map(|(i, (g, p))| match g {
+            Some(g) => Ok(g),
+            None if p.dims()[0] == 0 => Ok(p.clone().without_autodiff()),
+            None => Err(Error::Invalid(format!(
+                "no gradient for {}",
+                model.layout.specs[i].name
+            ))),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((loss, grads))
 }

@@ -23,6 +23,7 @@ pub fn trainer_strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
                 cp: 1,
                 sp,
                 tp: 1,
+                pp: 1,
             },
             zero: t.zero,
             megatron_sp: false,

@@ -23,17 +23,72 @@ use std::collections::HashMap;
 
 use burn::tensor::{Gradients, Tensor, TensorData};
 
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::model::cache::Past;
 use crate::model::GenSlm;
-use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
+use crate::ops::primitive::{host_to_param, tensor_to_vec, tokens_tensor};
 use crate::parallel::comm::Communicator;
 use crate::parallel::pipeline::mailroom::{Mailroom, Msg};
 use crate::parallel::pipeline::schedule::{Op, Pass, Schedule};
 use crate::parallel::pipeline::stages::Stages;
+use crate::parallel::ranks::Ranks;
 use crate::train::layerwise::Unit;
+use crate::train::optim::AdamW;
 use crate::train::recompute::accumulate;
 use crate::train::shard::{local_nll, LocalBatch};
+
+/// A run's pipeline: the schedule of a step and the cut of the layers into chunks.
+#[derive(Debug, Clone)]
+pub struct Pipe {
+    pub schedule: Schedule,
+    pub stages: Stages,
+}
+
+impl Pipe {
+    /// The pipeline of a run with `pp` stages under `cfg` (`None` for one stage), or why the
+    /// settings cannot run: too few micro-batches for the schedule, more chunks than layers,
+    /// `pp_layers` that do not fit the model.
+    pub fn plan(cfg: &Config, pp: usize) -> Result<Option<Self>> {
+        if pp <= 1 {
+            return Ok(None);
+        }
+        let t = &cfg.train;
+        let schedule = Schedule::build(t.pp_schedule, pp, t.grad_accum, t.pp_virtual)?;
+        let layers = cfg.model.num_layers;
+        let stages = match &t.pp_layers {
+            Some(counts) => Stages::from_counts(counts, layers, pp, t.pp_virtual)?,
+            None => Stages::balanced(layers, pp, t.pp_virtual)?,
+        };
+        Ok(Some(Self { schedule, stages }))
+    }
+
+    /// Indices of the parameters stage `stage` holds.
+    pub fn params_of(&self, model: &GenSlm, stage: usize) -> Vec<usize> {
+        stage_units(&self.stages, model, stage)
+            .into_iter()
+            .flat_map(|u| u.params(&model.layout))
+            .collect()
+    }
+
+    /// Empties every parameter (and its moments) that `stage` does not hold: a stage keeps
+    /// its own layers only. The empty ones take no part in reductions, norms or updates
+    /// (`train::shard::param_groups`).
+    pub fn keep_stage(&self, model: &mut GenSlm, moments: &mut AdamW, stage: usize) {
+        let mine = self.params_of(model, stage);
+        let plain = moments.m.first().map(|t| t.device());
+        for i in 0..model.params.len() {
+            if mine.contains(&i) {
+                continue;
+            }
+            model.params[i] = host_to_param(Vec::new(), &model.params[i].device());
+            if let Some(d) = &plain {
+                moments.m[i] = host_to_param(Vec::new(), d);
+                moments.v[i] = host_to_param(Vec::new(), d);
+            }
+        }
+    }
+}
 
 /// How a step runs through the pipeline.
 #[derive(Debug, Clone, Copy)]
@@ -288,4 +343,76 @@ impl Run<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// Σ nll of `lb` through the pipeline without autodiff (validation): every stage runs its
+/// chunks in model order, the last one computes the loss. Returns this stage's share (non-zero
+/// on the last stage only; the caller sums over the pipeline group). Every stage of the group
+/// must call it with batches of the same shape.
+pub fn stage_eval_nll(
+    stages: &Stages,
+    comm: &dyn Communicator,
+    model: &GenSlm,
+    lb: &LocalBatch,
+) -> Result<f64> {
+    let model = model.without_autodiff();
+    let me = comm.rank();
+    let shape = [lb.rows, lb.cols, model.cfg.hidden_size];
+    let ctx = model.layer_context_at(&lb.positions);
+    // The activation between two chunks held on this stage (one stage, several chunks).
+    let mut local: Option<Tensor<3>> = None;
+    for c in (0..stages.chunks()).filter(|&c| stages.stage_of(c) == me) {
+        let mut x = if c == 0 {
+            let tokens = tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device);
+            model.embed_at(tokens, &lb.positions)?
+        } else if stages.stage_of(c - 1) == me {
+            local
+                .take()
+                .ok_or_else(|| Error::Invalid(format!("pipeline eval: no input for chunk {c}")))?
+        } else {
+            let mut buf = vec![0.0; shape.iter().product()];
+            comm.recv(stages.stage_of(c - 1), &mut buf)?;
+            model.compute(Tensor::from_data(
+                TensorData::new(buf, shape),
+                &model.device,
+            ))
+        };
+        for li in stages.layers(c) {
+            x = model.layer(li, x, &ctx, Past::None).0;
+        }
+        if stages.is_last(c) {
+            let logits = model.logits(model.final_norm(x));
+            return Ok(tensor_to_vec(&local_nll(&model, logits, lb))[0] as f64);
+        }
+        let next = stages.stage_of(c + 1);
+        if next == me {
+            local = Some(x);
+        } else {
+            comm.send(next, &tensor_to_vec(&x))?;
+        }
+    }
+    Ok(0.0)
+}
+
+/// Every stage's parameters in stage 0's model, for a checkpoint: called by each stage's
+/// leading rank (DP, CP and SP rank 0), which sends its own parameters to the stage-0 rank of
+/// its pipeline group (under TP, each TP rank its slices). Returns the filled model on stage
+/// 0, `None` on the others. Lengths come from the layout (the same on every stage).
+pub fn gather_stages(pipe: &Pipe, mut model: GenSlm, ranks: &Ranks) -> Result<Option<GenSlm>> {
+    let comm = ranks.pp.as_ref();
+    let me = comm.rank();
+    if me != 0 {
+        for i in pipe.params_of(&model, me) {
+            comm.send(0, &tensor_to_vec(&model.params[i]))?;
+        }
+        return Ok(None);
+    }
+    for s in 1..comm.size() {
+        for i in pipe.params_of(&model, s) {
+            let mut buf = vec![0.0; model.layout.specs[i].shape.iter().product()];
+            comm.recv(s, &mut buf)?;
+            model.params[i] = host_to_param(buf, &model.params[i].device());
+        }
+    }
+    Ok(Some(model))
 }

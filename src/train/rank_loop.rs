@@ -17,7 +17,6 @@ use crate::error::{Error, Result};
 use crate::model::io::load_config;
 use crate::model::params::Layout;
 use crate::model::GenSlm;
-use crate::ops::primitive::tensor_to_vec;
 use crate::parallel::parallelize::gather_shard_to_root;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::tensor_slices::gather_slices;
@@ -34,12 +33,13 @@ use crate::train::metrics::{
 use crate::train::optim::AdamWConfig;
 use crate::train::optim_shards::write_shard;
 use crate::train::param_source::ParamSource;
+use crate::train::pipeline::{gather_stages, Pipe};
 use crate::train::resume::{check_resume, check_state};
 use crate::train::run_dir::prune_checkpoints;
 use crate::train::schedule::lr_at;
 use crate::train::setup::validate_layout;
 use crate::train::setup::RunOptions;
-use crate::train::shard::{local_batch, local_nll};
+use crate::train::shard::local_batch;
 use crate::train::step::all_reduce_scalar;
 
 /// What a run did.
@@ -86,6 +86,7 @@ pub fn train_rank(
         adamw: state.adamw,
         step: state.optimizer_step,
         device: &ad,
+        pipe: Pipe::plan(cfg, ranks.topo.pp)?,
     };
     let mut engine = Engine::build(start, t.zero, ranks, t.seq_len)?;
     let mut loader = Loader::new(t.seed, state.loader_cursor);
@@ -386,22 +387,37 @@ fn checkpoint(
 
 /// The whole model's weights on world rank 0 (`None` on the others).
 fn gather_weights(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<GenSlm>> {
-    let model = match engine {
+    let (model, pipe) = match engine {
         Engine::Units(z) => return z.gather_weights(ranks),
-        Engine::Whole { model, .. } => model,
+        Engine::Whole { model, pipe, .. } => (model, pipe),
     };
     let mut table = None;
+    // The SP-split position table, by the ranks holding it (stage 0 under PP).
     if let (Some(pos), Some(_), 0) = (
         model.layout.embed_pos,
         model.position_shard(),
         ranks.topo.dp_rank(),
     ) {
-        table = gather_shard_to_root(&model.params[pos], ranks)?;
+        if model.params[pos].dims()[0] > 0 {
+            table = gather_shard_to_root(&model.params[pos], ranks)?;
+        }
     }
+    // Under PP, stage 0 collects the other stages' parameters (each stage's leading rank
+    // sends them; under TP every TP rank its slices, to its own stage-0 peer).
+    let mut full = match pipe {
+        Some(pipe) if ranks.topo.leads_stage() => {
+            match gather_stages(pipe, model.clone(), ranks)? {
+                Some(m) => m,
+                None => return Ok(None),
+            }
+        }
+        Some(_) => return Ok(None),
+        None if ranks.topo.gathers_slices() => model.clone(),
+        None => return Ok(None),
+    };
     if !ranks.topo.gathers_slices() {
         return Ok(None);
     }
-    let mut full = model.clone();
     if let (Some(pos), Some(t)) = (model.layout.embed_pos, table) {
         full.params[pos] = t;
         full.layout.specs[pos].shape[0] = cfg.model.max_position_embeddings;
@@ -432,11 +448,11 @@ fn validation_loss(
         return Ok(None);
     }
     // Rows are not split for validation: view the layout as DP = 1 (this sequence group and
-    // its TP ranks).
+    // its TP ranks; the stage does not change which tokens a rank holds).
     let t = &ranks.topo;
     let view = Ranks {
         topo: Topology::of(
-            t.rank % (t.seq_degree() * t.tp),
+            t.rank % (t.seq_degree() * t.tp * t.pp),
             Degrees {
                 dp: 1,
                 ..t.degrees()
@@ -449,13 +465,16 @@ fn validation_loss(
         let b = corpus.batch_of(ws);
         n += b.n_targets();
         let lb = local_batch(&b, &view);
-        let logits = engine.eval_logits(&lb)?;
-        sum += tensor_to_vec(&local_nll(engine.model(), logits, &lb))[0] as f64;
+        sum += engine.eval_nll(&lb, ranks)?;
     }
     let mut buf = [sum];
     if ranks.topo.seq_degree() > 1 {
         ranks.seq.all_reduce_sum_f64(&mut buf)?;
-        sum = buf[0];
     }
+    // The loss lives on the last stage.
+    if ranks.topo.pp > 1 {
+        ranks.pp.all_reduce_sum_f64(&mut buf)?;
+    }
+    sum = buf[0];
     Ok(Some(sum / n.max(1) as f64))
 }

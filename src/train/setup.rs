@@ -90,6 +90,14 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
             topo.tp, t.zero
         )));
     }
+    if topo.pp > 1 && t.zero >= 2 {
+        return Err(Error::Invalid(format!(
+            "--pp {} with --zero {}: ZeRO-2/3 gather and reduce-scatter every layer over the \
+             data group and do not run inside pipeline stages yet; use --zero 0 or 1 with --pp",
+            topo.pp, t.zero
+        )));
+    }
+    crate::train::pipeline::Pipe::plan(cfg, topo.pp)?;
     check_positions(&cfg.model, t.seq_len)
 }
 

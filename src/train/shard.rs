@@ -128,15 +128,17 @@ fn reduce_params_on_device(
 
 /// Indices of the parameters whose gradients sum over the data group (replicated ones and TP
 /// slices) and of the SP-sharded one (the learned position table when sequence parallelism
-/// shards it).
+/// shards it). Empty parameters (another pipeline stage's) are in neither.
 pub fn param_groups(model: &GenSlm) -> (Vec<usize>, Vec<usize>) {
+    let held = |i: &usize| model.params[*i].dims()[0] > 0;
     let sharded = model
         .layout
         .embed_pos
-        .filter(|_| model.position_shard().is_some());
-    let all = 0..model.params.len();
+        .filter(|_| model.position_shard().is_some())
+        .filter(held);
+    let all = (0..model.params.len()).filter(held);
     (
-        all.clone().filter(|&i| Some(i) != sharded).collect(),
+        all.filter(|&i| Some(i) != sharded).collect(),
         sharded.into_iter().collect(),
     )
 }
@@ -156,7 +158,8 @@ pub fn reduce_gradients(grads: &mut [Tensor<1>], model: &GenSlm, ranks: &Ranks) 
 
 /// The global norm from sums of squares: `whole` (replicated parameters, equal on every rank),
 /// `tp_slices` (disjoint over the TP group) and `pos` (the position shard's, disjoint over SP;
-/// `None` when SP does not shard the table, the same on every rank).
+/// `None` when SP does not shard the table, the same on every rank), each this stage's (the
+/// stages hold disjoint parameters, summed over the pipeline).
 pub fn combine_norm(whole: f64, tp_slices: f64, pos: Option<f64>, ranks: &Ranks) -> Result<f64> {
     let mut tp = [tp_slices];
     if ranks.topo.tp > 1 {
@@ -167,7 +170,11 @@ pub fn combine_norm(whole: f64, tp_slices: f64, pos: Option<f64>, ranks: &Ranks)
         pos_sq[0] = sq;
         ranks.sp.all_reduce_sum_f64(&mut pos_sq)?;
     }
-    Ok((whole + tp[0] + pos_sq[0]).sqrt())
+    let mut total = [whole + tp[0] + pos_sq[0]];
+    if ranks.topo.pp > 1 {
+        ranks.pp.all_reduce_sum_f64(&mut total)?;
+    }
+    Ok(total[0].sqrt())
 }
 
 /// Global gradient norm with every element counted once: replicated gradients are identical

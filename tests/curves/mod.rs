@@ -43,12 +43,13 @@ pub fn layouts_match_one_rank(cfg: &Config, layouts: &[(Degrees, u8, bool)]) {
         let mut c = cfg.clone();
         c.train.zero = zero;
         c.train.checkpoint_activations = ckpt;
-        let Degrees { dp, cp, sp, tp } = d;
-        let what =
-            format!("{pos} seq {seq} dp {dp} cp {cp} sp {sp} tp {tp} zero {zero} ckpt {ckpt}");
+        let Degrees { dp, cp, sp, tp, pp } = d;
+        let what = format!(
+            "{pos} seq {seq} dp {dp} pp {pp} cp {cp} sp {sp} tp {tp} zero {zero} ckpt {ckpt}"
+        );
         let out = dir
             .path()
-            .join(format!("d{dp}c{cp}s{sp}t{tp}z{zero}k{ckpt}"));
+            .join(format!("d{dp}p{pp}c{cp}s{sp}t{tp}z{zero}k{ckpt}"));
         train_grid(&c, &data(), &out, &RunOptions::default(), d).unwrap();
         let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
         same_curve(&m, &reference, &what);

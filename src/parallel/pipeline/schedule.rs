@@ -59,6 +59,27 @@ impl ScheduleKind {
     }
 }
 
+/// `1f1b`, the schedule `--pp` uses unless told otherwise.
+impl Default for ScheduleKind {
+    fn default() -> Self {
+        Self::OneFOneB
+    }
+}
+
+/// As its name (`[train] pp_schedule = "1f1b"`).
+impl serde::Serialize for ScheduleKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ScheduleKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Display for ScheduleKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
