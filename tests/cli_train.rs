@@ -725,3 +725,51 @@ fn slurm_batch_variables_are_not_an_mpi_launch() {
     assert!(o.status.success(), "{err}");
     assert_eq!(losses(&out).len(), 2);
 }
+
+/// `--pp` and its settings from the command line: every step logs each stage's busy and idle
+/// time and the bubble; bad settings are refused by name before anything is written.
+#[test]
+fn pipeline_flags_train_and_log_the_bubble() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pp");
+    let flags = ["--steps", "2", "--pp", "2", "--grad-accum", "2"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        flags.iter().chain(extra).copied().collect()
+    };
+    train(
+        &out,
+        &with(&["--pp-schedule", "gpipe", "--pp-layers", "1,1"]),
+    );
+    let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+    assert_eq!(m.len(), 2);
+    for row in &m {
+        let (busy, idle) = (
+            row.pp_busy_s.as_ref().unwrap(),
+            row.pp_idle_s.as_ref().unwrap(),
+        );
+        assert_eq!((busy.len(), idle.len()), (2, 2));
+        assert!(busy.iter().all(|&b| b > 0.0) && idle.iter().all(|&i| i >= 0.0));
+        let bubble = row.pp_bubble.unwrap();
+        assert!(bubble.is_finite() && bubble >= 0.0, "{bubble}");
+    }
+    for (extra, says) in [
+        (
+            &["--pp-schedule", "zigzag"][..],
+            "expected one of gpipe, 1f1b",
+        ),
+        (
+            &["--pp-layers", "2,1"][..],
+            "add up to the model's 2 layers",
+        ),
+        (
+            &["--pp-virtual", "2"][..],
+            "needs --pp-schedule interleaved",
+        ),
+        (&["--zero", "2"][..], "--zero 2"),
+    ] {
+        let bad = dir.path().join("bad");
+        let (ok, err) = try_train(&bad, &data(), &with(extra));
+        assert!(!ok && err.contains(says), "{extra:?}: {err}");
+        assert!(!bad.exists(), "{extra:?} wrote {}", bad.display());
+    }
+}

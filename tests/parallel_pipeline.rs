@@ -108,8 +108,10 @@ fn pipeline(
                     checkpoint,
                 };
                 let mut acc: Vec<Option<Tensor<1>>> = vec![None; model.params.len()];
-                let loss = stage_loss_and_grads(&pipe, &model, &micro, denom(&b) as f64, &mut acc)
+                let step = stage_loss_and_grads(&pipe, &model, &micro, denom(&b) as f64, &mut acc)
                     .unwrap();
+                assert!(step.busy_s > 0.0 && step.idle_s >= 0.0);
+                let loss = step.loss;
                 let grads = acc.iter().map(|g| g.as_ref().map(tensor_to_vec)).collect();
                 (loss, grads)
             })

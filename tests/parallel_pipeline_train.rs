@@ -11,9 +11,9 @@ use genslm::parallel::pipeline::schedule::ScheduleKind;
 use genslm::parallel::Degrees;
 use genslm::train::metrics::read_metrics;
 use genslm::train::pipeline::Pipe;
-use genslm::train::trainer::{train_grid, RunOptions};
+use genslm::train::trainer::{train, train_grid, RunOptions};
 
-use curves::{data, layouts_match_one_rank, tiny};
+use curves::{data, layouts_match_one_rank, same_checkpoint, same_curve, tiny};
 
 fn config(pos: Position, kind: ScheduleKind, v: usize) -> Config {
     let mut c = tiny(pos, 32);
@@ -123,5 +123,39 @@ fn a_stage_holds_only_its_own_layers() {
     let stage0: u64 = pipe.params_of(&model, 0).into_iter().map(numel).sum();
     let all: u64 = (0..model.params.len()).map(numel).sum();
     assert_eq!(held, 4 * stage0);
+    let busy = m[0].pp_busy_s.as_ref().unwrap();
+    assert_eq!(busy.len(), 2);
+    assert!(m[0].pp_bubble.unwrap() >= 0.0);
     assert!(stage0 < all / 2, "stage 0 holds {stage0} of {all}");
+}
+
+/// A run saved under PP 4 resumes on one rank, and a one-rank run resumes under PP 2 × TP 2,
+/// both with the uninterrupted one-rank losses and checkpoint (checkpoints are layout-free).
+#[test]
+fn pipeline_checkpoints_resume_on_other_layouts() {
+    let cfg = config(Position::Learned, ScheduleKind::OneFOneB, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one");
+    train(&cfg, &data(), &one, &RunOptions::default()).unwrap();
+    let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
+    let single = Degrees::new(1, 1, 1);
+    for (name, before, after) in [
+        ("pp4-to-1", pp(4, 1, 1, 1, 1), single),
+        ("1-to-pp2tp2", single, pp(2, 1, 1, 1, 2)),
+    ] {
+        let out = dir.path().join(name);
+        let first = RunOptions {
+            stop_after: Some(3),
+            ..Default::default()
+        };
+        train_grid(&cfg, &data(), &out, &first, before).unwrap();
+        let resume = RunOptions {
+            resume: true,
+            ..Default::default()
+        };
+        train_grid(&cfg, &data(), &out, &resume, after).unwrap();
+        let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+        same_curve(&m, &reference, name);
+        same_checkpoint(&out, &one, name);
+    }
 }

@@ -20,7 +20,9 @@ use crate::train::layerwise::{forward_logits, loss_and_grads as layerwise};
 use crate::train::optim::{AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::param_source::ParamSource;
-use crate::train::pipeline::{stage_eval_nll, stage_loss_and_grads, Pipe, Pipeline};
+use crate::train::pipeline::{
+    stage_eval_nll, stage_loss_and_grads, Pipe, Pipeline, StageStep, StageTimes,
+};
 use crate::train::shard::{local_batch, local_nll, LocalBatch};
 use crate::train::step::{loss_and_grads, require_micro_batches};
 use crate::train::zero_units::{Fetched, ZeroUnits};
@@ -51,6 +53,8 @@ pub enum Engine {
         grads: Option<Vec<Tensor<1>>>,
         /// Under PP, the pipeline; the model then holds this stage's parameters only.
         pipe: Option<Box<Pipe>>,
+        /// Under PP, every stage's busy and idle time in the last step.
+        times: Option<StageTimes>,
     },
     Units(ZeroUnits),
 }
@@ -74,6 +78,7 @@ impl Engine {
             opt,
             grads: None,
             pipe: None,
+            times: None,
         }
     }
 
@@ -150,6 +155,14 @@ impl Engine {
         Ok(engine)
     }
 
+    /// Under PP, every stage's busy and idle time in the last step.
+    pub fn stage_times(&self) -> Option<&StageTimes> {
+        match self {
+            Engine::Whole { times, .. } => times.as_ref(),
+            Engine::Units(_) => None,
+        }
+    }
+
     /// The model as this rank holds it (under ZeRO-3 every parameter is empty).
     pub fn model(&self) -> &GenSlm {
         match self {
@@ -183,9 +196,10 @@ impl Engine {
                 model,
                 grads,
                 pipe: Some(pipe),
+                times,
                 ..
             } => {
-                let (loss, g) = pipeline_loss_and_grads(
+                let (step, g) = pipeline_loss_and_grads(
                     pipe,
                     model,
                     batches,
@@ -194,7 +208,8 @@ impl Engine {
                     checkpoint,
                 )?;
                 *grads = Some(g);
-                Ok(loss)
+                *times = Some(StageTimes::gather(&step, ranks.pp.as_ref())?);
+                Ok(step.loss)
             }
             Engine::Whole { model, grads, .. } => {
                 let (loss, g) = loss_and_grads(model, batches, total_targets, ranks, checkpoint)?;
@@ -287,8 +302,8 @@ impl Engine {
     }
 }
 
-/// This stage's share of the step over `batches` through the pipeline, and a gradient for every
-/// parameter (empty for the other stages' empty ones).
+/// This stage's step over `batches` through the pipeline, and a gradient for every parameter
+/// (empty for the other stages' empty ones).
 fn pipeline_loss_and_grads(
     pipe: &Pipe,
     model: &GenSlm,
@@ -296,7 +311,7 @@ fn pipeline_loss_and_grads(
     total_targets: usize,
     ranks: &Ranks,
     checkpoint: bool,
-) -> Result<(f64, Vec<Tensor<1>>)> {
+) -> Result<(StageStep, Vec<Tensor<1>>)> {
     require_micro_batches(batches)?;
     let micro: Vec<LocalBatch> = batches.iter().map(|b| local_batch(b, ranks)).collect();
     let p = Pipeline {
@@ -307,7 +322,7 @@ fn pipeline_loss_and_grads(
     };
     let mut acc: Vec<Option<Tensor<1>>> = vec![None; model.params.len()];
     let denom = total_targets.max(1) as f64;
-    let loss = stage_loss_and_grads(&p, model, &micro, denom, &mut acc)?;
+    let step = stage_loss_and_grads(&p, model, &micro, denom, &mut acc)?;
     let grads = acc
         .into_iter()
         .zip(&model.params)
@@ -321,5 +336,5 @@ fn pipeline_loss_and_grads(
             ))),
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok((loss, grads))
+    Ok((step, grads))
 }

@@ -37,6 +37,15 @@ pub struct StepMetrics {
     /// update (moving data, and waiting for the other ranks); absent on one rank.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub comm_wait_s: Option<f64>,
+    /// Under PP: each stage's seconds computing and waiting in the step's pipeline (rank 0's
+    /// pipeline group, in stage order), and the bubble, idle over busy summed over the stages
+    /// (compare with the schedule's (P − 1)/m, or (P − 1)/(m·V) interleaved).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pp_busy_s: Option<Vec<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pp_idle_s: Option<Vec<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pp_bubble: Option<f64>,
     /// What rank 0 holds at the step's update (other ranks hold the same up to one padding
     /// block per ZeRO unit).
     #[serde(skip_serializing_if = "Option::is_none", default)]

@@ -20,6 +20,7 @@
 //! would fill a bubble with is spent in B.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use burn::tensor::{Gradients, Tensor, TensorData};
 
@@ -139,18 +140,59 @@ enum Kept {
     Input(Option<Vec<f32>>),
 }
 
+/// What a stage's step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageStep {
+    /// The step's loss `Σ nll / denom` over every micro-batch (the same on every stage).
+    pub loss: f64,
+    /// Seconds this stage computed (its passes, the messages' copies included).
+    pub busy_s: f64,
+    /// Seconds it waited: for its neighbours' messages, and at the end for the last stage
+    /// (the loss's reduction, which every stage leaves together).
+    pub idle_s: f64,
+}
+
+/// Every stage's busy and idle seconds in one step, in stage order (the pipeline group's).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StageTimes {
+    pub busy_s: Vec<f64>,
+    pub idle_s: Vec<f64>,
+}
+
+impl StageTimes {
+    /// Gathers `step`'s times from every stage of `comm` (a collective of the group).
+    pub fn gather(step: &StageStep, comm: &dyn Communicator) -> Result<Self> {
+        let n = comm.size();
+        let mut buf = vec![0.0f64; 2 * n];
+        (buf[comm.rank()], buf[n + comm.rank()]) = (step.busy_s, step.idle_s);
+        comm.all_reduce_sum_f64(&mut buf)?;
+        let idle_s = buf.split_off(n);
+        Ok(Self {
+            busy_s: buf,
+            idle_s,
+        })
+    }
+
+    /// The measured bubble: idle over busy, summed over the stages (the schedules' closed
+    /// forms: (P − 1)/m for 1F1B and GPipe, (P − 1)/(m·V) interleaved).
+    pub fn bubble(&self) -> f64 {
+        let busy: f64 = self.busy_s.iter().sum();
+        self.idle_s.iter().sum::<f64>() / busy.max(f64::MIN_POSITIVE)
+    }
+}
+
 /// This stage's passes of one step over `micro` (this rank's slices of the micro-batches, in
 /// order). Parameter gradients of the stage's units are added into `acc` (one slot per
-/// parameter of `model`); returns the step's loss `Σ nll / denom` over every micro-batch,
-/// the same on every stage. `model`'s parameters of this stage's units must be autodiff
-/// leaves that require gradients; the others are never read.
+/// parameter of `model`). `model`'s parameters of this stage's units must be autodiff leaves
+/// that require gradients; the others are never read.
 pub fn stage_loss_and_grads(
     p: &Pipeline<'_>,
     model: &GenSlm,
     micro: &[LocalBatch],
     denom: f64,
     acc: &mut [Option<Tensor<1>>],
-) -> Result<f64> {
+) -> Result<StageStep> {
+    let start = Instant::now();
     let (sched, stages) = (p.schedule, p.stages);
     if micro.len() != sched.micros {
         return Err(Error::Invalid(format!(
@@ -184,6 +226,7 @@ pub fn stage_loss_and_grads(
         kept: HashMap::new(),
         weight_grads: HashMap::new(),
         loss: 0.0,
+        waited: Duration::ZERO,
     };
     for &op in &sched.ops[me] {
         match op.pass {
@@ -207,8 +250,14 @@ pub fn stage_loss_and_grads(
     }
     // The loss lives on the last stage; every stage reports the step's.
     let mut loss = [run.loss];
+    let reduce = Instant::now();
     p.comm.all_reduce_sum_f64(&mut loss)?;
-    Ok(loss[0])
+    let idle = run.waited + reduce.elapsed();
+    Ok(StageStep {
+        loss: loss[0],
+        busy_s: start.elapsed().saturating_sub(idle).as_secs_f64(),
+        idle_s: idle.as_secs_f64(),
+    })
 }
 
 /// One step's state on a stage.
@@ -223,9 +272,19 @@ struct Run<'a, 'p> {
     weight_grads: HashMap<(usize, usize), Gradients>,
     /// This stage's loss terms (non-zero on the last stage only).
     loss: f64,
+    /// Time spent waiting for messages.
+    waited: Duration,
 }
 
 impl Run<'_, '_> {
+    /// Message `msg` from its sender, the wait counted as idle.
+    fn take(&mut self, msg: Msg, len: &impl Fn(Msg) -> usize) -> Result<Vec<f32>> {
+        let t = Instant::now();
+        let data = self.mail.take(msg, msg.sender(self.p.schedule), len);
+        self.waited += t.elapsed();
+        data
+    }
+
     /// `[rows, cols, hidden]` of a micro-batch's activations on this rank.
     fn shape(&self, micro: usize) -> [usize; 3] {
         let lb = &self.micro[micro];
@@ -268,9 +327,7 @@ impl Run<'_, '_> {
         let input = if chunk == 0 {
             None
         } else {
-            let msg = Msg::Activation { micro, chunk };
-            let sender = msg.sender(self.p.schedule);
-            Some(self.mail.take(msg, sender, len)?)
+            Some(self.take(Msg::Activation { micro, chunk }, len)?)
         };
         let (kept, out) = if self.p.checkpoint {
             let frozen = self.model.without_autodiff();
@@ -320,8 +377,7 @@ impl Run<'_, '_> {
         let mut grads = match out {
             Out::Loss(l) => l.backward(),
             Out::Hidden(out) => {
-                let msg = Msg::Gradient { micro, chunk };
-                let g = self.mail.take(msg, msg.sender(self.p.schedule), len)?;
+                let g = self.take(Msg::Gradient { micro, chunk }, len)?;
                 let g = self.leaf(micro, g, self.model);
                 (self.model.full(out) * g).sum().backward()
             }

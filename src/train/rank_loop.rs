@@ -33,7 +33,7 @@ use crate::train::metrics::{
 use crate::train::optim::AdamWConfig;
 use crate::train::optim_shards::write_shard;
 use crate::train::param_source::ParamSource;
-use crate::train::pipeline::{gather_stages, Pipe};
+use crate::train::pipeline::{gather_stages, Pipe, StageTimes};
 use crate::train::resume::{check_resume, check_state};
 use crate::train::run_dir::prune_checkpoints;
 use crate::train::schedule::lr_at;
@@ -315,6 +315,7 @@ impl Clock {
         let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
         let secs = step_start.elapsed().as_secs_f64();
         let peak_mib = peak_rss_mib();
+        let times = engine.stage_times();
         let seqs = (t.batch_size * t.grad_accum) as f64;
         StepMetrics {
             step: state.step,
@@ -330,6 +331,9 @@ impl Clock {
             skipped_nonfinite: !out.applied,
             sp_sent_per_layer: sent_per_layer,
             comm_wait_s,
+            pp_busy_s: times.map(|t| t.busy_s.clone()),
+            pp_idle_s: times.map(|t| t.idle_s.clone()),
+            pp_bubble: times.map(StageTimes::bubble),
             memory: Some(RankMemory::new(
                 engine.held_elements(),
                 peak_mib,
