@@ -6,6 +6,7 @@
 
 use genslm::error::{Error, Result};
 use genslm::parallel::mpi::{init, mpi_ranks};
+use genslm::parallel::Degrees;
 
 fn check(what: &str, got: &[f32], want: &[f32]) -> Result<()> {
     if got == want {
@@ -19,7 +20,7 @@ fn check(what: &str, got: &[f32], want: &[f32]) -> Result<()> {
 
 fn main() -> Result<()> {
     let universe = init()?;
-    let ranks = mpi_ranks(&universe, 1, 1, 1)?;
+    let ranks = mpi_ranks(&universe, Degrees::new(1, 1, 1))?;
     let c = &ranks.world;
     let (r, n) = (c.rank(), c.size());
     // Activations forward along the stages, several messages in a row, arriving in order.
@@ -51,6 +52,24 @@ fn main() -> Result<()> {
         &from_prev,
         &[-(((r + n - 1) % n) as f32); 9],
     )?;
+    // Both neighbours send before either receives, with messages far past MPI's eager limit
+    // (256 KiB): blocking sends would each wait for a receive that never comes (1F1B's
+    // steady state, where a stage sends an activation forward while the next one sends a
+    // gradient back). Sends must not wait for their receives.
+    let big = 1 << 16;
+    let mine: Vec<f32> = (0..big).map(|i| (r * big + i) as f32).collect();
+    c.send((r + 1) % n, &mine)?;
+    c.send((r + n - 1) % n, &mine)?;
+    for from in [(r + n - 1) % n, (r + 1) % n] {
+        let mut got = vec![0.0; big];
+        c.recv(from, &mut got)?;
+        let want: Vec<f32> = (0..big).map(|i| (from * big + i) as f32).collect();
+        if got != want {
+            return Err(Error::Invalid(format!(
+                "rank {r}: the large message from rank {from} differs"
+            )));
+        }
+    }
     c.barrier()?;
     println!("rank {r} of {n}: point-to-point ok");
     Ok(())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sequence/context/tensor/data parallelism under mpirun give the single-process losses, and a failing rank
+# Sequence/context/tensor/pipeline/data parallelism under mpirun give the single-process losses, and a failing rank
 # ends the job quickly with a message. Usage: scripts/check_mpi.sh PATH/TO/genslm (built with
 # --features mpi). Needs mpirun (OpenMPI or MPICH).
 set -euo pipefail
@@ -37,10 +37,29 @@ test "$(ls "$TMP/np4z3to2/checkpoints/step-4/" | grep -c '^optimizer-rank')" = 4
 "${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2tp2" --tp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4tp2sp2" --tp 2 --sp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2tp2z1" --tp 2 --zero 1
+# Pipeline stages (5 layers, uneven over 2 and 4 stages; 4 micro-batches): activations forward and
+# gradients back by MPI_Isend/Recv, every schedule, composed with TP, SP, CP and DP + ZeRO-1; a
+# PP 4 run stopped at step 4 resumes on PP 2 × TP 2.
+sed 's/^num_layers = 2$/num_layers = 5/' configs/tiny.toml > "$TMP/tiny5.toml"
+grep -q '^num_layers = 5$' "$TMP/tiny5.toml"
+ARGSPP=(train --fasta data/ --config "$TMP/tiny5.toml" --steps 8 --seq-len 64 --batch-size 4 --grad-accum 4 --lr 3e-3 --val-every 4 --quiet)
+"$BIN" "${ARGSPP[@]}" --out "$TMP/onepp"
+"${MPIRUN[@]}" -np 2 "$BIN" "${ARGSPP[@]}" --out "$TMP/np2pp2" --pp 2
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGSPP[@]}" --out "$TMP/np4pp4" --pp 4
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGSPP[@]}" --out "$TMP/np4pp4gpipe" --pp 4 --pp-schedule gpipe
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGSPP[@]}" --out "$TMP/np4pp4zbc" --pp 4 --pp-schedule zb --checkpoint-activations
+"${MPIRUN[@]}" -np 2 "$BIN" "${ARGSPP[@]}" --out "$TMP/np2pp2v2" --pp 2 --pp-schedule interleaved --pp-virtual 2
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGSPP[@]}" --out "$TMP/np4pp2tp2" --pp 2 --tp 2
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGSPP[@]}" --out "$TMP/np4pp2sp2" --pp 2 --sp 2
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGSPP[@]}" --out "$TMP/np4pp2cp2" --pp 2 --cp 2
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGSPP[@]}" --out "$TMP/np4pp2dp2z1" --pp 2 --zero 1
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGSPP[@]}" --out "$TMP/np4pp4to2" --pp 4 --stop-after 4
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGSPP[@]}" --out "$TMP/np4pp4to2" --pp 2 --tp 2 --resume
 # The same layouts with every MPI call cut into pieces of at most 1000 elements (the path that
 # carries messages past MPI's 2^31 count limit): ring pass and Ulysses all-to-all, the TP
-# all-reduce, ZeRO-3's all-gather and reduce-scatter.
+# all-reduce, ZeRO-3's all-gather and reduce-scatter, the pipeline's sends.
 PIECES=(env GENSLM_MPI_MAX_COUNT=1000 "$BIN")
+"${MPIRUN[@]}" -np 4 "${PIECES[@]}" "${ARGSPP[@]}" --out "$TMP/pieces_pp2sp2" --pp 2 --sp 2
 "${MPIRUN[@]}" -np 4 "${PIECES[@]}" "${ARGS8[@]}" --out "$TMP/pieces_cp2sp2" --cp 2 --sp 2
 "${MPIRUN[@]}" -np 4 "${PIECES[@]}" "${ARGS8[@]}" --out "$TMP/pieces_dp2tp2z1" --tp 2 --zero 1
 "${MPIRUN[@]}" -np 4 "${PIECES[@]}" "${ARGS8[@]}" --out "$TMP/pieces_z3" --zero 3
@@ -79,7 +98,7 @@ def moments(d):
     return out
 def losses(d):
     return [(m["loss"], m.get("val_loss")) for m in map(json.loads, open(f"{root}/{d}/metrics.jsonl"))]
-for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c", "np4z3to2", "np2cp2", "np4cp2sp2", "np4dp2cp2z1", "np2tp2", "np4tp2sp2", "np4dp2tp2z1", "pieces_cp2sp2", "pieces_dp2tp2z1", "pieces_z3"]), ("one25", ["np3dp3"])]:
+for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c", "np4z3to2", "np2cp2", "np4cp2sp2", "np4dp2cp2z1", "np2tp2", "np4tp2sp2", "np4dp2tp2z1", "pieces_cp2sp2", "pieces_dp2tp2z1", "pieces_z3"]), ("one25", ["np3dp3"]), ("onepp", ["np2pp2", "np4pp4", "np4pp4gpipe", "np4pp4zbc", "np2pp2v2", "np4pp2tp2", "np4pp2sp2", "np4pp2cp2", "np4pp2dp2z1", "np4pp4to2", "pieces_pp2sp2"])]:
     ref = losses(ref_dir)
     for d in runs:
         got = losses(d)
@@ -92,21 +111,24 @@ for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8"
 # weights within 1e-4 absolute (AdamW moves a weight up to ~lr = 1e-3 a step whatever its
 # gradient, so last-ulp gradient differences can shift it by a fraction of a step), moments
 # within 1e-3 of the tensor's largest magnitude.
-worst = {}
-for f, is_moment in [("model.safetensors", False), ("optimizer", True)]:
-    read = lambda d: moments(d) if is_moment else load_file(f"{d}/{f}")
-    a = read(f"{root}/np3dp3/checkpoints/step-3")
-    b = read(f"{root}/one25/checkpoints/step-3")
-    assert a.keys() == b.keys(), f
-    for k in b:
-        assert a[k].shape == b[k].shape, (f, k)
-        d = float(np.abs(a[k] - b[k]).max())
-        err = d / max(float(np.abs(b[k]).max()), 1e-30) if is_moment else d
-        assert err <= (1e-3 if is_moment else 1e-4), (f, k, err)
-        worst[f] = max(worst.get(f, 0.0), err)
-print(f"check_mpi: largest differences: weights {worst['model.safetensors']:.2e} (absolute), "
-      f"moments {worst['optimizer']:.2e} (relative)")
-print("check_mpi: np3dp3 checkpoint (weights and Adam moments) matches the single process")
+# The same holds for the pipeline runs' checkpoints (weights gathered from the stages, moments
+# written by each stage's ranks).
+for run, ref, step in [("np3dp3", "one25", 3), ("np4pp4", "onepp", 8), ("np4pp2tp2", "onepp", 8), ("np4pp2dp2z1", "onepp", 8)]:
+    worst = {}
+    for f, is_moment in [("model.safetensors", False), ("optimizer", True)]:
+        read = lambda d: moments(d) if is_moment else load_file(f"{d}/{f}")
+        a = read(f"{root}/{run}/checkpoints/step-{step}")
+        b = read(f"{root}/{ref}/checkpoints/step-{step}")
+        assert a.keys() == b.keys(), (run, f)
+        for k in b:
+            assert a[k].shape == b[k].shape, (run, f, k)
+            d = float(np.abs(a[k] - b[k]).max())
+            err = d / max(float(np.abs(b[k]).max()), 1e-30) if is_moment else d
+            assert err <= (1e-3 if is_moment else 1e-4), (run, f, k, err)
+            worst[f] = max(worst.get(f, 0.0), err)
+    print(f"check_mpi: {run} checkpoint (weights and Adam moments) matches the single process: "
+          f"largest differences: weights {worst['model.safetensors']:.2e} (absolute), "
+          f"moments {worst['optimizer']:.2e} (relative)")
 PY
 # Fault: rank 1 fails at step 2; the job must end non-zero within a minute, saying why.
 start=$(date +%s)

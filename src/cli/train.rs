@@ -30,7 +30,7 @@ pub struct DegreeArgs {
     pub dp: usize,
     /// Pipeline stages P: the layers are cut into P stages (the embeddings on the first, the
     /// head on the last); the micro-batches of a step (--grad-accum) flow through them by
-    /// --pp-schedule. Threads only so far; ZeRO 0 or 1.
+    /// --pp-schedule (threads, or one process per rank under mpirun); ZeRO 0 or 1.
     #[arg(long, default_value_t = 1)]
     pub pp: usize,
 }
@@ -145,8 +145,8 @@ pub struct TrainArgs {
     pp_layers: Option<Vec<usize>>,
 }
 
-/// One rank per process under mpirun/srun: SP from --sp, CP from --cp, TP from --tp, DP =
-/// processes / (SP · CP · TP).
+/// One rank per process under mpirun/srun: PP from --pp, SP from --sp, CP from --cp, TP from
+/// --tp, DP = processes / (PP · SP · CP · TP).
 #[cfg(feature = "mpi")]
 pub fn train_launched(
     cfg: &genslm::config::Config,
@@ -157,19 +157,14 @@ pub fn train_launched(
     d: Degrees,
 ) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
     let Degrees { dp, cp, sp, tp, pp } = d;
-    if pp > 1 {
-        anyhow::bail!(
-            "--pp {pp} under mpirun: pipeline stages run as threads of one process so far \
-             (run without mpirun: genslm train --pp {pp} …)"
-        );
-    }
     if dp != 1 && d.world() != n {
         anyhow::bail!(
-            "--dp {dp} × --cp {cp} × --sp {sp} × --tp {tp} ≠ the {n} processes mpirun started"
+            "--dp {dp} × --pp {pp} × --cp {cp} × --sp {sp} × --tp {tp} ≠ the {n} processes mpirun \
+             started"
         );
     }
     let universe = genslm::parallel::mpi::init()?;
-    let ranks = genslm::parallel::mpi::mpi_ranks(&universe, sp, cp, tp)?;
+    let ranks = genslm::parallel::mpi::mpi_ranks(&universe, d)?;
     // One process per GPU: NCCL carries the tensor collectives, MPI the rest (and NCCL's id).
     #[cfg(feature = "nccl")]
     let ranks = if opts.device.backend == genslm::backend::BackendKind::Cuda {
@@ -194,7 +189,7 @@ pub fn train_launched(
 ) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
     anyhow::bail!(
         "started by an MPI launcher with {n} processes, but this build has no MPI support \
-         (rebuild with --features mpi), or run one process with --dp/--cp/--sp/--tp (ranks as \
+         (rebuild with --features mpi), or run one process with --dp/--pp/--cp/--sp/--tp (ranks as \
          threads)"
     )
 }

@@ -65,10 +65,10 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     }
     /// Point to point: `buf` to rank `to` (pipeline stages hand activations and their gradients
     /// to their neighbours); rank `to` takes it with [`Communicator::recv`] of the same length.
-    /// Messages from one rank to another arrive in the order sent. It may wait until the
-    /// receive is posted (MPI's rendezvous for large buffers), so a rank that sends to one
-    /// neighbour while receiving from another in the same step calls
-    /// [`Communicator::send_recv`]. Threads and MPI implement it; the default refuses by name.
+    /// Messages from one rank to another arrive in the order sent. It never waits for the
+    /// receive (threads queue the message, MPI posts a non-blocking send over a copy), so two
+    /// neighbours may both send before either receives. Threads and MPI implement it; the
+    /// default refuses by name.
     fn send(&self, to: usize, _buf: &[f32]) -> Result<()> {
         Err(no_point_to_point("send to", to, self.size()))
     }

@@ -1,7 +1,7 @@
 //! MPI communicator (feature `mpi`): one rank per process, launched by `mpirun`/`srun`.
 //!
-//! The world is split into the SP groups (contiguous ranks) and DP groups with
-//! `MPI_Comm_split`. A rank that fails calls `MPI_Abort`, which ends every process of the job
+//! The world is split into the groups of [`Topology`] (TP, SP, CP, sequence, DP, data,
+//! pipeline) with `MPI_Comm_split`. A rank that fails calls `MPI_Abort`, which ends every process of the job
 //! with a non-zero status, so no rank waits forever.
 //!
 //! MPI's counts are `i32`: every operation here is sent in pieces of at most
@@ -13,13 +13,14 @@
 
 use std::sync::{Arc, Mutex};
 
-use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
+use mpi::request::{Request, StaticScope};
+use mpi::topology::{Color, Communicator as _, Process, SimpleCommunicator};
 use mpi::traits::*;
 
 use crate::error::{Error, Result};
 use crate::parallel::comm::{check_blocks, check_peer, Communicator};
 use crate::parallel::ranks::Ranks;
-use crate::parallel::topology::Topology;
+use crate::parallel::topology::{Degrees, Topology};
 
 /// An MPI communicator. MPI is initialised with `Threading::Serialized`: any thread may call
 /// MPI as long as no two calls overlap, which the mutex guarantees (`Funneled` would require
@@ -27,10 +28,67 @@ use crate::parallel::topology::Topology;
 /// threads cannot promise).
 pub struct MpiComm {
     comm: Mutex<SimpleCommunicator>,
+    /// Point-to-point sends in flight (locked after `comm`).
+    outbox: Mutex<Outbox>,
     rank: usize,
     size: usize,
     /// Most elements one MPI call carries.
     max_count: usize,
+}
+
+/// Sends in flight: `MPI_Isend` requests, each over a copy of its piece that stays allocated
+/// until the request completes. A send thus never waits for its receive, as on threads: two
+/// pipeline stages may both send (an activation forward, a gradient back) before either
+/// receives, where blocking sends of rendezvous size would wait for each other forever. MPI
+/// matches messages between two ranks in the order their sends were posted, so they still
+/// arrive in order.
+#[derive(Default)]
+struct Outbox(Vec<(Request<'static, [f32]>, *mut [f32])>);
+
+impl Outbox {
+    /// Posts a non-blocking send of a copy of `piece` to `peer`.
+    fn post(&mut self, peer: &Process<'_>, piece: &[f32]) {
+        let copy: *mut [f32] = Box::into_raw(piece.to_vec().into_boxed_slice());
+        // SAFETY: the copy is only read by MPI, and freed (`free`) once its request completed.
+        let req = peer.immediate_send(StaticScope, unsafe { &*copy });
+        self.0.push((req, copy));
+    }
+
+    /// Frees the copies of the sends that completed.
+    fn reap(&mut self) {
+        for (req, copy) in std::mem::take(&mut self.0) {
+            match req.test() {
+                Ok(_) => free(copy),
+                Err(req) => self.0.push((req, copy)),
+            }
+        }
+    }
+
+    /// Waits for every send in flight.
+    fn wait_all(&mut self) {
+        for (req, copy) in self.0.drain(..) {
+            req.wait();
+            free(copy);
+        }
+    }
+}
+
+/// Frees a send's copy whose request has completed.
+fn free(copy: *mut [f32]) {
+    // SAFETY: made by `Box::into_raw` in `Outbox::post`; its request is complete, so MPI no
+    // longer reads it, and nothing else holds it.
+    drop(unsafe { Box::from_raw(copy) });
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        // MPI must not finalise with sends in flight (nor may a request be dropped incomplete).
+        let _comm = self.lock();
+        self.outbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .wait_all();
+    }
 }
 
 // SAFETY: see the type's comment: MPI runs `Serialized` and the mutex serialises the calls.
@@ -52,6 +110,7 @@ impl MpiComm {
             .map_or(i32::MAX as usize, |n| n.clamp(1, i32::MAX as usize));
         Self {
             comm: Mutex::new(comm),
+            outbox: Mutex::new(Outbox::default()),
             rank,
             size,
             max_count,
@@ -82,57 +141,43 @@ pub fn init() -> Result<mpi::environment::Universe> {
     Ok(universe)
 }
 
-/// This process's `Ranks` for a world split into DP × CP × SP × TP (`sp`, `cp` and `tp` given;
-/// DP = world / (cp · sp · tp)).
-pub fn mpi_ranks(
-    universe: &mpi::environment::Universe,
-    sp: usize,
-    cp: usize,
-    tp: usize,
-) -> Result<Ranks> {
+/// This process's `Ranks` for a world split into DP × PP × CP × SP × TP (`d`'s PP, CP, SP
+/// and TP degrees; DP = world / (pp · cp · sp · tp), whatever `d.dp` says).
+pub fn mpi_ranks(universe: &mpi::environment::Universe, d: Degrees) -> Result<Ranks> {
     let world = universe.world();
     let size = world.size() as usize;
-    let group = sp * cp * tp;
+    let Degrees { pp, cp, sp, tp, .. } = d;
+    let group = pp * sp * cp * tp;
     if group == 0 || !size.is_multiple_of(group) {
         return Err(Error::Invalid(format!(
-            "mpirun started {size} processes, which --sp {sp} × --cp {cp} × --tp {tp} does not \
-             divide"
+            "mpirun started {size} processes, which --pp {pp} × --sp {sp} × --cp {cp} × --tp {tp} \
+             does not divide"
         )));
     }
-    let d = crate::parallel::Degrees {
+    let d = Degrees {
         dp: size / group,
-        cp,
-        sp,
-        tp,
-        pp: 1,
+        ..d
     };
     let topo = Topology::of(world.rank() as usize, d)?;
-    // Colours name each group by what its members share; MPI keeps them in world-rank order,
-    // which is the order `Topology`'s group lists use.
-    let split = |colour: usize, what: &str| -> Result<Arc<dyn Communicator>> {
+    // Each group's colour is its lowest world rank (the groups of one kind partition the
+    // world); MPI keeps members in world-rank order, which is the order `Topology`'s lists use.
+    let split = |members: Vec<usize>, what: &str| -> Result<Arc<dyn Communicator>> {
+        let colour = members.iter().copied().min().unwrap_or(topo.rank);
         let c = world
             .split_by_color(Color::with_value(colour as i32))
             .ok_or_else(|| Error::Invalid(format!("MPI_Comm_split ({what} group) failed")))?;
         Ok(Arc::new(MpiComm::new(c)))
     };
-    let (dp_r, sp_r, tp_r) = (topo.dp_rank(), topo.sp_rank(), topo.tp_rank());
-    let tp_comm = split(topo.rank / tp, "TP")?;
-    let data_comm = split(tp_r, "data")?;
-    let sp_comm = split((topo.rank / (tp * sp)) * tp + tp_r, "SP")?;
-    let cp_comm = split((dp_r * sp + sp_r) * tp + tp_r, "CP")?;
-    let seq_comm = split(dp_r * tp + tp_r, "sequence")?;
-    let dp_comm = split(sp_r * tp + tp_r, "DP")?;
     Ok(Ranks {
         topo,
+        tp: split(topo.tp_group(), "TP")?,
+        data: split(topo.data_group(), "data")?,
+        sp: split(topo.sp_group(), "SP")?,
+        cp: split(topo.cp_group(), "CP")?,
+        seq: split(topo.seq_group(), "sequence")?,
+        dp: split(topo.dp_group(), "DP")?,
+        pp: split(topo.pp_group(), "pipeline")?,
         world: Arc::new(MpiComm::new(world)),
-        tp: tp_comm,
-        data: data_comm,
-        sp: sp_comm,
-        cp: cp_comm,
-        seq: seq_comm,
-        dp: dp_comm,
-        // mpi_ranks builds no pipeline (train_launched refuses --pp under mpirun so far).
-        pp: Arc::new(crate::parallel::comm::Solo),
         bucket: crate::parallel::bucket::DEFAULT_BUCKET,
     })
 }
@@ -274,9 +319,11 @@ impl Communicator for MpiComm {
     fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
         check_peer("send", to, self.size)?;
         let comm = self.lock();
+        let mut outbox = self.outbox.lock().unwrap_or_else(|p| p.into_inner());
+        outbox.reap();
         let peer = comm.process_at_rank(to as i32);
         for (at, len) in pieces(buf.len(), self.max_count) {
-            peer.send(&buf[at..at + len]);
+            outbox.post(&peer, &buf[at..at + len]);
         }
         Ok(())
     }
