@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use burn::tensor::{Device, Tensor};
-use genslm::config::{Config, Position};
+use genslm::config::{Config, Position, Precision};
 use genslm::data::loader::{Batch, Corpus, Loader};
 use genslm::model::GenSlm;
 use genslm::ops::primitive::{host_to_param, tensor_to_vec};
@@ -21,6 +21,11 @@ use genslm::train::shard::local_batch;
 use genslm::train::step::loss_and_grads;
 
 const SEQ: usize = 24;
+
+thread_local! {
+    /// The compute precision of the models this thread builds (bf16 in one test).
+    static PRECISION: std::cell::Cell<Precision> = const { std::cell::Cell::new(Precision::Fp32) };
+}
 /// Divides evenly by none of the chunk counts tested (2, 4, 8).
 const LAYERS: usize = 9;
 
@@ -52,7 +57,9 @@ fn batches(m: usize) -> Vec<Batch> {
 
 fn model(pos: Position) -> GenSlm {
     let ad = Device::flex().autodiff();
-    let mut m = GenSlm::init(config(pos).model, 17, &ad).unwrap();
+    let mut m = GenSlm::init(config(pos).model, 17, &ad)
+        .unwrap()
+        .with_precision(PRECISION.with(|p| p.get()));
     m.params = m.params.into_iter().map(|p| p.require_grad()).collect();
     m
 }
@@ -81,12 +88,14 @@ fn pipeline(
 ) -> Vec<StageOut> {
     let sched = Schedule::build(kind, p, m, v).unwrap();
     let stages = Stages::balanced(LAYERS, p, v).unwrap();
+    let precision = PRECISION.with(|p| p.get());
     let hs: Vec<_> = thread_group(p, Duration::from_secs(60))
         .into_iter()
         .enumerate()
         .map(|(stage, comm)| {
             let (sched, stages) = (sched.clone(), stages.clone());
             std::thread::spawn(move || {
+                PRECISION.with(|p| p.set(precision));
                 let mut model = model(pos);
                 // Only this stage's parameters are present.
                 let mine: Vec<usize> = stage_units(&stages, &model, stage)
@@ -210,4 +219,20 @@ fn degenerate_pipelines_match_one_rank() {
         &want,
         "one stage",
     );
+}
+
+/// bf16 compute: activations cross the stages as fp32 copies of bf16 values (exact both
+/// ways), so the stages compute what one bf16 rank computes.
+#[test]
+fn bf16_stages_match_one_bf16_rank() {
+    PRECISION.with(|p| p.set(Precision::Bf16));
+    let want = reference(Position::Rotary, 4);
+    for kind in [ScheduleKind::OneFOneB, ScheduleKind::Interleaved] {
+        let v = if kind == ScheduleKind::Interleaved { 2 } else { 1 };
+        check(
+            &pipeline(Position::Rotary, kind, 2, 4, v, false),
+            &want,
+            &format!("bf16 {kind}"),
+        );
+    }
 }
