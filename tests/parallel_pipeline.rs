@@ -228,7 +228,11 @@ fn bf16_stages_match_one_bf16_rank() {
     PRECISION.with(|p| p.set(Precision::Bf16));
     let want = reference(Position::Rotary, 4);
     for kind in [ScheduleKind::OneFOneB, ScheduleKind::Interleaved] {
-        let v = if kind == ScheduleKind::Interleaved { 2 } else { 1 };
+        let v = if kind == ScheduleKind::Interleaved {
+            2
+        } else {
+            1
+        };
         check(
             &pipeline(Position::Rotary, kind, 2, 4, v, false),
             &want,

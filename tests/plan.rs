@@ -42,6 +42,7 @@ fn layout(tp: usize, sp: usize, dp: usize, zero: u8, megatron_sp: bool) -> Paral
         zero,
         megatron_sp,
         zero_over_sp: true,
+        pipeline: genslm::plan::PipePlan::default(),
     }
 }
 
@@ -64,6 +65,7 @@ fn megatron(l: Parallelism, attention: AttentionKind, ckpt: Checkpointing) -> St
         batch_size: 1,
         tied_embeddings: true,
         vocab_size: 1024,
+        stage: None,
     }
 }
 

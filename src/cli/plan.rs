@@ -44,6 +44,18 @@ pub struct PlanArgs {
     /// Data-parallel degree (default: what the GPUs leave).
     #[arg(long)]
     pub dp: Option<usize>,
+    /// Pipeline stages, as genslm's --pp runs them (default: searched, with ZeRO 0 or 1).
+    #[arg(long)]
+    pub pp: Option<usize>,
+    /// Pipeline schedule: gpipe, 1f1b, interleaved, zb.
+    #[arg(long, default_value = "1f1b")]
+    pub pp_schedule: genslm::parallel::pipeline::schedule::ScheduleKind,
+    /// Chunks of layers per pipeline stage (interleaved).
+    #[arg(long, default_value_t = 1)]
+    pub pp_virtual: usize,
+    /// Micro-batches per step under PP (default: 4 × the stages).
+    #[arg(long)]
+    pub grad_accum: Option<usize>,
     /// ZeRO stage 0-3 (default: searched).
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
@@ -77,7 +89,7 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 8)]
     pub gpus_per_node: usize,
     /// Table over GPU counts (powers of two up to --gpus) and layouts, with the best of each.
-    #[arg(long, conflicts_with_all = ["sp", "tp", "cp", "dp", "seq_len"])]
+    #[arg(long, conflicts_with_all = ["sp", "tp", "cp", "dp", "pp", "seq_len"])]
     pub sweep: bool,
     /// Print JSON instead of text.
     #[arg(long)]
@@ -98,6 +110,10 @@ impl From<PlanArgs> for PlanRequest {
             tp: a.tp,
             cp: a.cp,
             dp: a.dp,
+            pp: a.pp,
+            pp_schedule: a.pp_schedule,
+            pp_virtual: a.pp_virtual,
+            grad_accum: a.grad_accum,
             zero: a.zero,
             attention: a.attention.map(Into::into),
             positions: a.positions.map(Into::into),

@@ -103,6 +103,7 @@ pub fn run(a: &PlanRequest) -> Result<String> {
             "layout_searched": searched,
             "strategy": best.strategy,
             "max_seq_len": best.max_seq_len,
+            "pipeline_bubble": super::stages::bubble(&model, &best.strategy.layout),
             "granule": granule(&best.strategy),
             "at_max_seq_len": at_max,
             "total_bytes_at_max": at_max.total().round() as u64,

@@ -1,6 +1,7 @@
 //! Parameter counts of a GPT-NeoX model from its config: what every memory term that scales
 //! with the weights (`terms.rs`, `cpu.rs`) starts from.
 
+use super::StageView;
 use crate::config::ModelConfig;
 
 /// Parameters of one transformer layer (GPT-NeoX and Megatron's GPT have the same ones): two
@@ -18,4 +19,19 @@ pub fn model_params(m: &ModelConfig, vocab: usize, tied: bool) -> f64 {
     let (h, v, l) = (m.hidden_size as f64, vocab as f64, m.num_layers as f64);
     let embeddings = if tied { 1.0 } else { 2.0 };
     l * layer_params(m) + 2.0 * h + embeddings * v * h
+}
+
+/// Parameters a pipeline stage holds: its layers, the input embedding with the first, the
+/// final LayerNorm and the output head with the last (a tied matrix sits on both ends, as
+/// Megatron keeps it). The whole model's view gives [`model_params`].
+pub fn stage_params(m: &ModelConfig, vocab: usize, tied: bool, view: &StageView) -> f64 {
+    let (h, v) = (m.hidden_size as f64, vocab as f64);
+    let mut n = view.layers as f64 * layer_params(m);
+    if view.embeddings {
+        n += v * h;
+    }
+    if view.head {
+        n += 2.0 * h + if tied && view.embeddings { 0.0 } else { v * h };
+    }
+    n
 }

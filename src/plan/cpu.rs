@@ -25,6 +25,7 @@
 
 use serde::Serialize;
 
+use super::counts::{model_params, stage_params};
 use super::{Strategy, MIB};
 use crate::config::{ModelConfig, Position};
 use crate::model::params::Layout;
@@ -130,7 +131,15 @@ pub fn step_buffers(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
             }
         })
         .collect();
-    let n: usize = sizes.iter().sum();
+    // A pipeline stage reduces its own parameters only.
+    let share = match st.stage {
+        Some(v) => {
+            let (vocab, tied) = (st.vocab_size, st.tied_embeddings);
+            stage_params(&m, vocab, tied, &v) / model_params(&m, vocab, tied)
+        }
+        None => 1.0,
+    };
+    let n = (sizes.iter().sum::<usize>() as f64 * share).round() as usize;
     if l.zero == 2 {
         // ZeRO-2 reduce-scatters each layer's gradients during the backward; at the step it
         // all-gathers one unit at a time (the flat buffer and the new weights).

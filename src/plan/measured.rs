@@ -218,6 +218,7 @@ pub fn strategy(r: &Run) -> Strategy {
         zero: r.zero,
         megatron_sp: true,
         zero_over_sp: false,
+        pipeline: crate::plan::PipePlan::default(),
     };
     Strategy {
         shard_positions: r.shard_positions,

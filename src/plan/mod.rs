@@ -31,6 +31,7 @@ pub mod published;
 mod report;
 pub mod request;
 pub mod search;
+pub mod stages;
 mod terms;
 
 use serde::Serialize;
@@ -39,7 +40,8 @@ use crate::config::{AttentionKind, ModelConfig, Position};
 use crate::error::{Error, Result};
 pub use crate::parallel::Degrees;
 
-pub use counts::{layer_params, model_params};
+pub use counts::{layer_params, model_params, stage_params};
+pub use stages::{PipePlan, StageView};
 
 /// Serialises a byte count as a whole number.
 fn whole_bytes<S: serde::Serializer>(v: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -168,6 +170,8 @@ pub struct Parallelism {
     /// ZeRO partitions over DP × SP (DeepSpeed-Ulysses) rather than over DP only (genslm's
     /// trainer today).
     pub zero_over_sp: bool,
+    /// The pipeline's schedule when `pp` > 1.
+    pub pipeline: PipePlan,
 }
 
 impl std::ops::Deref for Parallelism {
@@ -215,6 +219,10 @@ pub struct Strategy {
     pub precision: Precision,
     /// Sequences per micro-batch `b`.
     pub batch_size: usize,
+    /// The pipeline stage estimated (`None`: the whole model, or under PP every stage, the
+    /// peak the largest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<StageView>,
     /// Input and output embeddings share one matrix (Megatron's GPT; GPT-NeoX unties them).
     pub tied_embeddings: bool,
     /// `V` as the framework allocates it (Megatron pads the tokenizer's vocabulary).
@@ -335,6 +343,9 @@ impl Breakdown {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Estimate {
     pub seq_len: usize,
+    /// Under PP, the stage with the peak.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<usize>,
     /// The phase with the largest total: the step's peak.
     pub phase: Phase,
     /// Its components.
@@ -383,6 +394,13 @@ pub fn check(model: &ModelConfig, st: &Strategy) -> Result<()> {
     if st.batch_size == 0 {
         return Err(Error::Invalid("batch size must be at least 1".into()));
     }
+    if l.pp > 1 && l.zero >= 2 {
+        return Err(Error::Invalid(format!(
+            "pp {} with ZeRO-{}: genslm's trainer runs pipeline stages with ZeRO 0 or 1",
+            l.pp, l.zero
+        )));
+    }
+    stages::stage_views(model, l)?;
     if st.vocab_size == 0 {
         return Err(Error::Invalid("vocabulary size must be at least 1".into()));
     }
@@ -409,8 +427,43 @@ fn lcm(a: usize, b: usize) -> usize {
     a / gcd(a, b) * b
 }
 
-/// The per-rank memory of one step at `seq_len` tokens per sequence.
+/// The per-rank memory of one step at `seq_len` tokens per sequence: under PP the stage with
+/// the largest peak (every stage estimated; the layout must have passed [`check`]).
 pub fn estimate(model: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize) -> Estimate {
+    if st.stage.is_some() || st.layout.pp <= 1 {
+        return estimate_stage(model, st, hw, seq_len);
+    }
+    let views =
+        stages::stage_views(model, &st.layout).unwrap_or_else(|_| vec![StageView::whole(model)]);
+    estimate_stages(model, st, hw, seq_len, &views)
+}
+
+/// The largest of the stages' estimates.
+fn estimate_stages(
+    model: &ModelConfig,
+    st: &Strategy,
+    hw: &Hardware,
+    seq_len: usize,
+    views: &[StageView],
+) -> Estimate {
+    views
+        .iter()
+        .map(|&v| {
+            let one = Strategy {
+                stage: Some(v),
+                ..st.clone()
+            };
+            estimate_stage(model, &one, hw, seq_len)
+        })
+        .fold(None::<Estimate>, |best, e| match best {
+            Some(b) if b.total() >= e.total() => Some(b),
+            _ => Some(e),
+        })
+        .expect("at least one stage")
+}
+
+/// [`estimate`] of the stage `st.stage` (or the whole model).
+fn estimate_stage(model: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize) -> Estimate {
     let mut phases = vec![(
         Phase::ForwardBackward,
         terms::forward_backward(model, st, hw, seq_len),
@@ -453,6 +506,7 @@ pub fn estimate(model: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usiz
         .expect("at least one phase");
     Estimate {
         seq_len,
+        stage: st.stage.filter(|_| st.layout.pp > 1).map(|v| v.stage),
         phase,
         memory,
         phases: phases.iter().map(|(p, b)| (*p, b.total())).collect(),
@@ -467,7 +521,16 @@ const MAX_SEARCH: usize = 1 << 40;
 /// 0 when even one granule does not fit.
 pub fn max_seq_len(model: &ModelConfig, st: &Strategy, hw: &Hardware) -> usize {
     let g = granule(st);
-    let fits = |k: usize| estimate(model, st, hw, k * g).total() <= hw.mem_bytes;
+    // The stages' views once (each comes from a simulation of the schedule).
+    let views = match (st.stage, st.layout.pp) {
+        (None, p) if p > 1 => stages::stage_views(model, &st.layout).ok(),
+        _ => None,
+    };
+    let at = |n: usize| match &views {
+        Some(v) => estimate_stages(model, st, hw, n, v),
+        None => estimate(model, st, hw, n),
+    };
+    let fits = |k: usize| at(k * g).total() <= hw.mem_bytes;
     if !fits(1) {
         return 0;
     }

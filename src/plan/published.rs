@@ -156,6 +156,7 @@ pub fn megatron_sp_flash(layout: Parallelism, vocab_size: usize) -> Strategy {
         batch_size: 1,
         tied_embeddings: true,
         vocab_size,
+        stage: None,
     }
 }
 
@@ -182,6 +183,7 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
                 zero: 0,
                 megatron_sp: true,
                 zero_over_sp: false,
+                pipeline: crate::plan::PipePlan::default(),
             },
             // Megatron pads the vocabulary to a multiple of 128 · TP.
             GPT2_VOCAB.div_ceil(128 * degree) * 128 * degree,
@@ -199,6 +201,7 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
             zero: 3,
             megatron_sp: false,
             zero_over_sp: true,
+            pipeline: crate::plan::PipePlan::default(),
         },
         recipe: Recipe::Genslm,
         attention: AttentionKind::Flash,
@@ -210,6 +213,7 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
         batch_size: 1,
         tied_embeddings: false,
         vocab_size: 69,
+        stage: None,
     };
     match system {
         System::MegatronLm => megatron_lm,

@@ -22,6 +22,20 @@ pub(super) fn layout_text(l: &Parallelism) -> String {
     if l.cp > 1 {
         parts.push(format!("cp {} (ring)", l.cp));
     }
+    if l.pp > 1 {
+        let p = &l.pipeline;
+        parts.push(format!(
+            "pp {} ({}{}, {} micro-batches)",
+            l.pp,
+            p.schedule,
+            if p.virtual_stages > 1 {
+                format!(" V {}", p.virtual_stages)
+            } else {
+                String::new()
+            },
+            p.micro_batches
+        ));
+    }
     parts.push(format!("dp {}", l.dp));
     format!("{}, ZeRO-{}", parts.join(" × "), l.zero)
 }
@@ -66,9 +80,12 @@ pub(super) fn describe(st: &Strategy) -> String {
 pub(super) fn breakdown_lines(s: &mut String, e: &Estimate, mem_bytes: f64) {
     let _ = writeln!(
         s,
-        "per-rank memory at {} tokens (peak in the {} phase):",
+        "per-rank memory at {} tokens (peak in the {} phase{}):",
         tokens(e.seq_len),
-        e.phase.name()
+        e.phase.name(),
+        e.stage
+            .map(|st| format!(", on pipeline stage {st}"))
+            .unwrap_or_default()
     );
     for (name, v) in e.memory.rows() {
         let _ = writeln!(s, "  {name:<24}{:>12}", gib(v));
@@ -128,6 +145,12 @@ pub(super) fn single_report(
         tokens(3 * best.max_seq_len),
         tokens(granule(&best.strategy))
     );
+    if let Some(b) = super::stages::bubble(model, &best.strategy.layout) {
+        let _ = writeln!(
+            s,
+            "pipeline bubble     {b:.3} (idle over busy, the backward twice the forward)"
+        );
+    }
     breakdown_lines(&mut s, at_max, best.hardware.mem_bytes);
     if let Some(e) = at_len {
         breakdown_lines(&mut s, &e, best.hardware.mem_bytes);
@@ -168,32 +191,35 @@ pub(super) fn sweep_report(
                 zero: 0,
                 megatron_sp: false,
                 zero_over_sp: false,
+                pipeline: crate::plan::PipePlan::default(),
             }
         ))
     );
     let _ = writeln!(
         s,
-        "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  best layout",
-        column, "DP only", "TP", "Ulysses SP", "TP+Ulysses", "CP (+any)", "best"
+        "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  best layout",
+        column, "DP only", "TP", "Ulysses SP", "TP+Ulysses", "CP (+any)", "PP (+any)", "best"
     );
     for r in rows {
         let cell = |n: usize| if n == 0 { "-".to_string() } else { tokens(n) };
         let _ = writeln!(
             s,
-            "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {}",
+            "{:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {}",
             r.gpus,
             cell(r.dp_only),
             cell(r.tp),
             cell(r.ulysses),
             cell(r.tp_ulysses),
             cell(r.context),
+            cell(r.pipeline),
             cell(r.best.max_seq_len),
             layout_text(&r.best.strategy.layout)
         );
     }
     let _ = writeln!(
         s,
-        "(- : no layout of that family fits or exists; TP within {} GPUs per node)",
+        "(- : no layout of that family fits or exists; TP within {} GPUs per node; the \
+         families left of PP have no pipeline stages)",
         a.gpus_per_node
     );
     s

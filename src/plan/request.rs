@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use crate::config::{AttentionKind, Position};
+use crate::parallel::pipeline::schedule::ScheduleKind;
 use crate::plan::Precision;
 
 /// What runs the ranks.
@@ -35,6 +36,14 @@ pub struct PlanRequest {
     pub cp: Option<usize>,
     /// Data-parallel degree (default: what the GPUs leave).
     pub dp: Option<usize>,
+    /// Pipeline stages (default: searched, ZeRO 0 or 1 with them as the trainer runs them).
+    pub pp: Option<usize>,
+    /// Pipeline schedule.
+    pub pp_schedule: ScheduleKind,
+    /// Chunks of layers per pipeline stage (interleaved).
+    pub pp_virtual: usize,
+    /// Micro-batches per step under PP (default 4·P).
+    pub grad_accum: Option<usize>,
     /// ZeRO stage 0-3 (default: searched).
     pub zero: Option<u8>,
     /// Attention (default: the config's).

@@ -7,8 +7,8 @@ use serde::Serialize;
 use super::cpu::CpuRun;
 use super::request::{PlanDevice, PlanRequest};
 use super::{
-    check, max_seq_len, Checkpointing, Degrees, Hardware, Mask, Parallelism, Precision, Recipe,
-    Strategy, Target,
+    check, max_seq_len, Checkpointing, Degrees, Hardware, Mask, Parallelism, PipePlan, Precision,
+    Recipe, Strategy, Target,
 };
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -49,6 +49,7 @@ pub fn strategy_for(model: &ModelConfig, a: &PlanRequest, layout: Parallelism) -
         batch_size: a.batch_size,
         tied_embeddings: false,
         vocab_size: model.vocab_size,
+        stage: None,
     }
 }
 
@@ -65,10 +66,25 @@ pub fn hardware_for(a: &PlanRequest, layout: &Parallelism, mem_bytes: f64) -> Ha
     }
 }
 
+/// The pipeline a request plans for `pp` stages: its schedule and virtual stages, and
+/// `--grad-accum` micro-batches (default 4·P, which keeps 1F1B's bubble at (P − 1)/(4P) < 25%).
+pub fn pipe_plan(a: &PlanRequest, pp: usize) -> PipePlan {
+    PipePlan {
+        schedule: a.pp_schedule,
+        virtual_stages: a.pp_virtual,
+        micro_batches: a.grad_accum.unwrap_or(4 * pp),
+    }
+}
+
 /// Every layout of `gpus` ranks consistent with the flags (fixed where given, searched where
 /// not: TP within a node, whole heads per rank, ZeRO 0–3).
 pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<Parallelism>> {
     let cpu = a.device == PlanDevice::Cpu;
+    if let (Some(pp @ 2..), Some(zero @ 2..)) = (a.pp, a.zero) {
+        return Err(Error::Invalid(format!(
+            "--pp {pp} with --zero {zero}: genslm's trainer runs pipeline stages with ZeRO 0 or 1"
+        )));
+    }
     let tps: Vec<usize> = match a.tp {
         Some(t) => vec![t],
         None if cpu => vec![1],
@@ -103,38 +119,57 @@ pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<
                 if sp == 0 || !(gpus / (tp * cp)).is_multiple_of(sp) {
                     continue;
                 }
-                let dp = gpus / (tp * cp * sp);
-                if a.dp.is_some_and(|d| d != dp) || !model.num_heads.is_multiple_of(tp * sp) {
+                if !model.num_heads.is_multiple_of(tp * sp) {
                     continue;
                 }
-                for &zero in &zeros {
-                    out.push(Parallelism {
-                        degrees: Degrees {
-                            dp,
-                            cp,
-                            sp,
-                            tp,
-                            pp: 1,
-                        },
-                        zero,
-                        megatron_sp: false,
-                        // genslm's trainer partitions ZeRO-1 over DP × CP and ZeRO-2/3 over
-                        // all ranks; on GPUs plan every stage as DeepSpeed-Ulysses does.
-                        zero_over_sp: !cpu || Parallelism::trainer_zero_over_sp(zero),
-                    });
+                let rest = gpus / (tp * cp * sp);
+                // Pipeline stages: searched over the divisors left, at most one layer each.
+                let pps = match a.pp {
+                    Some(p) => vec![p],
+                    None => divisors(rest)
+                        .into_iter()
+                        .filter(|&p| p <= model.num_layers)
+                        .collect(),
+                };
+                for pp in pps {
+                    if pp == 0 || !rest.is_multiple_of(pp) {
+                        continue;
+                    }
+                    let dp = rest / pp;
+                    if a.dp.is_some_and(|d| d != dp) {
+                        continue;
+                    }
+                    // The trainer runs pipeline stages with ZeRO 0 or 1 only.
+                    for &zero in zeros.iter().filter(|&&z| pp == 1 || z <= 1) {
+                        out.push(Parallelism {
+                            degrees: Degrees { dp, cp, sp, tp, pp },
+                            zero,
+                            megatron_sp: false,
+                            // genslm's trainer partitions ZeRO-1 over DP × CP and ZeRO-2/3 over
+                            // all ranks; on GPUs plan every stage as DeepSpeed-Ulysses does.
+                            zero_over_sp: !cpu || Parallelism::trainer_zero_over_sp(zero),
+                            pipeline: pipe_plan(a, pp),
+                        });
+                    }
                 }
             }
         }
     }
     if out.is_empty() {
-        let fixed = [("tp", a.tp), ("sp", a.sp), ("cp", a.cp), ("dp", a.dp)]
-            .iter()
-            .filter_map(|(n, v)| v.map(|v| format!("--{n} {v}")))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let fixed = [
+            ("tp", a.tp),
+            ("sp", a.sp),
+            ("cp", a.cp),
+            ("pp", a.pp),
+            ("dp", a.dp),
+        ]
+        .iter()
+        .filter_map(|(n, v)| v.map(|v| format!("--{n} {v}")))
+        .collect::<Vec<_>>()
+        .join(" ");
         return Err(Error::Invalid(format!(
-            "no layout of {gpus} GPUs fits {}{}: tp × sp × cp × dp must equal --gpus, and tp × \
-             sp must divide the {} heads",
+            "no layout of {gpus} GPUs fits {}{}: tp × sp × cp × pp × dp must equal --gpus, and \
+             tp × sp must divide the {} heads",
             if fixed.is_empty() {
                 "the model"
             } else {
@@ -151,13 +186,14 @@ pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<
     Ok(out)
 }
 
-/// The layout with the longest sequence; ties go to the lower ZeRO stage, then more DP, then
-/// less TP.
+/// The layout with the longest sequence; ties go to fewer pipeline stages (no bubble), then
+/// the lower ZeRO stage, then more DP, then less TP.
 pub fn best_of(candidates: Vec<Candidate>) -> Option<Candidate> {
     candidates.into_iter().min_by_key(|c| {
         let l = &c.strategy.layout;
         (
             std::cmp::Reverse(c.max_seq_len),
+            l.pp,
             l.zero,
             std::cmp::Reverse(l.dp),
             l.tp,
@@ -202,6 +238,9 @@ pub struct SweepRow {
     pub tp_ulysses: usize,
     /// With context parallelism (ring), alone or with TP and Ulysses.
     pub context: usize,
+    /// With pipeline stages (any other degrees), and without them.
+    pub pipeline: usize,
+    pub no_pipeline: usize,
     pub layouts_evaluated: usize,
 }
 
@@ -233,11 +272,13 @@ pub fn sweep(
         };
         let row = SweepRow {
             gpus: count,
-            dp_only: best_in(&|l| l.tp == 1 && l.sp == 1 && l.cp == 1),
-            tp: best_in(&|l| l.tp > 1 && l.sp == 1 && l.cp == 1),
-            ulysses: best_in(&|l| l.tp == 1 && l.sp > 1 && l.cp == 1),
-            tp_ulysses: best_in(&|l| l.tp > 1 && l.sp > 1 && l.cp == 1),
-            context: best_in(&|l| l.cp > 1),
+            dp_only: best_in(&|l| l.tp == 1 && l.sp == 1 && l.cp == 1 && l.pp == 1),
+            tp: best_in(&|l| l.tp > 1 && l.sp == 1 && l.cp == 1 && l.pp == 1),
+            ulysses: best_in(&|l| l.tp == 1 && l.sp > 1 && l.cp == 1 && l.pp == 1),
+            tp_ulysses: best_in(&|l| l.tp > 1 && l.sp > 1 && l.cp == 1 && l.pp == 1),
+            context: best_in(&|l| l.cp > 1 && l.pp == 1),
+            pipeline: best_in(&|l| l.pp > 1),
+            no_pipeline: best_in(&|l| l.pp == 1),
             layouts_evaluated: all.len(),
             best: match best_of(all) {
                 Some(b) => b,

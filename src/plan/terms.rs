@@ -1,7 +1,9 @@
 //! The formula of every memory term, per rank, in bytes (notation in [`super`]).
 
-use super::counts::{layer_params, model_params};
-use super::{cpu, Breakdown, Checkpointing, Hardware, Mask, Recipe, Strategy, Target, GIB};
+use super::counts::{layer_params, stage_params};
+use super::{
+    cpu, Breakdown, Checkpointing, Hardware, Mask, Recipe, StageView, Strategy, Target, GIB,
+};
 use crate::config::{AttentionKind, ModelConfig, Position};
 
 /// What one layer keeps, per token (bytes) unless said otherwise.
@@ -137,6 +139,20 @@ fn head_terms(m: &ModelConfig, st: &Strategy) -> (f64, f64) {
     }
 }
 
+/// The share of the model the estimated rank holds (its pipeline stage, or all of it).
+pub(super) fn view(m: &ModelConfig, st: &Strategy) -> StageView {
+    st.stage.unwrap_or_else(|| StageView::whole(m))
+}
+
+/// Under PP, the activation received from the previous stage and the gradient from the next,
+/// as genslm stages them (fp32 host copies): 2·4·h bytes per token of the rank's shard.
+fn pipeline_buffers(m: &ModelConfig, st: &Strategy, tokens: f64) -> f64 {
+    if st.layout.pp <= 1 {
+        return 0.0;
+    }
+    2.0 * 4.0 * m.hidden_size as f64 * tokens / st.layout.seq_shard() as f64
+}
+
 /// Token ids and targets (i64) and loss weights (f32), per token.
 const TOKEN_BYTES: f64 = 20.0;
 
@@ -207,7 +223,7 @@ fn state_parts(
     let z = l.zero_group() as f64;
     // TP splits every matrix and the vocabulary; LayerNorms and row-parallel biases are in fact
     // replicated (≪ 0.1% of the weights, ignored).
-    let n = model_params(m, st.vocab_size, st.tied_embeddings) / l.tp as f64;
+    let n = stage_params(m, st.vocab_size, st.tied_embeddings, &view(m, st)) / l.tp as f64;
     let params = n * pb / zdiv(l.zero, 3, z);
     let gradients = n * gb / zdiv(l.zero, 2, z);
     let optimizer = n * ob / zdiv(l.zero, 1, z);
@@ -228,7 +244,7 @@ fn position_states(
     (pb, gb, ob): (f64, f64, f64),
 ) -> [f64; 3] {
     let l = &st.layout;
-    if st.positions != Position::Learned {
+    if st.positions != Position::Learned || !view(m, st).embeddings {
         return [0.0; 3];
     }
     // Under CP every rank keeps the whole table (its zigzag chunks read both ends of it).
@@ -266,7 +282,7 @@ fn kept_layer_inputs(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
         l.sp * l.cp
     };
     let tokens = (st.batch_size * seq_len) as f64;
-    m.num_layers as f64 * tokens * st.precision.activation_bytes() * m.hidden_size as f64
+    view(m, st).kept_layers as f64 * tokens * st.precision.activation_bytes() * m.hidden_size as f64
         / kept_shard as f64
 }
 
@@ -276,6 +292,10 @@ fn kept_layer_inputs(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
 fn loss_tensors(m: &ModelConfig, st: &Strategy, seq_len: usize) -> (f64, f64) {
     let l = &st.layout;
     let tokens = (st.batch_size * seq_len) as f64;
+    if !view(m, st).head {
+        // Only the last pipeline stage runs the head and the loss.
+        return (tokens * token_tables(m, st) / l.seq_shard() as f64, 0.0);
+    }
     let (head_seq, logit_bytes) = head_terms(m, st);
     let acts = tokens * (head_seq + token_tables(m, st)) / l.seq_shard() as f64;
     let logits = tokens * st.vocab_size as f64 * logit_bytes / (l.tp * l.sp * l.cp) as f64;
@@ -360,7 +380,8 @@ pub(super) fn forward_backward(
     let e = st.precision.activation_bytes();
     let (s, b) = (seq_len as f64, st.batch_size as f64);
     let (h, a) = (m.hidden_size as f64, m.num_heads as f64);
-    let layers = m.num_layers as f64;
+    // Layers whose activations are kept: all of them, or under PP the stage's in flight.
+    let layers = view(m, st).kept_layers as f64;
     let tokens = b * s;
     let (seq_shard, head_shard) = (l.seq_shard() as f64, l.head_shard() as f64);
     let (p, t, cp) = (l.sp as f64, l.tp as f64, l.cp as f64);
@@ -420,11 +441,13 @@ pub(super) fn forward_backward(
                 // ZeRO-3 gathers the weights of the running layer and prefetches the next.
                 c += 2.0 * st.precision.state_bytes().0 * layer_params(m) / t;
             }
-            c
+            c + pipeline_buffers(m, st, tokens)
         }
         // genslm's exchanges go through host buffers during the forward; they are freed
         // before the backward starts. ZeRO-3's gathered weights are not.
-        Target::Cpu { .. } => cpu::gathered_weights(m, st, checkpointed),
+        Target::Cpu { .. } => {
+            cpu::gathered_weights(m, st, checkpointed) + pipeline_buffers(m, st, tokens)
+        }
     };
     // genslm's checkpointed backward (src/train/recompute.rs) applies the gradient `g` of a
     // recomputed layer's output through the surrogate `Σ out ⊙ g`: `g`, the product and the

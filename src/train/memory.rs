@@ -15,6 +15,12 @@ use crate::train::metrics::proc_kib;
 /// The strategy genslm trains `cfg` with on CPU under `dp × sp` (`batch_size` is the global
 /// batch, split over DP).
 pub fn trainer_strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
+    pipelined_strategy(cfg, dp, sp, 1)
+}
+
+/// [`trainer_strategy`] with `pp` pipeline stages (the planner estimates every stage; the
+/// layers balanced as `Stages::balanced` cuts them).
+pub fn pipelined_strategy(cfg: &Config, dp: usize, sp: usize, pp: usize) -> Strategy {
     let t = &cfg.train;
     Strategy {
         layout: Parallelism {
@@ -23,11 +29,16 @@ pub fn trainer_strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
                 cp: 1,
                 sp,
                 tp: 1,
-                pp: 1,
+                pp,
             },
             zero: t.zero,
             megatron_sp: false,
             zero_over_sp: Parallelism::trainer_zero_over_sp(t.zero),
+            pipeline: crate::plan::PipePlan {
+                schedule: t.pp_schedule,
+                virtual_stages: t.pp_virtual,
+                micro_batches: t.grad_accum,
+            },
         },
         recipe: Recipe::Genslm,
         attention: cfg.model.attention,
@@ -43,19 +54,20 @@ pub fn trainer_strategy(cfg: &Config, dp: usize, sp: usize) -> Strategy {
         batch_size: (t.batch_size / dp).max(1),
         tied_embeddings: false,
         vocab_size: cfg.model.vocab_size,
+        stage: None,
     }
 }
 
-/// Predicted peak bytes of a process running `in_process` of the `dp × sp` ranks at `seq_len`.
+/// Predicted peak bytes of a process running `in_process` of the `dp × sp × pp` ranks at
+/// `seq_len` (under PP, the largest stage's peak for each).
 pub fn predicted_peak(
     cfg: &Config,
-    dp: usize,
-    sp: usize,
+    (dp, sp, pp): (usize, usize, usize),
     in_process: usize,
     seq_len: usize,
 ) -> f64 {
-    let st = trainer_strategy(cfg, dp, sp);
-    let run = if dp * sp == 1 {
+    let st = pipelined_strategy(cfg, dp, sp, pp);
+    let run = if dp * sp * pp == 1 {
         CpuRun::Train
     } else {
         CpuRun::TrainMpi
@@ -100,13 +112,12 @@ pub fn available_bytes() -> Option<f64> {
 /// `--seq-len` that fits.
 pub fn check_fits(
     cfg: &Config,
-    dp: usize,
-    sp: usize,
+    (dp, sp, pp): (usize, usize, usize),
     in_process: usize,
     available: f64,
 ) -> Result<()> {
     let s = cfg.train.seq_len;
-    let peak = |len: usize| predicted_peak(cfg, dp, sp, in_process, len);
+    let peak = |len: usize| predicted_peak(cfg, (dp, sp, pp), in_process, len);
     let need = peak(s);
     if need <= available {
         return Ok(());
@@ -146,7 +157,9 @@ mod tests {
         cfg.train.seq_len = 1_000_000;
         cfg.train.batch_size = 1;
         let avail = 20.0 * GIB;
-        let e = check_fits(&cfg, 1, 1, 1, avail).unwrap_err().to_string();
+        let e = check_fits(&cfg, (1, 1, 1), 1, avail)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("GiB available") && e.contains("longest --seq-len that fits"),
             "{e}"
@@ -158,9 +171,9 @@ mod tests {
             .unwrap()
             .parse()
             .unwrap();
-        assert!(predicted_peak(&cfg, 1, 1, 1, fit) <= avail);
-        assert!(predicted_peak(&cfg, 1, 1, 1, fit + 1) > avail);
+        assert!(predicted_peak(&cfg, (1, 1, 1), 1, fit) <= avail);
+        assert!(predicted_peak(&cfg, (1, 1, 1), 1, fit + 1) > avail);
         cfg.train.seq_len = fit;
-        assert!(check_fits(&cfg, 1, 1, 1, avail).is_ok());
+        assert!(check_fits(&cfg, (1, 1, 1), 1, avail).is_ok());
     }
 }

@@ -57,8 +57,7 @@ pub struct RunOptions {
 /// has available (unless `--skip-memory-check`); see [`crate::train::memory`].
 pub fn check_memory(
     cfg: &Config,
-    dp: usize,
-    sp: usize,
+    (dp, sp, pp): (usize, usize, usize),
     in_process: usize,
     opts: &RunOptions,
 ) -> Result<()> {
@@ -69,7 +68,7 @@ pub fn check_memory(
     let on_cpu = opts.device.backend == crate::backend::BackendKind::Cpu;
     match available_bytes() {
         Some(avail) if on_cpu && !opts.skip_memory_check => {
-            check_fits(cfg, dp, sp, in_process, avail)
+            check_fits(cfg, (dp, sp, pp), in_process, avail)
         }
         _ => Ok(()),
     }

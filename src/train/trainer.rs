@@ -51,7 +51,7 @@ pub fn train_grid(
     let topo = Topology::of(0, d)?;
     validate_layout(cfg, &topo)?;
     let n = d.world();
-    check_memory(cfg, d.dp, topo.seq_degree(), n, opts)?;
+    check_memory(cfg, (d.dp, topo.seq_degree(), d.pp), n, opts)?;
     if n == 1 {
         if cfg.train.zero >= 2 {
             eprintln!(
@@ -144,7 +144,8 @@ pub fn train_with_ranks(
 ) -> Result<TrainSummary> {
     run_rank_guarded(ranks, || {
         validate_layout(cfg, &ranks.topo)?;
-        check_memory(cfg, ranks.topo.dp, ranks.topo.seq_degree(), 1, opts)?;
+        let t = &ranks.topo;
+        check_memory(cfg, (t.dp, t.seq_degree(), t.pp), 1, opts)?;
         // Rank 0 may tokenize for a long time: the others wait without a deadline. It holds
         // the run directory's lock until the run ends.
         let (corpus, _lock) = if ranks.is_root() {

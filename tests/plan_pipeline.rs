@@ -1,0 +1,248 @@
+//! `genslm plan` with pipeline stages: each stage's share of the model states and of the
+//! activations against closed forms (1F1B keeps P − s micro-batches on stage s, GPipe all m),
+//! the bubble against (P − 1)/m and (P − 1)/(m·V), and the search (PP only with ZeRO 0/1, as
+//! the trainer runs it; the one ZeRO-1 layout of genslm-33b that fits 16 × 40 GB has stages).
+
+mod common;
+
+use common::{repo, run};
+use genslm::config::{AttentionKind, ModelConfig, Position};
+use genslm::parallel::pipeline::schedule::ScheduleKind;
+use genslm::plan::stages::{bubble, stage_views};
+use genslm::plan::{
+    estimate, layer_params, model_params, stage_params, Checkpointing, Degrees, Hardware, Mask,
+    Parallelism, PipePlan, Precision, Recipe, Strategy, Target, GIB,
+};
+use genslm::tokenizer::VocabKind;
+
+fn shape(layers: usize) -> ModelConfig {
+    ModelConfig {
+        name: "t".into(),
+        num_layers: layers,
+        hidden_size: 512,
+        num_heads: 8,
+        intermediate_size: 2048,
+        vocab: VocabKind::Genslm69,
+        vocab_size: 69,
+        max_position_embeddings: 2048,
+        position: Position::Rotary,
+        rotary_pct: 0.25,
+        rotary_base: 10000.0,
+        layer_norm_eps: 1e-5,
+        attention: AttentionKind::Flash,
+    }
+}
+
+fn layout(pp: usize, tp: usize, zero: u8, kind: ScheduleKind, v: usize, m: usize) -> Parallelism {
+    Parallelism {
+        degrees: Degrees {
+            dp: 1,
+            cp: 1,
+            sp: 1,
+            tp,
+            pp,
+        },
+        zero,
+        megatron_sp: false,
+        zero_over_sp: true,
+        pipeline: PipePlan {
+            schedule: kind,
+            virtual_stages: v,
+            micro_batches: m,
+        },
+    }
+}
+
+fn strategy(l: Parallelism) -> Strategy {
+    Strategy {
+        layout: l,
+        recipe: Recipe::Genslm,
+        attention: AttentionKind::Flash,
+        positions: Position::Rotary,
+        shard_positions: false,
+        mask: Mask::None,
+        checkpointing: Checkpointing::None,
+        precision: Precision::Bf16,
+        batch_size: 1,
+        tied_embeddings: false,
+        vocab_size: 69,
+        stage: None,
+    }
+}
+
+fn gpu() -> Hardware {
+    Hardware {
+        mem_bytes: 1e6 * GIB,
+        target: Target::Gpu,
+    }
+}
+
+fn close(got: f64, want: f64, what: &str) {
+    assert!(
+        (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+        "{what}: {got} vs {want}"
+    );
+}
+
+#[test]
+fn stages_hold_their_layers_and_the_schedule_s_micro_batches() {
+    let m = shape(8);
+    let views = stage_views(&m, &layout(4, 1, 1, ScheduleKind::OneFOneB, 1, 8)).unwrap();
+    let kept: Vec<usize> = views.iter().map(|v| v.kept_layers).collect();
+    // 1F1B: stage s keeps P − s micro-batches of its 2 layers.
+    assert_eq!(kept, vec![8, 6, 4, 2]);
+    assert!(views.iter().all(|v| v.layers == 2));
+    assert!(views[0].embeddings && !views[0].head && views[3].head && !views[3].embeddings);
+    // GPipe keeps every micro-batch until the backwards start.
+    let views = stage_views(&m, &layout(4, 1, 1, ScheduleKind::GPipe, 1, 8)).unwrap();
+    assert!(views.iter().all(|v| v.kept_layers == 16));
+    // The stages' parameters add up to the model's (untied embeddings: one matrix each end).
+    let sum: f64 = views.iter().map(|v| stage_params(&m, 69, false, v)).sum();
+    close(sum, model_params(&m, 69, false), "Σ stages");
+    // Impossible pipelines are refused by the check, as the trainer refuses them.
+    assert!(stage_views(&m, &layout(4, 1, 1, ScheduleKind::OneFOneB, 1, 2)).is_err());
+    assert!(stage_views(&m, &layout(16, 1, 1, ScheduleKind::GPipe, 1, 16)).is_err());
+}
+
+#[test]
+fn bubbles_follow_the_closed_forms() {
+    let m = shape(16);
+    for (p, mb) in [(2, 4), (4, 8), (4, 16), (8, 8)] {
+        for kind in [ScheduleKind::OneFOneB, ScheduleKind::GPipe] {
+            let b = bubble(&m, &layout(p, 1, 1, kind, 1, mb)).unwrap();
+            close(
+                b,
+                (p - 1) as f64 / mb as f64,
+                &format!("{kind} P {p} m {mb}"),
+            );
+        }
+        let b = bubble(&m, &layout(p, 1, 1, ScheduleKind::Interleaved, 2, mb)).unwrap();
+        close(
+            b,
+            (p - 1) as f64 / (2 * mb) as f64,
+            &format!("interleaved P {p} m {mb}"),
+        );
+    }
+    assert_eq!(
+        bubble(&m, &layout(1, 1, 1, ScheduleKind::OneFOneB, 1, 1)),
+        None
+    );
+}
+
+/// Stage 0 of 1F1B holds its layers' states and the embedding, and P micro-batches of L/P
+/// layers: as many layer activations as one rank without a pipeline, without the head's; the
+/// last stage holds the head and the logits.
+#[test]
+fn stage_memory_terms() {
+    let m = shape(8);
+    let (h, s) = (512.0, 4096usize);
+    let tokens = s as f64;
+    let t = 2;
+    let whole = estimate(
+        &m,
+        &strategy(layout(1, t, 1, ScheduleKind::OneFOneB, 1, 1)),
+        &gpu(),
+        s,
+    );
+    let l = layout(4, t, 1, ScheduleKind::OneFOneB, 1, 8);
+    let st = strategy(l);
+    let views = stage_views(&m, &l).unwrap();
+    let per_stage: Vec<_> = views
+        .iter()
+        .map(|&v| {
+            let one = Strategy {
+                stage: Some(v),
+                ..st.clone()
+            };
+            estimate(&m, &one, &gpu(), s).memory
+        })
+        .collect();
+    // bf16 weights: 2 bytes per parameter of the stage, over TP.
+    let first = (2.0 * layer_params(&m) + 69.0 * h) / t as f64;
+    close(per_stage[0].parameters, 2.0 * first, "stage 0 weights");
+    let last = (2.0 * layer_params(&m) + 69.0 * h + 2.0 * h) / t as f64;
+    close(per_stage[3].parameters, 2.0 * last, "stage 3 weights");
+    // Stage 0 keeps 8 layers' activations like one rank; one rank also keeps the final
+    // LayerNorm's fp32 input and output (the head's, on the last stage).
+    let head_acts = tokens * (4.0 + 2.0) * h;
+    close(
+        per_stage[0].activations,
+        whole.memory.activations - head_acts,
+        "stage 0 activations",
+    );
+    assert_eq!(per_stage[0].logits, 0.0);
+    assert!(per_stage[3].logits > 0.0);
+    close(
+        per_stage[3].logits,
+        whole.memory.logits,
+        "the last stage's logits",
+    );
+    // Every stage receives an activation and a gradient: 2 fp32 h-wide buffers per token.
+    close(
+        per_stage[1].communication,
+        2.0 * 4.0 * h * tokens,
+        "pipeline buffers",
+    );
+    // The plan's peak is the largest stage's.
+    let peak = estimate(&m, &st, &gpu(), s);
+    let max = per_stage.iter().map(|b| b.total()).fold(0.0, f64::max);
+    close(peak.total(), max, "peak");
+    assert_eq!(peak.stage, Some(0));
+}
+
+#[test]
+fn the_search_plans_stages_as_the_trainer_runs_them() {
+    let cfg = repo().join("configs/genslm-33b.toml");
+    let cfg = cfg.to_str().unwrap();
+    // With ZeRO ≤ 1 and checkpointing, 16 A100-40GB hold genslm-33b only with pipeline stages.
+    let (ok, out, err) = run(&[
+        "plan",
+        "--config",
+        cfg,
+        "--gpus",
+        "16",
+        "--gpu-mem-gib",
+        "40",
+        "--zero",
+        "1",
+        "--checkpoint-activations",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["layout"]["pp"].as_u64().unwrap() > 1, "{}", v["layout"]);
+    assert!(v["max_seq_len"].as_u64().unwrap() > 0);
+    assert!(v["pipeline_bubble"].as_f64().unwrap() > 0.0);
+    // ZeRO-2/3 with stages are refused by name (the trainer refuses them too).
+    let (ok, _, err) = run(&[
+        "plan",
+        "--config",
+        cfg,
+        "--gpus",
+        "16",
+        "--gpu-mem-gib",
+        "40",
+        "--pp",
+        "2",
+        "--zero",
+        "3",
+    ]);
+    assert!(!ok && err.contains("--pp 2 with --zero 3"), "{err}");
+    // A fixed --pp is the only pipeline degree searched, and the text names the stage.
+    let (ok, out, err) = run(&[
+        "plan",
+        "--config",
+        cfg,
+        "--gpus",
+        "64",
+        "--gpu-mem-gib",
+        "40",
+        "--pp",
+        "4",
+        "--checkpoint-activations",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("pp 4 (1f1b, 16 micro-batches)"), "{out}");
+    assert!(out.contains("pipeline bubble     0.188"), "{out}");
+    assert!(out.contains("on pipeline stage"), "{out}");
+}
