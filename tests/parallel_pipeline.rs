@@ -98,7 +98,7 @@ fn pipeline(
                 PRECISION.with(|p| p.set(precision));
                 let mut model = model(pos);
                 // Only this stage's parameters are present.
-                let mine: Vec<usize> = stage_units(&stages, &model, stage)
+                let mine: Vec<usize> = stage_units(&stages, &model.layout, stage)
                     .into_iter()
                     .flat_map(|u| u.params(&model.layout))
                     .collect();

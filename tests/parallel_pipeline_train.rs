@@ -120,7 +120,11 @@ fn a_stage_holds_only_its_own_layers() {
     let model = GenSlm::init(cfg.model.clone(), 0, &burn::tensor::Device::flex()).unwrap();
     let pipe = Pipe::plan(&cfg, 2).unwrap().unwrap();
     let numel = |i: usize| model.layout.specs[i].shape.iter().product::<usize>() as u64;
-    let stage0: u64 = pipe.params_of(&model, 0).into_iter().map(numel).sum();
+    let stage0: u64 = pipe
+        .params_of(&model.layout, 0)
+        .into_iter()
+        .map(numel)
+        .sum();
     let all: u64 = (0..model.params.len()).map(numel).sum();
     assert_eq!(held, 4 * stage0);
     let busy = m[0].pp_busy_s.as_ref().unwrap();

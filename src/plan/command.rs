@@ -104,6 +104,7 @@ pub fn run(a: &PlanRequest) -> Result<String> {
             "strategy": best.strategy,
             "max_seq_len": best.max_seq_len,
             "pipeline_bubble": super::stages::bubble(&model, &best.strategy.layout),
+            "stages_at_seq_len": a.seq_len.map(|n| stage_estimates(&model, &best, n)),
             "granule": granule(&best.strategy),
             "at_max_seq_len": at_max,
             "total_bytes_at_max": at_max.total().round() as u64,
@@ -180,4 +181,23 @@ fn notes(model: &ModelConfig, a: &PlanRequest, best: &Candidate, at_max: &Estima
         ));
     }
     n
+}
+
+/// Under PP, every stage's estimate at `seq_len` (empty without stages).
+fn stage_estimates(model: &ModelConfig, best: &Candidate, seq_len: usize) -> Vec<Estimate> {
+    let st = &best.strategy;
+    if st.layout.pp <= 1 {
+        return Vec::new();
+    }
+    super::stages::stage_views(model, &st.layout)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| {
+            let one = super::Strategy {
+                stage: Some(v),
+                ..st.clone()
+            };
+            estimate(model, &one, &best.hardware, seq_len)
+        })
+        .collect()
 }

@@ -126,30 +126,27 @@ impl Engine {
             let units = ZeroUnits::build(skeleton.clone(), adamw, step, &mut fetch, zero, ranks)?;
             return Ok(Engine::Units(units));
         }
-        let n = source.layout().specs.len();
-        let values = (0..n).map(|i| source.values(i)).collect::<Result<_>>()?;
-        let model = GenSlm::from_host(cfg, values, device)?.with_precision(precision);
+        // Under PP a stage reads and holds its own parameters only (the others stay empty).
+        let held = pipe
+            .as_ref()
+            .map(|p| p.params_of(source.layout(), ranks.topo.pp_rank()));
+        let holds = |i: usize| held.as_ref().is_none_or(|h| h.contains(&i));
+        let model = stage_model(cfg, source, device, &holds)?.with_precision(precision);
         let mut moments = AdamW::new(adamw, &model.params);
         moments.step = step;
-        for i in 0..n {
+        for i in (0..model.params.len()).filter(|&i| holds(i)) {
             if let Some((m, v)) = source.moments(i)? {
                 (moments.m[i], moments.v[i]) = (host_to_param(m, &plain), host_to_param(v, &plain));
             }
         }
-        let mut model = parallelize(
+        let model = parallelize(
             model,
             Some((&mut moments.m, &mut moments.v)),
             ranks,
             seq_len,
         )?;
-        let Some(pipe) = pipe else {
-            return Ok(Engine::new(model, moments, zero, ranks));
-        };
-        // A stage keeps its own layers (built whole first: a model that fits one rank only
-        // in pieces needs per-unit building, as ZeRO-3 does; not done for PP yet).
-        pipe.keep_stage(&mut model, &mut moments, ranks.topo.pp_rank());
         let mut engine = Engine::new(model, moments, zero, ranks);
-        if let Engine::Whole { pipe: p, .. } = &mut engine {
+        if let (Engine::Whole { pipe: p, .. }, Some(pipe)) = (&mut engine, pipe) {
             *p = Some(Box::new(pipe));
         }
         Ok(engine)
@@ -337,4 +334,33 @@ fn pipeline_loss_and_grads(
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((step, grads))
+}
+
+/// The model of `cfg` from `source`, with the parameters `holds` names read and the others
+/// empty (all of them without a pipeline).
+fn stage_model(
+    cfg: ModelConfig,
+    source: &ParamSource,
+    device: &Device,
+    holds: &dyn Fn(usize) -> bool,
+) -> Result<GenSlm> {
+    let n = source.layout().specs.len();
+    if (0..n).all(holds) {
+        let values = (0..n).map(|i| source.values(i)).collect::<Result<_>>()?;
+        return GenSlm::from_host(cfg, values, device);
+    }
+    let mut model = GenSlm::empty(cfg, device)?;
+    for i in (0..n).filter(|&i| holds(i)) {
+        let (v, spec) = (source.values(i)?, &model.layout.specs[i]);
+        if v.len() != spec.numel() {
+            return Err(Error::Invalid(format!(
+                "parameter {}: expected {} values, got {}",
+                spec.name,
+                spec.numel(),
+                v.len()
+            )));
+        }
+        model.params[i] = host_to_param(v, device);
+    }
+    Ok(model)
 }

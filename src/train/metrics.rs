@@ -46,6 +46,11 @@ pub struct StepMetrics {
     pub pp_idle_s: Option<Vec<f64>>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub pp_bubble: Option<f64>,
+    /// Under PP: each stage's process peak resident memory so far, MiB (taken as the step's
+    /// pipeline ends, so it covers the earlier steps' updates; one process per stage under
+    /// mpirun).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pp_peak_rss_mib: Option<Vec<f64>>,
     /// What rank 0 holds at the step's update (other ranks hold the same up to one padding
     /// block per ZeRO unit).
     #[serde(skip_serializing_if = "Option::is_none", default)]

@@ -27,6 +27,7 @@ use burn::tensor::{Gradients, Tensor, TensorData};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::model::cache::Past;
+use crate::model::params::Layout;
 use crate::model::GenSlm;
 use crate::ops::primitive::{host_to_param, tensor_to_vec, tokens_tensor};
 use crate::parallel::comm::Communicator;
@@ -35,7 +36,7 @@ use crate::parallel::pipeline::schedule::{Op, Pass, Schedule};
 use crate::parallel::pipeline::stages::Stages;
 use crate::parallel::ranks::Ranks;
 use crate::train::layerwise::Unit;
-use crate::train::optim::AdamW;
+use crate::train::metrics::peak_rss_mib;
 use crate::train::recompute::accumulate;
 use crate::train::shard::{local_nll, LocalBatch};
 
@@ -64,30 +65,12 @@ impl Pipe {
         Ok(Some(Self { schedule, stages }))
     }
 
-    /// Indices of the parameters stage `stage` holds.
-    pub fn params_of(&self, model: &GenSlm, stage: usize) -> Vec<usize> {
-        stage_units(&self.stages, model, stage)
+    /// Indices of the parameters stage `stage` holds (in a model of `layout`).
+    pub fn params_of(&self, layout: &Layout, stage: usize) -> Vec<usize> {
+        stage_units(&self.stages, layout, stage)
             .into_iter()
-            .flat_map(|u| u.params(&model.layout))
+            .flat_map(|u| u.params(layout))
             .collect()
-    }
-
-    /// Empties every parameter (and its moments) that `stage` does not hold: a stage keeps
-    /// its own layers only. The empty ones take no part in reductions, norms or updates
-    /// (`train::shard::param_groups`).
-    pub fn keep_stage(&self, model: &mut GenSlm, moments: &mut AdamW, stage: usize) {
-        let mine = self.params_of(model, stage);
-        let plain = moments.m.first().map(|t| t.device());
-        for i in 0..model.params.len() {
-            if mine.contains(&i) {
-                continue;
-            }
-            model.params[i] = host_to_param(Vec::new(), &model.params[i].device());
-            if let Some(d) = &plain {
-                moments.m[i] = host_to_param(Vec::new(), d);
-                moments.v[i] = host_to_param(Vec::new(), d);
-            }
-        }
     }
 }
 
@@ -104,12 +87,12 @@ pub struct Pipeline<'a> {
 
 /// The parameter units stage `stage` holds: its chunks' layers, the embeddings with chunk 0
 /// and the head with the last chunk.
-pub fn stage_units(stages: &Stages, model: &GenSlm, stage: usize) -> Vec<Unit> {
+pub fn stage_units(stages: &Stages, layout: &Layout, stage: usize) -> Vec<Unit> {
     let mut units = Vec::new();
     for c in stages.chunks_of(stage) {
         if c == 0 {
             units.push(Unit::Embed);
-            if model.layout.embed_pos.is_some() {
+            if layout.embed_pos.is_some() {
                 units.push(Unit::Pos);
             }
         }
@@ -157,19 +140,24 @@ pub struct StageStep {
 pub struct StageTimes {
     pub busy_s: Vec<f64>,
     pub idle_s: Vec<f64>,
+    /// Each stage's process peak resident memory so far (MiB; under mpirun, one process per
+    /// stage rank: the per-stage peaks `genslm plan --pp` predicts).
+    pub peak_rss_mib: Vec<f64>,
 }
 
 impl StageTimes {
     /// Gathers `step`'s times from every stage of `comm` (a collective of the group).
     pub fn gather(step: &StageStep, comm: &dyn Communicator) -> Result<Self> {
-        let n = comm.size();
-        let mut buf = vec![0.0f64; 2 * n];
-        (buf[comm.rank()], buf[n + comm.rank()]) = (step.busy_s, step.idle_s);
+        let (n, r) = (comm.size(), comm.rank());
+        let mut buf = vec![0.0f64; 3 * n];
+        (buf[r], buf[n + r], buf[2 * n + r]) = (step.busy_s, step.idle_s, peak_rss_mib());
         comm.all_reduce_sum_f64(&mut buf)?;
+        let peak_rss_mib = buf.split_off(2 * n);
         let idle_s = buf.split_off(n);
         Ok(Self {
             busy_s: buf,
             idle_s,
+            peak_rss_mib,
         })
     }
 
@@ -458,13 +446,13 @@ pub fn gather_stages(pipe: &Pipe, mut model: GenSlm, ranks: &Ranks) -> Result<Op
     let comm = ranks.pp.as_ref();
     let me = comm.rank();
     if me != 0 {
-        for i in pipe.params_of(&model, me) {
+        for i in pipe.params_of(&model.layout, me) {
             comm.send(0, &tensor_to_vec(&model.params[i]))?;
         }
         return Ok(None);
     }
     for s in 1..comm.size() {
-        for i in pipe.params_of(&model, s) {
+        for i in pipe.params_of(&model.layout, s) {
             let mut buf = vec![0.0; model.layout.specs[i].shape.iter().product()];
             comm.recv(s, &mut buf)?;
             model.params[i] = host_to_param(buf, &model.params[i].device());

@@ -334,6 +334,7 @@ impl Clock {
             pp_busy_s: times.map(|t| t.busy_s.clone()),
             pp_idle_s: times.map(|t| t.idle_s.clone()),
             pp_bubble: times.map(StageTimes::bubble),
+            pp_peak_rss_mib: times.map(|t| t.peak_rss_mib.clone()),
             memory: Some(RankMemory::new(
                 engine.held_elements(),
                 peak_mib,
