@@ -61,6 +61,10 @@ fn every_schedule_trains_like_one_rank() {
             ],
         );
     }
+    // Interleaved over 4 stages: 8 chunks of 9 layers (the last one 2).
+    let mut cfg = config(Position::Alibi, ScheduleKind::Interleaved, 2);
+    cfg.model.num_layers = 9;
+    layouts_match_one_rank(&cfg, &[(pp(4, 1, 1, 1, 1), 1, false)]);
 }
 
 #[test]

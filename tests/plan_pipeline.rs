@@ -8,6 +8,7 @@ mod common;
 use common::{repo, run};
 use genslm::config::{AttentionKind, ModelConfig, Position};
 use genslm::parallel::pipeline::schedule::ScheduleKind;
+use genslm::plan::balance::suggest_layers;
 use genslm::plan::stages::{bubble, stage_views};
 use genslm::plan::{
     estimate, layer_params, model_params, stage_params, Checkpointing, Degrees, Hardware, Mask,
@@ -245,4 +246,55 @@ fn the_search_plans_stages_as_the_trainer_runs_them() {
     assert!(out.contains("pp 4 (1f1b, 16 micro-batches)"), "{out}");
     assert!(out.contains("pipeline bubble     0.188"), "{out}");
     assert!(out.contains("on pipeline stage"), "{out}");
+}
+
+/// The suggested cut gives the stages that keep fewer micro-batches more layers, covers every
+/// layer, and lowers the largest stage peak below the even cut's.
+#[test]
+fn the_suggested_cut_evens_out_the_stage_peaks() {
+    let m = shape(16);
+    let l = layout(4, 1, 1, ScheduleKind::OneFOneB, 1, 8);
+    let st = strategy(l);
+    let s = 8192;
+    let (counts, peaks) = suggest_layers(&m, &st, &gpu(), s).unwrap();
+    assert_eq!(counts.iter().sum::<usize>(), 16);
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+    assert!(counts[0] < counts[3], "{counts:?}");
+    let even = estimate(&m, &st, &gpu(), s).total();
+    let worst = peaks.iter().copied().fold(0.0, f64::max);
+    assert!(worst < even, "suggested {worst} vs even {even}");
+    // Each reported peak is that stage's estimate with the suggested layers.
+    let views = stage_views(&m, &l).unwrap();
+    for (k, (&c, &p)) in counts.iter().zip(&peaks).enumerate() {
+        let in_flight = views[k].kept_layers / views[k].layers;
+        let view = genslm::plan::StageView {
+            layers: c,
+            kept_layers: in_flight * c,
+            ..views[k]
+        };
+        let one = Strategy {
+            stage: Some(view),
+            ..st.clone()
+        };
+        close(
+            estimate(&m, &one, &gpu(), s).total(),
+            p,
+            &format!("stage {k}"),
+        );
+    }
+    // No suggestion without stages or with interleaving.
+    assert!(suggest_layers(
+        &m,
+        &strategy(layout(1, 1, 1, ScheduleKind::OneFOneB, 1, 1)),
+        &gpu(),
+        s
+    )
+    .is_none());
+    assert!(suggest_layers(
+        &m,
+        &strategy(layout(2, 1, 1, ScheduleKind::Interleaved, 2, 4)),
+        &gpu(),
+        s
+    )
+    .is_none());
 }

@@ -105,6 +105,13 @@ pub fn run(a: &PlanRequest) -> Result<String> {
             "max_seq_len": best.max_seq_len,
             "pipeline_bubble": super::stages::bubble(&model, &best.strategy.layout),
             "stages_at_seq_len": a.seq_len.map(|n| stage_estimates(&model, &best, n)),
+            "suggested_pp_layers": super::balance::suggest_layers(
+                &model,
+                &best.strategy,
+                &best.hardware,
+                a.seq_len.unwrap_or(best.max_seq_len).max(1),
+            )
+            .map(|(counts, _)| counts),
             "granule": granule(&best.strategy),
             "at_max_seq_len": at_max,
             "total_bytes_at_max": at_max.total().round() as u64,

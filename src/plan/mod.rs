@@ -23,6 +23,7 @@
 //! The peak is the largest of the phases of a step ([`Phase`]): forward/backward, building a
 //! materialised attention mask, and (with genslm's own recipe) the optimizer step.
 
+pub mod balance;
 pub mod command;
 mod counts;
 pub mod cpu;

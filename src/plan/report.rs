@@ -151,6 +151,20 @@ pub(super) fn single_report(
             "pipeline bubble     {b:.3} (idle over busy, the backward twice the forward)"
         );
     }
+    let n = best.max_seq_len;
+    if let Some((counts, peaks)) =
+        super::balance::suggest_layers(model, &best.strategy, &best.hardware, n.max(1))
+    {
+        let counts: Vec<String> = counts.iter().map(|c| c.to_string()).collect();
+        let peaks: Vec<String> = peaks.iter().map(|p| gib(*p)).collect();
+        let _ = writeln!(
+            s,
+            "balanced stages     --pp-layers {} (stage peaks {} at {} tokens)",
+            counts.join(","),
+            peaks.join(", "),
+            tokens(n.max(1))
+        );
+    }
     breakdown_lines(&mut s, at_max, best.hardware.mem_bytes);
     if let Some(e) = at_len {
         breakdown_lines(&mut s, &e, best.hardware.mem_bytes);
