@@ -11,9 +11,9 @@ use genslm::parallel::pipeline::schedule::ScheduleKind;
 use genslm::parallel::Degrees;
 use genslm::train::metrics::read_metrics;
 use genslm::train::pipeline::Pipe;
-use genslm::train::trainer::{train, train_grid, RunOptions};
+use genslm::train::trainer::{train_grid, RunOptions};
 
-use curves::{data, layouts_match_one_rank, same_checkpoint, same_curve, tiny};
+use curves::{data, layouts_match_one_rank, resumes_match_one_rank, tiny};
 
 fn config(pos: Position, kind: ScheduleKind, v: usize) -> Config {
     let mut c = tiny(pos, 32);
@@ -142,28 +142,12 @@ fn a_stage_holds_only_its_own_layers() {
 #[test]
 fn pipeline_checkpoints_resume_on_other_layouts() {
     let cfg = config(Position::Learned, ScheduleKind::OneFOneB, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let one = dir.path().join("one");
-    train(&cfg, &data(), &one, &RunOptions::default()).unwrap();
-    let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
     let single = Degrees::new(1, 1, 1);
-    for (name, before, after) in [
-        ("pp4-to-1", pp(4, 1, 1, 1, 1), single),
-        ("1-to-pp2tp2", single, pp(2, 1, 1, 1, 2)),
-    ] {
-        let out = dir.path().join(name);
-        let first = RunOptions {
-            stop_after: Some(3),
-            ..Default::default()
-        };
-        train_grid(&cfg, &data(), &out, &first, before).unwrap();
-        let resume = RunOptions {
-            resume: true,
-            ..Default::default()
-        };
-        train_grid(&cfg, &data(), &out, &resume, after).unwrap();
-        let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
-        same_curve(&m, &reference, name);
-        same_checkpoint(&out, &one, name);
-    }
+    resumes_match_one_rank(
+        &cfg,
+        &[
+            ("pp4-to-1", pp(4, 1, 1, 1, 1), single),
+            ("1-to-pp2tp2", single, pp(2, 1, 1, 1, 2)),
+        ],
+    );
 }

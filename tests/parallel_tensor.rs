@@ -10,15 +10,14 @@ mod curves;
 use std::time::Duration;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use curves::{data, layouts_match_one_rank, same_checkpoint, same_curve, tiny};
+use curves::{data, layouts_match_one_rank, resumes_match_one_rank, tiny};
 use genslm::config::{Config, Position};
 use genslm::model::tensor_parallel::{split_range, vocab_parallel_nll};
 use genslm::ops::primitive::tensor_to_vec;
 use genslm::parallel::tensor::TpGroup;
 use genslm::parallel::threads::thread_group;
 use genslm::parallel::Degrees;
-use genslm::train::metrics::read_metrics;
-use genslm::train::trainer::{train, train_grid, RunOptions};
+use genslm::train::trainer::{train_grid, RunOptions};
 
 /// `(dp, cp, sp, tp, zero, checkpoint_activations)`.
 type Layout = (usize, usize, usize, usize, u8, bool);
@@ -98,10 +97,6 @@ fn tensor_parallel_with_lengths_and_vocabularies_no_degree_divides() {
 #[test]
 fn tensor_parallel_checkpoints_resume_on_other_layouts() {
     let cfg = tiny(Position::Learned, 32);
-    let dir = tempfile::tempdir().unwrap();
-    let one = dir.path().join("one");
-    train(&cfg, &data(), &one, &RunOptions::default()).unwrap();
-    let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
     let tp_sp = Degrees {
         dp: 1,
         cp: 1,
@@ -117,25 +112,13 @@ fn tensor_parallel_checkpoints_resume_on_other_layouts() {
         pp: 1,
     };
     let single = Degrees::new(1, 1, 1);
-    for (name, before, after) in [
-        ("tp2sp2-to-1", tp_sp, single),
-        ("1-to-tp2dp2", single, tp_dp),
-    ] {
-        let out = dir.path().join(name);
-        let first = RunOptions {
-            stop_after: Some(3),
-            ..Default::default()
-        };
-        train_grid(&cfg, &data(), &out, &first, before).unwrap();
-        let resume = RunOptions {
-            resume: true,
-            ..Default::default()
-        };
-        train_grid(&cfg, &data(), &out, &resume, after).unwrap();
-        let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
-        same_curve(&m, &reference, name);
-        same_checkpoint(&out, &one, name);
-    }
+    resumes_match_one_rank(
+        &cfg,
+        &[
+            ("tp2sp2-to-1", tp_sp, single),
+            ("1-to-tp2dp2", single, tp_dp),
+        ],
+    );
 }
 
 /// Layouts TP cannot cut are refused before any work, naming the flag and the reason.

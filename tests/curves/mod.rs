@@ -115,3 +115,29 @@ pub fn same_checkpoint(a: &Path, b: &Path, what: &str) {
         }
     }
 }
+
+/// Trains `cfg` on one rank; then, for each `(name, before, after)`, 3 steps under `before`
+/// and the rest resumed under `after`: the curve and the final checkpoint must be the one
+/// rank's (checkpoints do not depend on the layout).
+pub fn resumes_match_one_rank(cfg: &Config, cases: &[(&str, Degrees, Degrees)]) {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one");
+    train(cfg, &data(), &one, &RunOptions::default()).unwrap();
+    let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
+    for &(name, before, after) in cases {
+        let out = dir.path().join(name);
+        let first = RunOptions {
+            stop_after: Some(3),
+            ..Default::default()
+        };
+        train_grid(cfg, &data(), &out, &first, before).unwrap();
+        let resume = RunOptions {
+            resume: true,
+            ..Default::default()
+        };
+        train_grid(cfg, &data(), &out, &resume, after).unwrap();
+        let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+        same_curve(&m, &reference, name);
+        same_checkpoint(&out, &one, name);
+    }
+}
