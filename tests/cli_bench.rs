@@ -138,4 +138,24 @@ fn bench_train_on_ranks_behind_a_simulated_network() {
         "fast",
     ]);
     assert!(!ok && err.contains("--simulate-network \"fast\""), "{err}");
+    // Pipeline stages run 4·P micro-batches and report the measured bubble.
+    let (ok, out, err) = run(&[
+        "bench",
+        "train",
+        "--config",
+        cfg,
+        "--seq-len",
+        "32",
+        "--steps",
+        "1",
+        "--pp",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("pp 2")
+            && out.contains("pipeline bubble")
+            && out.contains("(8 micro-batches)"),
+        "{out}"
+    );
 }

@@ -22,11 +22,14 @@ pub struct RanksBench {
     pub tokens_per_s: f64,
     /// Seconds rank 0 spent inside communicator calls per step.
     pub comm_wait_s: f64,
+    /// Under PP: the measured bubble (idle over busy summed over the stages, `pp_bubble`).
+    pub pp_bubble: Option<f64>,
 }
 
 /// `steps` timed training steps (after one warm-up step; the run's last step, which also
 /// validates, is not timed) of a fresh `model` at `seq_len` on `d` ranks as threads, one
-/// sequence per DP rank, on random codons written to a temporary FASTA.
+/// sequence per DP rank (and, under PP, 4·P micro-batches a step), on random codons written
+/// to a temporary FASTA.
 pub fn train_ranks(
     model: &ModelConfig,
     seq_len: usize,
@@ -43,8 +46,10 @@ pub fn train_ranks(
     }
     let dir = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
     let fasta = dir.path().join("random.fa");
+    // Pipeline stages run 4·P micro-batches a step (1F1B's bubble (P − 1)/(4P)).
+    let grad_accum = if d.pp > 1 { 4 * d.pp } else { 1 };
     // Enough records of one window each for every step's batch, with some held out.
-    let records = d.dp * (steps + 2) * 2 + 8;
+    let records = d.dp * grad_accum * (steps + 2) * 2 + 8;
     let mut rng = SplitMix64::new(7);
     let mut text = String::with_capacity(records * (3 * seq_len + 20));
     for r in 0..records {
@@ -61,7 +66,7 @@ pub fn train_ranks(
             steps: steps as u64 + 2,
             seq_len,
             batch_size: d.dp,
-            grad_accum: 1,
+            grad_accum,
             val_every: 0,
             precision: Some(compute.precision),
             ..TrainConfig::default()
@@ -86,5 +91,6 @@ pub fn train_ranks(
         secs_per_step: secs,
         tokens_per_s: timed.iter().map(|x| x.tokens as f64).sum::<f64>() / n / secs,
         comm_wait_s: timed.iter().filter_map(|x| x.comm_wait_s).sum::<f64>() / n,
+        pp_bubble: (d.pp > 1).then(|| timed.iter().filter_map(|x| x.pp_bubble).sum::<f64>() / n),
     })
 }

@@ -274,7 +274,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                 let r = genslm::bench::train_ranks(&cfg, seq_len, steps, degrees, net, &compute)?;
                 println!(
                     "genslm {} seq {seq_len} dp {dp} pp {pp} cp {cp} sp {sp} tp {tp} {} network {}: \
-                     {:.1} tokens/s, {:.3} s/step, {:.3} s/step in communication (rank 0) \
+                     {:.1} tokens/s, {:.3} s/step, {:.3} s/step in communication (rank 0){} \
                      [simd {}]",
                     cfg.name,
                     compute.device.backend.name(),
@@ -282,6 +282,9 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     r.tokens_per_s,
                     r.secs_per_step,
                     r.comm_wait_s,
+                    r.pp_bubble
+                        .map(|b| format!(", pipeline bubble {b:.3} ({} micro-batches)", 4 * pp))
+                        .unwrap_or_default(),
                     genslm::isa::tier()
                 );
                 return Ok(());
