@@ -139,3 +139,12 @@ took=$(( $(date +%s) - start ))
 grep -q "injected fault" "$TMP/fault.log" || { cat "$TMP/fault.log" >&2; echo "check_mpi: no message from the failing rank" >&2; exit 1; }
 [ "$took" -lt 60 ] || { echo "check_mpi: took ${took}s" >&2; exit 1; }
 echo "check_mpi: a failing rank ended the job in ${took}s with its message"
+# The same with pipeline stages: the last stage fails while the first waits for its gradient.
+start=$(date +%s)
+if timeout 60 "${MPIRUN[@]}" -np 2 env GENSLM_FAULT_RANK=1:2 "$BIN" "${ARGS[@]}" --out "$TMP/faultpp" --pp 2 --grad-accum 2 > "$TMP/faultpp.log" 2>&1; then
+  echo "check_mpi: the faulty pipeline job succeeded" >&2; exit 1
+fi
+took=$(( $(date +%s) - start ))
+grep -q "injected fault" "$TMP/faultpp.log" || { cat "$TMP/faultpp.log" >&2; echo "check_mpi: no message from the failing stage" >&2; exit 1; }
+[ "$took" -lt 60 ] || { echo "check_mpi: took ${took}s" >&2; exit 1; }
+echo "check_mpi: a failing pipeline stage ended the job in ${took}s with its message"
