@@ -773,10 +773,18 @@ fn pipeline_flags_train_and_log_the_bubble() {
             "needs --pp-schedule interleaved",
         ),
         (&["--zero", "2"][..], "--zero 2"),
+        (
+            &["--pp-schedule", "interleaved", "--pp-virtual", "1000000000"][..],
+            "passes per step",
+        ),
     ] {
         let bad = dir.path().join("bad");
         let (ok, err) = try_train(&bad, &data(), &with(extra));
         assert!(!ok && err.contains(says), "{extra:?}: {err}");
         assert!(!bad.exists(), "{extra:?} wrote {}", bad.display());
     }
+    // Pipeline settings without stages are a mistake, not silently ignored.
+    let bad = dir.path().join("bad");
+    let (ok, err) = try_train(&bad, &data(), &["--pp-schedule", "gpipe"]);
+    assert!(!ok && err.contains("give --pp P"), "{err}");
 }

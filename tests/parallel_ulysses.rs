@@ -162,6 +162,12 @@ fn layouts_rejected_before_any_work() {
     cfg.train.batch_size = 3;
     let e = train_threads(&cfg, &data, dir.path(), &RunOptions::default(), 2, 1).unwrap_err();
     assert!(e.to_string().contains("--batch-size 3"), "{e}");
+    // A learned table that SP would leave a rank no rows of (6 rows, 6 tokens padded to 8 on
+    // 4 ranks: rank 3 starts at row 6).
+    let mut short = config(Position::Learned);
+    (short.model.max_position_embeddings, short.train.seq_len) = (6, 6);
+    let e = train_threads(&short, &data, dir.path(), &RunOptions::default(), 1, 4).unwrap_err();
+    assert!(e.to_string().contains("leaves SP rank 3 none"), "{e}");
     assert!(!dir.path().join("metrics.jsonl").exists());
 }
 

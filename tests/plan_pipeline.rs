@@ -229,6 +229,24 @@ fn the_search_plans_stages_as_the_trainer_runs_them() {
         "3",
     ]);
     assert!(!ok && err.contains("--pp 2 with --zero 3"), "{err}");
+    // A fixed pipeline that cannot run says why.
+    let (ok, _, err) = run(&[
+        "plan",
+        "--config",
+        cfg,
+        "--gpus",
+        "16",
+        "--gpu-mem-gib",
+        "40",
+        "--pp",
+        "4",
+        "--grad-accum",
+        "2",
+    ]);
+    assert!(
+        !ok && err.contains("needs at least 4 micro-batches"),
+        "{err}"
+    );
     // A fixed --pp is the only pipeline degree searched, and the text names the stage.
     let (ok, out, err) = run(&[
         "plan",

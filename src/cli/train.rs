@@ -205,6 +205,13 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     if let Some(k) = a.attention {
         cfg.model.attention = k.into();
     }
+    let pipeline_flags = a.pp_schedule.is_some() || a.pp_virtual.is_some() || a.pp_layers.is_some();
+    if pipeline_flags && a.degrees.pp <= 1 {
+        anyhow::bail!(
+            "--pp-schedule, --pp-virtual and --pp-layers set up pipeline stages: give --pp P \
+             (2 or more) with them"
+        );
+    }
     let t = &mut cfg.train;
     macro_rules! set {
         ($($f:ident),*) => {$( if let Some(v) = a.$f { t.$f = v; } )*};

@@ -391,7 +391,11 @@ impl Communicator for MpiComm {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.lock().barrier();
+        let comm = self.lock();
+        comm.barrier();
+        // Frees the copies of the sends the barrier saw through (a stage's whole parameters
+        // after a checkpoint's gather).
+        self.outbox.lock().unwrap_or_else(|p| p.into_inner()).reap();
         Ok(())
     }
 

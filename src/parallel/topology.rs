@@ -5,7 +5,7 @@
 //! node), SP groups stride by `tp` (Ulysses' all-to-all, next closest), CP groups by `sp · tp`
 //! (the ring crosses nodes), pipeline stages by `cp · sp · tp` (one activation per micro-batch
 //! between neighbours: little traffic, fine across nodes), DP replicas by `pp · cp · sp · tp`
-//! (Megatron's order). Every group but TP's joins ranks of one TP rank: they hold the same
+//! (Megatron-Core's `tp-cp-pp-dp` order; its default puts PP outermost instead). Every group but TP's joins ranks of one TP rank: they hold the same
 //! slices of the weights; every group but PP's joins ranks of one stage. One sequence is held by the `cp · sp` ranks of a *sequence
 //! group*: CP splits it into `2·cp` chunks and gives CP rank c chunks c and 2·cp−1−c (zigzag:
 //! equal causal work on every rank), SP then splits that rank's tokens contiguously.
@@ -149,8 +149,8 @@ impl Topology {
         self.rank < self.tp
     }
 
-    /// Whether this rank is DP, CP and SP rank 0 of its stage: under PP, the ranks of stages
-    /// past the first that hand their stage's weights to stage 0 for a checkpoint.
+    /// Whether this rank is DP, CP and SP rank 0 of its stage: under PP, the ranks that move
+    /// the stages' weights for a checkpoint (senders on the later stages, receivers on stage 0).
     pub fn leads_stage(&self) -> bool {
         self.dp_rank() == 0 && self.cp_rank() == 0 && self.sp_rank() == 0
     }

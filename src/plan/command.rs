@@ -86,8 +86,14 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     }
     let candidates = layouts(&model, a, gpus)?;
     let searched = candidates.len() > 1;
-    let best = best_of(evaluate(&model, a, mem_bytes, candidates))
-        .ok_or_else(|| Error::Invalid("no layout to evaluate".into()))?;
+    // Why the first layout cannot run, when none can (e.g. --pp with too few micro-batches).
+    let first = candidates
+        .first()
+        .map(|&l| super::check(&model, &super::search::strategy_for(&model, a, l)));
+    let best = best_of(evaluate(&model, a, mem_bytes, candidates)).ok_or_else(|| match first {
+        Some(Err(e)) => e,
+        _ => Error::Invalid("no layout to evaluate".into()),
+    })?;
     let at_max = estimate(&model, &best.strategy, &best.hardware, best.max_seq_len);
     let at_len = a
         .seq_len

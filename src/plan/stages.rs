@@ -77,8 +77,10 @@ fn cost(kind: ScheduleKind) -> impl Fn(Pass) -> u64 {
 
 fn schedule(m: &ModelConfig, l: &Parallelism) -> Result<(Schedule, Stages)> {
     let p = &l.pipeline;
-    let sched = Schedule::build(p.schedule, l.pp, p.micro_batches, p.virtual_stages)?;
+    // The settings, then the cut (more chunks than layers), before anything is built.
+    Schedule::check(p.schedule, l.pp, p.micro_batches, p.virtual_stages)?;
     let stages = Stages::balanced(m.num_layers, l.pp, p.virtual_stages)?;
+    let sched = Schedule::build(p.schedule, l.pp, p.micro_batches, p.virtual_stages)?;
     Ok((sched, stages))
 }
 

@@ -152,6 +152,21 @@ impl Engine {
         Ok(engine)
     }
 
+    /// Layers this rank runs: its stage's under PP (`stage`), else all `layers`.
+    pub fn layers_run(&self, stage: usize, layers: usize) -> usize {
+        match self {
+            Engine::Whole {
+                pipe: Some(pipe), ..
+            } => pipe
+                .stages
+                .chunks_of(stage)
+                .into_iter()
+                .map(|c| pipe.stages.layers(c).len())
+                .sum(),
+            _ => layers,
+        }
+    }
+
     /// Under PP, every stage's busy and idle time in the last step.
     pub fn stage_times(&self) -> Option<&StageTimes> {
         match self {
@@ -320,13 +335,16 @@ fn pipeline_loss_and_grads(
     let mut acc: Vec<Option<Tensor<1>>> = vec![None; model.params.len()];
     let denom = total_targets.max(1) as f64;
     let step = stage_loss_and_grads(&p, model, &micro, denom, &mut acc)?;
+    // Another stage's parameters get an empty gradient; one of this stage's without a
+    // gradient is an error, as without a pipeline.
+    let held = pipe.params_of(&model.layout, ranks.topo.pp_rank());
     let grads = acc
         .into_iter()
         .zip(&model.params)
         .enumerate()
         .map(|(i, (g, p))| match g {
             Some(g) => Ok(g),
-            None if p.dims()[0] == 0 => Ok(p.clone().without_autodiff()),
+            None if !held.contains(&i) => Ok(p.clone().without_autodiff()),
             None => Err(Error::Invalid(format!(
                 "no gradient for {}",
                 model.layout.specs[i].name

@@ -56,12 +56,14 @@ impl Pipe {
             return Ok(None);
         }
         let t = &cfg.train;
-        let schedule = Schedule::build(t.pp_schedule, pp, t.grad_accum, t.pp_virtual)?;
+        // The settings, then the cut (more chunks than layers), before anything is built.
+        Schedule::check(t.pp_schedule, pp, t.grad_accum, t.pp_virtual)?;
         let layers = cfg.model.num_layers;
         let stages = match &t.pp_layers {
             Some(counts) => Stages::from_counts(counts, layers, pp, t.pp_virtual)?,
             None => Stages::balanced(layers, pp, t.pp_virtual)?,
         };
+        let schedule = Schedule::build(t.pp_schedule, pp, t.grad_accum, t.pp_virtual)?;
         Ok(Some(Self { schedule, stages }))
     }
 

@@ -242,7 +242,8 @@ fn train_step(
         let sent = g.elements_sent() - sent_before;
         // Checkpointing runs each layer's forward (and its exchange) twice.
         let forwards = if t.checkpoint_activations { 2 } else { 1 };
-        sent / (forwards * cfg.model.num_layers * batches.len()) as u64
+        let layers = engine.layers_run(ranks.topo.pp_rank(), cfg.model.num_layers);
+        sent / (forwards * layers * batches.len()).max(1) as u64
     });
     let loss = all_reduce_scalar(local_loss, ranks)?;
     let out = engine.step(lr, t.max_grad_norm, loss.is_finite(), ranks)?;
@@ -403,7 +404,11 @@ fn gather_weights(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option
         model.position_shard(),
         ranks.topo.dp_rank(),
     ) {
-        if model.params[pos].dims()[0] > 0 {
+        let stage = ranks.topo.pp_rank();
+        if pipe
+            .as_ref()
+            .is_none_or(|p| p.params_of(&model.layout, stage).contains(&pos))
+        {
             table = gather_shard_to_root(&model.params[pos], ranks)?;
         }
     }

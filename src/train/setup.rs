@@ -97,7 +97,25 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
         )));
     }
     crate::train::pipeline::Pipe::plan(cfg, topo.pp)?;
-    check_positions(&cfg.model, t.seq_len)
+    check_positions(&cfg.model, t.seq_len)?;
+    // Under SP alone a learned table is cut by rows; every SP rank needs at least one.
+    let m = &cfg.model;
+    if m.position == crate::config::Position::Learned && topo.sp > 1 && topo.cp == 1 {
+        let padded = topo.padded_len(t.seq_len);
+        let rows = m.max_position_embeddings;
+        let empty = (0..topo.sp).find(|&r| {
+            crate::parallel::parallelize::position_rows(padded, rows, topo.sp, r).1 == 0
+        });
+        if let Some(r) = empty {
+            return Err(Error::Invalid(format!(
+                "--sp {} with --seq-len {} (padded to {padded}) leaves SP rank {r} none of the \
+                 {rows} rows of the learned position table: use fewer --sp ranks, or a table \
+                 longer than the sequence (max_position_embeddings)",
+                topo.sp, t.seq_len
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl DataSource {

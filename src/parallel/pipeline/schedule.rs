@@ -28,6 +28,10 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 
+/// Most passes one step's schedule may hold (each is a few bytes; 2²⁴ is far past any
+/// pipeline that runs).
+pub const MAX_PASSES: usize = 1 << 24;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScheduleKind {
     GPipe,
@@ -130,14 +134,14 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The schedule `kind` for `stages` stages, `micros` micro-batches and `virtual` chunks per
-    /// stage, or why it cannot run.
-    pub fn build(
+    /// Why `kind` cannot run on `stages` stages, `micros` micro-batches and `virtual` chunks
+    /// per stage, if it cannot (without building anything).
+    pub fn check(
         kind: ScheduleKind,
         stages: usize,
         micros: usize,
         virtual_stages: usize,
-    ) -> Result<Self> {
+    ) -> Result<()> {
         let (p, m, v) = (stages, micros, virtual_stages);
         if p == 0 || m == 0 || v == 0 {
             return Err(Error::Invalid(format!(
@@ -166,6 +170,31 @@ impl Schedule {
                  --grad-accum {m} is not a multiple of {p}"
             )));
         }
+        // Every pass of the step is held as data (three per micro-batch and chunk at most):
+        // refuse sizes whose lists would not fit in memory before building them.
+        let passes = p
+            .checked_mul(v)
+            .and_then(|c| c.checked_mul(m))
+            .and_then(|n| n.checked_mul(3));
+        if passes.is_none_or(|n| n > MAX_PASSES) {
+            return Err(Error::Invalid(format!(
+                "a pipeline of {p} stages × {v} chunks × {m} micro-batches has more than \
+                 {MAX_PASSES} passes per step: use fewer stages, chunks or micro-batches"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The schedule `kind` for `stages` stages, `micros` micro-batches and `virtual` chunks per
+    /// stage, or why it cannot run.
+    pub fn build(
+        kind: ScheduleKind,
+        stages: usize,
+        micros: usize,
+        virtual_stages: usize,
+    ) -> Result<Self> {
+        Self::check(kind, stages, micros, virtual_stages)?;
+        let (p, m, v) = (stages, micros, virtual_stages);
         let ops = (0..p)
             .map(|s| match kind {
                 ScheduleKind::GPipe => gpipe(s, m),
@@ -537,6 +566,10 @@ mod tests {
         assert!(err(ScheduleKind::Interleaved, 4, 6, 2).contains("not a multiple of 4"));
         assert!(err(ScheduleKind::OneFOneB, 2, 4, 2).contains("needs --pp-schedule interleaved"));
         assert!(err(ScheduleKind::GPipe, 0, 4, 1).contains("at least 1"));
+        // Absurd sizes are refused before any list is built (and without overflowing).
+        assert!(err(ScheduleKind::Interleaved, 2, 2, 1 << 40).contains("passes per step"));
+        assert!(err(ScheduleKind::GPipe, usize::MAX, 1, 1).contains("passes per step"));
+        assert!(err(ScheduleKind::OneFOneB, 4, 1 << 24, 1).contains("passes per step"));
         assert!(
             Schedule::build(ScheduleKind::GPipe, 4, 2, 1).is_ok(),
             "GPipe runs any m"
