@@ -131,20 +131,19 @@ for run, ref, step in [("np3dp3", "one25", 3), ("np4pp4", "onepp", 8), ("np4pp2t
           f"moments {worst['optimizer']:.2e} (relative)")
 PY
 # Fault: rank 1 fails at step 2; the job must end non-zero within a minute, saying why.
-start=$(date +%s)
-if timeout 60 "${MPIRUN[@]}" -np 2 env GENSLM_FAULT_RANK=1:2 "$BIN" "${ARGS[@]}" --out "$TMP/fault" --sp 2 > "$TMP/fault.log" 2>&1; then
-  echo "check_mpi: the faulty job succeeded" >&2; exit 1
-fi
-took=$(( $(date +%s) - start ))
-grep -q "injected fault" "$TMP/fault.log" || { cat "$TMP/fault.log" >&2; echo "check_mpi: no message from the failing rank" >&2; exit 1; }
-[ "$took" -lt 60 ] || { echo "check_mpi: took ${took}s" >&2; exit 1; }
-echo "check_mpi: a failing rank ended the job in ${took}s with its message"
+# Usage: fault NAME LAYOUT-FLAGS...
+fault() {
+  local name=$1; shift
+  local start took
+  start=$(date +%s)
+  if timeout 60 "${MPIRUN[@]}" -np 2 env GENSLM_FAULT_RANK=1:2 "$BIN" "${ARGS[@]}" --out "$TMP/$name" "$@" > "$TMP/$name.log" 2>&1; then
+    echo "check_mpi: the faulty job ($*) succeeded" >&2; exit 1
+  fi
+  took=$(( $(date +%s) - start ))
+  grep -q "injected fault" "$TMP/$name.log" || { cat "$TMP/$name.log" >&2; echo "check_mpi: no message from the failing rank ($*)" >&2; exit 1; }
+  [ "$took" -lt 60 ] || { echo "check_mpi: took ${took}s ($*)" >&2; exit 1; }
+  echo "check_mpi: a failing rank ($*) ended the job in ${took}s with its message"
+}
+fault fault --sp 2
 # The same with pipeline stages: the last stage fails while the first waits for its gradient.
-start=$(date +%s)
-if timeout 60 "${MPIRUN[@]}" -np 2 env GENSLM_FAULT_RANK=1:2 "$BIN" "${ARGS[@]}" --out "$TMP/faultpp" --pp 2 --grad-accum 2 > "$TMP/faultpp.log" 2>&1; then
-  echo "check_mpi: the faulty pipeline job succeeded" >&2; exit 1
-fi
-took=$(( $(date +%s) - start ))
-grep -q "injected fault" "$TMP/faultpp.log" || { cat "$TMP/faultpp.log" >&2; echo "check_mpi: no message from the failing stage" >&2; exit 1; }
-[ "$took" -lt 60 ] || { echo "check_mpi: took ${took}s" >&2; exit 1; }
-echo "check_mpi: a failing pipeline stage ended the job in ${took}s with its message"
+fault faultpp --pp 2 --grad-accum 2

@@ -5,7 +5,7 @@
 //! evens out the stages' peaks (one chunk per stage; interleaving keeps the even cut).
 
 use super::stages::{stage_views, StageView};
-use super::{estimate, Hardware, Strategy};
+use super::{estimate_on, Hardware, Strategy};
 use crate::config::ModelConfig;
 
 /// Layers per stage that even out the stages' peaks at `seq_len`, with each stage's peak in
@@ -29,11 +29,7 @@ pub fn suggest_layers(
             kept_layers: in_flight[s] * layers,
             ..even[s]
         };
-        let one = Strategy {
-            stage: Some(view),
-            ..st.clone()
-        };
-        estimate(m, &one, hw, seq_len).total()
+        estimate_on(m, st, hw, seq_len, view).total()
     };
     let mut counts = vec![1usize; l.pp];
     let mut peaks: Vec<f64> = (0..l.pp).map(|s| peak(s, 1)).collect();

@@ -205,12 +205,6 @@ fn stage_estimates(model: &ModelConfig, best: &Candidate, seq_len: usize) -> Vec
     super::stages::stage_views(model, &st.layout)
         .unwrap_or_default()
         .into_iter()
-        .map(|v| {
-            let one = super::Strategy {
-                stage: Some(v),
-                ..st.clone()
-            };
-            estimate(model, &one, &best.hardware, seq_len)
-        })
+        .map(|v| super::estimate_on(model, st, &best.hardware, seq_len, v))
         .collect()
 }

@@ -449,18 +449,27 @@ fn estimate_stages(
 ) -> Estimate {
     views
         .iter()
-        .map(|&v| {
-            let one = Strategy {
-                stage: Some(v),
-                ..st.clone()
-            };
-            estimate_stage(model, &one, hw, seq_len)
-        })
+        .map(|&v| estimate_on(model, st, hw, seq_len, v))
         .fold(None::<Estimate>, |best, e| match best {
             Some(b) if b.total() >= e.total() => Some(b),
             _ => Some(e),
         })
         .expect("at least one stage")
+}
+
+/// [`estimate`] of pipeline stage `view` alone.
+pub fn estimate_on(
+    model: &ModelConfig,
+    st: &Strategy,
+    hw: &Hardware,
+    seq_len: usize,
+    view: StageView,
+) -> Estimate {
+    let one = Strategy {
+        stage: Some(view),
+        ..st.clone()
+    };
+    estimate_stage(model, &one, hw, seq_len)
 }
 
 /// [`estimate`] of the stage `st.stage` (or the whole model).

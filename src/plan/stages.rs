@@ -94,11 +94,13 @@ pub fn stage_views(m: &ModelConfig, l: &Parallelism) -> Result<Vec<StageView>> {
     let timeline = simulate(&sched, cost(sched.kind))?;
     Ok((0..l.pp)
         .map(|s| {
-            let chunks = stages.chunks_of(s);
-            let per_chunk = chunks.iter().map(|&c| stages.layers(c).len());
+            let per_chunk = stages
+                .chunks_of(s)
+                .into_iter()
+                .map(|c| stages.layers(c).len());
             StageView {
                 stage: s,
-                layers: per_chunk.clone().sum(),
+                layers: stages.stage_layers(s),
                 kept_layers: timeline.peak_in_flight[s] * per_chunk.max().unwrap_or(0),
                 embeddings: s == 0,
                 head: s + 1 == l.pp,

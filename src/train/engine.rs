@@ -157,12 +157,7 @@ impl Engine {
         match self {
             Engine::Whole {
                 pipe: Some(pipe), ..
-            } => pipe
-                .stages
-                .chunks_of(stage)
-                .into_iter()
-                .map(|c| pipe.stages.layers(c).len())
-                .sum(),
+            } => pipe.stages.stage_layers(stage),
             _ => layers,
         }
     }

@@ -57,7 +57,7 @@ impl Unit {
 }
 
 /// The units the embedding step reads.
-fn embed_units(layout: &Layout) -> Vec<Unit> {
+pub(crate) fn embed_units(layout: &Layout) -> Vec<Unit> {
     let mut u = vec![Unit::Embed];
     if layout.embed_pos.is_some() {
         u.push(Unit::Pos);

@@ -35,7 +35,7 @@ use crate::parallel::pipeline::mailroom::{Mailroom, Msg};
 use crate::parallel::pipeline::schedule::{Op, Pass, Schedule};
 use crate::parallel::pipeline::stages::Stages;
 use crate::parallel::ranks::Ranks;
-use crate::train::layerwise::Unit;
+use crate::train::layerwise::{embed_units, Unit};
 use crate::train::metrics::peak_rss_mib;
 use crate::train::recompute::accumulate;
 use crate::train::shard::{local_nll, LocalBatch};
@@ -93,10 +93,7 @@ pub fn stage_units(stages: &Stages, layout: &Layout, stage: usize) -> Vec<Unit> 
     let mut units = Vec::new();
     for c in stages.chunks_of(stage) {
         if c == 0 {
-            units.push(Unit::Embed);
-            if layout.embed_pos.is_some() {
-                units.push(Unit::Pos);
-            }
+            units.extend(embed_units(layout));
         }
         units.extend(stages.layers(c).map(Unit::Layer));
         if stages.is_last(c) {
@@ -107,6 +104,7 @@ pub fn stage_units(stages: &Stages, layout: &Layout, stage: usize) -> Vec<Unit> 
 }
 
 /// What a chunk's forward produced.
+#[derive(Clone)]
 enum Out {
     /// The output activation (`[rows, cols, hidden]`, compute dtype).
     Hidden(Tensor<3>),
@@ -275,12 +273,6 @@ impl Run<'_, '_> {
         data
     }
 
-    /// `[rows, cols, hidden]` of a micro-batch's activations on this rank.
-    fn shape(&self, micro: usize) -> [usize; 3] {
-        let lb = &self.micro[micro];
-        [lb.rows, lb.cols, self.model.cfg.hidden_size]
-    }
-
     /// Runs `chunk` of `model` on `input` (none: the tokens' embeddings).
     fn chunk(
         &self,
@@ -290,26 +282,11 @@ impl Run<'_, '_> {
         input: Option<Tensor<3>>,
     ) -> Result<Out> {
         let lb = &self.micro[micro];
-        let ctx = model.layer_context_at(&lb.positions);
-        let mut x = match input {
-            Some(x) => model.compute(x),
-            None => model.embed_at(
-                tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device),
-                &lb.positions,
-            )?,
-        };
-        for li in self.p.stages.layers(chunk) {
-            x = model.layer(li, x, &ctx, Past::None).0;
-        }
-        if !self.p.stages.is_last(chunk) {
-            return Ok(Out::Hidden(x));
-        }
-        let logits = model.logits(model.final_norm(x));
-        Ok(Out::Loss(local_nll(model, logits, lb) / self.denom))
+        run_chunk(model, self.p.stages, chunk, lb, input, self.denom)
     }
 
     fn leaf(&self, micro: usize, data: Vec<f32>, model: &GenSlm) -> Tensor<3> {
-        Tensor::from_data(TensorData::new(data, self.shape(micro)), &model.device)
+        activation(data, &self.micro[micro], model)
     }
 
     fn forward(&mut self, op: Op, len: &impl Fn(Msg) -> usize) -> Result<()> {
@@ -326,11 +303,7 @@ impl Run<'_, '_> {
         } else {
             let leaf = input.map(|d| self.leaf(micro, d, self.model).require_grad());
             let out = self.chunk(self.model, micro, chunk, leaf.clone())?;
-            let handle = match &out {
-                Out::Hidden(x) => Out::Hidden(x.clone()),
-                Out::Loss(l) => Out::Loss(l.clone()),
-            };
-            (Kept::Graph(leaf, handle), out)
+            (Kept::Graph(leaf, out.clone()), out)
         };
         match out {
             Out::Hidden(x) => {
@@ -403,41 +376,62 @@ pub fn stage_eval_nll(
 ) -> Result<f64> {
     let model = model.without_autodiff();
     let me = comm.rank();
-    let shape = [lb.rows, lb.cols, model.cfg.hidden_size];
-    let ctx = model.layer_context_at(&lb.positions);
     // The activation between two chunks held on this stage (one stage, several chunks).
     let mut local: Option<Tensor<3>> = None;
     for c in (0..stages.chunks()).filter(|&c| stages.stage_of(c) == me) {
-        let mut x = if c == 0 {
-            let tokens = tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device);
-            model.embed_at(tokens, &lb.positions)?
+        let input = if c == 0 {
+            None
         } else if stages.stage_of(c - 1) == me {
-            local
-                .take()
-                .ok_or_else(|| Error::Invalid(format!("pipeline eval: no input for chunk {c}")))?
+            let x = local.take();
+            Some(x.ok_or_else(|| Error::Invalid(format!("pipeline eval: no input for chunk {c}")))?)
         } else {
-            let mut buf = vec![0.0; shape.iter().product()];
+            let mut buf = vec![0.0; lb.rows * lb.cols * model.cfg.hidden_size];
             comm.recv(stages.stage_of(c - 1), &mut buf)?;
-            model.compute(Tensor::from_data(
-                TensorData::new(buf, shape),
-                &model.device,
-            ))
+            Some(activation(buf, lb, &model))
         };
-        for li in stages.layers(c) {
-            x = model.layer(li, x, &ctx, Past::None).0;
-        }
-        if stages.is_last(c) {
-            let logits = model.logits(model.final_norm(x));
-            return Ok(tensor_to_vec(&local_nll(&model, logits, lb))[0] as f64);
-        }
-        let next = stages.stage_of(c + 1);
-        if next == me {
-            local = Some(x);
-        } else {
-            comm.send(next, &tensor_to_vec(&x))?;
+        match run_chunk(&model, stages, c, lb, input, 1.0)? {
+            Out::Loss(nll) => return Ok(tensor_to_vec(&nll)[0] as f64),
+            Out::Hidden(x) if stages.stage_of(c + 1) == me => local = Some(x),
+            Out::Hidden(x) => comm.send(stages.stage_of(c + 1), &tensor_to_vec(&x))?,
         }
     }
     Ok(0.0)
+}
+
+/// Runs `chunk` of `model` on `lb`: from `input` (the previous chunk's activation, cast to
+/// the compute dtype here) or, on chunk 0, the tokens' embeddings; the last chunk ends in the
+/// loss term `Σ nll / denom`.
+fn run_chunk(
+    model: &GenSlm,
+    stages: &Stages,
+    chunk: usize,
+    lb: &LocalBatch,
+    input: Option<Tensor<3>>,
+    denom: f64,
+) -> Result<Out> {
+    let ctx = model.layer_context_at(&lb.positions);
+    let mut x = match input {
+        Some(x) => model.compute(x),
+        None => model.embed_at(
+            tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device),
+            &lb.positions,
+        )?,
+    };
+    for li in stages.layers(chunk) {
+        x = model.layer(li, x, &ctx, Past::None).0;
+    }
+    if !stages.is_last(chunk) {
+        return Ok(Out::Hidden(x));
+    }
+    let logits = model.logits(model.final_norm(x));
+    Ok(Out::Loss(local_nll(model, logits, lb) / denom))
+}
+
+/// A received activation (or gradient) of `lb`'s shape, `[rows, cols, hidden]`, on `model`'s
+/// device, in fp32.
+fn activation(data: Vec<f32>, lb: &LocalBatch, model: &GenSlm) -> Tensor<3> {
+    let shape = [lb.rows, lb.cols, model.cfg.hidden_size];
+    Tensor::from_data(TensorData::new(data, shape), &model.device)
 }
 
 /// Every stage's parameters in stage 0's model, for a checkpoint: called by each stage's

@@ -111,6 +111,14 @@ impl Stages {
         (stage..self.chunks()).step_by(self.stages).collect()
     }
 
+    /// Layers stage `stage` holds (over all its chunks).
+    pub fn stage_layers(&self, stage: usize) -> usize {
+        self.chunks_of(stage)
+            .into_iter()
+            .map(|c| self.layers(c).len())
+            .sum()
+    }
+
     pub fn is_last(&self, chunk: usize) -> bool {
         chunk + 1 == self.chunks()
     }
