@@ -6,7 +6,8 @@
 # Usage: PARTS=correctness,throughput bash scripts/gpu-smoke.sh [llvm|nvrtc]
 #   correctness  tiny and genslm-25m, 20 steps, cuda fp32 (<= 1e-3 relative per step) and bf16
 #                (<= 2e-2) against the CPU curve (REF_DIR, else made here first)
-#   throughput   genslm-25m and genslm-250m at seq 2K, 8K, then doubling while it fits:
+#   throughput   genslm-25m and genslm-250m (THROUGHPUT_CONFIGS) at seq 2K, 8K, then doubling
+#                while it fits, up to PERF_MAX_SEQ (131072):
 #                tokens/s, TFLOPS, MFU (PEAK_TFLOPS, default 989: H100/H200 SXM dense bf16),
 #                peak GPU memory (nvidia-smi, sampled every 100 ms)
 #   infer        score, embed and generate on cuda with a model trained here for 5 steps
@@ -68,6 +69,7 @@ with_gpu_mem() {
 
 if part correctness; then
   PART_START=$(date +%s)
+  # A run given less than its time is skipped by name rather than cut off mid-curve.
   for cfg in tiny genslm-25m; do
     ref="$REF_DIR/$cfg-cpu-20.jsonl"
     if [[ ! -s "$ref" ]]; then
@@ -77,7 +79,8 @@ if part correctness; then
     for prec in fp32 bf16; do
       limit=$([[ $prec == fp32 ]] && echo 1e-3 || echo 2e-2)
       log="$WORK/$cfg-cuda-$prec.log"
-      if with_gpu_mem timeout 100 "$BIN" train "${SMALL[@]}" --config "configs/$cfg.toml" \
+      if (( $(left) < 40 )); then row "$cfg 20 steps cuda $prec vs cpu fp32" skipped "part time (PART_S=$PART_S) spent"; continue; fi
+      if with_gpu_mem timeout $(( $(left) < 100 ? $(left) : 100 )) "$BIN" train "${SMALL[@]}" --config "configs/$cfg.toml" \
            --out "$WORK/cuda-$cfg-$prec" --backend cuda --precision "$prec" > "$log" 2>&1; then
         res=$(python3 scripts/gpu_tables.py gap "$ref" "$WORK/cuda-$cfg-$prec/metrics.jsonl" "$limit")
         row "$cfg 20 steps cuda $prec vs cpu fp32" "${res%%:*}" "${res#*: }; peak GPU $(cat "$WORK/peak") MiB"
@@ -96,7 +99,7 @@ import random, sys
 random.seed(0)
 with open(sys.argv[1], "w") as f:
     for i in range(40):
-        s = "".join(random.choice("ACGT") for _ in range(3 * 131072))
+        s = "".join(random.choices("ACGT", k=3 * 131072))
         f.write(f">r{i}\n" + "\n".join(s[j:j + 80] for j in range(0, len(s), 80)) + "\n")
 PY
   perf() {  # config seq -> a row; fails when the run did not fit or failed
@@ -116,10 +119,11 @@ PY
     row "$cfg seq $seq bf16, batch 1" "did not fit / failed" "exit $rc$( (( rc == 124 )) && echo " (timeout ${budget} s)"); peak GPU $(cat "$WORK/peak") MiB: $(tail2 "$WORK/perf-$cfg-$seq.log")"
     return 1
   }
-  for cfg in genslm-25m genslm-250m; do
+  IFS=, read -r -a CFGS <<<"${THROUGHPUT_CONFIGS:-genslm-25m,genslm-250m}"
+  for cfg in "${CFGS[@]}"; do
     perf "$cfg" 2048 && perf "$cfg" 8192 || continue
     seq=16384
-    while (( seq <= 131072 )) && perf "$cfg" $seq; do seq=$((seq * 2)); done
+    while (( seq <= ${PERF_MAX_SEQ:-131072} )) && perf "$cfg" $seq; do seq=$((seq * 2)); done
   done
 fi
 
