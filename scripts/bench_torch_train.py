@@ -8,7 +8,11 @@ one line: tokens/s (predicted tokens per second, as genslm counts them), peak RS
 the instruction set ATen's kernels use (ATEN_CPU_CAPABILITY=avx2 forces AVX2).
 
 Usage: python3 scripts/bench_torch_train.py CONFIG.toml SEQ_LEN [STEPS] [THREADS]
+With DEVICE=cuda: on the GPU, fp32 master weights with bf16 autocast (PyTorch's usual mixed
+precision, the peer of genslm's `--precision bf16`), timed between CUDA synchronisations; the
+line gives peak allocated GPU memory instead of RSS.
 """
+import os
 import resource
 import sys
 import time
@@ -29,25 +33,38 @@ def main():
         m, max_position_embeddings=max(m["max_position_embeddings"], seq), attn_implementation="sdpa"
     )
     torch.manual_seed(0)
-    model = GPTNeoXForCausalLM(cfg).train()
+    dev = os.environ.get("DEVICE", "cpu")
+    gpu = dev != "cpu"
+    model = GPTNeoXForCausalLM(cfg).train().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01)
-    x = torch.randint(5, 69, (1, seq))
+    x = torch.randint(5, 69, (1, seq), device=dev)
 
     def step():
-        loss = model(input_ids=x, labels=x).loss
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=gpu):
+            loss = model(input_ids=x, labels=x).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    def sync():
+        if gpu:
+            torch.cuda.synchronize()
+
     step()  # warm-up
+    sync()
     start = time.perf_counter()
     for _ in range(steps):
         step()
+    sync()
     secs = (time.perf_counter() - start) / steps
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if gpu:
+        where = f"peak GPU {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB allocated " \
+                f"[{torch.cuda.get_device_name()}, bf16 autocast, torch {torch.__version__}]"
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        where = f"peak RSS {peak:.0f} MiB [cpu capability {torch.backends.cpu.get_cpu_capability()}]"
     print(f"pytorch {m['name']} seq {seq} threads {threads}: "
-          f"{(seq - 1) / secs:.1f} tokens/s, {secs:.3f} s/step, peak RSS {peak:.0f} MiB "
-          f"[cpu capability {torch.backends.cpu.get_cpu_capability()}]")
+          f"{(seq - 1) / secs:.1f} tokens/s, {secs:.3f} s/step, {where}")
 
 
 if __name__ == "__main__":
