@@ -33,10 +33,12 @@ test "$(ls "$TMP/np4z3to2/checkpoints/step-4/" | grep -c '^optimizer-rank')" = 4
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4cp2sp2" --cp 2 --sp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2cp2z1" --cp 2 --zero 1
 # Tensor parallelism: heads, MLP columns and the vocabulary split; two all-reduces per layer
-# and pass (Megatron's f and g), alone, with Ulysses, and with DP + ZeRO-1.
+# and pass (Megatron's f and g), alone, with Ulysses, with DP + ZeRO-1, and with ZeRO-3 over
+# DP (each TP rank's slices sharded over its data group).
 "${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2tp2" --tp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4tp2sp2" --tp 2 --sp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2tp2z1" --tp 2 --zero 1
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2tp2z3" --tp 2 --zero 3
 # Pipeline stages (5 layers, uneven over 2 and 4 stages; 4 micro-batches): activations forward and
 # gradients back by MPI_Isend/Recv, every schedule, composed with TP, SP, CP and DP + ZeRO-1; a
 # PP 4 run stopped at step 4 resumes on PP 2 × TP 2.
@@ -98,7 +100,7 @@ def moments(d):
     return out
 def losses(d):
     return [(m["loss"], m.get("val_loss")) for m in map(json.loads, open(f"{root}/{d}/metrics.jsonl"))]
-for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c", "np4z3to2", "np2cp2", "np4cp2sp2", "np4dp2cp2z1", "np2tp2", "np4tp2sp2", "np4dp2tp2z1", "pieces_cp2sp2", "pieces_dp2tp2z1", "pieces_z3"]), ("one25", ["np3dp3"]), ("onepp", ["np2pp2", "np4pp4", "np4pp4gpipe", "np4pp4zbc", "np2pp2v2", "np4pp2tp2", "np4pp2sp2", "np4pp2cp2", "np4pp2dp2z1", "np4pp4to2", "pieces_pp2sp2"])]:
+for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c", "np4z3to2", "np2cp2", "np4cp2sp2", "np4dp2cp2z1", "np2tp2", "np4tp2sp2", "np4dp2tp2z1", "np4dp2tp2z3", "pieces_cp2sp2", "pieces_dp2tp2z1", "pieces_z3"]), ("one25", ["np3dp3"]), ("onepp", ["np2pp2", "np4pp4", "np4pp4gpipe", "np4pp4zbc", "np2pp2v2", "np4pp2tp2", "np4pp2sp2", "np4pp2cp2", "np4pp2dp2z1", "np4pp4to2", "pieces_pp2sp2"])]:
     ref = losses(ref_dir)
     for d in runs:
         got = losses(d)
@@ -113,7 +115,7 @@ for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8"
 # within 1e-3 of the tensor's largest magnitude.
 # The same holds for the pipeline runs' checkpoints (weights gathered from the stages, moments
 # written by each stage's ranks).
-for run, ref, step in [("np3dp3", "one25", 3), ("np4pp4", "onepp", 8), ("np4pp2tp2", "onepp", 8), ("np4pp2dp2z1", "onepp", 8)]:
+for run, ref, step in [("np3dp3", "one25", 3), ("np4dp2tp2z3", "one8", 8), ("np4pp4", "onepp", 8), ("np4pp2tp2", "onepp", 8), ("np4pp2dp2z1", "onepp", 8)]:
     worst = {}
     for f, is_moment in [("model.safetensors", False), ("optimizer", True)]:
         read = lambda d: moments(d) if is_moment else load_file(f"{d}/{f}")

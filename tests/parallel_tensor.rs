@@ -141,9 +141,6 @@ fn impossible_tensor_parallel_layouts_are_refused() {
     };
     let cfg = tiny(Position::Rotary, 32);
     refuse(&cfg, tp(3), &["--tp 3", "4 attention heads"]);
-    let mut z = cfg.clone();
-    z.train.zero = 3;
-    refuse(&z, tp(2), &["--tp 2", "--zero 3"]);
     let mut odd = cfg.clone();
     odd.model.intermediate_size = 255;
     refuse(&odd, tp(2), &["--tp 2", "intermediate_size 255"]);

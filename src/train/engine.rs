@@ -14,6 +14,7 @@ use crate::model::GenSlm;
 use crate::ops::primitive::{host_to_param, tensor_to_vec, tokens_tensor};
 use crate::parallel::parallelize::parallelize;
 use crate::parallel::ranks::Ranks;
+use crate::parallel::tensor_slices::{cut, split_of};
 use crate::parallel::topology::Topology;
 use crate::train::dist_optim::{DistOptim, StepOutcome};
 use crate::train::layerwise::{forward_logits, loss_and_grads as layerwise};
@@ -101,9 +102,16 @@ impl Engine {
         if zero >= 2 && ranks.topo.world > 1 {
             let skeleton = GenSlm::empty(cfg, device)?.with_precision(precision);
             let skeleton = parallelize(skeleton, None, ranks, seq_len)?;
-            // Under SP this rank keeps its rows of the learned-position table.
+            // Under TP this rank keeps its slices; under SP its rows of the learned-position
+            // table (never a TP-split parameter).
             let pos = skeleton.layout.embed_pos.zip(skeleton.position_shard());
+            let (t, full) = (&ranks.topo, source.layout());
             let rows = |i: usize, x: Vec<f32>| match pos {
+                _ if t.tp > 1 && split_of(full, i).is_some() => {
+                    let split = split_of(full, i).expect("checked");
+                    let x = host_to_param(x, &plain);
+                    tensor_to_vec(&cut(&x, &full.specs[i].shape, split, t.tp, t.tp_rank()))
+                }
                 Some((p, first)) if p == i => {
                     let [n, h] = [
                         skeleton.layout.specs[p].shape[0],
@@ -304,7 +312,7 @@ impl Engine {
     pub fn moment_runs(&self, topo: &Topology) -> Vec<MomentRun> {
         match self {
             Engine::Whole { model, opt, .. } => opt.moment_runs(model, topo),
-            Engine::Units(z) => z.moment_runs(),
+            Engine::Units(z) => z.moment_runs(topo),
         }
     }
 }

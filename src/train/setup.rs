@@ -82,13 +82,6 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
     let t = &cfg.train;
     topo.validate(t.batch_size)?;
     crate::parallel::tensor_slices::check_degree(&cfg.model, topo.tp)?;
-    if topo.tp > 1 && t.zero >= 2 {
-        return Err(Error::Invalid(format!(
-            "--tp {} with --zero {}: ZeRO-2/3 shard whole layers over the data group and do not \
-             take tensor-parallel slices yet; use --zero 0 or 1 with --tp",
-            topo.tp, t.zero
-        )));
-    }
     if topo.pp > 1 && t.zero >= 2 {
         return Err(Error::Invalid(format!(
             "--pp {} with --zero {}: ZeRO-2/3 gather and reduce-scatter every layer over the \

@@ -1,5 +1,7 @@
-//! ZeRO-2 and ZeRO-3 over the DP×SP group (DeepSpeed's stages; the group spans SP ranks too,
-//! because Ulysses SP ranks hold replicas of every weight).
+//! ZeRO-2 and ZeRO-3 over the data group, DP × CP × SP (DeepSpeed's stages; the group spans
+//! SP and CP ranks too, because they hold replicas of every weight). Under TP each TP rank's
+//! slices are sharded over its own data group, as Megatron-DeepSpeed does: the units are the
+//! TP-cut layers, and the gradient norm adds the TP slices over the TP group.
 //!
 //! Each unit of parameters ([`Unit`]: the embeddings, every layer, the head) is one
 //! [`ZeroShard`]: its flat concatenation padded to N equal blocks, rank r owning block r of
@@ -25,15 +27,19 @@ use std::sync::Arc;
 use burn::tensor::Tensor;
 
 use crate::error::{Error, Result};
+use crate::model::params::Layout;
 use crate::model::GenSlm;
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::comm::Communicator;
 use crate::parallel::parallelize::gather_shard_to_root;
 use crate::parallel::ranks::Ranks;
+use crate::parallel::tensor_slices::gather_slices;
+use crate::parallel::topology::Topology;
 use crate::train::dist_optim::StepOutcome;
 use crate::train::layerwise::{Unit, UnitWeights};
 use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
+use crate::train::shard::{combine_norm, is_tp_slice};
 use crate::train::zero_shard::ZeroShard;
 
 /// Parameter `i`'s values as a rank holds them and their Adam moments (`None`: zeros).
@@ -101,10 +107,11 @@ impl ZeroUnits {
         model.params = model.params.iter().map(|_| empty()).collect();
         let mut units = Vec::new();
         for unit in Unit::all(&layout) {
+            // The ranks holding the same TP slices (the world without TP).
             let comm = if unit == Unit::Pos && pos_split {
                 ranks.dp.clone()
             } else {
-                ranks.world.clone()
+                ranks.data.clone()
             };
             let params = unit.params(&layout);
             // Full values (and moments) of this unit only, at their indices.
@@ -188,10 +195,17 @@ impl ZeroUnits {
                 Error::Invalid(format!("ZeRO: no gradient reached {:?}", u.unit))
             })?);
         }
-        // Every element is in exactly one rank's chunk; squares summed in f64.
-        let mut sq = [chunks.iter().flatten().map(sum_of_squares).sum::<f64>()];
-        ranks.world.all_reduce_sum_f64(&mut sq)?;
-        let norm = sq[0].sqrt();
+        // Every element of this TP rank's slices is in exactly one chunk of its data group;
+        // squares summed in f64, TP slices then summed over the TP group (a parameter whole on
+        // every TP rank counts once).
+        let mut sq = [0.0f64; 2];
+        for (u, chunk) in self.units.iter().zip(&chunks) {
+            for (seg, piece) in u.shard.segments.iter().zip(chunk) {
+                sq[usize::from(is_tp_slice(&self.model, seg.param))] += sum_of_squares(piece);
+            }
+        }
+        ranks.data.all_reduce_sum_f64(&mut sq)?;
+        let norm = combine_norm(sq[0], sq[1], None, ranks)?;
         let applied = loss_finite && norm.is_finite();
         let mut bad = [0.0f64];
         if applied {
@@ -228,8 +242,9 @@ impl ZeroUnits {
     }
 
     /// The whole model's weights on world rank 0 (`None` on the others), for a checkpoint:
-    /// every unit gathered to its group's rank 0, then the position rows over the SP group.
-    /// Every rank must call it; no rank but the root ever holds more than its own share.
+    /// every unit gathered to its group's rank 0, then the position rows over the SP group,
+    /// then under TP the slices over world rank 0's TP group. Every rank must call it; no rank
+    /// but the root ever holds more than its own share (a TP group's roots: their slices).
     pub fn gather_weights(&self, ranks: &Ranks) -> Result<Option<GenSlm>> {
         let mut params: Vec<Option<Vec<f32>>> = vec![None; self.model.params.len()];
         let device = self.model.device.clone();
@@ -254,7 +269,7 @@ impl ZeroUnits {
                 };
             }
         }
-        if !ranks.is_root() {
+        if !ranks.topo.gathers_slices() {
             return Ok(None);
         }
         let missing = || Error::Invalid("ZeRO: a unit did not reach rank 0".into());
@@ -267,14 +282,26 @@ impl ZeroUnits {
             model.layout.specs[pos].shape[0] = model.cfg.max_position_embeddings;
         }
         model.sp = None;
+        if ranks.topo.tp > 1 {
+            let layout = Layout::new(&model.cfg);
+            let joined = gather_slices(&model.params, &layout, ranks.tp.as_ref(), self.bucket)?;
+            let Some(p) = joined else {
+                return Ok(None);
+            };
+            (model.params, model.layout, model.tp) = (p, layout, None);
+        }
         Ok(Some(model))
     }
 
     /// The moments this rank writes into a checkpoint: all it holds (every unit's shard is
-    /// its own; the SP ranks' position rows differ).
-    pub fn moment_runs(&self) -> Vec<MomentRun> {
+    /// its own within its data group; the SP ranks' position rows differ), except that a
+    /// parameter whole on every TP rank is written by TP rank 0 only.
+    pub fn moment_runs(&self, topo: &Topology) -> Vec<MomentRun> {
         let shards = self.units.iter().map(|u| &u.shard);
-        shards.flat_map(MomentRun::of_shard).collect()
+        shards
+            .flat_map(MomentRun::of_shard)
+            .filter(|r| topo.tp_rank() == 0 || is_tp_slice(&self.model, r.param))
+            .collect()
     }
 }
 
