@@ -33,9 +33,11 @@ test "$(ls "$TMP/np4z3to2/checkpoints/step-4/" | grep -c '^optimizer-rank')" = 4
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4cp2sp2" --cp 2 --sp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2cp2z1" --cp 2 --zero 1
 # Tensor parallelism: heads, MLP columns and the vocabulary split; two all-reduces per layer
-# and pass (Megatron's f and g), alone, with Ulysses, with DP + ZeRO-1, and with ZeRO-3 over
-# DP (each TP rank's slices sharded over its data group).
+# and pass (Megatron's f and g; with Megatron sequence parallelism, the default, an all-gather
+# and a reduce-scatter instead), alone, without Megatron SP, with Ulysses, with DP + ZeRO-1, and
+# with ZeRO-3 over DP (each TP rank's slices sharded over its data group).
 "${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2tp2" --tp 2
+"${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2tp2nosp" --tp 2 --no-megatron-sp
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4tp2sp2" --tp 2 --sp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2tp2z1" --tp 2 --zero 1
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2tp2z3" --tp 2 --zero 3
@@ -100,7 +102,7 @@ def moments(d):
     return out
 def losses(d):
     return [(m["loss"], m.get("val_loss")) for m in map(json.loads, open(f"{root}/{d}/metrics.jsonl"))]
-for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c", "np4z3to2", "np2cp2", "np4cp2sp2", "np4dp2cp2z1", "np2tp2", "np4tp2sp2", "np4dp2tp2z1", "np4dp2tp2z3", "pieces_cp2sp2", "pieces_dp2tp2z1", "pieces_z3"]), ("one25", ["np3dp3"]), ("onepp", ["np2pp2", "np4pp4", "np4pp4gpipe", "np4pp4zbc", "np2pp2v2", "np4pp2tp2", "np4pp2sp2", "np4pp2cp2", "np4pp2dp2z1", "np4pp4to2", "pieces_pp2sp2"])]:
+for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c", "np4z3to2", "np2cp2", "np4cp2sp2", "np4dp2cp2z1", "np2tp2", "np2tp2nosp", "np4tp2sp2", "np4dp2tp2z1", "np4dp2tp2z3", "pieces_cp2sp2", "pieces_dp2tp2z1", "pieces_z3"]), ("one25", ["np3dp3"]), ("onepp", ["np2pp2", "np4pp4", "np4pp4gpipe", "np4pp4zbc", "np2pp2v2", "np4pp2tp2", "np4pp2sp2", "np4pp2cp2", "np4pp2dp2z1", "np4pp4to2", "pieces_pp2sp2"])]:
     ref = losses(ref_dir)
     for d in runs:
         got = losses(d)

@@ -176,6 +176,11 @@ pub struct TrainConfig {
     pub pp_virtual: usize,
     /// Layers per pipeline chunk, in chunk order (unset: as even as the layer count allows).
     pub pp_layers: Option<Vec<usize>>,
+    /// Under TP, Megatron sequence parallelism: LayerNorms, the residual and the embedding's
+    /// output hold `1/T` of the sequence on each TP rank (all-gather before, reduce-scatter
+    /// after the tensor-parallel blocks instead of all-reduces). Same results; off for
+    /// comparison (`--no-megatron-sp`).
+    pub megatron_sp: bool,
 }
 
 impl Default for TrainConfig {
@@ -208,6 +213,7 @@ impl Default for TrainConfig {
             pp_schedule: ScheduleKind::OneFOneB,
             pp_virtual: 1,
             pp_layers: None,
+            megatron_sp: true,
         }
     }
 }

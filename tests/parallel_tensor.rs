@@ -1,5 +1,6 @@
 //! Megatron tensor parallelism (heads and MLP columns split, vocabulary-parallel embedding,
-//! head and cross-entropy), alone and with SP, CP, DP and ZeRO-1, gives the one-rank run on
+//! head and cross-entropy; Megatron sequence parallelism on, and off), alone and with SP, CP,
+//! DP and ZeRO-1, gives the one-rank run on
 //! threads: losses, validation losses and gradient norms over 8 optimizer steps (≤ 1e-5
 //! relative) and the final checkpoint, with rotary, ALiBi and learned positions; its
 //! checkpoints resume on other layouts; and the vocabulary-parallel loss matches the closed
@@ -89,6 +90,26 @@ fn tensor_parallel_with_lengths_and_vocabularies_no_degree_divides() {
     cfg.model.num_heads = 6;
     cfg.model.intermediate_size = 192;
     run_config(cfg, &[(1, 1, 1, 3, 0, false), (1, 1, 2, 3, 0, false)]);
+}
+
+/// Megatron sequence parallelism is on in every test above (the default); with it off
+/// (`--no-megatron-sp`: LayerNorms and the residual whole on every TP rank, all-reduces around
+/// the blocks) the layouts give the one-rank run too, so on and off agree within twice the
+/// tolerance. 37 tokens pad to 38 under TP 2 (each rank's part of the sequence must divide by T).
+#[test]
+fn tensor_parallel_without_megatron_sequence_parallelism_matches_one_rank() {
+    for pos in [Position::Learned, Position::Rotary] {
+        let mut cfg = tiny(pos, 37);
+        cfg.train.megatron_sp = false;
+        run_config(
+            cfg,
+            &[
+                (1, 1, 1, 2, 0, false),
+                (1, 1, 2, 2, 1, false),
+                (2, 1, 1, 2, 3, true),
+            ],
+        );
+    }
 }
 
 /// A run saved under TP 2 × SP 2 resumes on one rank, and a one-rank run resumes under
@@ -187,6 +208,7 @@ fn vocabulary_parallel_loss_matches_the_closed_form() {
                         .require_grad();
                     let group = TpGroup {
                         comm: std::sync::Arc::new(comm),
+                        seq_split: false,
                     };
                     let l = vocab_parallel_nll(x.clone(), &targets, weights, first, &group);
                     let g = x.grad(&l.backward()).unwrap();

@@ -42,6 +42,7 @@ fn request(
         positions: None,
         shard_positions: true,
         checkpoint_activations: ckpt,
+        megatron_sp: true,
         precision: None,
         batch_size: 1,
         seq_len: None,

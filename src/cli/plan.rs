@@ -73,6 +73,11 @@ pub struct PlanArgs {
     /// --checkpoint-activations).
     #[arg(long)]
     pub checkpoint_activations: bool,
+    /// Plan TP as `genslm train --no-megatron-sp` runs it: LayerNorms, the residual and the
+    /// embedding's output whole on every TP rank (default: Megatron sequence parallelism,
+    /// 1/T of the sequence each, as the trainer runs TP by default).
+    #[arg(long)]
+    pub no_megatron_sp: bool,
     /// Number formats (default: bf16 mixed precision on GPUs, fp32 on CPU).
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionArg>,
@@ -119,6 +124,7 @@ impl From<PlanArgs> for PlanRequest {
             positions: a.positions.map(Into::into),
             shard_positions: a.shard_positions,
             checkpoint_activations: a.checkpoint_activations,
+            megatron_sp: !a.no_megatron_sp,
             precision: a.precision.map(Into::into),
             batch_size: a.batch_size,
             seq_len: a.seq_len,

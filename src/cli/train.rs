@@ -109,6 +109,11 @@ pub struct TrainArgs {
     /// the backward (same gradients, far less memory at long sequences, ~1/3 more compute).
     #[arg(long)]
     checkpoint_activations: bool,
+    /// Under --tp, keep LayerNorms, the residual and the embedding's output whole on every TP
+    /// rank (all-reduces around the tensor-parallel blocks) instead of Megatron sequence
+    /// parallelism's 1/T of the sequence each (all-gather/reduce-scatter): for comparison.
+    #[arg(long)]
+    no_megatron_sp: bool,
     /// Keep the newest K checkpoint directories (older ones are removed); 0 keeps all.
     #[arg(long)]
     keep_checkpoints: Option<usize>,
@@ -247,6 +252,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     ));
     t.skip_nonfinite |= a.skip_nonfinite;
     t.checkpoint_activations |= a.checkpoint_activations;
+    t.megatron_sp &= !a.no_megatron_sp;
     t.validate().map_err(|m| {
         anyhow::anyhow!("{}: {m} (after command-line overrides)", a.config.display())
     })?;

@@ -156,8 +156,8 @@ impl GenSlm {
     pub(super) fn norm(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
         let y = layer_norm(
             self.full(x),
-            self.vec(w),
-            self.vec(b),
+            self.region_vec(w),
+            self.region_vec(b),
             self.cfg.layer_norm_eps,
         );
         self.compute(y)
@@ -300,6 +300,7 @@ impl GenSlm {
         if let Some(p) = self.layout.embed_pos {
             let rows = self.layout.specs[p].shape[0];
             let first = self.position_shard().unwrap_or(0);
+            let table_rows = self.region_vec(p).reshape([rows, h]);
             let mut parts = Vec::with_capacity(pos.spans.len() + 1);
             for span in &pos.spans {
                 let real = span.len.min(pos.real_end.saturating_sub(span.start));
@@ -317,7 +318,7 @@ impl GenSlm {
                     )));
                 }
                 if real > 0 {
-                    parts.push(self.mat(p).narrow(0, start - first, real));
+                    parts.push(table_rows.clone().narrow(0, start - first, real));
                 }
                 if real < span.len {
                     parts.push(Tensor::zeros([span.len - real, h], &self.device));
@@ -325,7 +326,9 @@ impl GenSlm {
             }
             let table = cat_runs(parts, 0);
             debug_assert_eq!(table.dims()[0], s);
-            x = x + table.unsqueeze::<3>().expand([b, s, h]);
+            // Under Megatron SP the token embedding holds this rank's part of the sequence.
+            let (at, n) = self.region_cols(s);
+            x = x + table.narrow(0, at, n).unsqueeze::<3>().expand([b, n, h]);
         }
         Ok(self.compute(x))
     }

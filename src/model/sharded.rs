@@ -2,7 +2,8 @@
 //! a plain one — the only methods that read `GenSlm::tp`, which `parallel::parallelize` sets
 //! from outside: row-parallel linears summed over the TP group, the column-parallel input whose
 //! gradient is summed, the vocabulary-parallel embedding and cross-entropy, and the slice of
-//! the heads this rank computes. Without TP each is the plain computation.
+//! the heads this rank computes, and under Megatron SP the sequence split between the layers'
+//! blocks. Without TP each is the plain computation.
 
 use burn::tensor::module::embedding;
 use burn::tensor::{Int, Tensor};
@@ -13,18 +14,43 @@ use crate::model::tensor_parallel::{split_range, vocab_embedding, vocab_parallel
 impl GenSlm {
     /// A row-parallel linear layer: the product of this rank's input rows, summed over the TP
     /// group before the bias is added once.
+    /// Under Megatron SP the sum is reduce-scattered over the sequence.
     pub(super) fn dense_out(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
         match &self.tp {
             None => self.dense(x, w, Some(b)),
-            Some(tp) => tp.sum_out(self.dense(x, w, None)) + self.compute(self.vec(b)).unsqueeze(),
+            Some(tp) => {
+                tp.row_out(self.dense(x, w, None)) + self.compute(self.region_vec(b)).unsqueeze()
+            }
         }
     }
 
-    /// `x` entering a column-parallel linear (its gradient summed over the TP group).
+    /// `x` entering a column-parallel linear (its gradient summed over the TP group; under
+    /// Megatron SP the sequence gathered first).
     pub(super) fn copy_in(&self, x: Tensor<3>) -> Tensor<3> {
         match &self.tp {
             None => x,
-            Some(tp) => tp.copy_in(x),
+            Some(tp) => tp.col_in(x),
+        }
+    }
+
+    /// Parameter `i` used between the layers' blocks (LayerNorms, row-parallel biases, learned
+    /// positions): under Megatron SP its gradient is summed over the TP group.
+    pub(super) fn region_vec(&self, i: usize) -> Tensor<1> {
+        match &self.tp {
+            None => self.vec(i),
+            Some(tp) => tp.region_param(self.vec(i)),
+        }
+    }
+
+    /// The sequence split between the layers: `(first, count)` of a rank's `cols` columns that
+    /// its activations hold there (all of them without Megatron SP).
+    pub fn region_cols(&self, cols: usize) -> (usize, usize) {
+        match &self.tp {
+            Some(tp) if tp.seq_split() => {
+                let n = cols / tp.degree();
+                (tp.rank() * n, n)
+            }
+            _ => (0, cols),
         }
     }
 

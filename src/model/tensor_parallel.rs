@@ -10,6 +10,14 @@
 //! by vocabulary rows: a rank looks up only its ids and the partial embeddings are summed; the
 //! head's logits stay split, and the loss is computed from three per-position sums over the
 //! group (max, Σexp, the target's logit), so no rank ever holds the full `[b, s, vocab]` logits.
+//!
+//! Megatron sequence parallelism (Korthikanti et al. 2022), on by default with TP: between the
+//! layers' column- and row-parallel blocks (LayerNorms, the residual, the embedding's output)
+//! each TP rank holds only its `1/T` of the sequence. `f` becomes an all-gather of the
+//! sequence before a column-parallel block and `g` a reduce-scatter after a row-parallel one
+//! (the same bytes as the all-reduce they replace, activations `1/T` between them). A parameter
+//! used in that region (LayerNorms, row-parallel biases, learned positions) then sees only its
+//! rank's tokens, so its gradient is summed over the group ([`TensorParallel::region_param`]).
 //! `parallel/` implements the trait; the model names no communicator.
 
 use burn::tensor::{Int, Tensor, TensorData};
@@ -28,6 +36,44 @@ pub trait TensorParallel: std::fmt::Debug + Send + Sync {
     fn sum_out(&self, x: Tensor<3>) -> Tensor<3>;
     /// Element-wise maximum over the group, outside autodiff (the loss's softmax shift).
     fn max_over(&self, x: Tensor<3>) -> Tensor<3>;
+    /// Whether the region between the layers' blocks is split over the sequence (Megatron SP).
+    fn seq_split(&self) -> bool;
+    /// Every rank's `[b, c, h]` joined along the sequence, `[b, T·c, h]` in rank order; the
+    /// gradient reduce-scattered back.
+    fn gather_seq(&self, x: Tensor<3>) -> Tensor<3>;
+    /// `[b, T·c, h]` summed over the group, this rank's `[b, c, h]` of the sequence kept; the
+    /// gradient all-gathered back.
+    fn scatter_seq(&self, x: Tensor<3>) -> Tensor<3>;
+    /// `p` unchanged forward; its gradient summed over the group backward.
+    fn sum_grad(&self, p: Tensor<1>) -> Tensor<1>;
+
+    /// The activation between layers entering a column-parallel block: `f`, or under
+    /// Megatron SP the all-gather of the sequence.
+    fn col_in(&self, x: Tensor<3>) -> Tensor<3> {
+        if self.seq_split() {
+            self.gather_seq(x)
+        } else {
+            self.copy_in(x)
+        }
+    }
+    /// A row-parallel block's partial sums entering the region between layers: `g`, or under
+    /// Megatron SP the reduce-scatter over the sequence.
+    fn row_out(&self, x: Tensor<3>) -> Tensor<3> {
+        if self.seq_split() {
+            self.scatter_seq(x)
+        } else {
+            self.sum_out(x)
+        }
+    }
+    /// A parameter used between the blocks (whole on every rank): under Megatron SP each rank
+    /// sees only its tokens, so the gradient is summed over the group.
+    fn region_param(&self, p: Tensor<1>) -> Tensor<1> {
+        if self.seq_split() {
+            self.sum_grad(p)
+        } else {
+            p
+        }
+    }
 }
 
 /// Rank `r`'s slice `(start, len)` of `n` items cut into `parts`: balanced, the first slices
@@ -39,7 +85,7 @@ pub fn split_range(n: usize, parts: usize, r: usize) -> (usize, usize) {
 
 /// The embedding of `tokens` through this rank's vocabulary rows `table: [v_local, h]`
 /// starting at id `first`: ids outside the slice contribute zeros, so the group's sum is the
-/// full lookup.
+/// full lookup (under Megatron SP, reduce-scattered: this rank's part of the sequence).
 pub fn vocab_embedding(
     table: Tensor<2>,
     tokens: Tensor<2, Int>,
@@ -55,7 +101,7 @@ pub fn vocab_embedding(
     let e = burn::tensor::module::embedding(table, local.clamp(0, (rows - 1).max(0)));
     let [b, s, h] = e.dims();
     let mask = inside.float().unsqueeze_dim::<3>(2).expand([b, s, h]);
-    tp.sum_out(e * mask)
+    tp.row_out(e * mask)
 }
 
 /// Σ −log softmax(logits)[target] · weight when each rank holds the vocabulary columns

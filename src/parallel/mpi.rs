@@ -179,6 +179,7 @@ pub fn mpi_ranks(universe: &mpi::environment::Universe, d: Degrees) -> Result<Ra
         pp: split(topo.pp_group(), "pipeline")?,
         world: Arc::new(MpiComm::new(world)),
         bucket: crate::parallel::bucket::DEFAULT_BUCKET,
+        megatron_sp: true,
     })
 }
 

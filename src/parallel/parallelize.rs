@@ -70,6 +70,7 @@ fn apply_tensor_parallel(
     }
     model.tp = Some(Arc::new(TpGroup {
         comm: ranks.tp.clone(),
+        seq_split: ranks.megatron_sp,
     }));
     Ok(model)
 }

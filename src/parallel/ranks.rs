@@ -36,6 +36,9 @@ pub struct Ranks {
     /// Elements per call of the bucketed collectives (`parallel::bucket`): gradient
     /// reductions, ZeRO's reduce-scatter and all-gather, checkpoint gathers.
     pub bucket: usize,
+    /// Under TP, Megatron sequence parallelism (the region between the layers' blocks split
+    /// over the sequence; `model::tensor_parallel`): on unless `--no-megatron-sp`.
+    pub megatron_sp: bool,
 }
 
 impl Ranks {
@@ -51,12 +54,21 @@ impl Ranks {
             dp: Arc::new(Solo),
             pp: Arc::new(Solo),
             bucket: DEFAULT_BUCKET,
+            megatron_sp: true,
         }
     }
 
     /// The same ranks with another bucket size.
     pub fn with_bucket(self, bucket: usize) -> Self {
         Self { bucket, ..self }
+    }
+
+    /// The same ranks with Megatron sequence parallelism on or off under TP.
+    pub fn with_megatron_sp(self, megatron_sp: bool) -> Self {
+        Self {
+            megatron_sp,
+            ..self
+        }
     }
 
     /// The same ranks with every group wrapped by `wrap`.
@@ -123,6 +135,7 @@ pub fn thread_grid(d: Degrees, timeout: Duration) -> Vec<Ranks> {
             dp: handle(topo.dp_group(), topo.rank),
             pp: handle(topo.pp_group(), topo.rank),
             bucket: DEFAULT_BUCKET,
+            megatron_sp: true,
         })
         .collect()
 }

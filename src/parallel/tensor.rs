@@ -1,7 +1,8 @@
-//! Megatron tensor parallelism's collectives (docs/ARCHITECTURE.md §5): the conjugate pair `f`
-//! (identity forward, all-reduce backward) and `g` (all-reduce forward, identity backward) as
-//! one differentiable op whose backward is its conjugate, and the group that gives them to the
-//! model through [`TensorParallel`]. Which slice of each weight a rank holds is
+//! Megatron tensor parallelism's collectives (docs/ARCHITECTURE.md §5): the conjugate pairs `f`
+//! (identity forward, all-reduce backward) and `g` (all-reduce forward, identity backward), and
+//! under Megatron sequence parallelism all-gather and reduce-scatter, as one differentiable op
+//! whose backward is its conjugate, and the group that gives them to the model through
+//! [`TensorParallel`]. Which slice of each weight a rank holds is
 //! [`crate::parallel::tensor_slices`].
 //!
 //! The sums go through the [`Communicator`]'s tensor all-reduce (host buffers for threads and
@@ -26,6 +27,10 @@ pub enum Conjugate {
     CopyIn,
     /// `g`: sum forward, identity backward.
     SumOut,
+    /// All-gather of equal blocks forward, reduce-scatter backward.
+    Gather,
+    /// Reduce-scatter forward (this rank's block of the sum), all-gather backward.
+    Scatter,
 }
 
 impl Conjugate {
@@ -33,6 +38,8 @@ impl Conjugate {
         match self {
             Conjugate::CopyIn => Conjugate::SumOut,
             Conjugate::SumOut => Conjugate::CopyIn,
+            Conjugate::Gather => Conjugate::Scatter,
+            Conjugate::Scatter => Conjugate::Gather,
         }
     }
 }
@@ -59,12 +66,15 @@ macro_rules! conjugate_for {
                     return x;
                 }
                 let x = Tensor::<1>::from_primitive::<Self>(x);
-                params
-                    .comm
-                    .all_reduce_tensor(x)
-                    .unwrap_or_else(|e| panic!("tensor-parallel all-reduce failed: {e}"))
+                let c = &params.comm;
+                let out = match params.op {
+                    Conjugate::CopyIn | Conjugate::SumOut => c.all_reduce_tensor(x),
+                    Conjugate::Gather => c.all_gather_tensor(x),
+                    Conjugate::Scatter => c.reduce_scatter_tensor(x),
+                };
+                out.unwrap_or_else(|e| panic!("tensor-parallel {:?} failed: {e}", params.op))
                     .try_into_primitive::<Self>()
-                    .expect("tensor parallel: the sum left the backend of its input")
+                    .expect("tensor parallel: the collective left the backend of its input")
             }
         }
     };
@@ -97,21 +107,39 @@ impl<B: Backend + TensorParallelOps, C: CheckpointStrategy> TensorParallelOps fo
 #[derive(Debug, Clone)]
 pub struct TpGroup {
     pub comm: Arc<dyn Communicator>,
+    /// Megatron sequence parallelism: the region between the layers' blocks split over the
+    /// sequence.
+    pub seq_split: bool,
 }
 
 impl TpGroup {
-    fn apply(&self, x: Tensor<3>, op: Conjugate) -> Tensor<3> {
-        let dims = x.dims();
-        let flat = x.reshape([dims.iter().product::<usize>()]);
+    fn flat(&self, x: Tensor<1>, op: Conjugate) -> Tensor<1> {
         let params = ConjugateParams {
             comm: self.comm.clone(),
             op,
         };
-        let out = Tensor::<1>::from_dispatch(<Dispatch as TensorParallelOps>::tp_conjugate(
-            flat.into_dispatch(),
+        Tensor::<1>::from_dispatch(<Dispatch as TensorParallelOps>::tp_conjugate(
+            x.into_dispatch(),
             params,
-        ));
-        out.reshape(dims)
+        ))
+    }
+
+    fn apply(&self, x: Tensor<3>, op: Conjugate) -> Tensor<3> {
+        let dims = x.dims();
+        let flat = x.reshape([dims.iter().product::<usize>()]);
+        self.flat(flat, op).reshape(dims)
+    }
+
+    /// Gather or scatter along the sequence of `x: [b, c, h]`: sequence-first, a rank's block
+    /// of the flat tensor is its contiguous run of tokens (as Megatron lays activations out).
+    fn along_seq(&self, x: Tensor<3>, op: Conjugate) -> Tensor<3> {
+        let [b, c, h] = x.dims();
+        let t = self.comm.size();
+        let flat = x.swap_dims(0, 1).reshape([c * b * h]);
+        let out = self.flat(flat, op);
+        let rows = out.dims()[0] / (b * h);
+        debug_assert!(rows == c * t || rows * t == c);
+        out.reshape([rows, b, h]).swap_dims(0, 1)
     }
 }
 
@@ -130,6 +158,22 @@ impl TensorParallel for TpGroup {
 
     fn sum_out(&self, x: Tensor<3>) -> Tensor<3> {
         self.apply(x, Conjugate::SumOut)
+    }
+
+    fn seq_split(&self) -> bool {
+        self.seq_split
+    }
+
+    fn gather_seq(&self, x: Tensor<3>) -> Tensor<3> {
+        self.along_seq(x, Conjugate::Gather)
+    }
+
+    fn scatter_seq(&self, x: Tensor<3>) -> Tensor<3> {
+        self.along_seq(x, Conjugate::Scatter)
+    }
+
+    fn sum_grad(&self, p: Tensor<1>) -> Tensor<1> {
+        self.flat(p, Conjugate::CopyIn)
     }
 
     fn max_over(&self, x: Tensor<3>) -> Tensor<3> {

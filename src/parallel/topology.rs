@@ -223,15 +223,17 @@ impl Topology {
     }
 
     /// The padded sequence length a step of `seq_len` tokens runs at: a multiple of the number
-    /// of pieces the sequence group cuts it into (SP, and 2·CP zigzag chunks each cut over SP).
+    /// of pieces the sequence group cuts it into (SP, and 2·CP zigzag chunks each cut over SP),
+    /// each cut again over TP (Megatron sequence parallelism splits a rank's tokens over TP).
     /// Padding goes at the end; causal attention never lets a real token see it, and it carries
     /// no loss, so any record length trains exactly as on one rank.
     pub fn padded_len(&self, seq_len: usize) -> usize {
-        let pieces = if self.cp > 1 {
-            2 * self.cp * self.sp
-        } else {
-            self.sp
-        };
+        let pieces = self.tp
+            * if self.cp > 1 {
+                2 * self.cp * self.sp
+            } else {
+                self.sp
+            };
         seq_len.div_ceil(pieces) * pieces
     }
 

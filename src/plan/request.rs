@@ -29,8 +29,8 @@ pub struct PlanRequest {
     /// Ulysses sequence-parallel degree (default: searched).
     pub sp: Option<usize>,
     /// Tensor-parallel degree, as genslm's --tp runs it: heads, MLP columns and vocabulary
-    /// split, LayerNorm and residual activations whole on every TP rank (no Megatron sequence
-    /// parallelism) (default: searched, ≤ a node).
+    /// split, LayerNorm and residual activations split over the sequence (Megatron sequence
+    /// parallelism) unless `megatron_sp` is off (default: searched, ≤ a node).
     pub tp: Option<usize>,
     /// Context-parallel degree (ring attention; default: searched).
     pub cp: Option<usize>,
@@ -56,6 +56,8 @@ pub struct PlanRequest {
     /// Full activation checkpointing: each layer keeps its input and is recomputed (genslm train
     /// --checkpoint-activations).
     pub checkpoint_activations: bool,
+    /// Under TP, Megatron sequence parallelism (the trainer's default; `--no-megatron-sp`).
+    pub megatron_sp: bool,
     /// Number formats (default: bf16 mixed precision on GPUs, fp32 on CPU).
     pub precision: Option<Precision>,
     /// Sequences per micro-batch.

@@ -144,7 +144,7 @@ pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<
                         out.push(Parallelism {
                             degrees: Degrees { dp, cp, sp, tp, pp },
                             zero,
-                            megatron_sp: false,
+                            megatron_sp: a.megatron_sp && tp > 1,
                             // genslm's trainer partitions ZeRO-1 over DP × CP and ZeRO-2/3 over
                             // all ranks; on GPUs plan every stage as DeepSpeed-Ulysses does.
                             zero_over_sp: !cpu || Parallelism::trainer_zero_over_sp(zero),

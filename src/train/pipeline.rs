@@ -203,7 +203,7 @@ pub fn stage_loss_and_grads(
     let hidden = model.cfg.hidden_size;
     let len = |m: Msg| {
         let lb = &micro[m.micro()];
-        lb.rows * lb.cols * hidden
+        lb.rows * model.region_cols(lb.cols).1 * hidden
     };
     let mut run = Run {
         p,
@@ -385,7 +385,7 @@ pub fn stage_eval_nll(
             let x = local.take();
             Some(x.ok_or_else(|| Error::Invalid(format!("pipeline eval: no input for chunk {c}")))?)
         } else {
-            let mut buf = vec![0.0; lb.rows * lb.cols * model.cfg.hidden_size];
+            let mut buf = vec![0.0; lb.rows * model.region_cols(lb.cols).1 * model.cfg.hidden_size];
             comm.recv(stages.stage_of(c - 1), &mut buf)?;
             Some(activation(buf, lb, &model))
         };
@@ -427,10 +427,10 @@ fn run_chunk(
     Ok(Out::Loss(local_nll(model, logits, lb) / denom))
 }
 
-/// A received activation (or gradient) of `lb`'s shape, `[rows, cols, hidden]`, on `model`'s
-/// device, in fp32.
+/// A received activation (or gradient) of `lb`'s shape between layers, `[rows, cols, hidden]`
+/// (under Megatron SP this rank's part of the columns), on `model`'s device, in fp32.
 fn activation(data: Vec<f32>, lb: &LocalBatch, model: &GenSlm) -> Tensor<3> {
-    let shape = [lb.rows, lb.cols, model.cfg.hidden_size];
+    let shape = [lb.rows, model.region_cols(lb.cols).1, model.cfg.hidden_size];
     Tensor::from_data(TensorData::new(data, shape), &model.device)
 }
 

@@ -75,7 +75,11 @@ pub fn train_rank(
     let t = &cfg.train;
     validate_layout(cfg, &ranks.topo)?;
     // Every group's calls timed into one clock: the step's comm_wait_s.
-    let (ranks, comm_clock) = ranks.clone().with_bucket(t.reduce_bucket_size).timed();
+    let (ranks, comm_clock) = ranks
+        .clone()
+        .with_bucket(t.reduce_bucket_size)
+        .with_megatron_sp(t.megatron_sp)
+        .timed();
     let ranks = &ranks;
     let ad = opts.device.open(opts.thread_rank)?.autodiff();
     let (source, model_cfg, mut state) = starting_point(cfg, corpus, run, opts, ranks)?;
