@@ -93,14 +93,14 @@ impl GenSlm {
     ) -> (Tensor<3>, Option<LayerKv>) {
         // This rank's heads: all of them, or its TP slice (the QKV weight's columns).
         let heads = self.spec(l.qkv_w).shape[1] / (3 * self.cfg.head_dim());
-        let qkv = self.dense(self.copy_in(h), l.qkv_w, Some(l.qkv_b));
+        let qkv = self.col_dense(h, l.qkv_w, l.qkv_b);
         let (o, kv) = self.attend(qkv, heads, ctx, past);
         (self.dense_out(o, l.dense_w, l.dense_b), kv)
     }
 
     /// The MLP half of a layer on its normalised input `h` (column- then row-parallel under TP).
     fn mlp_block(&self, l: &LayerParams, h: Tensor<3>) -> Tensor<3> {
-        let m = gelu_fast(self.dense(self.copy_in(h), l.fc1_w, Some(l.fc1_b)));
+        let m = gelu_fast(self.col_dense(h, l.fc1_w, l.fc1_b));
         self.dense_out(m, l.fc2_w, l.fc2_b)
     }
 

@@ -33,6 +33,20 @@ impl GenSlm {
         }
     }
 
+    /// A column-parallel linear with a bias on the activation between layers `x`: the plain
+    /// linear of `copy_in(x)`, or under Megatron SP one op that gathers the sequence and keeps
+    /// only this rank's part of it for the backward.
+    pub(super) fn col_dense(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
+        match &self.tp {
+            Some(tp) if tp.seq_split() => tp.seq_linear(
+                self.compute(x),
+                self.compute(self.mat(w)),
+                self.compute(self.vec(b)),
+            ),
+            _ => self.dense(self.copy_in(x), w, Some(b)),
+        }
+    }
+
     /// Parameter `i` used between the layers' blocks (LayerNorms, row-parallel biases, learned
     /// positions): under Megatron SP its gradient is summed over the TP group.
     pub(super) fn region_vec(&self, i: usize) -> Tensor<1> {

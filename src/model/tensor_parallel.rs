@@ -46,6 +46,10 @@ pub trait TensorParallel: std::fmt::Debug + Send + Sync {
     fn scatter_seq(&self, x: Tensor<3>) -> Tensor<3>;
     /// `p` unchanged forward; its gradient summed over the group backward.
     fn sum_grad(&self, p: Tensor<1>) -> Tensor<1>;
+    /// Under Megatron SP, a column-parallel linear on this rank's part of the sequence:
+    /// `gather_seq(x)·w + b`, keeping only `x` for the backward (the gathered input is
+    /// gathered again there).
+    fn seq_linear(&self, x: Tensor<3>, w: Tensor<2>, b: Tensor<1>) -> Tensor<3>;
 
     /// The activation between layers entering a column-parallel block: `f`, or under
     /// Megatron SP the all-gather of the sequence.

@@ -16,6 +16,7 @@ pub mod parallelize;
 pub mod pipeline;
 pub mod ranks;
 pub mod ring;
+pub mod seq_linear;
 pub mod stream_order;
 pub mod tensor;
 pub mod tensor_slices;

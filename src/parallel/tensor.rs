@@ -176,6 +176,13 @@ impl TensorParallel for TpGroup {
         self.flat(p, Conjugate::CopyIn)
     }
 
+    fn seq_linear(&self, x: Tensor<3>, w: Tensor<2>, b: Tensor<1>) -> Tensor<3> {
+        let params = crate::parallel::seq_linear::SeqParams {
+            comm: self.comm.clone(),
+        };
+        crate::parallel::seq_linear::seq_linear(x, w, b, params)
+    }
+
     fn max_over(&self, x: Tensor<3>) -> Tensor<3> {
         let (dims, device) = (x.dims(), x.device());
         let mine = crate::ops::primitive::tensor_to_vec(&x.detach());

@@ -12,9 +12,6 @@ struct LayerTerms {
     seq: f64,
     /// Head region (split over `head_shard`).
     head: f64,
-    /// Sequence-region tensors all-gathered over TP before a column-parallel matmul and kept
-    /// by it for its backward: whole on every TP rank (split over `p·c` only).
-    gathered: f64,
     /// Naive attention: bytes per (query, key, head), head region.
     scores: f64,
     /// Naive attention: one buffer for the scores shared by all layers, bytes per (query, key,
@@ -36,7 +33,7 @@ struct LayerTerms {
 fn narrow_elements(m: &ModelConfig, st: &Strategy) -> f64 {
     let lt = layer_terms(m, st);
     let e = st.precision.activation_bytes();
-    (lt.seq + lt.head + lt.gathered) / e - 2.0 * m.intermediate_size as f64
+    (lt.seq + lt.head) / e - 2.0 * m.intermediate_size as f64
 }
 
 fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
@@ -60,8 +57,6 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
                 // Q, K, V and the attention output (e·h each), the MLP's fc1 output (GeLU
                 // input) and GeLU output (e·i each): 24·h for e = 2 and i = 4h.
                 head: 4.0 * e * h + 2.0 * e * i,
-                // Megatron re-gathers the matmuls' inputs in the backward and keeps its shard.
-                gathered: 0.0,
                 // Softmax output (e, or 4 in fp32), dropout mask (1) and dropout output (e):
                 // 5 bytes per score with dropout in 16-bit, the `5·a·s/h` term.
                 scores: if naive { probs + drop * (1.0 + e) } else { 0.0 },
@@ -104,20 +99,11 @@ fn layer_terms(m: &ModelConfig, st: &Strategy) -> LayerTerms {
             // The fused LayerNorm keeps its fp32 input: the layer's input, one tensor for LN1
             // and LN2 in fp32, one fp32 copy each under 16-bit compute.
             let ln_inputs = if e == 4.0 { 4.0 * h } else { 2.0 * 4.0 * h };
-            // Under Megatron SP genslm's column-parallel matmuls keep the all-gathered input
-            // (LN1's and LN2's outputs, whole over TP) where Megatron keeps its shard and
-            // gathers again in the backward.
-            let gathered = if st.layout.megatron_sp && st.layout.tp > 1 {
-                2.0 * e * h
-            } else {
-                0.0
-            };
             LayerTerms {
                 // The LayerNorms' inputs; LN1's output (the QKV matmul's input); the attention
                 // output reshaped for the dense matmul; LN2's output (fc1's input): 4·h
-                // elements in fp32 (the two matmul inputs in `gathered` under Megatron SP).
-                seq: ln_inputs + 3.0 * e * h - gathered,
-                gathered,
+                // elements in fp32.
+                seq: ln_inputs + 3.0 * e * h,
                 // fc1 output (the fused gelu_fast keeps only its input) and gelu's output
                 // (fc2's input): 2·i elements; with the fused attention's 3h, 11·h for i = 4h.
                 head: qkvo_bytes + 2.0 * e * i,
@@ -404,7 +390,7 @@ pub(super) fn forward_backward(
 
     let lt = layer_terms(m, st);
     // One layer: tokens·(seq/seq_shard + head/head_shard).
-    let one_layer = tokens * (lt.seq / seq_shard + lt.head / head_shard + lt.gathered / (p * cp));
+    let one_layer = tokens * (lt.seq / seq_shard + lt.head / head_shard);
     // Attention of one layer: naive scores b·s·s·a·scores/head_shard plus the layer's own mask
     // s²·layer_mask; flash's log-sum-exp b·s·a·4/head_shard.
     let one_attention = tokens * s * a * lt.scores / head_shard
