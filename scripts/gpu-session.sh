@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU playbook in one device call, for a short lease (docs/GPU.md: 15 minutes of
 # device time in all, the machine's start included). Runs the probe, then the smoke parts in
-# order of value (correctness, infer, throughput, attention) while DEADLINE_S allows, each part
+# order of value (correctness, infer, peer, throughput, attention) while DEADLINE_S allows, each part
 # given only the seconds left. Stops early when nothing after a step could mean anything, so
 # the lease keeps time for a fix and a second call:
 #   - after the probe, when neither kernel compiler (llvm, then nvrtc if carried) trains tiny;
@@ -36,7 +36,7 @@ fi
 export WORK=${WORK:-$(mktemp -d)}
 export PERF_MAX_SEQ=${PERF_MAX_SEQ:-32768} ATTN_SEQS=${ATTN_SEQS:-4096,16384}
 export THROUGHPUT_CONFIGS=${THROUGHPUT_CONFIGS:-genslm-25m,genslm-250m}
-for p in correctness infer throughput attention; do
+for p in correctness infer peer throughput attention; do
   l=$(left)
   if (( l < 45 )); then echo "== gpu-session: no time left for $p"; continue; fi
   echo "== gpu-session: $p ($l s left)"

@@ -11,6 +11,10 @@
 #                tokens/s, TFLOPS, MFU (PEAK_TFLOPS, default 989: H100/H200 SXM dense bf16),
 #                peak GPU memory (nvidia-smi, sampled every 100 ms)
 #   infer        score, embed and generate on cuda with a model trained here for 5 steps
+#   peer         Hugging Face GPT-NeoX in PyTorch (bf16 autocast, scripts/bench_torch_train.py
+#                with DEVICE=cuda) then genslm, shape by shape (PEER_SHAPES, default
+#                genslm-25m:2048,genslm-25m:8192,genslm-250m:2048,genslm-250m:8192): tokens/s
+#                of each and genslm / PyTorch
 #   attention    the op alone, bf16, causal: genslm's kernels vs cubek vs PyTorch SDPA at
 #                ATTN_SEQS (1024,4096,16384,32768) × d 64/128, and ALiBi (ours vs SDPA)
 #   sp           with 2+ GPUs: --sp 2 against --sp 1
@@ -124,6 +128,28 @@ PY
     perf "$cfg" 2048 && perf "$cfg" 8192 || continue
     seq=16384
     while (( seq <= ${PERF_MAX_SEQ:-131072} )) && perf "$cfg" $seq; do seq=$((seq * 2)); done
+  done
+fi
+
+if part peer; then
+  PART_START=$(date +%s)
+  python3 -c "import random; random.seed(0); open('$WORK/peer.fa', 'w').write(''.join('>r%d\n%s\n' % (i, ''.join(random.choices('ACGT', k=120000))) for i in range(8)))"
+  IFS=, read -r -a SHAPES <<<"${PEER_SHAPES:-genslm-25m:2048,genslm-25m:8192,genslm-250m:2048,genslm-250m:8192}"
+  for shape in "${SHAPES[@]}"; do
+    cfg=${shape%%:*} seq=${shape##*:}
+    if (( $(left) < 40 )); then row "peer $cfg seq $seq" skipped "part time spent"; continue; fi
+    torch=$(DEVICE=cuda timeout 60 python3 scripts/bench_torch_train.py "configs/$cfg.toml" "$seq" 5 2>&1 | tail -1)
+    out="$WORK/peer-$cfg-$seq"
+    if timeout $(( $(left) < 90 ? $(left) : 90 )) "$BIN" train --fasta "$WORK/peer.fa" --config "configs/$cfg.toml" --out "$out" \
+         --steps 6 --seq-len "$seq" --batch-size 1 --val-every 0 --warmup 1 --overwrite --quiet --backend cuda \
+         > "$WORK/peer-$cfg-$seq.log" 2>&1; then
+      read -r tps _ < <(python3 scripts/gpu_tables.py rate "$out/metrics.jsonl")
+      pt=$(sed -n 's/.*: \([0-9.]*\) tokens\/s.*/\1/p' <<<"$torch")
+      ratio=$(python3 -c "print('%.3f' % ($tps / $pt))" 2>/dev/null || echo "n/a")
+      row "peer $cfg seq $seq bf16" ran "genslm $tps tokens/s; PyTorch ${pt:-n/a} tokens/s; genslm / PyTorch $ratio ($(tr '|' '/' <<<"$torch" | cut -c1-160))"
+    else
+      row "peer $cfg seq $seq" FAIL "genslm: $(tail2 "$WORK/peer-$cfg-$seq.log"); PyTorch: $(tr '|' '/' <<<"$torch" | cut -c1-160)"
+    fi
   done
 fi
 
