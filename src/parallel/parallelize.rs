@@ -20,7 +20,9 @@ use crate::parallel::bucket::gather_unequal;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::ring::{RingGroup, UlyssesRing};
 use crate::parallel::tensor::TpGroup;
-use crate::parallel::tensor_slices::{check_degree, cut, slice_of, split_of, split_params};
+use crate::parallel::tensor_slices::{
+    check_degree, cut, gather_slices, slice_of, split_of, split_params,
+};
 use crate::parallel::ulysses::SpGroup;
 
 /// Adam's first and second moments, cut together with the weights they belong to.
@@ -156,6 +158,22 @@ pub fn check_positions(cfg: &ModelConfig, seq_len: usize) -> Result<()> {
 pub fn gather_shard(t: &Tensor<1>, ranks: &Ranks) -> Result<Tensor<1>> {
     let all = gather_unequal(ranks.sp.as_ref(), &tensor_to_vec(t), None, ranks.bucket)?;
     Ok(host_to_param(all.unwrap_or_default(), &t.device()))
+}
+
+/// Under TP, the whole model from the TP group's slices of `model`, on TP rank 0 (`None` on
+/// the others; every rank of the group must call it); `model` itself without TP. For
+/// checkpoints: world rank 0's TP group joins its slices there.
+pub fn join_tp_slices(mut model: GenSlm, ranks: &Ranks) -> Result<Option<GenSlm>> {
+    if ranks.topo.tp == 1 {
+        return Ok(Some(model));
+    }
+    let layout = crate::model::params::Layout::new(&model.cfg);
+    let joined = gather_slices(&model.params, &layout, ranks.tp.as_ref(), ranks.bucket)?;
+    let Some(p) = joined else {
+        return Ok(None);
+    };
+    (model.params, model.layout, model.tp) = (p, layout, None);
+    Ok(Some(model))
 }
 
 /// [`gather_shard`] to SP rank 0 only (`None` on the others): for checkpoints.

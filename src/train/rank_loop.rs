@@ -15,11 +15,9 @@ use crate::config::{ModelConfig, TrainConfig};
 use crate::data::loader::{Batch, Corpus, Loader};
 use crate::error::{Error, Result};
 use crate::model::io::load_config;
-use crate::model::params::Layout;
 use crate::model::GenSlm;
-use crate::parallel::parallelize::gather_shard_to_root;
+use crate::parallel::parallelize::{gather_shard_to_root, join_tp_slices};
 use crate::parallel::ranks::Ranks;
-use crate::parallel::tensor_slices::gather_slices;
 use crate::parallel::{Degrees, Topology};
 use crate::train::checkpoint::{
     commit_checkpoint, prepare_staging, read_saved, staging_dir, TrainerState,
@@ -437,16 +435,8 @@ fn gather_weights(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option
         full.layout.specs[pos].shape[0] = cfg.model.max_position_embeddings;
         full.sp = None;
     }
-    if ranks.topo.tp > 1 {
-        // Only world rank 0's TP group is here: it joins its slices on rank 0.
-        let layout = Layout::new(&full.cfg);
-        let joined = gather_slices(&full.params, &layout, ranks.tp.as_ref(), ranks.bucket)?;
-        let Some(p) = joined else {
-            return Ok(None);
-        };
-        (full.params, full.layout, full.tp) = (p, layout, None);
-    }
-    Ok(Some(full))
+    // Only world rank 0's TP group is here: it joins its slices on rank 0.
+    join_tp_slices(full, ranks)
 }
 
 /// Mean next-token NLL over the validation windows, on a copy without autodiff. Every DP

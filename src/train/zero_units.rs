@@ -27,13 +27,11 @@ use std::sync::Arc;
 use burn::tensor::Tensor;
 
 use crate::error::{Error, Result};
-use crate::model::params::Layout;
 use crate::model::GenSlm;
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::comm::Communicator;
-use crate::parallel::parallelize::gather_shard_to_root;
+use crate::parallel::parallelize::{gather_shard_to_root, join_tp_slices};
 use crate::parallel::ranks::Ranks;
-use crate::parallel::tensor_slices::gather_slices;
 use crate::parallel::topology::Topology;
 use crate::train::dist_optim::StepOutcome;
 use crate::train::layerwise::{Unit, UnitWeights};
@@ -282,15 +280,7 @@ impl ZeroUnits {
             model.layout.specs[pos].shape[0] = model.cfg.max_position_embeddings;
         }
         model.sp = None;
-        if ranks.topo.tp > 1 {
-            let layout = Layout::new(&model.cfg);
-            let joined = gather_slices(&model.params, &layout, ranks.tp.as_ref(), self.bucket)?;
-            let Some(p) = joined else {
-                return Ok(None);
-            };
-            (model.params, model.layout, model.tp) = (p, layout, None);
-        }
-        Ok(Some(model))
+        join_tp_slices(model, ranks)
     }
 
     /// The moments this rank writes into a checkpoint: all it holds (every unit's shard is
