@@ -11,7 +11,7 @@ mod curves;
 use std::time::Duration;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use curves::{data, layouts_match_one_rank, resumes_match_one_rank, tiny};
+use curves::{data, grid, layouts_match_one_rank, resumes_match_one_rank, tiny};
 use genslm::config::{Config, Position};
 use genslm::model::tensor_parallel::{split_range, vocab_parallel_nll};
 use genslm::ops::primitive::tensor_to_vec;
@@ -26,19 +26,7 @@ type Layout = (usize, usize, usize, usize, u8, bool);
 fn run_config(cfg: Config, layouts: &[Layout]) {
     let grid: Vec<_> = layouts
         .iter()
-        .map(|&(dp, cp, sp, tp, zero, ckpt)| {
-            (
-                Degrees {
-                    dp,
-                    cp,
-                    sp,
-                    tp,
-                    pp: 1,
-                },
-                zero,
-                ckpt,
-            )
-        })
+        .map(|&(dp, cp, sp, tp, zero, ckpt)| (grid(dp, cp, sp, tp), zero, ckpt))
         .collect();
     layouts_match_one_rank(&cfg, &grid)
 }
@@ -118,20 +106,7 @@ fn tensor_parallel_without_megatron_sequence_parallelism_matches_one_rank() {
 #[test]
 fn tensor_parallel_checkpoints_resume_on_other_layouts() {
     let cfg = tiny(Position::Learned, 32);
-    let tp_sp = Degrees {
-        dp: 1,
-        cp: 1,
-        sp: 2,
-        tp: 2,
-        pp: 1,
-    };
-    let tp_dp = Degrees {
-        dp: 2,
-        cp: 1,
-        sp: 1,
-        tp: 2,
-        pp: 1,
-    };
+    let (tp_sp, tp_dp) = (grid(1, 1, 2, 2), grid(2, 1, 1, 2));
     let single = Degrees::new(1, 1, 1);
     resumes_match_one_rank(
         &cfg,

@@ -6,19 +6,9 @@
 
 mod curves;
 
-use curves::{layouts_match_one_rank, resumes_match_one_rank, tiny};
+use curves::{grid, layouts_match_one_rank, resumes_match_one_rank, tiny};
 use genslm::config::Position;
 use genslm::parallel::Degrees;
-
-fn grid(dp: usize, cp: usize, sp: usize, tp: usize) -> Degrees {
-    Degrees {
-        dp,
-        cp,
-        sp,
-        tp,
-        pp: 1,
-    }
-}
 
 /// `--tp 2 --zero 3 --dp 2` and `--tp 2 --zero 2 --sp 2` (the two), ZeRO-3 with
 /// checkpointed activations, ZeRO-2 over DP, and ZeRO-3 over a CP ring.

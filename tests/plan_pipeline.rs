@@ -191,75 +191,35 @@ fn stage_memory_terms() {
     assert_eq!(peak.stage, Some(0));
 }
 
+/// `genslm plan` for genslm-33b on `gpus` A100-40GB with `flags`: (success, stdout, stderr).
+fn plan_33b(gpus: &str, flags: &[&str]) -> (bool, String, String) {
+    let cfg = repo().join("configs/genslm-33b.toml");
+    let mut args = vec!["plan", "--config", cfg.to_str().unwrap()];
+    args.extend(["--gpus", gpus, "--gpu-mem-gib", "40"]);
+    args.extend(flags);
+    run(&args)
+}
+
 #[test]
 fn the_search_plans_stages_as_the_trainer_runs_them() {
-    let cfg = repo().join("configs/genslm-33b.toml");
-    let cfg = cfg.to_str().unwrap();
     // With ZeRO ≤ 1 and checkpointing, 16 A100-40GB hold genslm-33b only with pipeline stages.
-    let (ok, out, err) = run(&[
-        "plan",
-        "--config",
-        cfg,
-        "--gpus",
-        "16",
-        "--gpu-mem-gib",
-        "40",
-        "--zero",
-        "1",
-        "--checkpoint-activations",
-        "--json",
-    ]);
+    let (ok, out, err) = plan_33b("16", &["--zero", "1", "--checkpoint-activations", "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["layout"]["pp"].as_u64().unwrap() > 1, "{}", v["layout"]);
     assert!(v["max_seq_len"].as_u64().unwrap() > 0);
     assert!(v["pipeline_bubble"].as_f64().unwrap() > 0.0);
     // ZeRO-2/3 with stages are refused by name (the trainer refuses them too).
-    let (ok, _, err) = run(&[
-        "plan",
-        "--config",
-        cfg,
-        "--gpus",
-        "16",
-        "--gpu-mem-gib",
-        "40",
-        "--pp",
-        "2",
-        "--zero",
-        "3",
-    ]);
+    let (ok, _, err) = plan_33b("16", &["--pp", "2", "--zero", "3"]);
     assert!(!ok && err.contains("--pp 2 with --zero 3"), "{err}");
     // A fixed pipeline that cannot run says why.
-    let (ok, _, err) = run(&[
-        "plan",
-        "--config",
-        cfg,
-        "--gpus",
-        "16",
-        "--gpu-mem-gib",
-        "40",
-        "--pp",
-        "4",
-        "--grad-accum",
-        "2",
-    ]);
+    let (ok, _, err) = plan_33b("16", &["--pp", "4", "--grad-accum", "2"]);
     assert!(
         !ok && err.contains("needs at least 4 micro-batches"),
         "{err}"
     );
     // A fixed --pp is the only pipeline degree searched, and the text names the stage.
-    let (ok, out, err) = run(&[
-        "plan",
-        "--config",
-        cfg,
-        "--gpus",
-        "64",
-        "--gpu-mem-gib",
-        "40",
-        "--pp",
-        "4",
-        "--checkpoint-activations",
-    ]);
+    let (ok, out, err) = plan_33b("64", &["--pp", "4", "--checkpoint-activations"]);
     assert!(ok, "{err}");
     assert!(out.contains("pp 4 (1f1b, 16 micro-batches)"), "{out}");
     assert!(out.contains("pipeline bubble     0.188"), "{out}");

@@ -53,6 +53,17 @@ pub trait SeqCollectives: LinearKernels {
     fn along_seq(x: FloatTensor<Self>, params: &SeqParams, way: Along) -> FloatTensor<Self>;
 }
 
+/// `collective` applied to `x: [b, c, h]` laid out sequence-first, so that a rank's block of the
+/// flat tensor is its contiguous run of tokens (as Megatron lays activations out); the result
+/// back as `[b, rows, h]`, `rows` = the tokens the collective returned (`T·c` gathered, `c/T`
+/// reduce-scattered).
+pub fn along_sequence(x: Tensor<3>, collective: impl FnOnce(Tensor<1>) -> Tensor<1>) -> Tensor<3> {
+    let [b, c, h] = x.dims();
+    let out = collective(x.swap_dims(0, 1).reshape([c * b * h]));
+    let rows = out.dims()[0] / (b * h);
+    out.reshape([rows, b, h]).swap_dims(0, 1)
+}
+
 macro_rules! seq_linear_for {
     ($backend:ty) => {
         impl SeqCollectives for $backend {
@@ -62,18 +73,15 @@ macro_rules! seq_linear_for {
                 way: Along,
             ) -> FloatTensor<Self> {
                 let x = Tensor::<3>::from_primitive::<Self>(x);
-                let [b, c, h] = x.dims();
-                let flat = x.swap_dims(0, 1).reshape([c * b * h]);
-                let out = match way {
-                    Along::Gather => params.comm.all_gather_tensor(flat),
-                    Along::Scatter => params.comm.reduce_scatter_tensor(flat),
-                }
-                .unwrap_or_else(|e| panic!("sequence-parallel linear: {way:?} failed: {e}"));
-                let rows = out.dims()[0] / (b * h);
-                out.reshape([rows, b, h])
-                    .swap_dims(0, 1)
-                    .try_into_primitive::<Self>()
-                    .expect("sequence-parallel linear: the collective left the backend")
+                along_sequence(x, |flat| {
+                    match way {
+                        Along::Gather => params.comm.all_gather_tensor(flat),
+                        Along::Scatter => params.comm.reduce_scatter_tensor(flat),
+                    }
+                    .unwrap_or_else(|e| panic!("sequence-parallel linear: {way:?} failed: {e}"))
+                })
+                .try_into_primitive::<Self>()
+                .expect("sequence-parallel linear: the collective left the backend")
             }
         }
 
@@ -84,8 +92,8 @@ macro_rules! seq_linear_for {
                 b: FloatTensor<Self>,
                 params: SeqParams,
             ) -> FloatTensor<Self> {
-                let full = Self::along_seq(x, &params, Along::Gather);
-                Self::linear_fwd(full, w, b)
+                <SeqLinear as HandBackward<Self, 3>>::forward(&SeqLinear(params), [x, w, b], false)
+                    .0
             }
         }
     };

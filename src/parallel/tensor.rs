@@ -19,6 +19,7 @@ use burn::tensor::{Tensor, TensorData};
 use crate::model::tensor_parallel::TensorParallel;
 use crate::ops::autodiff::{differentiable_collective as differentiable, Transposable};
 use crate::parallel::comm::Communicator;
+use crate::parallel::seq_linear::{along_sequence, seq_linear, SeqParams};
 
 /// Which of the pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,16 +131,13 @@ impl TpGroup {
         self.flat(flat, op).reshape(dims)
     }
 
-    /// Gather or scatter along the sequence of `x: [b, c, h]`: sequence-first, a rank's block
-    /// of the flat tensor is its contiguous run of tokens (as Megatron lays activations out).
+    /// Gather or scatter along the sequence of `x: [b, c, h]` (differentiable).
     fn along_seq(&self, x: Tensor<3>, op: Conjugate) -> Tensor<3> {
-        let [b, c, h] = x.dims();
-        let t = self.comm.size();
-        let flat = x.swap_dims(0, 1).reshape([c * b * h]);
-        let out = self.flat(flat, op);
-        let rows = out.dims()[0] / (b * h);
+        let (c, t) = (x.dims()[1], self.comm.size());
+        let out = along_sequence(x, |flat| self.flat(flat, op));
+        let rows = out.dims()[1];
         debug_assert!(rows == c * t || rows * t == c);
-        out.reshape([rows, b, h]).swap_dims(0, 1)
+        out
     }
 }
 
@@ -177,10 +175,10 @@ impl TensorParallel for TpGroup {
     }
 
     fn seq_linear(&self, x: Tensor<3>, w: Tensor<2>, b: Tensor<1>) -> Tensor<3> {
-        let params = crate::parallel::seq_linear::SeqParams {
+        let params = SeqParams {
             comm: self.comm.clone(),
         };
-        crate::parallel::seq_linear::seq_linear(x, w, b, params)
+        seq_linear(x, w, b, params)
     }
 
     fn max_over(&self, x: Tensor<3>) -> Tensor<3> {

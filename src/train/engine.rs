@@ -106,13 +106,12 @@ impl Engine {
             // table (never a TP-split parameter).
             let pos = skeleton.layout.embed_pos.zip(skeleton.position_shard());
             let (t, full) = (&ranks.topo, source.layout());
-            let rows = |i: usize, x: Vec<f32>| match pos {
-                _ if t.tp > 1 && split_of(full, i).is_some() => {
-                    let split = split_of(full, i).expect("checked");
+            let rows = |i: usize, x: Vec<f32>| match (split_of(full, i).filter(|_| t.tp > 1), pos) {
+                (Some(split), _) => {
                     let x = host_to_param(x, &plain);
                     tensor_to_vec(&cut(&x, &full.specs[i].shape, split, t.tp, t.tp_rank()))
                 }
-                Some((p, first)) if p == i => {
+                (None, Some((p, first))) if p == i => {
                     let [n, h] = [
                         skeleton.layout.specs[p].shape[0],
                         skeleton.layout.specs[p].shape[1],

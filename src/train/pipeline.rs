@@ -200,11 +200,7 @@ pub fn stage_loss_and_grads(
         )));
     }
     let me = p.comm.rank();
-    let hidden = model.cfg.hidden_size;
-    let len = |m: Msg| {
-        let lb = &micro[m.micro()];
-        lb.rows * model.region_cols(lb.cols).1 * hidden
-    };
+    let len = |m: Msg| activation_shape(&micro[m.micro()], model).iter().product();
     let mut run = Run {
         p,
         model,
@@ -385,7 +381,7 @@ pub fn stage_eval_nll(
             let x = local.take();
             Some(x.ok_or_else(|| Error::Invalid(format!("pipeline eval: no input for chunk {c}")))?)
         } else {
-            let mut buf = vec![0.0; lb.rows * model.region_cols(lb.cols).1 * model.cfg.hidden_size];
+            let mut buf = vec![0.0; activation_shape(lb, &model).iter().product()];
             comm.recv(stages.stage_of(c - 1), &mut buf)?;
             Some(activation(buf, lb, &model))
         };
@@ -430,8 +426,16 @@ fn run_chunk(
 /// A received activation (or gradient) of `lb`'s shape between layers, `[rows, cols, hidden]`
 /// (under Megatron SP this rank's part of the columns), on `model`'s device, in fp32.
 fn activation(data: Vec<f32>, lb: &LocalBatch, model: &GenSlm) -> Tensor<3> {
-    let shape = [lb.rows, model.region_cols(lb.cols).1, model.cfg.hidden_size];
-    Tensor::from_data(TensorData::new(data, shape), &model.device)
+    Tensor::from_data(
+        TensorData::new(data, activation_shape(lb, model)),
+        &model.device,
+    )
+}
+
+/// `[rows, cols, hidden]` of `lb`'s activations between layers (under Megatron SP this rank's
+/// part of the columns).
+fn activation_shape(lb: &LocalBatch, model: &GenSlm) -> [usize; 3] {
+    [lb.rows, model.region_cols(lb.cols).1, model.cfg.hidden_size]
 }
 
 /// Every stage's parameters in stage 0's model, for a checkpoint: called by each stage's

@@ -17,6 +17,17 @@ pub fn data() -> DataSource {
     DataSource::Fasta(vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("data")])
 }
 
+/// The degrees of a layout without pipeline stages.
+pub fn grid(dp: usize, cp: usize, sp: usize, tp: usize) -> Degrees {
+    Degrees {
+        dp,
+        cp,
+        sp,
+        tp,
+        pp: 1,
+    }
+}
+
 /// configs/tiny.toml (4 heads) with `pos`, sequences of `seq` tokens, batch 4, 8 steps.
 pub fn tiny(pos: Position, seq: usize) -> Config {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
