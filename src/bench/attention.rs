@@ -96,7 +96,7 @@ pub fn attention_op(compute: &crate::backend::Compute, c: &AttnBenchCase) -> Res
     let genslm_fwd = || flash_attention_forward(q.clone(), k.clone(), v.clone(), &opts, bq, bk);
     let (routine, mut step): (String, Step) = match c.imp {
         AttnImpl::Genslm => (
-            "genslm FlashAttention (fused kernels on cuda/wgpu, tiled on cpu)".into(),
+            "genslm FlashAttention (fused kernels on cuda/wgpu and, for f32, on cpu)".into(),
             Box::new(|| {
                 let t = std::time::Instant::now();
                 let (o, lse) = genslm_fwd();

@@ -17,3 +17,4 @@ pub mod primitive;
 pub mod rotary;
 pub(crate) mod simd;
 pub(crate) mod team;
+pub(crate) mod tile;

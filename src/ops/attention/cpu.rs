@@ -17,7 +17,8 @@ use super::flash::{FlashAttentionOps, FlashParams};
 use super::probe::record;
 use super::tiled::{key_end, tiled_backward, tiled_forward};
 use crate::ops::primitive::Primitive;
-use crate::ops::simd::{dispatched, exp_neg, host_f32 as host, matmul, values, Threads::Serial};
+use crate::ops::simd::{dispatched, exp_neg, exp_neg_fused, host_f32 as host, values};
+use crate::ops::tile::{tile_matmul, times_transposed, transposed_panels, PANEL};
 
 /// Shapes: q `[bh, sq, d]`, k `[bh, sk, d]`, v `[bh, sk, dv]` (batch and heads flattened).
 #[derive(Debug, Clone, Copy)]
@@ -93,23 +94,49 @@ dispatched!(scale_max, (row: &mut [f32], scale: f32) -> f32, {
     max
 });
 
-// `row[j] = e^(row[j] − shift)`; returns the sum (sixteen lanes, so the loop vectorises).
-dispatched!(exp_shift_sum, (row: &mut [f32], shift: f32) -> f32, {
-    let mut lanes = [0f32; 16];
-    let mut chunks = row.chunks_exact_mut(16);
-    for c in &mut chunks {
-        for (x, acc) in c.iter_mut().zip(lanes.iter_mut()) {
-            *x = exp_neg(*x - shift);
-            *acc += *x;
+/// `row[j] = e^(row[j] − shift)`; returns the sum (sixteen lanes, so the loop vectorises). The
+/// AVX-512 and AVX2 builds fuse the exp's multiply-adds ([`exp_neg_fused`]): after the tile
+/// products this is the largest part of a FlashAttention step.
+fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
+    macro_rules! body {
+        ($exp:ident, $row:ident, $shift:ident) => {{
+            let mut lanes = [0f32; 16];
+            let mut chunks = $row.chunks_exact_mut(16);
+            for c in &mut chunks {
+                for (x, acc) in c.iter_mut().zip(lanes.iter_mut()) {
+                    *x = $exp(*x - $shift);
+                    *acc += *x;
+                }
+            }
+            let mut sum: f32 = lanes.iter().sum();
+            for x in chunks.into_remainder() {
+                *x = $exp(*x - $shift);
+                sum += *x;
+            }
+            sum
+        }};
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,fma")]
+        unsafe fn v4(row: &mut [f32], shift: f32) -> f32 {
+            body!(exp_neg_fused, row, shift)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn v3(row: &mut [f32], shift: f32) -> f32 {
+            body!(exp_neg_fused, row, shift)
+        }
+        if crate::isa::avx512() {
+            // SAFETY: the tier in effect guarantees AVX-512F and FMA.
+            return unsafe { v4(row, shift) };
+        }
+        if crate::isa::avx2() {
+            // SAFETY: the tier in effect guarantees AVX2 and FMA.
+            return unsafe { v3(row, shift) };
         }
     }
-    let mut sum: f32 = lanes.iter().sum();
-    for x in chunks.into_remainder() {
-        *x = exp_neg(*x - shift);
-        sum += *x;
-    }
-    sum
-});
+    body!(exp_neg, row, shift)
+}
 
 // `ds[j] = p[j]·(dp[j] − delta)·scale`, in place over `dp`.
 dispatched!(softmax_grad_row, (p: &[f32], dp: &mut [f32], delta: f32, scale: f32), {
@@ -155,6 +182,36 @@ fn record_call(n: Dims, p: &FlashParams, backward: bool) {
     });
 }
 
+/// Rows of a query block that share one key range: the products of a tile run per group, each
+/// over the keys its last row sees, so a causal diagonal tile computes little more than its
+/// visible triangle (a whole tile of 256 keys per query block computed and masked half of
+/// every diagonal tile: a fifth of the products at seq 1024).
+const GROUP: usize = PANEL;
+
+/// The keys of `[ks, ks + nk)` a group of rows ending at query `last` needs: those its last
+/// row sees (causal rows see a prefix; the last sees the longest).
+fn group_keys(sc: &Scores<'_>, last: usize, ks: usize, nk: usize) -> usize {
+    sc.visible(last, ks, nk)
+}
+
+/// Each head's keys `[bh, sk, d]` as [`transposed_panels`], head after head.
+fn key_panels(k: &[f32], heads: usize, sk: usize, d: usize) -> Vec<f32> {
+    let per = sk.div_ceil(PANEL) * PANEL * d;
+    let mut out = vec![0f32; heads * per];
+    out.par_chunks_mut(per.max(1))
+        .enumerate()
+        .for_each(|(bh, panels)| {
+            transposed_panels(&k[bh * sk * d..(bh + 1) * sk * d], sk, d, panels)
+        });
+    out
+}
+
+/// A score tile's row stride: block widths rounded up to whole panels, so a row group's
+/// columns up to its next panel boundary fit.
+fn score_stride(bk: usize) -> usize {
+    bk.next_multiple_of(PANEL)
+}
+
 /// Forward: `(o [bh, sq, dv], lse [bh, sq])`.
 pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, p: &FlashParams) -> (Vec<f32>, Vec<f32>) {
     let (bq, bk) = (p.block_q, p.block_k);
@@ -163,29 +220,32 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, p: &FlashParams) -> (Ve
     if n.sq == 0 || n.d == 0 || n.dv == 0 {
         return (o, lse); // nothing to attend with (chunking by zero would panic)
     }
+    let kt = key_panels(k, n.b * n.h, n.sk, n.d);
+    let per = n.sk.div_ceil(PANEL) * PANEL * n.d;
     o.par_chunks_mut(n.sq * n.dv)
         .zip(lse.par_chunks_mut(n.sq))
         .enumerate()
         .for_each(|(bh, (o, lse))| {
             let q = &q[bh * n.sq * n.d..(bh + 1) * n.sq * n.d];
-            let k = &k[bh * n.sk * n.d..(bh + 1) * n.sk * n.d];
+            let kt = &kt[bh * per..(bh + 1) * per];
             let v = &v[bh * n.sk * n.dv..(bh + 1) * n.sk * n.dv];
             let sc = scores_of(p, n.d, bh % n.h);
             o.par_chunks_mut(bq * n.dv)
                 .zip(lse.par_chunks_mut(bq))
                 .enumerate()
                 .for_each(|(blk, (o, lse))| {
-                    forward_block(q, k, v, n, &sc, blk * bq, bk, o, lse);
+                    forward_block(q, kt, v, n, &sc, blk * bq, bk, o, lse);
                 });
         });
     (o, lse)
 }
 
 /// One query block of one head: online softmax over its key blocks, `o` and `lse` in place.
+/// `kt`: the head's keys as transposed panels.
 #[allow(clippy::too_many_arguments)]
 fn forward_block(
     q: &[f32],
-    k: &[f32],
+    kt: &[f32],
     v: &[f32],
     n: Dims,
     sc: &Scores<'_>,
@@ -196,34 +256,41 @@ fn forward_block(
 ) {
     let nq = lse.len();
     let (d, dv) = (n.d, n.dv);
+    let lds = score_stride(bk);
     let mut m = vec![f32::NEG_INFINITY; nq];
     let mut l = vec![0f32; nq];
-    let mut s = vec![0f32; nq * bk];
-    let qb = &q[qs * d..(qs + nq) * d];
+    let mut s = vec![0f32; nq * lds];
     let end = key_end(qs, nq, n.sk, sc.p);
     for ks in (0..end).step_by(bk) {
         let nk = bk.min(end - ks);
-        let s = &mut s[..nq * nk];
-        // S = Q_blk · K_blkᵀ (K rows are the columns of the product).
-        let kb = &k[ks * d..(ks + nk) * d];
-        matmul((nq, nk, d), s, nk, false, qb, (d, 1), kb, (1, d), Serial);
-        for i in 0..nq {
-            let (row, row_max) = sc.finish_row(&mut s[i * nk..(i + 1) * nk], qs + i, ks);
-            let m_new = m[i].max(row_max);
-            if m_new == f32::NEG_INFINITY {
-                row.fill(0.0); // nothing visible yet in this row
-                continue;
+        for r0 in (0..nq).step_by(GROUP) {
+            let r1 = (r0 + GROUP).min(nq);
+            let cols = group_keys(sc, qs + r1 - 1, ks, nk);
+            if cols == 0 {
+                continue; // no row of the group sees these keys yet
             }
-            let alpha = exp_neg(m[i] - m_new);
-            l[i] = l[i] * alpha + exp_shift_sum(row, m_new);
-            m[i] = m_new;
-            acc[i * dv..(i + 1) * dv]
-                .iter_mut()
-                .for_each(|a| *a *= alpha);
+            // S = Q_rows · K_blkᵀ.
+            let s = &mut s[r0 * lds..r1 * lds];
+            times_transposed(s, lds, (r1 - r0, d), &q[(qs + r0) * d..], kt, (ks, cols));
+            for i in r0..r1 {
+                let row = &mut s[(i - r0) * lds..(i - r0) * lds + cols];
+                let (row, row_max) = sc.finish_row(row, qs + i, ks);
+                let m_new = m[i].max(row_max);
+                if m_new == f32::NEG_INFINITY {
+                    row.fill(0.0); // nothing visible yet in this row
+                    continue;
+                }
+                let alpha = exp_neg(m[i] - m_new);
+                l[i] = l[i] * alpha + exp_shift_sum(row, m_new);
+                m[i] = m_new;
+                acc[i * dv..(i + 1) * dv]
+                    .iter_mut()
+                    .for_each(|a| *a *= alpha);
+            }
+            // acc_rows += P · V_blk.
+            let (acc, vb) = (&mut acc[r0 * dv..r1 * dv], &v[ks * dv..]);
+            tile_matmul((r1 - r0, dv, cols), acc, dv, true, s, (lds, 1), vb, dv);
         }
-        // acc += P · V_blk.
-        let vb = &v[ks * dv..(ks + nk) * dv];
-        matmul((nq, dv, nk), acc, dv, true, s, (nk, 1), vb, (dv, 1), Serial);
     }
     for i in 0..nq {
         let inv = 1.0 / l[i];
@@ -272,7 +339,9 @@ pub fn backward(
     (dq, dk, dvv)
 }
 
-/// One head's backward: key blocks outer (their dK, dV accumulate in place), query blocks inner.
+/// One head's backward: key blocks outer (their dK, dV accumulate in place), query blocks inner,
+/// each tile's products per group of query rows (over the keys the group sees) and per group of
+/// keys (over the queries that see them).
 #[allow(clippy::too_many_arguments)]
 fn backward_head(
     q: &[f32],
@@ -294,59 +363,92 @@ fn backward_head(
             d_o[r.clone()].iter().zip(&o[r]).map(|(a, b)| a * b).sum()
         })
         .collect();
-    let mut pt = vec![0f32; bq * bk];
-    let mut dpt = vec![0f32; bq * bk];
+    let panels = |x: &[f32], e: usize| {
+        let mut out = vec![0f32; n.sk.div_ceil(PANEL) * PANEL * e];
+        transposed_panels(x, n.sk, e, &mut out);
+        out
+    };
+    let (kt, vt) = (panels(k, d), panels(v, dv));
+    let lds = score_stride(bk);
+    let mut pt = vec![0f32; bq * lds];
+    let mut dpt = vec![0f32; bq * lds];
     for ks in (0..n.sk).step_by(bk) {
         let nk = bk.min(n.sk - ks);
-        let kb = &k[ks * d..(ks + nk) * d];
-        let vb = &v[ks * dv..(ks + nk) * dv];
         let first = query_start(ks, sc.p).min(n.sq);
         // Query blocks aligned to the forward's, from the first that sees these keys.
         for qs in ((first / bq) * bq..n.sq).step_by(bq) {
             let nq = bq.min(n.sq - qs);
-            let (s, dp) = (&mut pt[..nq * nk], &mut dpt[..nq * nk]);
             let qb = &q[qs * d..(qs + nq) * d];
             let dob = &d_o[qs * dv..(qs + nq) * dv];
-            // P = exp(S − L).
-            matmul((nq, nk, d), s, nk, false, qb, (d, 1), kb, (1, d), Serial);
-            for i in 0..nq {
-                let (row, _) = sc.finish_row(&mut s[i * nk..(i + 1) * nk], qs + i, ks);
-                exp_shift_sum(row, lse[qs + i]);
+            for r0 in (0..nq).step_by(GROUP) {
+                let r1 = (r0 + GROUP).min(nq);
+                let cols = group_keys(sc, qs + r1 - 1, ks, nk);
+                if cols == 0 {
+                    continue;
+                }
+                // The columns the key groups below read for these rows: to the next group
+                // boundary, zero where not visible.
+                let fill = cols.next_multiple_of(GROUP).min(nk);
+                let s = &mut pt[r0 * lds..r1 * lds];
+                let dp = &mut dpt[r0 * lds..r1 * lds];
+                // P = exp(S − L).
+                times_transposed(s, lds, (r1 - r0, d), &qb[r0 * d..], &kt, (ks, cols));
+                // dP = dO_rows · V_blkᵀ.
+                times_transposed(dp, lds, (r1 - r0, dv), &dob[r0 * dv..], &vt, (ks, cols));
+                for i in r0..r1 {
+                    let at = (i - r0) * lds;
+                    let (row, _) = sc.finish_row(&mut s[at..at + fill], qs + i, ks);
+                    exp_shift_sum(row, lse[qs + i]);
+                    // dS = P ∘ (dP − D)·scale, zero where P is.
+                    let (dpr, pr) = (&mut dp[at..at + fill], &s[at..at + fill]);
+                    softmax_grad_row(&pr[..cols], &mut dpr[..cols], delta[qs + i], sc.scale);
+                    dpr[cols..].fill(0.0);
+                }
+                // dQ_rows += dS · K_blk.
+                let dqb = &mut dq[(qs + r0) * d..(qs + r1) * d];
+                tile_matmul(
+                    (r1 - r0, d, cols),
+                    dqb,
+                    d,
+                    true,
+                    dp,
+                    (lds, 1),
+                    &k[ks * d..],
+                    d,
+                );
             }
-            // dV_blk += Pᵀ · dO_blk.
-            let dvb = &mut dv_out[ks * dv..(ks + nk) * dv];
-            matmul(
-                (nk, dv, nq),
-                dvb,
-                dv,
-                true,
-                s,
-                (1, nk),
-                dob,
-                (dv, 1),
-                Serial,
-            );
-            // dP = dO_blk · V_blkᵀ; dS = P ∘ (dP − D)·scale.
-            matmul(
-                (nq, nk, dv),
-                dp,
-                nk,
-                false,
-                dob,
-                (dv, 1),
-                vb,
-                (1, dv),
-                Serial,
-            );
-            for i in 0..nq {
-                let r = i * nk..(i + 1) * nk;
-                softmax_grad_row(&s[r.clone()], &mut dp[r], delta[qs + i], sc.scale);
+            // dV_keys += Pᵀ · dO and dK_keys += dSᵀ · Q, over the queries that see the keys.
+            for g0 in (0..nk).step_by(GROUP) {
+                let g1 = (g0 + GROUP).min(nk);
+                let q0 = query_start(ks + g0, sc.p).saturating_sub(qs).min(nq);
+                if q0 == nq {
+                    continue;
+                }
+                let (rows, inner) = (g1 - g0, nq - q0);
+                let (pa, da) = (&pt[q0 * lds + g0..], &dpt[q0 * lds + g0..]);
+                let dvb = &mut dv_out[(ks + g0) * dv..(ks + g1) * dv];
+                tile_matmul(
+                    (rows, dv, inner),
+                    dvb,
+                    dv,
+                    true,
+                    pa,
+                    (1, lds),
+                    &dob[q0 * dv..],
+                    dv,
+                );
+                let dkb = &mut dk[(ks + g0) * d..(ks + g1) * d];
+                tile_matmul(
+                    (rows, d, inner),
+                    dkb,
+                    d,
+                    true,
+                    da,
+                    (1, lds),
+                    &qb[q0 * d..],
+                    d,
+                );
             }
-            // dQ_blk += dS · K_blk; dK_blk += dSᵀ · Q_blk.
-            let dqb = &mut dq[qs * d..(qs + nq) * d];
-            matmul((nq, d, nk), dqb, d, true, dp, (nk, 1), kb, (d, 1), Serial);
-            let dkb = &mut dk[ks * d..(ks + nk) * d];
-            matmul((nk, d, nq), dkb, d, true, dp, (1, nk), qb, (d, 1), Serial);
         }
     }
 }
