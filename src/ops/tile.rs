@@ -68,53 +68,54 @@ pub fn tile_matmul(
     // Every element the strides reach lies in the slices: the unsafe kernels rely on it.
     assert!(a.len() > (m - 1) * ars + (k - 1) * acs, "a is too short");
     assert!(b.len() >= (k - 1) * ldb + n, "b is too short");
-    let dims = (m, n, k);
-    match kernel_for(n) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the tier guarantees AVX-512F; the asserts bound every offset the kernel
-        // forms; `c` does not alias `a` or `b` (distinct borrows).
-        Kernel::Avx512 => unsafe {
-            x86::avx512(
-                dims,
-                c.as_mut_ptr(),
-                ldc,
-                accumulate,
-                a.as_ptr(),
-                (ars, acs),
-                b.as_ptr(),
-                ldb,
-            )
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, with AVX2 and FMA.
-        Kernel::Avx2 => unsafe {
-            x86::avx2(
-                dims,
-                c.as_mut_ptr(),
-                ldc,
-                accumulate,
-                a.as_ptr(),
-                (ars, acs),
-                b.as_ptr(),
-                ldb,
-            )
-        },
-        _ => matmul(
-            dims,
-            c,
-            ldc,
-            accumulate,
-            a,
-            (ars, acs),
-            b,
-            (ldb, 1),
-            Threads::Serial,
-        ),
+    #[cfg(target_arch = "x86_64")]
+    {
+        let kernel: x86::KernelFn = match kernel_for(n) {
+            Kernel::Avx512 => x86::avx512,
+            Kernel::Avx2 => x86::avx2,
+            Kernel::Gemm => return gemm_tile((m, n, k), c, ldc, accumulate, a, (ars, acs), b, ldb),
+        };
+        let (c, a, b) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+        // SAFETY: `kernel_for` picked the kernel for the CPU's (forced) tier; the asserts bound
+        // every offset it forms; `c` does not alias `a` or `b` (distinct borrows).
+        unsafe { kernel((m, n, k), c, ldc, accumulate, a, (ars, acs), b, ldb) }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    gemm_tile((m, n, k), c, ldc, accumulate, a, (ars, acs), b, ldb)
+}
+
+/// The tile product on gemm, serial (any shape, any CPU).
+#[allow(clippy::too_many_arguments)]
+fn gemm_tile(
+    dims: (usize, usize, usize),
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    a: &[f32],
+    a_strides: (usize, usize),
+    b: &[f32],
+    ldb: usize,
+) {
+    matmul(
+        dims,
+        c,
+        ldc,
+        accumulate,
+        a,
+        a_strides,
+        b,
+        (ldb, 1),
+        Threads::Serial,
+    )
 }
 
 /// Columns per panel of a transposed operand ([`transposed_panels`]).
 pub const PANEL: usize = 64;
+
+/// Floats in the [`transposed_panels`] of `rows` rows `e` wide (the last panel padded).
+pub fn panels_len(rows: usize, e: usize) -> usize {
+    rows.div_ceil(PANEL) * PANEL * e
+}
 
 /// `x (rows×e, row-major)` transposed into panels of [`PANEL`] rows of `x`: panel `p` holds
 /// `xᵀ[..][p·PANEL..(p+1)·PANEL]` as `e` contiguous rows of `PANEL` (zeros past `rows`), so a
@@ -122,9 +123,12 @@ pub const PANEL: usize = 64;
 /// B's rows a whole sequence apart: at the power-of-two strides of attention's shapes they fall
 /// into a few L1 sets and evict each other.
 pub fn transposed_panels(x: &[f32], rows: usize, e: usize, out: &mut [f32]) {
-    let panels = rows.div_ceil(PANEL);
-    assert!(x.len() >= rows * e && out.len() >= panels * PANEL * e);
-    for (p, panel) in out.chunks_exact_mut(PANEL * e).take(panels).enumerate() {
+    assert!(x.len() >= rows * e && out.len() >= panels_len(rows, e));
+    for (p, panel) in out
+        .chunks_exact_mut(PANEL * e)
+        .take(rows.div_ceil(PANEL))
+        .enumerate()
+    {
         let first = p * PANEL;
         let n = PANEL.min(rows - first);
         for (c, row) in x[first * e..(first + n) * e].chunks_exact(e).enumerate() {
@@ -168,6 +172,18 @@ pub fn times_transposed(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// A kernel's signature: `tile_matmul`'s, on raw pointers.
+    pub(super) type KernelFn = unsafe fn(
+        (usize, usize, usize),
+        *mut f32,
+        usize,
+        bool,
+        *const f32,
+        (usize, usize),
+        *const f32,
+        usize,
+    );
 
     /// Rows of C per register block.
     const MR: usize = 6;
@@ -410,7 +426,7 @@ mod tests {
         for (rows, keys, e) in [(5, 30, 8), (9, 64, 16), (13, 200, 64), (3, 129, 24)] {
             let a = random(rows * e, &mut rng);
             let x = random(keys * e, &mut rng);
-            let mut panels = vec![f32::NAN; keys.div_ceil(PANEL) * PANEL * e];
+            let mut panels = vec![f32::NAN; panels_len(keys, e)];
             transposed_panels(&x, keys, e, &mut panels);
             for (first, cols) in [
                 (0, keys),

@@ -18,7 +18,7 @@ use super::probe::record;
 use super::tiled::{key_end, tiled_backward, tiled_forward};
 use crate::ops::primitive::Primitive;
 use crate::ops::simd::{dispatched, exp_neg, exp_neg_fused, host_f32 as host, values};
-use crate::ops::tile::{tile_matmul, times_transposed, transposed_panels, PANEL};
+use crate::ops::tile::{panels_len, tile_matmul, times_transposed, transposed_panels, PANEL};
 
 /// Shapes: q `[bh, sq, d]`, k `[bh, sk, d]`, v `[bh, sk, dv]` (batch and heads flattened).
 #[derive(Debug, Clone, Copy)]
@@ -188,15 +188,9 @@ fn record_call(n: Dims, p: &FlashParams, backward: bool) {
 /// every diagonal tile: a fifth of the products at seq 1024).
 const GROUP: usize = PANEL;
 
-/// The keys of `[ks, ks + nk)` a group of rows ending at query `last` needs: those its last
-/// row sees (causal rows see a prefix; the last sees the longest).
-fn group_keys(sc: &Scores<'_>, last: usize, ks: usize, nk: usize) -> usize {
-    sc.visible(last, ks, nk)
-}
-
 /// Each head's keys `[bh, sk, d]` as [`transposed_panels`], head after head.
 fn key_panels(k: &[f32], heads: usize, sk: usize, d: usize) -> Vec<f32> {
-    let per = sk.div_ceil(PANEL) * PANEL * d;
+    let per = panels_len(sk, d);
     let mut out = vec![0f32; heads * per];
     out.par_chunks_mut(per.max(1))
         .enumerate()
@@ -221,7 +215,7 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, p: &FlashParams) -> (Ve
         return (o, lse); // nothing to attend with (chunking by zero would panic)
     }
     let kt = key_panels(k, n.b * n.h, n.sk, n.d);
-    let per = n.sk.div_ceil(PANEL) * PANEL * n.d;
+    let per = panels_len(n.sk, n.d);
     o.par_chunks_mut(n.sq * n.dv)
         .zip(lse.par_chunks_mut(n.sq))
         .enumerate()
@@ -265,7 +259,8 @@ fn forward_block(
         let nk = bk.min(end - ks);
         for r0 in (0..nq).step_by(GROUP) {
             let r1 = (r0 + GROUP).min(nq);
-            let cols = group_keys(sc, qs + r1 - 1, ks, nk);
+            // The keys the group needs: those its last row sees (causal rows see a prefix).
+            let cols = sc.visible(qs + r1 - 1, ks, nk);
             if cols == 0 {
                 continue; // no row of the group sees these keys yet
             }
@@ -364,7 +359,7 @@ fn backward_head(
         })
         .collect();
     let panels = |x: &[f32], e: usize| {
-        let mut out = vec![0f32; n.sk.div_ceil(PANEL) * PANEL * e];
+        let mut out = vec![0f32; panels_len(n.sk, e)];
         transposed_panels(x, n.sk, e, &mut out);
         out
     };
@@ -382,7 +377,7 @@ fn backward_head(
             let dob = &d_o[qs * dv..(qs + nq) * dv];
             for r0 in (0..nq).step_by(GROUP) {
                 let r1 = (r0 + GROUP).min(nq);
-                let cols = group_keys(sc, qs + r1 - 1, ks, nk);
+                let cols = sc.visible(qs + r1 - 1, ks, nk); // as in the forward
                 if cols == 0 {
                     continue;
                 }
