@@ -115,6 +115,9 @@ pub const MAX_TOKENS: usize = 1 << 31;
 pub const MAX_PARAMS: u64 = 1 << 40;
 /// Largest step count accepted (2⁵³: exact in the f64 schedule).
 pub const MAX_STEPS: u64 = 1 << 53;
+/// Most layers ZeRO-3 may gather ahead (`prefetch_layers`).
+pub const MAX_PREFETCH_LAYERS: usize = 64;
+
 /// Largest rank timeout accepted, in seconds.
 pub const MAX_TIMEOUT_S: u64 = 1_000_000_000;
 
@@ -181,6 +184,13 @@ pub struct TrainConfig {
     /// after the tensor-parallel blocks instead of all-reduces). Same results; off for
     /// comparison (`--no-megatron-sp`).
     pub megatron_sp: bool,
+    /// Communication overlapped with compute (issue 42): started collectives run on a
+    /// communication thread per group (ZeRO-2/3's gradient reduce-scatters and gathers, the
+    /// ring's K/V passes). Same results; off for comparison and debugging (`--no-overlap`).
+    pub overlap: bool,
+    /// ZeRO-3 with overlap: layers whose weights are gathered ahead of their use (at most
+    /// this many plus the running one gathered at a time); 0 gathers each layer when it runs.
+    pub prefetch_layers: usize,
 }
 
 impl Default for TrainConfig {
@@ -214,6 +224,8 @@ impl Default for TrainConfig {
             pp_virtual: 1,
             pp_layers: None,
             megatron_sp: true,
+            overlap: true,
+            prefetch_layers: 1,
         }
     }
 }
@@ -285,6 +297,13 @@ impl TrainConfig {
         }
         if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
             return Err("field `weight_decay` must be ≥ 0".into());
+        }
+        if self.prefetch_layers > MAX_PREFETCH_LAYERS {
+            return Err(format!(
+                "field `prefetch_layers` ({}) is larger than {MAX_PREFETCH_LAYERS}: each \
+                 prefetched layer holds its gathered weights",
+                self.prefetch_layers
+            ));
         }
         if self.zero > 3 {
             return Err(format!(

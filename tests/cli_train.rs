@@ -542,6 +542,18 @@ fn a_failing_rank_stops_the_others_quickly() {
         (&["--sp", "2", "--dp", "2"][..], "3:2", "rank 3"),
         (&["--pp", "2", "--grad-accum", "2"][..], "0:2", "rank 0"),
         (&["--pp", "2", "--grad-accum", "2"][..], "1:3", "rank 1"),
+        // The others are inside a step with started collectives in flight (ZeRO-3's gathers
+        // ahead and reduce-scatters on their communication threads) when rank 1 fails.
+        (
+            &["--dp", "2", "--zero", "3", "--checkpoint-activations"][..],
+            "1:2",
+            "rank 1",
+        ),
+        (
+            &["--dp", "2", "--sp", "2", "--zero", "2"][..],
+            "2:3",
+            "rank 2",
+        ),
     ]
     .into_iter()
     .enumerate()

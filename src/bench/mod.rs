@@ -10,7 +10,7 @@ mod cubek;
 mod train_ranks;
 
 pub use attention::{attention_op, AttnBench, AttnBenchCase, AttnImpl};
-pub use train_ranks::{train_ranks, RanksBench};
+pub use train_ranks::{train_ranks, RankKnobs, RanksBench};
 
 use std::io::Write;
 use std::path::Path;

@@ -15,6 +15,28 @@ use crate::train::metrics::read_metrics;
 use crate::train::setup::{DataSource, RunOptions};
 use crate::train::trainer::train_grid;
 
+/// The trainer's settings a multi-rank benchmark varies (the rest are `TrainConfig`'s
+/// defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankKnobs {
+    pub zero: u8,
+    pub overlap: bool,
+    pub prefetch_layers: usize,
+    pub checkpoint_activations: bool,
+}
+
+impl Default for RankKnobs {
+    fn default() -> Self {
+        let t = TrainConfig::default();
+        Self {
+            zero: t.zero,
+            overlap: t.overlap,
+            prefetch_layers: t.prefetch_layers,
+            checkpoint_activations: t.checkpoint_activations,
+        }
+    }
+}
+
 /// Steps' means over the timed steps.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RanksBench {
@@ -37,6 +59,7 @@ pub fn train_ranks(
     d: Degrees,
     network: Option<NetSim>,
     compute: &Compute,
+    knobs: RankKnobs,
 ) -> Result<RanksBench> {
     if seq_len < 2 || steps == 0 {
         return Err(Error::Invalid(format!(
@@ -69,6 +92,10 @@ pub fn train_ranks(
             grad_accum,
             val_every: 0,
             precision: Some(compute.precision),
+            zero: knobs.zero,
+            overlap: knobs.overlap,
+            prefetch_layers: knobs.prefetch_layers,
+            checkpoint_activations: knobs.checkpoint_activations,
             ..TrainConfig::default()
         },
     };

@@ -89,6 +89,18 @@ pub enum BenchCmd {
         /// `20ms,1GB/s`: a slow network simulated on one machine.
         #[arg(long, value_name = "LATENCY,BANDWIDTH")]
         simulate_network: Option<String>,
+        /// Several ranks: the ZeRO stage.
+        #[arg(long, default_value_t = 1)]
+        zero: u8,
+        /// Several ranks: blocking collectives instead of communication overlapped with compute.
+        #[arg(long)]
+        no_overlap: bool,
+        /// Several ranks, ZeRO-3: layers gathered ahead of their use.
+        #[arg(long, default_value_t = 1)]
+        prefetch_layers: usize,
+        /// Several ranks: full activation checkpointing.
+        #[arg(long)]
+        checkpoint_activations: bool,
         #[command(flatten)]
         device: super::device::DeviceArgs,
     },
@@ -260,6 +272,10 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             steps,
             degrees,
             simulate_network,
+            zero,
+            no_overlap,
+            prefetch_layers,
+            checkpoint_activations,
             device,
         } => {
             let cfg = genslm::config::Config::load(&config)?.model;
@@ -271,12 +287,23 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     .as_deref()
                     .map(str::parse::<genslm::parallel::netsim::NetSim>)
                     .transpose()?;
-                let r = genslm::bench::train_ranks(&cfg, seq_len, steps, degrees, net, &compute)?;
+                let knobs = genslm::bench::RankKnobs {
+                    zero,
+                    overlap: !no_overlap,
+                    prefetch_layers,
+                    checkpoint_activations,
+                };
+                let r = genslm::bench::train_ranks(
+                    &cfg, seq_len, steps, degrees, net, &compute, knobs,
+                )?;
                 println!(
-                    "genslm {} seq {seq_len} dp {dp} pp {pp} cp {cp} sp {sp} tp {tp} {} network {}: \
+                    "genslm {} seq {seq_len} dp {dp} pp {pp} cp {cp} sp {sp} tp {tp} zero {zero}{}{} {} \
+                     network {}: \
                      {:.1} tokens/s, {:.3} s/step, {:.3} s/step in communication (rank 0){} \
                      [simd {}]",
                     cfg.name,
+                    if no_overlap { " no-overlap" } else { " overlap" },
+                    if checkpoint_activations { " checkpointed" } else { "" },
                     compute.device.backend.name(),
                     simulate_network.as_deref().unwrap_or("none"),
                     r.tokens_per_s,

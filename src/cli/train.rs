@@ -114,6 +114,14 @@ pub struct TrainArgs {
     /// parallelism's 1/T of the sequence each (all-gather/reduce-scatter): for comparison.
     #[arg(long)]
     no_megatron_sp: bool,
+    /// Keep every collective on the rank's own thread (blocking) instead of overlapping
+    /// communication with compute: the same results, for comparison and debugging.
+    #[arg(long)]
+    no_overlap: bool,
+    /// With --zero 3: layers whose weights are gathered ahead of their use while the current
+    /// one computes (default 1; 0 gathers each layer when it runs).
+    #[arg(long)]
+    prefetch_layers: Option<usize>,
     /// Keep the newest K checkpoint directories (older ones are removed); 0 keeps all.
     #[arg(long)]
     keep_checkpoints: Option<usize>,
@@ -240,7 +248,8 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         keep_checkpoints,
         zero,
         pp_schedule,
-        pp_virtual
+        pp_virtual,
+        prefetch_layers
     );
     if let Some(v) = a.pp_layers {
         t.pp_layers = Some(v);
@@ -253,6 +262,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     t.skip_nonfinite |= a.skip_nonfinite;
     t.checkpoint_activations |= a.checkpoint_activations;
     t.megatron_sp &= !a.no_megatron_sp;
+    t.overlap &= !a.no_overlap;
     t.validate().map_err(|m| {
         anyhow::anyhow!("{}: {m} (after command-line overrides)", a.config.display())
     })?;

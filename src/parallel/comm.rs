@@ -7,6 +7,8 @@
 //! rank, reduce-scatter input a multiple of the group size). Large transfers go through
 //! [`crate::parallel::bucket`], which keeps every single call below MPI's `i32` count limit.
 
+use std::sync::Arc;
+
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::{Error, Result};
@@ -94,6 +96,12 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     }
     /// Tells the other ranks this one failed (they stop waiting and report `why`).
     fn abort(&self, why: &str);
+    /// Takes `job` for this group's communication thread and returns what goes around the
+    /// wait for it, or gives it back where there is none (the caller then runs it at once).
+    /// Use [`crate::parallel::progress::start`].
+    fn start_job(&self, job: Job) -> std::result::Result<Vec<Arc<dyn WaitHook>>, Job> {
+        Err(job)
+    }
 
     /// Whether tensors on `device` travel without host copies (NCCL on CUDA tensors); callers
     /// then pack and reduce on the device instead of staging host buffers.
@@ -155,6 +163,15 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
             .map(|j| recv[j * send.len()..(j + 1) * send.len()].to_vec())
             .collect())
     }
+}
+
+/// A started operation (`parallel::progress`): run on a communication thread with the
+/// group's communicator.
+pub type Job = Box<dyn FnOnce(&dyn Communicator) + Send>;
+
+/// What a wrapper does around the wait for a started job (the clock of `comm_wait_s` times it).
+pub trait WaitHook: Send + Sync + std::fmt::Debug {
+    fn around_wait(&self, wait: &mut dyn FnMut());
 }
 
 /// The error of a communicator without point-to-point calls.

@@ -9,13 +9,22 @@ use std::sync::Arc;
 use burn::tensor::{Device, Tensor};
 
 use crate::error::Result;
-use crate::parallel::comm::Communicator;
+use crate::parallel::comm::{Communicator, Job, WaitHook};
 
 /// What a wrapper does around each call.
 pub trait Hook: Send + Sync + std::fmt::Debug {
     /// Runs `call` in a group of `size` ranks to which this rank hands `bytes` bytes (its send
     /// buffer; for a receive, the buffer it fills).
     fn around<T>(&self, size: usize, bytes: usize, call: impl FnOnce() -> T) -> T;
+    /// Takes a started job ([`crate::parallel::progress`]) for a thread of its own, or gives
+    /// it back to go further in.
+    fn submit(&self, job: Job) -> std::result::Result<Vec<Arc<dyn WaitHook>>, Job> {
+        Err(job)
+    }
+    /// What goes around the wait for a job started beneath this wrapper.
+    fn wait_hook(&self) -> Option<Arc<dyn WaitHook>> {
+        None
+    }
 }
 
 /// `inner` with `hook` around each call.
@@ -91,6 +100,15 @@ impl<H: Hook + 'static> Communicator for Hooked<H> {
     }
     fn abort(&self, why: &str) {
         self.inner.abort(why)
+    }
+    fn start_job(&self, job: Job) -> std::result::Result<Vec<Arc<dyn WaitHook>>, Job> {
+        let job = match self.hook.submit(job) {
+            Ok(hooks) => return Ok(hooks),
+            Err(job) => job,
+        };
+        let mut hooks = self.inner.start_job(job)?;
+        hooks.extend(self.hook.wait_hook());
+        Ok(hooks)
     }
     fn on_device(&self, device: &Device) -> bool {
         self.inner.on_device(device)

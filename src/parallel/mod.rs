@@ -14,6 +14,7 @@ pub mod nccl_device;
 pub mod netsim;
 pub mod parallelize;
 pub mod pipeline;
+pub mod progress;
 pub mod ranks;
 pub mod ring;
 pub mod seq_linear;

@@ -22,10 +22,12 @@ use crate::parallel::comm::{check_blocks, check_peer, Communicator};
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::{Degrees, Topology};
 
-/// An MPI communicator. MPI is initialised with `Threading::Serialized`: any thread may call
-/// MPI as long as no two calls overlap, which the mutex guarantees (`Funneled` would require
-/// every call to come from the thread that initialised MPI, which a Rust handle shared between
-/// threads cannot promise).
+/// An MPI communicator. MPI is initialised with `Threading::Multiple` where the library offers
+/// it (each group's communication thread and the rank's own thread then call MPI at once, on
+/// different communicators), else `Serialized`, where overlap stays off and one thread calls
+/// at a time. Calls on one communicator never overlap: the mutex serialises them (`Funneled`
+/// would require every call to come from the thread that initialised MPI, which a Rust handle
+/// shared between threads cannot promise).
 pub struct MpiComm {
     comm: Mutex<SimpleCommunicator>,
     /// Point-to-point sends in flight (locked after `comm`).
@@ -91,7 +93,8 @@ impl Drop for MpiComm {
     }
 }
 
-// SAFETY: see the type's comment: MPI runs `Serialized` and the mutex serialises the calls.
+// SAFETY: see the type's comment: MPI runs `Multiple` or `Serialized` (then one thread calls
+// MPI at a time), and the mutex serialises the calls on each communicator.
 unsafe impl Send for MpiComm {}
 unsafe impl Sync for MpiComm {}
 
@@ -128,15 +131,24 @@ impl MpiComm {
     }
 }
 
-/// Initialises MPI; keep the returned universe alive until the end of `main`.
+/// The thread level MPI gave, when below `Multiple` (set by [`init`]): overlapped collectives
+/// (`parallel::progress`) need several threads in MPI at once.
+static BELOW_MULTIPLE: std::sync::OnceLock<mpi::Threading> = std::sync::OnceLock::new();
+
+/// Initialises MPI; keep the returned universe alive until the end of `main`. Asks for
+/// `MPI_THREAD_MULTIPLE` (communication threads of several groups call MPI at once, issue 42);
+/// a library that offers `Serialized` only still runs, with blocking collectives.
 pub fn init() -> Result<mpi::environment::Universe> {
-    let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+    let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Multiple)
         .ok_or_else(|| Error::Invalid("MPI was already initialised".into()))?;
     if level < mpi::Threading::Serialized {
         return Err(Error::Invalid(format!(
             "the MPI library offers thread level {level:?}; genslm needs Serialized (calls from \
              several threads, one at a time)"
         )));
+    }
+    if level < mpi::Threading::Multiple {
+        let _ = BELOW_MULTIPLE.set(level);
     }
     Ok(universe)
 }
@@ -180,6 +192,12 @@ pub fn mpi_ranks(universe: &mpi::environment::Universe, d: Degrees) -> Result<Ra
         world: Arc::new(MpiComm::new(world)),
         bucket: crate::parallel::bucket::DEFAULT_BUCKET,
         megatron_sp: true,
+        no_overlap: BELOW_MULTIPLE.get().map(|level| {
+            format!(
+                "the MPI library offers thread level {level:?}, not Multiple, so collectives \
+                 stay on the rank's thread"
+            )
+        }),
     })
 }
 

@@ -386,6 +386,9 @@ pub fn with_nccl(
         cp: wrap(&ranks.cp)?,
         seq: wrap(&ranks.seq)?,
         dp: wrap(&ranks.dp)?,
+        // NCCL's calls stay on the rank's thread and stream (issue 42: overlap on NCCL
+        // streams, ordered by events, is not built yet).
+        no_overlap: Some("NCCL collectives are not overlapped yet (issue 42)".into()),
         ..ranks
     })
 }

@@ -7,6 +7,7 @@ use crate::parallel::bucket::DEFAULT_BUCKET;
 use crate::parallel::comm::{Communicator, Solo};
 use crate::parallel::hooked::Hooked;
 use crate::parallel::netsim::NetSim;
+use crate::parallel::progress::Progress;
 use crate::parallel::threads::{thread_group, ThreadComm};
 use crate::parallel::timed::CommClock;
 use crate::parallel::topology::{Degrees, Topology};
@@ -39,6 +40,10 @@ pub struct Ranks {
     /// Under TP, Megatron sequence parallelism (the region between the layers' blocks split
     /// over the sequence; `model::tensor_parallel`): on unless `--no-megatron-sp`.
     pub megatron_sp: bool,
+    /// Whether the groups may run collectives on several threads at once (thread ranks; MPI
+    /// at `MPI_THREAD_MULTIPLE`), so that [`Ranks::overlapped`] can give them communication
+    /// threads. `None`: they may; `Some(why)`: they may not, and why.
+    pub no_overlap: Option<String>,
 }
 
 impl Ranks {
@@ -55,6 +60,7 @@ impl Ranks {
             pp: Arc::new(Solo),
             bucket: DEFAULT_BUCKET,
             megatron_sp: true,
+            no_overlap: None,
         }
     }
 
@@ -71,19 +77,41 @@ impl Ranks {
         }
     }
 
-    /// The same ranks with every group wrapped by `wrap`.
+    /// The same ranks with every group wrapped by `wrap`. Fields that are one communicator
+    /// (the world and the data group without TP, on threads) stay one: a group's collectives
+    /// must keep one order, which two communication threads over it would not.
     fn wrapped(self, wrap: impl Fn(Arc<dyn Communicator>) -> Arc<dyn Communicator>) -> Self {
+        let mut done: Vec<(Arc<dyn Communicator>, Arc<dyn Communicator>)> = Vec::new();
+        let mut once = |c: Arc<dyn Communicator>| {
+            let same =
+                |o: &Arc<dyn Communicator>| std::ptr::addr_eq(Arc::as_ptr(o), Arc::as_ptr(&c));
+            if let Some((_, w)) = done.iter().find(|(o, _)| same(o)) {
+                return w.clone();
+            }
+            let w = wrap(c.clone());
+            done.push((c, w.clone()));
+            w
+        };
         Self {
-            world: wrap(self.world),
-            tp: wrap(self.tp),
-            data: wrap(self.data),
-            sp: wrap(self.sp),
-            cp: wrap(self.cp),
-            seq: wrap(self.seq),
-            dp: wrap(self.dp),
-            pp: wrap(self.pp),
+            world: once(self.world),
+            tp: once(self.tp),
+            data: once(self.data),
+            sp: once(self.sp),
+            cp: once(self.cp),
+            seq: once(self.seq),
+            dp: once(self.dp),
+            pp: once(self.pp),
             ..self
         }
+    }
+
+    /// The same ranks with a communication thread per group of more than one rank (started
+    /// collectives overlap compute; `parallel::progress`), where the groups allow it and `on`.
+    pub fn overlapped(self, on: bool) -> Self {
+        if !on || self.no_overlap.is_some() {
+            return self;
+        }
+        self.wrapped(|c| if c.size() > 1 { Progress::wrap(c) } else { c })
     }
 
     /// The same ranks behind a simulated network (benchmarks and tests only).
@@ -113,14 +141,20 @@ pub fn thread_grid(d: Degrees, timeout: Duration) -> Vec<Ranks> {
     let topos: Vec<Topology> = (0..n)
         .map(|rank| Topology::of(rank, d).expect("rank inside the grid"))
         .collect();
-    // One thread group per distinct member list; each rank takes its handle by position.
-    let mut groups: std::collections::HashMap<Vec<usize>, Vec<ThreadComm>> = Default::default();
+    // One thread group per distinct member list; each rank takes its handle by position, one
+    // handle for every field of its `Ranks` that names the same group.
+    type Handles = Vec<(ThreadComm, Option<Arc<dyn Communicator>>)>;
+    let mut groups: std::collections::HashMap<Vec<usize>, Handles> = Default::default();
     let mut handle = |members: Vec<usize>, rank: usize| -> Arc<dyn Communicator> {
         let at = members.iter().position(|&m| m == rank).expect("a member");
-        let g = groups
-            .entry(members)
-            .or_insert_with_key(|m| thread_group(m.len(), timeout));
-        Arc::new(g[at].clone())
+        let g = groups.entry(members).or_insert_with_key(|m| {
+            thread_group(m.len(), timeout)
+                .into_iter()
+                .map(|c| (c, None))
+                .collect()
+        });
+        let (comm, arc) = &mut g[at];
+        arc.get_or_insert_with(|| Arc::new(comm.clone())).clone()
     };
     topos
         .into_iter()
@@ -136,6 +170,7 @@ pub fn thread_grid(d: Degrees, timeout: Duration) -> Vec<Ranks> {
             pp: handle(topo.pp_group(), topo.rank),
             bucket: DEFAULT_BUCKET,
             megatron_sp: true,
+            no_overlap: None,
         })
         .collect()
 }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::parallel::comm::WaitHook;
 use crate::parallel::hooked::Hook;
 
 /// Nanoseconds spent in communicator calls, summed over every group of one rank.
@@ -35,6 +36,19 @@ impl Hook for Arc<CommClock> {
         self.nanos
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         out
+    }
+    /// A started collective counts only while the rank waits for it.
+    fn wait_hook(&self) -> Option<Arc<dyn WaitHook>> {
+        Some(self.clone())
+    }
+}
+
+impl WaitHook for CommClock {
+    fn around_wait(&self, wait: &mut dyn FnMut()) {
+        let t = Instant::now();
+        wait();
+        self.nanos
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 }
 

@@ -67,6 +67,9 @@ pub(crate) fn embed_units(layout: &Layout) -> Vec<Unit> {
 
 /// Where the executor gets weights and sends gradients.
 pub trait UnitWeights {
+    /// The groups of units [`UnitWeights::model`] will be asked for next, in order (so their
+    /// weights can be fetched ahead). A request out of this order is still served.
+    fn will_ask(&mut self, _order: Vec<Vec<Unit>>) {}
     /// A model whose parameters of `units` are present as autodiff leaves that require
     /// gradients (other parameters may be absent).
     fn model(&mut self, units: &[Unit]) -> Result<GenSlm>;
@@ -124,6 +127,16 @@ pub fn loss_and_grads(
     let tokens = |d: &Device| tokens_tensor(&lb.tokens, lb.rows, lb.cols, d);
     let embed = embed_units(layout);
     let n_layers = layout.layers.len();
+    let layer = |li: usize| vec![Unit::Layer(li)];
+    let mut order: Vec<Vec<Unit>> = vec![embed.clone()];
+    order.extend((0..n_layers).map(layer));
+    order.push(vec![Unit::Head]);
+    if checkpoint {
+        // The backward recomputes each layer from the top, then the embeddings.
+        order.extend((0..n_layers).rev().map(layer));
+        order.push(embed.clone());
+    }
+    w.will_ask(order);
 
     // Forward.
     let em = w.model(&embed)?;
@@ -198,6 +211,10 @@ pub fn forward_logits(
     layout: &Layout,
     lb: &LocalBatch,
 ) -> Result<Tensor<3>> {
+    let mut order = vec![embed_units(layout)];
+    order.extend((0..layout.layers.len()).map(|li| vec![Unit::Layer(li)]));
+    order.push(vec![Unit::Head]);
+    w.will_ask(order);
     let m = w.model(&embed_units(layout))?.without_autodiff();
     let ctx = m.layer_context_at(&lb.positions);
     let mut x = m.embed_at(

@@ -73,11 +73,23 @@ pub fn train_rank(
     let t = &cfg.train;
     validate_layout(cfg, &ranks.topo)?;
     // Every group's calls timed into one clock: the step's comm_wait_s.
+    // A communication thread per group where overlap is on (inside the clock, which then
+    // counts only the time this thread waits for communication).
+    let overlap = t.overlap && ranks.topo.world > 1;
+    if let Some(why) = ranks
+        .no_overlap
+        .as_ref()
+        .filter(|_| overlap && ranks.is_root())
+    {
+        eprintln!("note: communication is not overlapped with compute: {why}");
+    }
     let (ranks, comm_clock) = ranks
         .clone()
         .with_bucket(t.reduce_bucket_size)
         .with_megatron_sp(t.megatron_sp)
+        .overlapped(overlap)
         .timed();
+    let overlapped = overlap && ranks.no_overlap.is_none();
     let ranks = &ranks;
     let ad = opts.device.open(opts.thread_rank)?.autodiff();
     let (source, model_cfg, mut state) = starting_point(cfg, corpus, run, opts, ranks)?;
@@ -91,6 +103,9 @@ pub fn train_rank(
         pipe: Pipe::plan(cfg, ranks.topo.pp)?,
     };
     let mut engine = Engine::build(start, t.zero, ranks, t.seq_len)?;
+    if let Engine::Units(units) = &mut engine {
+        units.prefetch = if overlapped { t.prefetch_layers } else { 0 };
+    }
     let mut loader = Loader::new(t.seed, state.loader_cursor);
     let mut log = match ranks.is_root() {
         true => Some(MetricsLog::open(

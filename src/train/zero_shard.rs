@@ -142,22 +142,44 @@ impl ZeroShard {
         bucket: usize,
     ) -> Result<Vec<Tensor<1>>> {
         let device = grads[0].device();
-        let n = comm.size();
         if comm.on_device(&device) {
             // NCCL on device buffers: one flat, padded tensor; no host copy, no i32 limit.
-            let flat = pack(grads.iter().cloned(), self.block * n, &device);
+            let flat = pack(grads.iter().cloned(), self.block * comm.size(), &device);
             let mine = comm.reduce_scatter_tensor(flat)?;
             return Ok(unpack(&mine, self.segments.iter().map(|s| s.len)));
         }
-        let flat = padded(grads.iter().map(tensor_to_vec), self.block * n);
-        let mut mine = vec![0.0f32; self.block];
-        reduce_scatter_bucketed(comm, &flat, &mut mine, bucket)?;
-        drop(flat);
+        let flat = self.grads_flat(grads, comm.size());
+        let mine = self.scatter_host(flat, bucket)(comm)?;
+        Ok(self.chunk_of(&mine, &device))
+    }
+
+    /// `grads` (one per parameter) as one host vector padded to `n` blocks.
+    pub fn grads_flat(&self, grads: &[Tensor<1>], n: usize) -> Vec<f32> {
+        padded(grads.iter().map(tensor_to_vec), self.block * n)
+    }
+
+    /// The reduce-scatter of a [`ZeroShard::grads_flat`] vector: a job for any thread, giving
+    /// this rank's block of the sum ([`crate::parallel::progress::start`] runs it overlapped).
+    pub fn scatter_host(
+        &self,
+        flat: Vec<f32>,
+        bucket: usize,
+    ) -> impl FnOnce(&dyn Communicator) -> Result<Vec<f32>> + Send + 'static {
+        let block = self.block;
+        move |comm| {
+            let mut mine = vec![0.0f32; block];
+            reduce_scatter_bucketed(comm, &flat, &mut mine, bucket)?;
+            Ok(mine)
+        }
+    }
+
+    /// This rank's block of a sum (host) as one gradient piece per segment on `device`.
+    pub fn chunk_of(&self, mine: &[f32], device: &Device) -> Vec<Tensor<1>> {
         let lens = self.segments.iter().map(|s| s.len);
-        Ok(unpack_host(&mine, lens)
+        unpack_host(mine, lens)
             .into_iter()
-            .map(|v| host_to_param(v, &device))
-            .collect())
+            .map(|v| host_to_param(v, device))
+            .collect()
     }
 
     /// The full parameters (one tensor per entry of `params`) from every rank's `pieces`,
@@ -174,13 +196,31 @@ impl ZeroShard {
             let all = comm.all_gather_tensor(mine)?;
             return Ok(unpack(&all, self.lens.iter().copied()));
         }
+        let flat = self.gather_host(&pieces, bucket)(comm)?;
+        Ok(self.params_of(&flat, device))
+    }
+
+    /// The all-gather of this rank's `pieces` as a job for any thread, giving every rank's
+    /// blocks in rank order (host).
+    pub fn gather_host(
+        &self,
+        pieces: &[Tensor<1>],
+        bucket: usize,
+    ) -> impl FnOnce(&dyn Communicator) -> Result<Vec<f32>> + Send + 'static {
         let mine = padded(pieces.iter().map(tensor_to_vec), self.block);
-        let mut flat = vec![0.0f32; self.block * comm.size()];
-        gather_bucketed(comm, &mine, Some(&mut flat[..]), None, bucket)?;
-        Ok(unpack_host(&flat, self.lens.iter().copied())
+        move |comm| {
+            let mut flat = vec![0.0f32; mine.len() * comm.size()];
+            gather_bucketed(comm, &mine, Some(&mut flat[..]), None, bucket)?;
+            Ok(flat)
+        }
+    }
+
+    /// Every rank's blocks (host, from [`ZeroShard::gather_host`]) as the full parameters.
+    pub fn params_of(&self, flat: &[f32], device: &Device) -> Vec<Tensor<1>> {
+        unpack_host(flat, self.lens.iter().copied())
             .into_iter()
             .map(|v| host_to_param(v, device))
-            .collect())
+            .collect()
     }
 
     /// AdamW on this rank's `pieces` of the parameters with its `grad_chunk` scaled by

@@ -19,18 +19,28 @@
 //!   `--checkpoint-activations`; without checkpointing, a layer's gathered weights stay alive
 //!   in its autodiff graph until its backward (see `layerwise`).
 //!
-//! The communicators here are blocking, so nothing overlaps: the next layer's gather starts
-//! after the current layer's compute. (NCCL on streams could prefetch; not done yet.)
+//! Overlap (issue 42; `parallel::progress`, off with `--no-overlap` and on NCCL): a unit's
+//! gradient reduce-scatter is started when the backward hands its gradients over and waited
+//! for later (at most [`SCATTERS_IN_FLIGHT`] at once, all before the update), so it runs
+//! while the layers below compute theirs. Under ZeRO-3 the executor says which units it will
+//! ask for ([`UnitWeights::will_ask`]), and the gathers of the next `prefetch` of them are
+//! started before the current one is waited for: with `--prefetch-layers 1` at most two
+//! units' gathered weights exist at a time (under `--checkpoint-activations`; without it the
+//! autodiff graphs keep every layer's, as above). ZeRO-2's all-gathers of the updated values
+//! overlap the next units' AdamW. Every rank starts the same collectives in the same order,
+//! so the results are those of the blocking calls, bit for bit.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Tensor};
 
 use crate::error::{Error, Result};
 use crate::model::GenSlm;
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::comm::Communicator;
 use crate::parallel::parallelize::{gather_shard_to_root, join_tp_slices};
+use crate::parallel::progress::{start, Pending};
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::Topology;
 use crate::train::dist_optim::StepOutcome;
@@ -59,6 +69,24 @@ struct UnitShard {
     grad: Option<Vec<Tensor<1>>>,
 }
 
+/// Started gradient reduce-scatters waited for beyond this many (each holds a unit's flat
+/// gradients until it finishes).
+pub const SCATTERS_IN_FLIGHT: usize = 2;
+
+/// A group of units' gathers started ahead: each unit's blocks from every rank (host).
+type GroupGather = (Vec<Unit>, Vec<Pending<Vec<f32>>>);
+
+/// Collectives started and not yet waited for (issue 42).
+#[derive(Debug, Default)]
+struct InFlight {
+    /// ZeRO-3: the unit groups the executor will ask for next, in order, not yet started.
+    upcoming: VecDeque<Vec<Unit>>,
+    /// ZeRO-3: gathers started ahead of their use (one per unit of the group), in order.
+    gathers: VecDeque<GroupGather>,
+    /// Reduce-scatters not yet added to their unit's chunk, oldest first.
+    scatters: VecDeque<(Unit, Device, Pending<Vec<f32>>)>,
+}
+
 /// A model trained with ZeRO-2 or ZeRO-3 on one rank.
 #[derive(Debug)]
 pub struct ZeroUnits {
@@ -68,6 +96,10 @@ pub struct ZeroUnits {
     pub model: GenSlm,
     units: Vec<UnitShard>,
     bucket: usize,
+    /// ZeRO-3: unit groups gathered ahead of their use (`--prefetch-layers`; 0 with
+    /// `--no-overlap`, where a gather ahead would only block earlier).
+    pub prefetch: usize,
+    flight: InFlight,
 }
 
 impl ZeroUnits {
@@ -148,6 +180,8 @@ impl ZeroUnits {
             model,
             units,
             bucket: ranks.bucket,
+            prefetch: 0,
+            flight: InFlight::default(),
         })
     }
 
@@ -156,6 +190,26 @@ impl ZeroUnits {
             .iter_mut()
             .find(|u| u.unit == unit)
             .expect("every unit has a shard")
+    }
+
+    /// Starts the all-gather of `unit`'s ZeRO-3 pieces (host buffers; see `UnitWeights::model`).
+    fn start_gather(&mut self, unit: Unit) -> Pending<Vec<f32>> {
+        let bucket = self.bucket;
+        let u = self.unit_mut(unit);
+        let job = u.shard.gather_host(&u.values, bucket);
+        start(u.comm.as_ref(), job)
+    }
+
+    /// Waits for the oldest started reduce-scatter and adds its chunk to the unit's.
+    fn finish_scatter(&mut self) -> Result<()> {
+        let Some((unit, device, pending)) = self.flight.scatters.pop_front() else {
+            return Ok(());
+        };
+        let mine = pending.wait()?;
+        let u = self.unit_mut(unit);
+        let chunk = u.shard.chunk_of(&mine, &device);
+        u.add_grad(chunk);
+        Ok(())
     }
 
     pub fn step_count(&self) -> u64 {
@@ -187,6 +241,9 @@ impl ZeroUnits {
         loss_finite: bool,
         ranks: &Ranks,
     ) -> Result<StepOutcome> {
+        while !self.flight.scatters.is_empty() {
+            self.finish_scatter()?;
+        }
         let mut chunks = Vec::with_capacity(self.units.len());
         for u in &mut self.units {
             chunks.push(u.grad.take().ok_or_else(|| {
@@ -207,28 +264,38 @@ impl ZeroUnits {
         let applied = loss_finite && norm.is_finite();
         let mut bad = [0.0f64];
         if applied {
-            let k = clip_factor(norm, max_norm);
+            let k_clip = clip_factor(norm, max_norm);
             let specs = self.model.layout.specs.clone();
             let device = self.model.device.clone();
-            for (u, chunk) in self.units.iter_mut().zip(chunks) {
+            // ZeRO-2: unit k's new values travel while unit k + 1 is updated.
+            let mut gathers: VecDeque<(usize, Pending<Vec<f32>>)> = VecDeque::new();
+            for (k, chunk) in chunks.into_iter().enumerate() {
+                let u = &mut self.units[k];
                 let pieces = if self.stage >= 3 {
                     std::mem::take(&mut u.values)
                 } else {
                     u.shard.pieces_of(&self.model.params)
                 };
-                u.values = u.shard.update_pieces(pieces, chunk, k, &specs, lr);
+                u.values = u.shard.update_pieces(pieces, chunk, k_clip, &specs, lr);
                 bad[0] += u.values.iter().filter(|p| !all_finite(p)).count() as f64;
                 if self.stage == 2 {
-                    let full = u.shard.all_gather(
-                        std::mem::take(&mut u.values),
-                        u.comm.as_ref(),
-                        self.bucket,
-                        &device,
-                    )?;
-                    for (&i, t) in u.shard.params.iter().zip(full) {
-                        self.model.params[i] = t.autodiff().require_grad();
+                    let values = std::mem::take(&mut u.values);
+                    if u.comm.on_device(&device) {
+                        let full =
+                            u.shard
+                                .all_gather(values, u.comm.as_ref(), self.bucket, &device)?;
+                        self.set_params(k, full);
+                        continue;
+                    }
+                    let job = u.shard.gather_host(&values, self.bucket);
+                    gathers.push_back((k, start(u.comm.as_ref(), job)));
+                    if gathers.len() > SCATTERS_IN_FLIGHT {
+                        self.finish_gather(gathers.pop_front(), &device)?;
                     }
                 }
+            }
+            while let Some(g) = gathers.pop_front() {
+                self.finish_gather(Some(g), &device)?;
             }
         }
         ranks.world.all_reduce_sum_f64(&mut bad)?;
@@ -237,6 +304,27 @@ impl ZeroUnits {
             applied,
             params_finite: bad[0] == 0.0,
         })
+    }
+
+    /// ZeRO-2: unit `k`'s gathered new values as the working weights.
+    fn set_params(&mut self, k: usize, full: Vec<Tensor<1>>) {
+        for (&i, t) in self.units[k].shard.params.iter().zip(full) {
+            self.model.params[i] = t.autodiff().require_grad();
+        }
+    }
+
+    /// Waits for a started ZeRO-2 gather of unit `k` and installs it.
+    fn finish_gather(
+        &mut self,
+        started: Option<(usize, Pending<Vec<f32>>)>,
+        device: &Device,
+    ) -> Result<()> {
+        if let Some((k, pending)) = started {
+            let flat = pending.wait()?;
+            let full = self.units[k].shard.params_of(&flat, device);
+            self.set_params(k, full);
+        }
+        Ok(())
     }
 
     /// The whole model's weights on world rank 0 (`None` on the others), for a checkpoint:
@@ -295,18 +383,61 @@ impl ZeroUnits {
     }
 }
 
+impl UnitShard {
+    /// Adds a micro-batch's gradient chunk to the step's.
+    fn add_grad(&mut self, chunk: Vec<Tensor<1>>) {
+        self.grad = Some(match self.grad.take() {
+            Some(acc) => acc.into_iter().zip(chunk).map(|(a, c)| a + c).collect(),
+            None => chunk,
+        });
+    }
+}
+
 impl UnitWeights for ZeroUnits {
+    fn will_ask(&mut self, order: Vec<Vec<Unit>>) {
+        if self.stage >= 3 && self.prefetch > 0 {
+            self.flight.upcoming = order.into();
+        }
+    }
+
     fn model(&mut self, units: &[Unit]) -> Result<GenSlm> {
         let mut m = self.model.clone();
         if self.stage < 3 {
             return Ok(m);
         }
-        let (device, bucket) = (self.model.device.clone(), self.bucket);
-        for &unit in units {
+        let device = self.model.device.clone();
+        // This request's gathers: started ahead when it is the one announced next; otherwise
+        // the announced order no longer holds and the gathers started for it are dropped
+        // (every rank drops the same ones; each still completes on its thread).
+        let ahead = match self.flight.gathers.front() {
+            Some((next, _)) if next == units => self.flight.gathers.pop_front().map(|g| g.1),
+            _ => None,
+        };
+        if ahead.is_none() {
+            self.flight.gathers.clear();
+            if self.flight.upcoming.front().map(Vec::as_slice) == Some(units) {
+                self.flight.upcoming.pop_front();
+            } else {
+                self.flight.upcoming.clear();
+            }
+        }
+        let pending = match ahead {
+            Some(p) => p,
+            None => units.iter().map(|&u| self.start_gather(u)).collect(),
+        };
+        // The next groups start before this one is waited for: the communication thread goes
+        // straight on to them.
+        while self.flight.gathers.len() < self.prefetch {
+            let Some(next) = self.flight.upcoming.pop_front() else {
+                break;
+            };
+            let started = next.iter().map(|&u| self.start_gather(u)).collect();
+            self.flight.gathers.push_back((next, started));
+        }
+        for (&unit, p) in units.iter().zip(pending) {
+            let flat = p.wait()?;
             let u = self.unit_mut(unit);
-            let full = u
-                .shard
-                .all_gather(u.values.clone(), u.comm.as_ref(), bucket, &device)?;
+            let full = u.shard.params_of(&flat, &device);
             for (&i, t) in u.shard.params.iter().zip(full) {
                 m.params[i] = t.autodiff().require_grad();
             }
@@ -317,12 +448,19 @@ impl UnitWeights for ZeroUnits {
     fn take_grads(&mut self, unit: Unit, grads: Vec<Tensor<1>>) -> Result<()> {
         let bucket = self.bucket;
         let u = self.unit_mut(unit);
-        let chunk = u.shard.reduce_scatter(&grads, u.comm.as_ref(), bucket)?;
+        let device = grads[0].device();
+        if u.comm.on_device(&device) {
+            let chunk = u.shard.reduce_scatter(&grads, u.comm.as_ref(), bucket)?;
+            u.add_grad(chunk);
+            return Ok(());
+        }
+        let flat = u.shard.grads_flat(&grads, u.comm.size());
         drop(grads);
-        u.grad = Some(match u.grad.take() {
-            Some(acc) => acc.into_iter().zip(chunk).map(|(a, c)| a + c).collect(),
-            None => chunk,
-        });
+        let pending = start(u.comm.as_ref(), u.shard.scatter_host(flat, bucket));
+        self.flight.scatters.push_back((unit, device, pending));
+        while self.flight.scatters.len() > SCATTERS_IN_FLIGHT {
+            self.finish_scatter()?;
+        }
         Ok(())
     }
 }
