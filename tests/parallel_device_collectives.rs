@@ -147,7 +147,7 @@ fn zero_on_device_path_equals_the_host_path() {
                             false,
                         )
                         .unwrap();
-                        opt.step(&mut model, grads, 1e-2, 1.0, true, &ranks)
+                        opt.step(&mut model, grads, false, 1e-2, 1.0, true, &ranks)
                             .unwrap();
                     }
                     model.params.iter().map(tensor_to_vec).collect::<Vec<_>>()

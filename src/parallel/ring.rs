@@ -13,9 +13,13 @@
 //! log-sum-exp, so the merge needs no gradient of its own), and one last step brings each
 //! block's gradients home. dQ stays local.
 //!
-//! The communicator's `ring_pass` is blocking: the next block's transfer does not overlap the
-//! current block's compute (threads move it through shared memory, MPI with one
-//! `MPI_Sendrecv`, NCCL stages it through the host group for now).
+//! Double buffering (issue 42): each block's pass to the next rank is started before the
+//! rank computes with it and waited for after, so the transfer runs on the CP group's
+//! communication thread (`parallel::progress`) while attention computes. In the backward the
+//! K/V travel ahead the same way; the dK/dV accumulators, which the step adds to, follow once
+//! it is done, and are waited for only when the next step's gradients are added. Without a
+//! communication thread (`--no-overlap`, NCCL) the same passes run in the same order, blocking:
+//! the same numbers either way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -32,6 +36,7 @@ use crate::ops::attention::options::AttnOptions;
 use crate::ops::autodiff::{differentiable_attention as differentiable, AttentionKernels};
 use crate::ops::primitive::Primitive;
 use crate::parallel::comm::Communicator;
+use crate::parallel::progress::{start, Pending};
 use crate::parallel::ulysses::{ulysses_attention, SpGroup};
 
 /// The CP ring of one rank, shared by every layer.
@@ -198,15 +203,19 @@ fn halves(x: &Tensor<4>) -> [Tensor<4>; 2] {
     [x.clone().narrow(2, 0, len), x.clone().narrow(2, len, len)]
 }
 
-/// Sends `parts` one step along the ring and returns the neighbour's, same shapes.
-fn pass(group: &RingGroup, parts: Vec<Tensor<4>>, count: bool) -> Vec<Tensor<4>> {
+/// Starts sending `parts` one step along the ring; the wait gives the neighbour's, same shapes.
+fn start_pass(group: &RingGroup, parts: Vec<Tensor<4>>, count: bool) -> Pending<Vec<Tensor<4>>> {
     if count {
         let n: usize = parts.iter().map(|t| t.shape().num_elements()).sum();
         group.sent_forward.fetch_add(n as u64, Ordering::Relaxed);
     }
-    group
-        .comm
-        .ring_pass_tensors(parts)
+    start(group.comm.as_ref(), move |c| c.ring_pass_tensors(parts))
+}
+
+/// The neighbour's block of a started pass (the op cannot return an error: a failed pass ends
+/// the rank, whose peers then stop with its message).
+fn arrived(p: Pending<Vec<Tensor<4>>>) -> Vec<Tensor<4>> {
+    p.wait()
         .unwrap_or_else(|e| panic!("context-parallel ring pass failed: {e}"))
 }
 
@@ -235,6 +244,8 @@ pub fn ring_forward(
     let mut kv = vec![k, v];
     let mut acc: [Option<(Tensor<4>, Tensor<3>)>; 2] = [None, None];
     for t in 0..n {
+        // The block goes on to the next rank while this one computes with it.
+        let next = (t + 1 < n).then(|| start_pass(&p.group, kv.clone(), true));
         let (kc, vc) = (halves(&kv[0]), halves(&kv[1]));
         for (qi, ki, opts) in step_pairs(p, t, len) {
             let pairs = if p.causal && opts.q_offset == opts.k_offset {
@@ -258,8 +269,8 @@ pub fn ring_forward(
                 Some(prev) => merge(prev, part),
             });
         }
-        if t + 1 < n {
-            kv = pass(&p.group, kv, true);
+        if let Some(next) = next {
+            kv = arrived(next);
         }
     }
     let [a0, a1] = acc.map(|a| a.expect("every query chunk sees at least its own chunk"));
@@ -284,13 +295,16 @@ pub fn ring_backward(
     let (qc, oc, doc) = (halves(&q), halves(&o), halves(&d_o));
     let lc = [lse.clone().narrow(2, 0, len), lse.narrow(2, len, len)];
     let mut dq: [Option<Tensor<4>>; 2] = [None, None];
-    // The travelling block: k, v and the dK/dV accumulators of each of its two chunks.
+    // The travelling block: k and v, and the dK/dV accumulators of each of its two chunks
+    // (a pass behind: they are added to once this rank's gradients for the block exist).
     let zeros = halves(&k).map(|c| c.zeros_like());
-    let mut block = vec![k, v];
-    block.extend(zeros.clone());
-    block.extend(zeros);
+    let mut kv = vec![k, v];
+    let [z0, z1] = zeros;
+    let mut grads = Pending::ready(Ok(vec![z0.clone(), z1.clone(), z0, z1]));
     for t in 0..n {
-        let (kc, vc) = (halves(&block[0]), halves(&block[1]));
+        let next = (t + 1 < n).then(|| start_pass(&p.group, kv.clone(), false));
+        let (kc, vc) = (halves(&kv[0]), halves(&kv[1]));
+        let mut dkv: Vec<(usize, Tensor<4>, Tensor<4>)> = Vec::new();
         for (qi, ki, opts) in step_pairs(p, t, len) {
             let (g_q, g_k, g_v) = flash_attention_backward(
                 qc[qi].clone(),
@@ -307,16 +321,22 @@ pub fn ring_backward(
                 None => g_q,
                 Some(d) => d + g_q,
             });
-            block[2 + ki] = block[2 + ki].clone() + g_k;
-            block[4 + ki] = block[4 + ki].clone() + g_v;
+            dkv.push((ki, g_k, g_v));
         }
-        if t + 1 < n {
-            block = pass(&p.group, block, false);
+        // The block's accumulators arrive (sent by the previous holder after its step), take
+        // this rank's share in the same order as ever, and follow the block. After the last
+        // step they go one more step, home to their owner.
+        let mut acc = arrived(grads);
+        for (ki, g_k, g_v) in dkv {
+            acc[ki] = acc[ki].clone() + g_k;
+            acc[2 + ki] = acc[2 + ki].clone() + g_v;
+        }
+        grads = start_pass(&p.group, acc, false);
+        if let Some(next) = next {
+            kv = arrived(next);
         }
     }
-    // After the last step this rank holds the block of rank c + 1: one more step brings every
-    // block's gradients to their owner.
-    let g = pass(&p.group, block.split_off(2), false);
+    let g = arrived(grads);
     let [dq0, dq1] = dq.map(|d| d.expect("every query chunk sees at least its own chunk"));
     (
         Tensor::cat(vec![dq0, dq1], 2),

@@ -87,10 +87,11 @@ pub fn retained_share(m: &ModelConfig, st: &Strategy, seq_len: usize, narrow: f6
     HEAP_KEPT * held / (narrow + wide)
 }
 
-/// ZeRO-3's gathered weights at the forward/backward peak (`src/train/zero_units.rs`): with
-/// checkpointing, the recomputed layer's full weights and the all-gather's flat host buffer;
-/// without, every layer's gathered weights (kept by its autodiff graph until its backward)
-/// plus that buffer for one layer.
+/// ZeRO-3's gathered weights at the forward/backward peak (`src/train/zero_units.rs`), with
+/// the trainer's default `--prefetch-layers 1` (each more layer prefetched adds one layer):
+/// with checkpointing, the running layer's full weights, the all-gather's flat host buffer of
+/// the layer being installed and that of the layer gathered ahead; without, every layer's
+/// gathered weights (kept by its autodiff graph until its backward) plus those two buffers.
 pub fn gathered_weights(m: &ModelConfig, st: &Strategy, checkpointed: bool) -> f64 {
     let l = &st.layout;
     if l.zero < 3 || l.ranks() == 1 {
@@ -98,9 +99,9 @@ pub fn gathered_weights(m: &ModelConfig, st: &Strategy, checkpointed: bool) -> f
     }
     let layer = 4.0 * super::counts::layer_params(m);
     if checkpointed {
-        2.0 * layer
+        3.0 * layer
     } else {
-        (m.num_layers as f64 + 1.0) * layer
+        (m.num_layers as f64 + 2.0) * layer
     }
 }
 

@@ -89,12 +89,15 @@ impl DistOptim {
         (params, params, opt)
     }
 
-    /// Reduces this rank's local gradients, clips by the global norm and updates `model`
-    /// (unless the loss or the norm is not finite). Parameters come back as autodiff leaves.
+    /// Reduces this rank's local gradients (unless `reduced`: already summed over the ranks,
+    /// `train::replica_reduce`), clips by the global norm and updates `model` (unless the loss
+    /// or the norm is not finite). Parameters come back as autodiff leaves.
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
         model: &mut GenSlm,
         mut grads: Vec<Tensor<1>>,
+        reduced: bool,
         lr: f64,
         max_norm: f64,
         loss_finite: bool,
@@ -107,7 +110,9 @@ impl DistOptim {
             .collect();
         let (grad_norm, applied) = match self {
             DistOptim::Replicated(opt) => {
-                reduce_gradients(&mut grads, model, ranks)?;
+                if !reduced {
+                    reduce_gradients(&mut grads, model, ranks)?;
+                }
                 let norm = global_grad_norm(&grads, model, ranks)?;
                 let applied = loss_finite && norm.is_finite();
                 if applied {
@@ -119,11 +124,16 @@ impl DistOptim {
             DistOptim::Zero { shard, pos } => {
                 // Replicated: sum over SP here, over DP inside the reduce-scatter.
                 let (replicated, sharded) = param_groups(model);
-                reduce_params(&mut grads, &replicated, ranks.sp.as_ref(), ranks.bucket)?;
-                reduce_params(&mut grads, &sharded, ranks.dp.as_ref(), ranks.bucket)?;
-                let mine: Vec<Tensor<1>> = replicated.iter().map(|&i| grads[i].clone()).collect();
-                let chunk = shard.reduce_scatter(&mine, ranks.dp.as_ref(), ranks.bucket)?;
-                drop(mine);
+                let chunk = if reduced {
+                    // Summed over the whole data group already: this rank's chunk is a cut.
+                    shard.pieces_of(&grads)
+                } else {
+                    reduce_params(&mut grads, &replicated, ranks.sp.as_ref(), ranks.bucket)?;
+                    reduce_params(&mut grads, &sharded, ranks.dp.as_ref(), ranks.bucket)?;
+                    let mine: Vec<Tensor<1>> =
+                        replicated.iter().map(|&i| grads[i].clone()).collect();
+                    shard.reduce_scatter(&mine, ranks.dp.as_ref(), ranks.bucket)?
+                };
                 // Sums of squares in f64, like the replicated path (an f32 sum over billions
                 // of elements loses digits): whole parameters and TP slices apart, each summed
                 // over DP (every element in one rank's chunk).

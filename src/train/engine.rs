@@ -24,6 +24,7 @@ use crate::train::param_source::ParamSource;
 use crate::train::pipeline::{
     stage_eval_nll, stage_loss_and_grads, Pipe, Pipeline, StageStep, StageTimes,
 };
+use crate::train::replica_reduce::{reduced_loss_and_grads, reduces_by_unit};
 use crate::train::shard::{local_batch, local_nll, LocalBatch};
 use crate::train::step::{loss_and_grads, require_micro_batches};
 use crate::train::zero_units::{Fetched, ZeroUnits};
@@ -50,8 +51,9 @@ pub enum Engine {
     Whole {
         model: GenSlm,
         opt: DistOptim,
-        /// The step's reduced-later gradients, between `compute` and `step`.
-        grads: Option<Vec<Tensor<1>>>,
+        /// The step's gradients, between `compute` and `step`, and whether they are summed over
+        /// the ranks already (`train::replica_reduce`) or are this rank's own.
+        grads: Option<(Vec<Tensor<1>>, bool)>,
         /// Under PP, the pipeline; the model then holds this stage's parameters only.
         pipe: Option<Box<Pipe>>,
         /// Under PP, every stage's busy and idle time in the last step.
@@ -221,13 +223,19 @@ impl Engine {
                     ranks,
                     checkpoint,
                 )?;
-                *grads = Some(g);
+                *grads = Some((g, false));
                 *times = Some(StageTimes::gather(&step, ranks.pp.as_ref())?);
                 Ok(step.loss)
             }
+            Engine::Whole { model, grads, .. } if reduces_by_unit(model, ranks) => {
+                let (loss, g) =
+                    reduced_loss_and_grads(model, batches, total_targets, ranks, checkpoint)?;
+                *grads = Some((g, true));
+                Ok(loss)
+            }
             Engine::Whole { model, grads, .. } => {
                 let (loss, g) = loss_and_grads(model, batches, total_targets, ranks, checkpoint)?;
-                *grads = Some(g);
+                *grads = Some((g, false));
                 Ok(loss)
             }
             Engine::Units(z) => {
@@ -256,10 +264,10 @@ impl Engine {
             Engine::Whole {
                 model, opt, grads, ..
             } => {
-                let g = grads
+                let (g, reduced) = grads
                     .take()
                     .ok_or_else(|| Error::Invalid("step without gradients".into()))?;
-                opt.step(model, g, lr, max_norm, loss_finite, ranks)
+                opt.step(model, g, reduced, lr, max_norm, loss_finite, ranks)
             }
             Engine::Units(z) => z.step(lr, max_norm, loss_finite, ranks),
         }

@@ -14,6 +14,7 @@ pub mod param_source;
 pub mod pipeline;
 pub mod rank_loop;
 pub mod recompute;
+pub mod replica_reduce;
 pub mod resume;
 pub mod run_dir;
 pub mod schedule;

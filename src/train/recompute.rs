@@ -36,7 +36,7 @@ impl UnitWeights for Whole<'_> {
     }
 }
 
-fn add_into(slot: &mut Option<Tensor<1>>, g: Tensor<1>) {
+pub(crate) fn add_into(slot: &mut Option<Tensor<1>>, g: Tensor<1>) {
     *slot = Some(match slot.take() {
         Some(a) => a + g,
         None => g,
