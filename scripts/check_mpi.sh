@@ -37,6 +37,10 @@ test "$(ls "$TMP/np4z3to2/checkpoints/step-4/" | grep -c '^optimizer-rank')" = 4
 "${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2cp2" --cp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4cp2sp2" --cp 2 --sp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2cp2z1" --cp 2 --zero 1
+# The ring's double-buffered passes and DP's all-reduces started during the backward, against
+# the same runs with blocking collectives (bit-identical, checked below).
+"${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2cp2nov" --cp 2 --no-overlap
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2cp2z1nov" --cp 2 --zero 1 --no-overlap
 # Tensor parallelism: heads, MLP columns and the vocabulary split; two all-reduces per layer
 # and pass (Megatron's f and g; with Megatron sequence parallelism, the default, an all-gather
 # and a reduce-scatter instead), alone, without Megatron SP, with Ulysses, with DP + ZeRO-1, and
@@ -118,7 +122,7 @@ for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8"
         print(f"check_mpi: {d} matches the single-process losses ({len(got)} steps)")
 def curve(d):
     return [(m["loss"], m.get("val_loss"), m["grad_norm"]) for m in map(json.loads, open(f"{root}/{d}/metrics.jsonl"))]
-for on, off in [("np4z3", "np4z3nov"), ("np4sp2z3c", "np4sp2z3cnov")]:
+for on, off in [("np4z3", "np4z3nov"), ("np4sp2z3c", "np4sp2z3cnov"), ("np2cp2", "np2cp2nov"), ("np4dp2cp2z1", "np4dp2cp2z1nov")]:
     assert curve(on) == curve(off), (on, curve(on), off, curve(off))
     print(f"check_mpi: {on} is bit-identical with overlap on and off")
 # The checkpoint written by the 3-rank ZeRO run holds the one-rank weights and moments:

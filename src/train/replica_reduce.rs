@@ -17,7 +17,7 @@
 use burn::tensor::{Device, Tensor};
 
 use crate::data::loader::Batch;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::GenSlm;
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::bucket::all_reduce_bucketed;
@@ -26,7 +26,7 @@ use crate::parallel::ranks::Ranks;
 use crate::train::layerwise::{loss_and_grads, Unit, UnitWeights};
 use crate::train::recompute::add_into;
 use crate::train::shard::{local_batch, param_groups};
-use crate::train::step::require_micro_batches;
+use crate::train::step::{every_gradient, no_gradient, require_micro_batches};
 
 /// Unit reductions started and not yet waited for, beyond which the backward waits for the
 /// oldest (each holds a host copy of its unit's gradients).
@@ -111,10 +111,6 @@ impl UnitWeights for Reducing<'_> {
     }
 }
 
-fn no_gradient(model: &GenSlm, i: usize) -> Error {
-    Error::Invalid(format!("no gradient for {}", model.layout.specs[i].name))
-}
-
 /// This rank's share of the step's loss over `batches` and the step's gradients already
 /// summed over the ranks (see `shard::reduce_gradients`), each unit's sum started as soon as
 /// the last micro-batch's backward has it.
@@ -146,11 +142,5 @@ pub fn reduced_loss_and_grads(
     while !w.started.is_empty() {
         w.finish_one()?;
     }
-    let grads = w
-        .acc
-        .into_iter()
-        .enumerate()
-        .map(|(i, g)| g.ok_or_else(|| no_gradient(model, i)))
-        .collect::<Result<Vec<_>>>()?;
-    Ok((loss, grads))
+    Ok((loss, every_gradient(model, w.acc)?))
 }

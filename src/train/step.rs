@@ -74,14 +74,18 @@ pub fn loss_and_grads(
         loss += tensor_to_vec(&scaled)[0] as f64;
         accumulate(model, &scaled.backward(), &mut acc);
     }
-    let grads = acc
-        .into_iter()
+    Ok((loss, every_gradient(model, acc)?))
+}
+
+/// Every parameter's gradient out of `acc`, or an error naming one that received none.
+pub fn every_gradient(model: &GenSlm, acc: Vec<Option<Tensor<1>>>) -> Result<Vec<Tensor<1>>> {
+    acc.into_iter()
         .enumerate()
-        .map(|(i, g)| {
-            g.ok_or_else(|| {
-                Error::Invalid(format!("no gradient for {}", model.layout.specs[i].name))
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok((loss, grads))
+        .map(|(i, g)| g.ok_or_else(|| no_gradient(model, i)))
+        .collect()
+}
+
+/// The error of parameter `i` without a gradient.
+pub fn no_gradient(model: &GenSlm, i: usize) -> Error {
+    Error::Invalid(format!("no gradient for {}", model.layout.specs[i].name))
 }
