@@ -122,7 +122,7 @@ impl InFlight {
 pub struct Progress {
     /// The communicator the jobs run on (what the wrapper wraps).
     inner: Arc<dyn Communicator>,
-    queue: OnceLock<Mutex<Sender<Job>>>,
+    queue: OnceLock<Option<Mutex<Sender<Job>>>>,
     in_flight: Arc<InFlight>,
 }
 
@@ -137,23 +137,29 @@ impl Progress {
         Hooked::wrap(inner, hook)
     }
 
-    fn queue(&self) -> &Mutex<Sender<Job>> {
-        self.queue.get_or_init(|| {
-            let (tx, rx) = channel::<Job>();
-            let (inner, in_flight) = (self.inner.clone(), self.in_flight.clone());
-            let rank = inner.rank();
-            std::thread::Builder::new()
-                .name(format!("genslm-comm-{rank}"))
-                .spawn(move || {
-                    for job in rx {
-                        // A panicking job drops its result's sender: its waiter gets an error.
-                        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| job(inner.as_ref())));
-                        in_flight.done();
-                    }
-                })
-                .expect("starting a communication thread");
-            Mutex::new(tx)
-        })
+    /// The thread's queue, the thread started with the first job; `None` where it could not
+    /// start (a thread limit): the jobs then run on the caller's thread, blocking.
+    fn queue(&self) -> Option<&Mutex<Sender<Job>>> {
+        self.queue
+            .get_or_init(|| {
+                let (tx, rx) = channel::<Job>();
+                let (inner, in_flight) = (self.inner.clone(), self.in_flight.clone());
+                let rank = inner.rank();
+                std::thread::Builder::new()
+                    .name(format!("genslm-comm-{rank}"))
+                    .spawn(move || {
+                        for job in rx {
+                            // A panicking job drops its result's sender: its waiter gets an
+                            // error.
+                            let run = AssertUnwindSafe(|| job(inner.as_ref()));
+                            let _ = std::panic::catch_unwind(run);
+                            in_flight.done();
+                        }
+                    })
+                    .ok()
+                    .map(|_| Mutex::new(tx))
+            })
+            .as_ref()
     }
 }
 
@@ -164,13 +170,11 @@ impl Hook for Progress {
     }
 
     fn submit(&self, job: Job) -> std::result::Result<Vec<Arc<dyn WaitHook>>, Job> {
+        let Some(queue) = self.queue() else {
+            return Err(job);
+        };
         self.in_flight.add();
-        let sent = self
-            .queue()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(job);
-        match sent {
+        match queue.lock().unwrap_or_else(|p| p.into_inner()).send(job) {
             Ok(()) => Ok(Vec::new()),
             Err(std::sync::mpsc::SendError(job)) => {
                 // The thread is gone: run it here, after whatever it left.

@@ -33,12 +33,11 @@ use crate::train::step::{every_gradient, no_gradient, require_micro_batches};
 pub const REDUCTIONS_IN_FLIGHT: usize = 4;
 
 /// Whether a replica on these ranks reduces its gradients layer by layer: gradients must cross
-/// ranks through host buffers (NCCL's device path reduces the whole step at once).
+/// ranks (the DP group is part of the data group) through host buffers (NCCL's device path
+/// reduces the whole step at once).
 pub fn reduces_by_unit(model: &GenSlm, ranks: &Ranks) -> bool {
     let device = model.device.clone().without_autodiff();
-    (ranks.data.size() > 1 || ranks.dp.size() > 1)
-        && !ranks.data.on_device(&device)
-        && !ranks.dp.on_device(&device)
+    ranks.data.size() > 1 && !ranks.data.on_device(&device) && !ranks.dp.on_device(&device)
 }
 
 /// A started all-reduce: the parameters it sums, their device, and the sums (host).

@@ -21,7 +21,7 @@
 //!
 //! Overlap (issue 42; `parallel::progress`, off with `--no-overlap` and on NCCL): a unit's
 //! gradient reduce-scatter is started when the backward hands its gradients over and waited
-//! for later (at most [`SCATTERS_IN_FLIGHT`] at once, all before the update), so it runs
+//! for later (at most [`COLLECTIVES_IN_FLIGHT`] at once, all before the update), so it runs
 //! while the layers below compute theirs. Under ZeRO-3 the executor says which units it will
 //! ask for ([`UnitWeights::will_ask`]), and the gathers of the next `prefetch` of them are
 //! started before the current one is waited for: with `--prefetch-layers 1` at most two
@@ -69,9 +69,9 @@ struct UnitShard {
     grad: Option<Vec<Tensor<1>>>,
 }
 
-/// Started gradient reduce-scatters waited for beyond this many (each holds a unit's flat
-/// gradients until it finishes).
-pub const SCATTERS_IN_FLIGHT: usize = 2;
+/// Started reduce-scatters of gradients (and ZeRO-2's gathers of updated values) waited for
+/// beyond this many at a time (each holds a unit's flat host buffer until it finishes).
+pub const COLLECTIVES_IN_FLIGHT: usize = 2;
 
 /// A group of units' gathers started ahead: each unit's blocks from every rank (host).
 type GroupGather = (Vec<Unit>, Vec<Pending<Vec<f32>>>);
@@ -200,6 +200,19 @@ impl ZeroUnits {
         start(u.comm.as_ref(), job)
     }
 
+    /// Starts the gathers of the announced unit groups until `prefetch` groups are ahead
+    /// (host buffers: groups on device memory, NCCL, run without a communication thread and
+    /// with `prefetch` 0).
+    fn top_up(&mut self) {
+        while self.flight.gathers.len() < self.prefetch {
+            let Some(next) = self.flight.upcoming.pop_front() else {
+                break;
+            };
+            let started = next.iter().map(|&u| self.start_gather(u)).collect();
+            self.flight.gathers.push_back((next, started));
+        }
+    }
+
     /// Waits for the oldest started reduce-scatter and adds its chunk to the unit's.
     fn finish_scatter(&mut self) -> Result<()> {
         let Some((unit, device, pending)) = self.flight.scatters.pop_front() else {
@@ -289,7 +302,7 @@ impl ZeroUnits {
                     }
                     let job = u.shard.gather_host(&values, self.bucket);
                     gathers.push_back((k, start(u.comm.as_ref(), job)));
-                    if gathers.len() > SCATTERS_IN_FLIGHT {
+                    if gathers.len() > COLLECTIVES_IN_FLIGHT {
                         self.finish_gather(gathers.pop_front(), &device)?;
                     }
                 }
@@ -421,24 +434,37 @@ impl UnitWeights for ZeroUnits {
                 self.flight.upcoming.clear();
             }
         }
-        let pending = match ahead {
-            Some(p) => p,
-            None => units.iter().map(|&u| self.start_gather(u)).collect(),
+        let full: Vec<Vec<Tensor<1>>> = match ahead {
+            Some(pending) => {
+                // The next groups start before this one is waited for: the communication
+                // thread goes straight on to them.
+                self.top_up();
+                let mut full = Vec::with_capacity(units.len());
+                for (&unit, p) in units.iter().zip(pending) {
+                    let flat = p.wait()?;
+                    full.push(self.unit_mut(unit).shard.params_of(&flat, &device));
+                }
+                full
+            }
+            None => {
+                // Gathered now (on device memory where the group has it, as NCCL does), then
+                // the next groups started.
+                let bucket = self.bucket;
+                let mut full = Vec::with_capacity(units.len());
+                for &unit in units {
+                    let u = self.unit_mut(unit);
+                    let values = u.values.clone();
+                    full.push(
+                        u.shard
+                            .all_gather(values, u.comm.as_ref(), bucket, &device)?,
+                    );
+                }
+                self.top_up();
+                full
+            }
         };
-        // The next groups start before this one is waited for: the communication thread goes
-        // straight on to them.
-        while self.flight.gathers.len() < self.prefetch {
-            let Some(next) = self.flight.upcoming.pop_front() else {
-                break;
-            };
-            let started = next.iter().map(|&u| self.start_gather(u)).collect();
-            self.flight.gathers.push_back((next, started));
-        }
-        for (&unit, p) in units.iter().zip(pending) {
-            let flat = p.wait()?;
-            let u = self.unit_mut(unit);
-            let full = u.shard.params_of(&flat, &device);
-            for (&i, t) in u.shard.params.iter().zip(full) {
+        for (&unit, full) in units.iter().zip(full) {
+            for (&i, t) in self.unit_mut(unit).shard.params.iter().zip(full) {
                 m.params[i] = t.autodiff().require_grad();
             }
         }
@@ -458,7 +484,7 @@ impl UnitWeights for ZeroUnits {
         drop(grads);
         let pending = start(u.comm.as_ref(), u.shard.scatter_host(flat, bucket));
         self.flight.scatters.push_back((unit, device, pending));
-        while self.flight.scatters.len() > SCATTERS_IN_FLIGHT {
+        while self.flight.scatters.len() > COLLECTIVES_IN_FLIGHT {
             self.finish_scatter()?;
         }
         Ok(())
