@@ -71,6 +71,36 @@ impl std::fmt::Display for Precision {
     }
 }
 
+/// How a quantized collective encodes what it moves (ZeRO++; `parallel::quant`): `int8`,
+/// block-wise with one fp32 scale per 256 values (about 1/4 of fp32's bytes), or `bf16`
+/// (1/2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Quantize {
+    Int8,
+    Bf16,
+}
+
+impl std::fmt::Display for Quantize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Quantize::Int8 => "int8",
+            Quantize::Bf16 => "bf16",
+        })
+    }
+}
+
+impl std::str::FromStr for Quantize {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "int8" => Ok(Quantize::Int8),
+            "bf16" => Ok(Quantize::Bf16),
+            _ => Err(format!("`{s}`: the quantized encodings are int8 and bf16")),
+        }
+    }
+}
+
 fn default_rotary_pct() -> f64 {
     0.25
 }
@@ -191,6 +221,14 @@ pub struct TrainConfig {
     /// ZeRO-3 with overlap: layers whose weights are gathered ahead of their use (at most
     /// this many plus the running one gathered at a time); 0 gathers each layer when it runs.
     pub prefetch_layers: usize,
+    /// ZeRO-3's weight all-gathers quantized (ZeRO++'s qwZ): each rank's fp32 shard is
+    /// encoded before it travels and every rank computes with the decoded weights; the fp32
+    /// master shards, the update and checkpoints are unchanged. Unset: fp32.
+    pub quantize_weights: Option<Quantize>,
+    /// Gradient reductions quantized (ZeRO++'s qgZ): each rank encodes its contribution to
+    /// every other rank's block once and sends it by all-to-all; the receiver decodes and sums
+    /// in fp32, so errors do not compound over the ranks. Unset: fp32.
+    pub quantize_grads: Option<Quantize>,
 }
 
 impl Default for TrainConfig {
@@ -226,6 +264,8 @@ impl Default for TrainConfig {
             megatron_sp: true,
             overlap: true,
             prefetch_layers: 1,
+            quantize_weights: None,
+            quantize_grads: None,
         }
     }
 }

@@ -122,6 +122,15 @@ pub struct TrainArgs {
     /// one computes (default 1; 0 gathers each layer when it runs).
     #[arg(long)]
     prefetch_layers: Option<usize>,
+    /// With --zero 3: the weights' all-gathers travel quantized (ZeRO++'s qwZ): `int8`
+    /// (block-wise, ~1/4 of the bytes) or `bf16`; every rank computes with the decoded
+    /// weights, the fp32 master shards and checkpoints are unchanged. Default: fp32.
+    #[arg(long, value_name = "int8|bf16")]
+    quantize_weights: Option<genslm::config::Quantize>,
+    /// The gradient reductions travel quantized (ZeRO++'s qgZ, all-to-all based): `int8` or
+    /// `bf16`; summed in fp32 on arrival. Default: fp32.
+    #[arg(long, value_name = "int8|bf16")]
+    quantize_grads: Option<genslm::config::Quantize>,
     /// Keep the newest K checkpoint directories (older ones are removed); 0 keeps all.
     #[arg(long)]
     keep_checkpoints: Option<usize>,
@@ -254,6 +263,8 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     if let Some(v) = a.pp_layers {
         t.pp_layers = Some(v);
     }
+    t.quantize_weights = a.quantize_weights.or(t.quantize_weights);
+    t.quantize_grads = a.quantize_grads.or(t.quantize_grads);
     // Recorded resolved, so config.toml and the checkpoint say what ran.
     t.precision = Some(genslm::backend::resolve_precision(
         a.device.precision().or(t.precision),

@@ -16,6 +16,9 @@ pub trait Hook: Send + Sync + std::fmt::Debug {
     /// Runs `call` in a group of `size` ranks to which this rank hands `bytes` bytes (its send
     /// buffer; for a receive, the buffer it fills).
     fn around<T>(&self, size: usize, bytes: usize, call: impl FnOnce() -> T) -> T;
+    /// Told, before each call, the bytes that leave this rank over the wire in it under the
+    /// usual algorithms ([`Wire`]; what `comm_bytes` counts).
+    fn moved(&self, _wire_bytes: usize) {}
     /// Takes a started job ([`crate::parallel::progress`]) for a thread of its own, or gives
     /// it back to go further in.
     fn submit(&self, job: Job) -> std::result::Result<Vec<Arc<dyn WaitHook>>, Job> {
@@ -39,10 +42,53 @@ impl<H: Hook + 'static> Hooked<H> {
         Arc::new(Hooked { inner, hook })
     }
 
-    /// `call` with the hook around it, for `elements` of `bytes_each` bytes.
-    fn with<T>(&self, elements: usize, bytes_each: usize, call: impl FnOnce() -> T) -> T {
-        self.hook
-            .around(self.inner.size(), elements * bytes_each, call)
+    /// `call` with the hook around it, for `elements` of `bytes_each` bytes handed over, of
+    /// which `wire` says what leaves the rank.
+    fn with<T>(
+        &self,
+        wire: Wire,
+        elements: usize,
+        bytes_each: usize,
+        call: impl FnOnce() -> T,
+    ) -> T {
+        let (n, bytes) = (self.inner.size(), elements * bytes_each);
+        self.hook.moved(wire.bytes(bytes, n, self.inner.rank()));
+        self.hook.around(n, bytes, call)
+    }
+}
+
+/// How many of the bytes a rank hands to a call leave it, with the ring algorithms MPI and
+/// NCCL use for large messages (`n` ranks, `b` bytes handed over): all-reduce 2(n−1)/n·b,
+/// reduce-scatter (n−1)/n·b, all-gather (n−1)·b; an all-to-all sends all but its own piece;
+/// a rooted call moves the root's (broadcast) or the others' (gather) buffer once.
+#[derive(Debug, Clone, Copy)]
+enum Wire {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    /// Bytes of the piece the rank keeps for itself.
+    AllToAll(usize),
+    /// Sent once (point to point, a ring pass).
+    Once,
+    /// Sent by the root only / by all but the root.
+    FromRoot(usize),
+    ToRoot(usize),
+    Nothing,
+}
+
+impl Wire {
+    fn bytes(self, b: usize, n: usize, rank: usize) -> usize {
+        let n1 = n.saturating_sub(1);
+        match self {
+            Wire::AllReduce => 2 * n1 * b / n.max(1),
+            Wire::ReduceScatter => n1 * b / n.max(1),
+            Wire::AllGather => n1 * b,
+            Wire::AllToAll(own) => b - own,
+            Wire::Once => b,
+            Wire::FromRoot(root) => usize::from(rank == root) * b,
+            Wire::ToRoot(root) => usize::from(rank != root) * b,
+            Wire::Nothing => 0,
+        }
     }
 }
 
@@ -58,45 +104,59 @@ impl<H: Hook + 'static> Communicator for Hooked<H> {
         self.inner.size()
     }
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
-        self.with(buf.len(), 4, || self.inner.all_reduce_sum(buf))
+        self.with(Wire::AllReduce, buf.len(), 4, || {
+            self.inner.all_reduce_sum(buf)
+        })
     }
     fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
-        self.with(buf.len(), 8, || self.inner.all_reduce_sum_f64(buf))
+        self.with(Wire::AllReduce, buf.len(), 8, || {
+            self.inner.all_reduce_sum_f64(buf)
+        })
     }
     fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
-        self.with(send.len(), 4, || self.inner.all_gather_into(send, recv))
+        self.with(Wire::AllGather, send.len(), 4, || {
+            self.inner.all_gather_into(send, recv)
+        })
     }
     fn reduce_scatter_sum(&self, buf: &[f32], out: &mut [f32]) -> Result<()> {
-        self.with(buf.len(), 4, || self.inner.reduce_scatter_sum(buf, out))
+        self.with(Wire::ReduceScatter, buf.len(), 4, || {
+            self.inner.reduce_scatter_sum(buf, out)
+        })
     }
     fn gather_into(&self, send: &[f32], recv: Option<&mut [f32]>, root: usize) -> Result<()> {
-        self.with(send.len(), 4, || self.inner.gather_into(send, recv, root))
+        self.with(Wire::ToRoot(root), send.len(), 4, || {
+            self.inner.gather_into(send, recv, root)
+        })
     }
     fn all_to_all(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
         let n = send.iter().map(Vec::len).sum();
-        self.with(n, 4, || self.inner.all_to_all(send))
+        let own = send.get(self.inner.rank()).map_or(0, Vec::len) * 4;
+        self.with(Wire::AllToAll(own), n, 4, || self.inner.all_to_all(send))
     }
     fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
-        self.with(send.len(), 4, || self.inner.ring_pass(send))
+        self.with(Wire::Once, send.len(), 4, || self.inner.ring_pass(send))
     }
     fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
-        self.with(buf.len(), 4, || self.inner.send(to, buf))
+        self.with(Wire::Once, buf.len(), 4, || self.inner.send(to, buf))
     }
     fn recv(&self, from: usize, buf: &mut [f32]) -> Result<()> {
-        self.with(buf.len(), 4, || self.inner.recv(from, buf))
+        self.with(Wire::Nothing, buf.len(), 4, || self.inner.recv(from, buf))
     }
     fn send_recv(&self, to: usize, send: &[f32], from: usize, recv: &mut [f32]) -> Result<()> {
         let n = send.len().max(recv.len());
-        self.with(n, 4, || self.inner.send_recv(to, send, from, recv))
+        let wire = Wire::AllToAll(4 * (n - send.len()));
+        self.with(wire, n, 4, || self.inner.send_recv(to, send, from, recv))
     }
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
-        self.with(buf.len(), 4, || self.inner.broadcast(buf, root))
+        self.with(Wire::FromRoot(root), buf.len(), 4, || {
+            self.inner.broadcast(buf, root)
+        })
     }
     fn barrier(&self) -> Result<()> {
-        self.with(0, 4, || self.inner.barrier())
+        self.with(Wire::Nothing, 0, 4, || self.inner.barrier())
     }
     fn barrier_unbounded(&self) -> Result<()> {
-        self.with(0, 4, || self.inner.barrier_unbounded())
+        self.with(Wire::Nothing, 0, 4, || self.inner.barrier_unbounded())
     }
     fn abort(&self, why: &str) {
         self.inner.abort(why)
@@ -114,24 +174,36 @@ impl<H: Hook + 'static> Communicator for Hooked<H> {
         self.inner.on_device(device)
     }
     fn all_to_all_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
-        self.with(numel(&send), 4, || self.inner.all_to_all_tensors(send))
+        let own = send
+            .get(self.inner.rank())
+            .map_or(0, |t| t.shape().num_elements())
+            * 4;
+        self.with(Wire::AllToAll(own), numel(&send), 4, || {
+            self.inner.all_to_all_tensors(send)
+        })
     }
     fn ring_pass_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
-        self.with(numel(&send), 4, || self.inner.ring_pass_tensors(send))
+        self.with(Wire::Once, numel(&send), 4, || {
+            self.inner.ring_pass_tensors(send)
+        })
     }
     fn all_reduce_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
         let n = t.shape().num_elements();
-        self.with(n, 4, || self.inner.all_reduce_tensor(t))
+        self.with(Wire::AllReduce, n, 4, || self.inner.all_reduce_tensor(t))
     }
     fn reduce_scatter_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
         let n = t.shape().num_elements();
-        self.with(n, 4, || self.inner.reduce_scatter_tensor(t))
+        self.with(Wire::ReduceScatter, n, 4, || {
+            self.inner.reduce_scatter_tensor(t)
+        })
     }
     fn all_gather_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {
         let n = t.shape().num_elements();
-        self.with(n, 4, || self.inner.all_gather_tensor(t))
+        self.with(Wire::AllGather, n, 4, || self.inner.all_gather_tensor(t))
     }
     fn all_gather(&self, send: &[f32]) -> Result<Vec<Vec<f32>>> {
-        self.with(send.len(), 4, || self.inner.all_gather(send))
+        self.with(Wire::AllGather, send.len(), 4, || {
+            self.inner.all_gather(send)
+        })
     }
 }

@@ -15,6 +15,7 @@ pub mod netsim;
 pub mod parallelize;
 pub mod pipeline;
 pub mod progress;
+pub mod quant;
 pub mod ranks;
 pub mod ring;
 pub mod seq_linear;

@@ -198,6 +198,7 @@ pub fn mpi_ranks(universe: &mpi::environment::Universe, d: Degrees) -> Result<Ra
                  stay on the rank's thread"
             )
         }),
+        quantize: Default::default(),
     })
 }
 

@@ -3,13 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::Quantize;
 use crate::parallel::bucket::DEFAULT_BUCKET;
 use crate::parallel::comm::{Communicator, Solo};
 use crate::parallel::hooked::Hooked;
 use crate::parallel::netsim::NetSim;
 use crate::parallel::progress::Progress;
 use crate::parallel::threads::{thread_group, ThreadComm};
-use crate::parallel::timed::CommClock;
+use crate::parallel::timed::{ByteCount, CommClock};
 use crate::parallel::topology::{Degrees, Topology};
 
 #[derive(Debug, Clone)]
@@ -44,6 +45,16 @@ pub struct Ranks {
     /// at `MPI_THREAD_MULTIPLE`), so that [`Ranks::overlapped`] can give them communication
     /// threads. `None`: they may; `Some(why)`: they may not, and why.
     pub no_overlap: Option<String>,
+    /// Quantized collectives (`parallel::quant`; ZeRO++): ZeRO-3's weight all-gathers and the
+    /// gradient reductions through host buffers. Unset: fp32.
+    pub quantize: Quantized,
+}
+
+/// Which collectives travel quantized, and how (`[train] quantize_weights`, `quantize_grads`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quantized {
+    pub weights: Option<Quantize>,
+    pub grads: Option<Quantize>,
 }
 
 impl Ranks {
@@ -61,7 +72,13 @@ impl Ranks {
             bucket: DEFAULT_BUCKET,
             megatron_sp: true,
             no_overlap: None,
+            quantize: Quantized::default(),
         }
+    }
+
+    /// The same ranks with quantized collectives (or fp32 ones).
+    pub fn with_quantized(self, quantize: Quantized) -> Self {
+        Self { quantize, ..self }
     }
 
     /// The same ranks with another bucket size.
@@ -125,6 +142,13 @@ impl Ranks {
         (self.wrapped(|c| Hooked::wrap(c, clock.clone())), clock)
     }
 
+    /// The same ranks with the bytes of every group's calls counted into one total (a step's
+    /// `comm_bytes`); wrap before [`Ranks::overlapped`] so started collectives count too.
+    pub fn counted(self) -> (Self, Arc<ByteCount>) {
+        let count = Arc::new(ByteCount::default());
+        (self.wrapped(|c| Hooked::wrap(c, count.clone())), count)
+    }
+
     pub fn is_root(&self) -> bool {
         self.topo.rank == 0
     }
@@ -171,6 +195,7 @@ pub fn thread_grid(d: Degrees, timeout: Duration) -> Vec<Ranks> {
             bucket: DEFAULT_BUCKET,
             megatron_sp: true,
             no_overlap: None,
+            quantize: Quantized::default(),
         })
         .collect()
 }

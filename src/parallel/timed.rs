@@ -1,4 +1,4 @@
-//! Time a rank spends inside its communicators (issue 42's `comm_wait_s`): every call of every
+//! Time a rank spends inside its communicators, and the bytes it hands them (issue 42's `comm_wait_s`): every call of every
 //! group the rank belongs to is timed into one clock, so a step's metrics can say how much of
 //! it the rank spent moving data or waiting for the other ranks. With blocking collectives
 //! that is time the rank computed nothing; overlapped communication will shrink it.
@@ -49,6 +49,30 @@ impl WaitHook for CommClock {
         wait();
         self.nanos
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Bytes that leave a rank in its communicators' calls (`comm_bytes`: what quantized
+/// collectives shrink; ring algorithms assumed, `hooked::Wire`), summed over every group. It sits beneath the communication threads, so collectives started
+/// to overlap count as well as blocking ones. One atomic add per call.
+#[derive(Debug, Default)]
+pub struct ByteCount {
+    bytes: AtomicU64,
+}
+
+impl ByteCount {
+    /// Bytes counted so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+impl Hook for Arc<ByteCount> {
+    fn around<T>(&self, _size: usize, _bytes: usize, call: impl FnOnce() -> T) -> T {
+        call()
+    }
+    fn moved(&self, wire_bytes: usize) {
+        self.bytes.fetch_add(wire_bytes as u64, Ordering::Relaxed);
     }
 }
 

@@ -132,7 +132,8 @@ impl DistOptim {
                     reduce_params(&mut grads, &sharded, ranks.dp.as_ref(), ranks.bucket)?;
                     let mine: Vec<Tensor<1>> =
                         replicated.iter().map(|&i| grads[i].clone()).collect();
-                    shard.reduce_scatter(&mine, ranks.dp.as_ref(), ranks.bucket)?
+                    // fp32: quantized gradients take the reduced path (`replica_reduce`).
+                    shard.reduce_scatter(&mine, ranks.dp.as_ref(), ranks.bucket, None)?
                 };
                 // Sums of squares in f64, like the replicated path (an f32 sum over billions
                 // of elements loses digits): whole parameters and TP slices apart, each summed

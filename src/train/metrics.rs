@@ -37,6 +37,12 @@ pub struct StepMetrics {
     /// update (moving data, and waiting for the other ranks); absent on one rank.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub comm_wait_s: Option<f64>,
+    /// Bytes that left rank 0 in communication during the step's forward, backward and
+    /// update, over every group, counted as the ring algorithms move them (an all-reduce of
+    /// B bytes over n ranks sends 2(n−1)/n·B); what `--quantize-weights`/`--quantize-grads`
+    /// shrink. Absent on one rank.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub comm_bytes: Option<u64>,
     /// Under PP: each stage's seconds computing and waiting in the step's pipeline (rank 0's
     /// pipeline group, in stage order), and the bubble, idle over busy summed over the stages
     /// (compare with the schedule's (P − 1)/m, or (P − 1)/(m·V) interleaved).

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::model::io::load_config;
 use crate::model::GenSlm;
 use crate::parallel::parallelize::{gather_shard_to_root, join_tp_slices};
-use crate::parallel::ranks::Ranks;
+use crate::parallel::ranks::{Quantized, Ranks};
 use crate::parallel::{Degrees, Topology};
 use crate::train::checkpoint::{
     commit_checkpoint, prepare_staging, read_saved, staging_dir, TrainerState,
@@ -83,12 +83,24 @@ pub fn train_rank(
     {
         eprintln!("note: communication is not overlapped with compute: {why}");
     }
-    let (ranks, comm_clock) = ranks
+    // Bytes counted beneath the communication threads (started collectives count too).
+    let quantize = Quantized {
+        weights: t.quantize_weights,
+        grads: t.quantize_grads,
+    };
+    if quantize != Quantized::default() && ranks.data.size() == 1 && ranks.is_root() {
+        eprintln!(
+            "note: --quantize-weights/--quantize-grads change nothing here: no gradients or \
+             ZeRO-3 weights cross ranks in this layout (its data group is one rank)"
+        );
+    }
+    let (ranks, comm_bytes) = ranks
         .clone()
         .with_bucket(t.reduce_bucket_size)
         .with_megatron_sp(t.megatron_sp)
-        .overlapped(overlap)
-        .timed();
+        .with_quantized(quantize)
+        .counted();
+    let (ranks, comm_clock) = ranks.overlapped(overlap).timed();
     let overlapped = overlap && ranks.no_overlap.is_none();
     let ranks = &ranks;
     let ad = opts.device.open(opts.thread_rank)?.autodiff();
@@ -140,9 +152,13 @@ pub fn train_rank(
         let batches: Vec<Batch> = (0..t.grad_accum)
             .map(|_| loader.next_batch(corpus, t.batch_size))
             .collect();
-        let comm_before = comm_clock.seconds();
+        let (comm_before, bytes_before) = (comm_clock.seconds(), comm_bytes.bytes());
         let (loss, out, sent_per_layer) = train_step(cfg, &mut engine, &batches, lr, ranks)?;
-        let comm_wait = (ranks.topo.world > 1).then(|| comm_clock.seconds() - comm_before);
+        let many = ranks.topo.world > 1;
+        let comm = (
+            many.then(|| comm_clock.seconds() - comm_before),
+            many.then(|| comm_bytes.bytes() - bytes_before),
+        );
         state.step += 1;
         state.loader_cursor = loader.cursor;
         state.optimizer_step = engine.step_count();
@@ -158,7 +174,7 @@ pub fn train_rank(
             &engine,
             &batches,
             (loss, val_loss, lr, &out),
-            (sent_per_layer, comm_wait),
+            (sent_per_layer, comm),
             step_start,
             opts,
         );
@@ -325,7 +341,7 @@ impl Clock {
         engine: &Engine,
         batches: &[Batch],
         (loss, val_loss, lr, out): (f64, Option<f64>, f64, &StepOutcome),
-        (sent_per_layer, comm_wait_s): (Option<u64>, Option<f64>),
+        (sent_per_layer, (comm_wait_s, comm_bytes)): (Option<u64>, (Option<f64>, Option<u64>)),
         step_start: Instant,
         opts: &RunOptions,
     ) -> StepMetrics {
@@ -349,6 +365,7 @@ impl Clock {
             skipped_nonfinite: !out.applied,
             sp_sent_per_layer: sent_per_layer,
             comm_wait_s,
+            comm_bytes,
             pp_busy_s: times.map(|t| t.busy_s.clone()),
             pp_idle_s: times.map(|t| t.idle_s.clone()),
             pp_bubble: times.map(StageTimes::bubble),

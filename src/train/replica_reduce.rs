@@ -11,6 +11,9 @@
 //! before that. ZeRO-1 then takes its chunk of the summed gradients without a reduce-scatter
 //! (DeepSpeed's stage 1 all-reduces the gradients too; the moments alone are sharded).
 //!
+//! With `--quantize-grads` each unit's sum is `parallel::quant`'s all-reduce (a quantized
+//! all-to-all reduce-scatter, then a quantized all-gather of the sums).
+//!
 //! With `--no-overlap` the same reductions run in the same order, blocking, so both give the
 //! same bits; against the whole-graph backward of a single rank they agree up to rounding.
 
@@ -22,6 +25,7 @@ use crate::model::GenSlm;
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::bucket::all_reduce_bucketed;
 use crate::parallel::progress::{start, Pending};
+use crate::parallel::quant::all_reduce_quantized;
 use crate::parallel::ranks::Ranks;
 use crate::train::layerwise::{loss_and_grads, Unit, UnitWeights};
 use crate::train::recompute::add_into;
@@ -34,10 +38,12 @@ pub const REDUCTIONS_IN_FLIGHT: usize = 4;
 
 /// Whether a replica on these ranks reduces its gradients layer by layer: gradients must cross
 /// ranks (the DP group is part of the data group) through host buffers (NCCL's device path
-/// reduces the whole step at once).
+/// reduces the whole step at once, unless the gradients travel quantized, which is done on
+/// the host).
 pub fn reduces_by_unit(model: &GenSlm, ranks: &Ranks) -> bool {
     let device = model.device.clone().without_autodiff();
-    ranks.data.size() > 1 && !ranks.data.on_device(&device) && !ranks.dp.on_device(&device)
+    let host = !ranks.data.on_device(&device) && !ranks.dp.on_device(&device);
+    ranks.data.size() > 1 && (host || ranks.quantize.grads.is_some())
 }
 
 /// A started all-reduce: the parameters it sums, their device, and the sums (host).
@@ -94,11 +100,17 @@ impl UnitWeights for Reducing<'_> {
                     .ok_or_else(|| no_gradient(self.model, i))?;
                 host.push(tensor_to_vec(g));
             }
-            let bucket = self.ranks.bucket;
+            let (bucket, codec) = (self.ranks.bucket, self.ranks.quantize.grads);
             let pending = start(comm.as_ref(), move |c| {
                 let mut host = host;
-                let mut views: Vec<&mut [f32]> = host.iter_mut().map(|v| &mut v[..]).collect();
-                all_reduce_bucketed(c, &mut views, bucket)?;
+                match codec {
+                    Some(q) => all_reduce_quantized(c, &mut host, q, bucket)?,
+                    None => {
+                        let mut views: Vec<&mut [f32]> =
+                            host.iter_mut().map(|v| &mut v[..]).collect();
+                        all_reduce_bucketed(c, &mut views, bucket)?;
+                    }
+                }
                 Ok(host)
             });
             self.started.push_back((idx, device.clone(), pending));

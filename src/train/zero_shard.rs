@@ -11,6 +11,7 @@
 
 use burn::tensor::{Device, Tensor};
 
+use crate::config::Quantize;
 use crate::error::Result;
 use crate::model::params::ParamSpec;
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
@@ -18,6 +19,7 @@ use crate::parallel::bucket::{
     gather_bucketed, pack, reduce_scatter_bucketed, unpack, unpack_host,
 };
 use crate::parallel::comm::Communicator;
+use crate::parallel::quant::{all_gather_quantized, reduce_scatter_quantized};
 use crate::train::optim::{AdamW, AdamWConfig};
 
 /// A piece of parameter `param` covering elements `[start, start + len)` of it.
@@ -140,16 +142,17 @@ impl ZeroShard {
         grads: &[Tensor<1>],
         comm: &dyn Communicator,
         bucket: usize,
+        codec: Option<Quantize>,
     ) -> Result<Vec<Tensor<1>>> {
         let device = grads[0].device();
-        if comm.on_device(&device) {
+        if codec.is_none() && comm.on_device(&device) {
             // NCCL on device buffers: one flat, padded tensor; no host copy, no i32 limit.
             let flat = pack(grads.iter().cloned(), self.block * comm.size(), &device);
             let mine = comm.reduce_scatter_tensor(flat)?;
             return Ok(unpack(&mine, self.segments.iter().map(|s| s.len)));
         }
         let flat = self.grads_flat(grads, comm.size());
-        let mine = self.scatter_host(flat, bucket)(comm)?;
+        let mine = self.scatter_host(flat, bucket, codec)(comm)?;
         Ok(self.chunk_of(&mine, &device))
     }
 
@@ -159,16 +162,21 @@ impl ZeroShard {
     }
 
     /// The reduce-scatter of a [`ZeroShard::grads_flat`] vector: a job for any thread, giving
-    /// this rank's block of the sum ([`crate::parallel::progress::start`] runs it overlapped).
+    /// this rank's block of the sum ([`crate::parallel::progress::start`] runs it overlapped),
+    /// quantized by `codec` (all-to-all based, `parallel::quant`) or fp32.
     pub fn scatter_host(
         &self,
         flat: Vec<f32>,
         bucket: usize,
+        codec: Option<Quantize>,
     ) -> impl FnOnce(&dyn Communicator) -> Result<Vec<f32>> + Send + 'static {
         let block = self.block;
         move |comm| {
             let mut mine = vec![0.0f32; block];
-            reduce_scatter_bucketed(comm, &flat, &mut mine, bucket)?;
+            match codec {
+                Some(q) => reduce_scatter_quantized(comm, &flat, &mut mine, q, bucket)?,
+                None => reduce_scatter_bucketed(comm, &flat, &mut mine, bucket)?,
+            }
             Ok(mine)
         }
     }
@@ -190,25 +198,31 @@ impl ZeroShard {
         comm: &dyn Communicator,
         bucket: usize,
         device: &Device,
+        codec: Option<Quantize>,
     ) -> Result<Vec<Tensor<1>>> {
-        if comm.on_device(device) {
+        if codec.is_none() && comm.on_device(device) {
             let mine = pack(pieces.into_iter(), self.block, device);
             let all = comm.all_gather_tensor(mine)?;
             return Ok(unpack(&all, self.lens.iter().copied()));
         }
-        let flat = self.gather_host(&pieces, bucket)(comm)?;
+        let flat = self.gather_host(&pieces, bucket, codec)(comm)?;
         Ok(self.params_of(&flat, device))
     }
 
     /// The all-gather of this rank's `pieces` as a job for any thread, giving every rank's
-    /// blocks in rank order (host).
+    /// blocks in rank order (host); quantized by `codec` (every rank then holds the decoded
+    /// values, its own block's too) or fp32.
     pub fn gather_host(
         &self,
         pieces: &[Tensor<1>],
         bucket: usize,
+        codec: Option<Quantize>,
     ) -> impl FnOnce(&dyn Communicator) -> Result<Vec<f32>> + Send + 'static {
         let mine = padded(pieces.iter().map(tensor_to_vec), self.block);
         move |comm| {
+            if let Some(q) = codec {
+                return all_gather_quantized(comm, &mine, q, bucket);
+            }
             let mut flat = vec![0.0f32; mine.len() * comm.size()];
             gather_bucketed(comm, &mine, Some(&mut flat[..]), None, bucket)?;
             Ok(flat)
@@ -258,7 +272,7 @@ impl ZeroShard {
         let pieces = self.pieces_of(params);
         let new = self.update_pieces(pieces, grad_chunk, grad_scale, specs, lr);
         let device = params[self.params[0]].device();
-        let full = self.all_gather(new, comm, bucket, &device)?;
+        let full = self.all_gather(new, comm, bucket, &device, None)?;
         for (&i, t) in self.params.iter().zip(full) {
             params[i] = t;
         }

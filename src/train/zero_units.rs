@@ -41,7 +41,7 @@ use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::comm::Communicator;
 use crate::parallel::parallelize::{gather_shard_to_root, join_tp_slices};
 use crate::parallel::progress::{start, Pending};
-use crate::parallel::ranks::Ranks;
+use crate::parallel::ranks::{Quantized, Ranks};
 use crate::parallel::topology::Topology;
 use crate::train::dist_optim::StepOutcome;
 use crate::train::layerwise::{Unit, UnitWeights};
@@ -96,6 +96,8 @@ pub struct ZeroUnits {
     pub model: GenSlm,
     units: Vec<UnitShard>,
     bucket: usize,
+    /// Which of its collectives travel quantized (`parallel::quant`).
+    quantize: Quantized,
     /// ZeRO-3: unit groups gathered ahead of their use (`--prefetch-layers`; 0 with
     /// `--no-overlap`, where a gather ahead would only block earlier).
     pub prefetch: usize,
@@ -180,6 +182,7 @@ impl ZeroUnits {
             model,
             units,
             bucket: ranks.bucket,
+            quantize: ranks.quantize,
             prefetch: 0,
             flight: InFlight::default(),
         })
@@ -194,9 +197,9 @@ impl ZeroUnits {
 
     /// Starts the all-gather of `unit`'s ZeRO-3 pieces (host buffers; see `UnitWeights::model`).
     fn start_gather(&mut self, unit: Unit) -> Pending<Vec<f32>> {
-        let bucket = self.bucket;
+        let (bucket, codec) = (self.bucket, self.quantize.weights);
         let u = self.unit_mut(unit);
-        let job = u.shard.gather_host(&u.values, bucket);
+        let job = u.shard.gather_host(&u.values, bucket, codec);
         start(u.comm.as_ref(), job)
     }
 
@@ -294,13 +297,18 @@ impl ZeroUnits {
                 if self.stage == 2 {
                     let values = std::mem::take(&mut u.values);
                     if u.comm.on_device(&device) {
-                        let full =
-                            u.shard
-                                .all_gather(values, u.comm.as_ref(), self.bucket, &device)?;
+                        let full = u.shard.all_gather(
+                            values,
+                            u.comm.as_ref(),
+                            self.bucket,
+                            &device,
+                            None,
+                        )?;
                         self.set_params(k, full);
                         continue;
                     }
-                    let job = u.shard.gather_host(&values, self.bucket);
+                    // ZeRO-2's gathers set the working copy the next steps update: fp32.
+                    let job = u.shard.gather_host(&values, self.bucket, None);
                     gathers.push_back((k, start(u.comm.as_ref(), job)));
                     if gathers.len() > COLLECTIVES_IN_FLIGHT {
                         self.finish_gather(gathers.pop_front(), &device)?;
@@ -449,15 +457,18 @@ impl UnitWeights for ZeroUnits {
             None => {
                 // Gathered now (on device memory where the group has it, as NCCL does), then
                 // the next groups started.
-                let bucket = self.bucket;
+                let (bucket, codec) = (self.bucket, self.quantize.weights);
                 let mut full = Vec::with_capacity(units.len());
                 for &unit in units {
                     let u = self.unit_mut(unit);
                     let values = u.values.clone();
-                    full.push(
-                        u.shard
-                            .all_gather(values, u.comm.as_ref(), bucket, &device)?,
-                    );
+                    full.push(u.shard.all_gather(
+                        values,
+                        u.comm.as_ref(),
+                        bucket,
+                        &device,
+                        codec,
+                    )?);
                 }
                 self.top_up();
                 full
@@ -472,17 +483,19 @@ impl UnitWeights for ZeroUnits {
     }
 
     fn take_grads(&mut self, unit: Unit, grads: Vec<Tensor<1>>) -> Result<()> {
-        let bucket = self.bucket;
+        let (bucket, codec) = (self.bucket, self.quantize.grads);
         let u = self.unit_mut(unit);
         let device = grads[0].device();
-        if u.comm.on_device(&device) {
-            let chunk = u.shard.reduce_scatter(&grads, u.comm.as_ref(), bucket)?;
+        if codec.is_none() && u.comm.on_device(&device) {
+            let chunk = u
+                .shard
+                .reduce_scatter(&grads, u.comm.as_ref(), bucket, None)?;
             u.add_grad(chunk);
             return Ok(());
         }
         let flat = u.shard.grads_flat(&grads, u.comm.size());
         drop(grads);
-        let pending = start(u.comm.as_ref(), u.shard.scatter_host(flat, bucket));
+        let pending = start(u.comm.as_ref(), u.shard.scatter_host(flat, bucket, codec));
         self.flight.scatters.push_back((unit, device, pending));
         while self.flight.scatters.len() > COLLECTIVES_IN_FLIGHT {
             self.finish_scatter()?;
