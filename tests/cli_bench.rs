@@ -93,7 +93,7 @@ fn bench_train_reports_throughput_and_threads() {
 fn bench_train_on_ranks_behind_a_simulated_network() {
     let cfg = repo().join("configs/tiny.toml");
     let cfg = cfg.to_str().unwrap();
-    let figures = |extra: &[&str]| -> (f64, f64) {
+    let figures = |extra: &[&str]| -> (f64, f64, f64) {
         let mut a = vec![
             "bench",
             "train",
@@ -120,11 +120,21 @@ fn bench_train_on_ranks_behind_a_simulated_network() {
                 .parse()
                 .unwrap()
         };
-        (num(" s/step,"), num(" s/step in communication"))
+        (
+            num(" s/step,"),
+            num(" s/step in communication"),
+            num(" MB/step"),
+        )
     };
-    let (step, comm) = figures(&["--simulate-network", "10ms,1GB/s"]);
+    let (step, comm, _) = figures(&["--simulate-network", "10ms,1GB/s"]);
     assert!(comm >= 0.02 && comm <= step, "{comm} s of a {step} s step");
-    let (_, local) = figures(&[]);
+    // Quantized collectives: ZeRO-3's gathers and reduce-scatters in int8 send about a
+    // quarter of the bytes.
+    let (_, _, fp32) = figures(&["--zero", "3"]);
+    let int8 = ["--quantize-weights", "int8", "--quantize-grads", "int8"];
+    let (_, _, q) = figures(&[&["--zero", "3"][..], &int8[..]].concat());
+    assert!(fp32 > 3.5 * q && q > 0.0, "{fp32} MB vs {q} MB per step");
+    let (_, local, _) = figures(&[]);
     assert!(
         local < comm / 2.0,
         "{local} without the link, {comm} with it"

@@ -350,6 +350,21 @@ fn bad_inputs_are_clear_errors() {
         "--quiet",
     ]);
     assert!(!ok && err.contains("no training samples"), "{err}");
+    // Quantized collectives: an encoding that does not exist, and weights quantized where no
+    // weights are gathered.
+    let base = ["train", "--fasta", &data(), "--config", &tiny(), "--quiet"];
+    let out = out.to_str().unwrap();
+    let (ok, _, err) = run(&[&base[..], &["--out", out, "--quantize-grads", "int4"]].concat());
+    assert!(
+        !ok && err.contains("int4") && err.contains("int8 and bf16"),
+        "{err}"
+    );
+    let flags = ["--out", out, "--dp", "2", "--quantize-weights", "int8"];
+    let (ok, _, err) = run(&[&base[..], &flags[..]].concat());
+    assert!(
+        !ok && err.contains("--quantize-weights int8") && err.contains("--zero 3"),
+        "{err}"
+    );
 }
 
 /// `--backend cuda` where it cannot run: without the feature, a message that says how to

@@ -6,7 +6,7 @@
 use std::io::Write;
 
 use crate::backend::Compute;
-use crate::config::{Config, ModelConfig, TrainConfig};
+use crate::config::{Config, ModelConfig, Quantize, TrainConfig};
 use crate::error::{Error, Result};
 use crate::parallel::netsim::NetSim;
 use crate::parallel::Degrees;
@@ -23,6 +23,8 @@ pub struct RankKnobs {
     pub overlap: bool,
     pub prefetch_layers: usize,
     pub checkpoint_activations: bool,
+    pub quantize_weights: Option<Quantize>,
+    pub quantize_grads: Option<Quantize>,
 }
 
 impl Default for RankKnobs {
@@ -33,6 +35,8 @@ impl Default for RankKnobs {
             overlap: t.overlap,
             prefetch_layers: t.prefetch_layers,
             checkpoint_activations: t.checkpoint_activations,
+            quantize_weights: t.quantize_weights,
+            quantize_grads: t.quantize_grads,
         }
     }
 }
@@ -44,6 +48,8 @@ pub struct RanksBench {
     pub tokens_per_s: f64,
     /// Seconds rank 0 spent inside communicator calls per step.
     pub comm_wait_s: f64,
+    /// Bytes that left rank 0 per step (`comm_bytes`).
+    pub comm_bytes: f64,
     /// Under PP: the measured bubble (idle over busy summed over the stages, `pp_bubble`).
     pub pp_bubble: Option<f64>,
 }
@@ -96,6 +102,8 @@ pub fn train_ranks(
             overlap: knobs.overlap,
             prefetch_layers: knobs.prefetch_layers,
             checkpoint_activations: knobs.checkpoint_activations,
+            quantize_weights: knobs.quantize_weights,
+            quantize_grads: knobs.quantize_grads,
             ..TrainConfig::default()
         },
     };
@@ -118,6 +126,7 @@ pub fn train_ranks(
         secs_per_step: secs,
         tokens_per_s: timed.iter().map(|x| x.tokens as f64).sum::<f64>() / n / secs,
         comm_wait_s: timed.iter().filter_map(|x| x.comm_wait_s).sum::<f64>() / n,
+        comm_bytes: timed.iter().filter_map(|x| x.comm_bytes).sum::<u64>() as f64 / n,
         pp_bubble: (d.pp > 1).then(|| timed.iter().filter_map(|x| x.pp_bubble).sum::<f64>() / n),
     })
 }

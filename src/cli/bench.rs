@@ -101,6 +101,12 @@ pub enum BenchCmd {
         /// Several ranks: full activation checkpointing.
         #[arg(long)]
         checkpoint_activations: bool,
+        /// Several ranks, ZeRO-3: weight all-gathers quantized (int8 or bf16).
+        #[arg(long, value_name = "int8|bf16")]
+        quantize_weights: Option<genslm::config::Quantize>,
+        /// Several ranks: gradient reductions quantized (int8 or bf16).
+        #[arg(long, value_name = "int8|bf16")]
+        quantize_grads: Option<genslm::config::Quantize>,
         #[command(flatten)]
         device: super::device::DeviceArgs,
     },
@@ -276,6 +282,8 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             no_overlap,
             prefetch_layers,
             checkpoint_activations,
+            quantize_weights,
+            quantize_grads,
             device,
         } => {
             let cfg = genslm::config::Config::load(&config)?.model;
@@ -292,15 +300,21 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     overlap: !no_overlap,
                     prefetch_layers,
                     checkpoint_activations,
+                    quantize_weights,
+                    quantize_grads,
                 };
                 let r = genslm::bench::train_ranks(
                     &cfg, seq_len, steps, degrees, net, &compute, knobs,
                 )?;
+                let quantized = [("weights", quantize_weights), ("grads", quantize_grads)]
+                    .iter()
+                    .filter_map(|(w, q)| q.map(|q| format!(" {q} {w}")))
+                    .collect::<String>();
                 println!(
-                    "genslm {} seq {seq_len} dp {dp} pp {pp} cp {cp} sp {sp} tp {tp} zero {zero}{}{} {} \
+                    "genslm {} seq {seq_len} dp {dp} pp {pp} cp {cp} sp {sp} tp {tp} zero {zero}{}{}{quantized} {} \
                      network {}: \
-                     {:.1} tokens/s, {:.3} s/step, {:.3} s/step in communication (rank 0){} \
-                     [simd {}]",
+                     {:.1} tokens/s, {:.3} s/step, {:.3} s/step in communication, {:.3} MB/step \
+                     sent (rank 0){} [simd {}]",
                     cfg.name,
                     if no_overlap { " no-overlap" } else { " overlap" },
                     if checkpoint_activations { " checkpointed" } else { "" },
@@ -309,6 +323,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     r.tokens_per_s,
                     r.secs_per_step,
                     r.comm_wait_s,
+                    r.comm_bytes / 1e6,
                     r.pp_bubble
                         .map(|b| format!(", pipeline bubble {b:.3} ({} micro-batches)", 4 * pp))
                         .unwrap_or_default(),

@@ -2,8 +2,8 @@
 //! gradient reductions move an encoded copy of their fp32 data instead of the data.
 //!
 //! - `int8`: blocks of [`QBLOCK`] values share one fp32 scale, `max |x| / 127`; each value
-//!   travels as the nearest multiple of it, `round(x / scale)` in `[-127, 127]` (symmetric, so
-//!   0 stays exactly 0). A block holding a NaN or an infinity decodes to NaN throughout, so
+//!   travels as the nearest multiple of it (ties to even), a code in `[-127, 127]` (symmetric,
+//!   so 0 stays exactly 0). A block holding a NaN or an infinity decodes to NaN throughout, so
 //!   the trainer's non-finite checks still see it. 257 words per 1,024 values: 3.98× fewer
 //!   bytes than fp32.
 //! - `bf16`: each value rounded to the nearest bf16 (ties to even), two per word: 2×.
@@ -68,30 +68,41 @@ fn block_scale(xs: &[f32]) -> f32 {
 pub fn encode(codec: Quantize, xs: &[f32], out: &mut Vec<f32>) {
     match codec {
         Quantize::Bf16 => {
-            for pair in xs.chunks(2) {
-                let lo = to_bf16(pair[0]) as u32;
-                let hi = pair.get(1).map_or(0, |&x| to_bf16(x) as u32);
-                out.push(f32::from_bits(lo | (hi << 16)));
+            let mut pairs = xs.chunks_exact(2);
+            for p in pairs.by_ref() {
+                let w = to_bf16(p[0]) as u32 | (to_bf16(p[1]) as u32) << 16;
+                out.push(f32::from_bits(w));
+            }
+            if let [last] = pairs.remainder() {
+                out.push(f32::from_bits(to_bf16(*last) as u32));
             }
         }
         Quantize::Int8 => {
             let scales: Vec<f32> = xs.chunks(QBLOCK).map(block_scale).collect();
             out.extend_from_slice(&scales);
-            let code = |i: usize| -> u32 {
-                let s = scales[i / QBLOCK];
-                let q = if s > 0.0 {
-                    (xs[i] / s).round().clamp(-127.0, 127.0)
-                } else {
-                    0.0 // an all-zero block, or a non-finite one (decoded from its scale)
-                };
-                (q as i8) as u8 as u32
-            };
-            for at in (0..xs.len()).step_by(4) {
-                let mut w = 0u32;
-                for k in 0..4.min(xs.len() - at) {
-                    w |= code(at + k) << (8 * k);
+            // Whole blocks of codes at a time, so the loops vectorise. Rounding to the nearest
+            // (ties to even) by adding and taking away 1.5·2²³: exact for |v| ≤ 127, where
+            // `round` (ties away) and `round_ties_even` call libm per value on baseline x86-64.
+            const MAGIC: f32 = 12_582_912.0;
+            let mut codes = [0i8; QBLOCK];
+            for (b, &s) in xs.chunks(QBLOCK).zip(&scales) {
+                let inv = if s > 0.0 { 1.0 / s } else { 0.0 }; // 0 and NaN blocks: codes 0
+                for (c, &x) in codes.iter_mut().zip(b) {
+                    *c = (((x * inv).clamp(-127.0, 127.0) + MAGIC) - MAGIC) as i8;
                 }
-                out.push(f32::from_bits(w));
+                let codes = &codes[..b.len()];
+                let mut quads = codes.chunks_exact(4);
+                for q in quads.by_ref() {
+                    out.push(f32::from_bits(u32::from_le_bytes([
+                        q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8,
+                    ])));
+                }
+                let rest = quads.remainder();
+                if !rest.is_empty() {
+                    let mut w = [0u8; 4];
+                    w.iter_mut().zip(rest).for_each(|(w, &c)| *w = c as u8);
+                    out.push(f32::from_bits(u32::from_le_bytes(w)));
+                }
             }
         }
     }
@@ -109,25 +120,27 @@ pub fn decode(codec: Quantize, words: &[f32], out: &mut [f32], add: bool) -> Res
             encoded_len(codec, n)
         )));
     }
-    let mut put = |i: usize, v: f32| {
-        if add {
-            out[i] += v;
-        } else {
-            out[i] = v;
-        }
-    };
+    let put = |o: &mut f32, v: f32| *o = if add { *o + v } else { v };
     match codec {
         Quantize::Bf16 => {
-            for i in 0..n {
-                let w = words[i / 2].to_bits();
-                put(i, from_bf16((w >> (16 * (i % 2))) as u16));
+            for (pair, w) in out.chunks_mut(2).zip(words) {
+                let w = w.to_bits();
+                for (k, o) in pair.iter_mut().enumerate() {
+                    put(o, from_bf16((w >> (16 * k)) as u16));
+                }
             }
         }
         Quantize::Int8 => {
             let (scales, codes) = words.split_at(n.div_ceil(QBLOCK));
-            for i in 0..n {
-                let byte = (codes[i / 4].to_bits() >> (8 * (i % 4))) as u8;
-                put(i, (byte as i8) as f32 * scales[i / QBLOCK]);
+            // A block's codes start on a word: every block but the last is 64 words.
+            let blocks = out.chunks_mut(QBLOCK).zip(codes.chunks(QBLOCK / 4));
+            for ((block, words), &s) in blocks.zip(scales) {
+                for (quad, w) in block.chunks_mut(4).zip(words) {
+                    let bytes = w.to_bits().to_le_bytes();
+                    for (o, &b) in quad.iter_mut().zip(&bytes) {
+                        put(o, (b as i8) as f32 * s);
+                    }
+                }
             }
         }
     }

@@ -41,7 +41,7 @@ fn naive_bf16(x: f32) -> f32 {
 }
 
 /// Each value's int8 decoding by the f64 definition: blocks of `QBLOCK` from the start, scale
-/// `max |x| / 127`, code `round(x / scale)`.
+/// `max |x| / 127`, code `x / scale` rounded to the nearest (ties to even).
 fn naive_int8(xs: &[f32]) -> Vec<(f64, f64)> {
     let mut out = Vec::new();
     for b in xs.chunks(QBLOCK) {
@@ -49,7 +49,7 @@ fn naive_int8(xs: &[f32]) -> Vec<(f64, f64)> {
         let scale = max / 127.0;
         for &x in b {
             let q = if scale > 0.0 {
-                (x as f64 / scale).round()
+                (x as f64 / scale).round_ties_even()
             } else {
                 0.0
             };
