@@ -356,7 +356,7 @@ fn bad_inputs_are_clear_errors() {
     let out = out.to_str().unwrap();
     let (ok, _, err) = run(&[&base[..], &["--out", out, "--quantize-grads", "int4"]].concat());
     assert!(
-        !ok && err.contains("int4") && err.contains("int8 and bf16"),
+        !ok && err.contains("int4") && err.contains("int8, bf16, or fp32"),
         "{err}"
     );
     let flags = ["--out", out, "--dp", "2", "--quantize-weights", "int8"];

@@ -102,11 +102,11 @@ pub enum BenchCmd {
         #[arg(long)]
         checkpoint_activations: bool,
         /// Several ranks, ZeRO-3: weight all-gathers quantized (int8 or bf16).
-        #[arg(long, value_name = "int8|bf16")]
-        quantize_weights: Option<genslm::config::Quantize>,
+        #[arg(long, value_name = "int8|bf16|fp32")]
+        quantize_weights: Option<super::train::QuantArg>,
         /// Several ranks: gradient reductions quantized (int8 or bf16).
-        #[arg(long, value_name = "int8|bf16")]
-        quantize_grads: Option<genslm::config::Quantize>,
+        #[arg(long, value_name = "int8|bf16|fp32")]
+        quantize_grads: Option<super::train::QuantArg>,
         #[command(flatten)]
         device: super::device::DeviceArgs,
     },
@@ -289,6 +289,10 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             let cfg = genslm::config::Config::load(&config)?.model;
             let compute = device.compute();
             let degrees = degrees.degrees();
+            let (quantize_weights, quantize_grads) = (
+                quantize_weights.and_then(|q| q.0),
+                quantize_grads.and_then(|q| q.0),
+            );
             let genslm::parallel::Degrees { dp, cp, sp, tp, pp } = degrees;
             if degrees.world() > 1 || simulate_network.is_some() {
                 let net = simulate_network
@@ -330,6 +334,12 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     genslm::isa::tier()
                 );
                 return Ok(());
+            }
+            if quantize_weights.is_some() || quantize_grads.is_some() {
+                anyhow::bail!(
+                    "--quantize-weights/--quantize-grads quantize collectives between ranks: give \
+                     several (--dp, --sp, ...), as one rank moves nothing"
+                );
             }
             let r = genslm::bench::train_steps(&cfg, seq_len, steps, &compute)?;
             println!(

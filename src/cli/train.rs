@@ -124,13 +124,14 @@ pub struct TrainArgs {
     prefetch_layers: Option<usize>,
     /// With --zero 3: the weights' all-gathers travel quantized (ZeRO++'s qwZ): `int8`
     /// (block-wise, ~1/4 of the bytes) or `bf16`; every rank computes with the decoded
-    /// weights, the fp32 master shards and checkpoints are unchanged. Default: fp32.
-    #[arg(long, value_name = "int8|bf16")]
-    quantize_weights: Option<genslm::config::Quantize>,
+    /// weights, the fp32 master shards and checkpoints are unchanged. Default (and `fp32`,
+    /// which overrides a config file's setting): unquantized.
+    #[arg(long, value_name = "int8|bf16|fp32")]
+    quantize_weights: Option<QuantArg>,
     /// The gradient reductions travel quantized (ZeRO++'s qgZ, all-to-all based): `int8` or
-    /// `bf16`; summed in fp32 on arrival. Default: fp32.
-    #[arg(long, value_name = "int8|bf16")]
-    quantize_grads: Option<genslm::config::Quantize>,
+    /// `bf16`; summed in fp32 on arrival. Default (and `fp32`): unquantized.
+    #[arg(long, value_name = "int8|bf16|fp32")]
+    quantize_grads: Option<QuantArg>,
     /// Keep the newest K checkpoint directories (older ones are removed); 0 keeps all.
     #[arg(long)]
     keep_checkpoints: Option<usize>,
@@ -263,8 +264,8 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     if let Some(v) = a.pp_layers {
         t.pp_layers = Some(v);
     }
-    t.quantize_weights = a.quantize_weights.or(t.quantize_weights);
-    t.quantize_grads = a.quantize_grads.or(t.quantize_grads);
+    t.quantize_weights = a.quantize_weights.map_or(t.quantize_weights, |q| q.0);
+    t.quantize_grads = a.quantize_grads.map_or(t.quantize_grads, |q| q.0);
     // Recorded resolved, so config.toml and the checkpoint say what ran.
     t.precision = Some(genslm::backend::resolve_precision(
         a.device.precision().or(t.precision),
@@ -312,4 +313,21 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--quantize-weights`/`--quantize-grads`: an encoding, or `fp32` for none.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantArg(pub Option<genslm::config::Quantize>);
+
+impl std::str::FromStr for QuantArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fp32" => Ok(QuantArg(None)),
+            _ => s
+                .parse()
+                .map(|q| QuantArg(Some(q)))
+                .map_err(|_| format!("`{s}`: int8, bf16, or fp32 (unquantized)")),
+        }
+    }
 }

@@ -78,10 +78,13 @@ enum Wire {
 
 impl Wire {
     fn bytes(self, b: usize, n: usize, rank: usize) -> usize {
-        let n1 = n.saturating_sub(1);
+        if n <= 1 {
+            return 0; // a group of one sends nothing
+        }
+        let n1 = n - 1;
         match self {
-            Wire::AllReduce => 2 * n1 * b / n.max(1),
-            Wire::ReduceScatter => n1 * b / n.max(1),
+            Wire::AllReduce => 2 * n1 * b / n,
+            Wire::ReduceScatter => n1 * b / n,
             Wire::AllGather => n1 * b,
             Wire::AllToAll(own) => b - own,
             Wire::Once => b,

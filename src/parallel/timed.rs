@@ -1,7 +1,8 @@
-//! Time a rank spends inside its communicators, and the bytes it hands them (issue 42's `comm_wait_s`): every call of every
-//! group the rank belongs to is timed into one clock, so a step's metrics can say how much of
-//! it the rank spent moving data or waiting for the other ranks. With blocking collectives
-//! that is time the rank computed nothing; overlapped communication will shrink it.
+//! Time a rank spends inside its communicators (issue 42's `comm_wait_s`), and the bytes it
+//! sends through them (`comm_bytes`): every call of every group the rank belongs to is timed
+//! into one clock, so a step's metrics can say how much of it the rank spent moving data or
+//! waiting for the other ranks. With blocking collectives that is time the rank computed
+//! nothing; overlapped communication shrinks it.
 //!
 //! A [`Hooked`](crate::parallel::hooked::Hooked) communicator with a shared [`CommClock`] as
 //! its hook adds each call's wall time to the clock. Two clock reads per call: nothing beside
@@ -116,5 +117,38 @@ mod tests {
         let (early, late) = (clocks[0].seconds(), clocks[1].seconds());
         assert!(early >= 0.25, "rank 0 waited ~0.3 s for rank 1: {early}");
         assert!(late < 0.2, "rank 1 found rank 0 waiting: {late}");
+    }
+
+    /// Bytes sent, by the ring algorithms' textbook counts on 4 ranks: an all-reduce of 1,000
+    /// floats sends 2·3/4 of its 4,000 bytes, an all-gather of 100 floats 3 × 400, an
+    /// all-to-all of four 10-float pieces the 3 × 40 for the others, a reduce-scatter of 400
+    /// floats 3/4 of 1,600; a broadcast of 50 floats costs the root 200 and the others
+    /// nothing. A group of one sends nothing.
+    #[test]
+    fn bytes_sent_follow_the_ring_counts() {
+        let counts: Vec<Arc<ByteCount>> = (0..4).map(|_| Arc::default()).collect();
+        let handles: Vec<_> = thread_group(4, Duration::from_secs(10))
+            .into_iter()
+            .zip(counts.clone())
+            .map(|(c, count)| {
+                std::thread::spawn(move || {
+                    let c = Hooked::wrap(Arc::new(c), count);
+                    c.all_reduce_sum(&mut [1.0; 1000]).unwrap();
+                    c.all_gather_into(&[1.0; 100], &mut [0.0; 400]).unwrap();
+                    c.all_to_all(vec![vec![1.0; 10]; 4]).unwrap();
+                    c.reduce_scatter_sum(&[1.0; 400], &mut [0.0; 100]).unwrap();
+                    c.broadcast(&mut vec![1.0; 50], 0).unwrap();
+                })
+            })
+            .collect();
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        let got: Vec<u64> = counts.iter().map(|c| c.bytes()).collect();
+        let common = 6000 + 1200 + 120 + 1200;
+        assert_eq!(got, vec![common + 200, common, common, common]);
+        let one = Arc::new(ByteCount::default());
+        let solo = Hooked::wrap(Arc::new(crate::parallel::Solo), one.clone());
+        solo.all_reduce_sum(&mut [1.0; 8]).unwrap();
+        solo.broadcast(&mut vec![1.0; 8], 0).unwrap();
+        assert_eq!(one.bytes(), 0);
     }
 }
