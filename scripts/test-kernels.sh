@@ -60,6 +60,24 @@ for i, (a, b) in enumerate(zip(cpu, gpu), 1):
     print(f"step {i}: cpu {a:.6f} wgpu {b:.6f} rel {rel:.1e}")
     assert rel <= 1e-3, f"step {i}: wgpu loss {b} vs cpu {a} ({rel:.1e} > 1e-3)"
 PY
+echo "== wgpu runs that cannot fit are refused before any work, naming the figures"
+# One activation above lavapipe's largest buffer (128 MiB), then a model above its memory (host
+# memory: lavapipe has no card). Exit 1 with the message; no run directory.
+refused() {
+  local want=$1; shift
+  set +e
+  "$BIN" train --fasta data/ --out "$TMP/refused" --batch-size 1 --steps 1 --backend wgpu --quiet "$@" \
+    > "$TMP/refused.log" 2>&1
+  local rc=$?
+  set -e
+  grep -v XDG_RUNTIME_DIR "$TMP/refused.log" >&2 || true
+  [ "$rc" = 1 ] || { echo "error: exit $rc, not 1, for $*" >&2; exit 1; }
+  grep -q "$want" "$TMP/refused.log" || { echo "error: no '$want' for $*" >&2; exit 1; }
+  [ ! -e "$TMP/refused" ] || { echo "error: a refused run wrote $TMP/refused" >&2; exit 1; }
+}
+refused "largest buffer the device" --config configs/genslm-25m.toml --seq-len 1000000
+refused "predicted peak device memory is .* GiB (fp32), but the device .* host memory" \
+  --config configs/genslm-25b.toml --seq-len 512
 echo "== wgpu attention forward+backward: device memory at seq 1024 vs 4096 (linear: ratio <= 4.5)"
 # The bench line goes to stderr for the log (not through `tee /dev/stderr`, which overwrites
 # a log file that stderr is redirected to) and its peak to stdout.

@@ -237,6 +237,42 @@ pub fn cpu_threads() -> usize {
     rayon::current_num_threads()
 }
 
+/// What a GPU device's runtime says about its memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// Bytes it can hold (cubecl's `max_memory`: CUDA's device memory; on Vulkan, with the
+    /// SPIR-V path, the largest device-local heap), or `None` where the runtime states none
+    /// (wgpu's WGSL path).
+    pub capacity: Option<u64>,
+    /// Bytes of the largest single buffer (WebGPU's binding limit on wgpu; 128 MiB on
+    /// lavapipe).
+    pub max_allocation: u64,
+    /// No card behind the device (a CPU adapter or a software rasterizer such as Mesa's
+    /// lavapipe): its buffers live in host memory.
+    pub host_backed: bool,
+    /// The device as it names itself.
+    pub name: String,
+}
+
+/// The memory figures of a GPU backend's device, or `None` on the CPU.
+pub fn device_memory(device: &Device) -> Option<DeviceMemory> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    {
+        let probe = burn::tensor::Tensor::<1>::zeros([1], device);
+        if let Ok(t) = probe.try_into_primitive::<burn::backend::Cube>() {
+            let p = t.client.properties();
+            return Some(DeviceMemory {
+                capacity: p.memory.max_memory(),
+                max_allocation: p.memory.max_page_size,
+                host_backed: p.identity.physical.is_none(),
+                name: p.identity.name.clone(),
+            });
+        }
+    }
+    let _ = device;
+    None
+}
+
 /// The precision to run: the flag/config value, else the backend's default.
 pub fn resolve_precision(requested: Option<Precision>, backend: BackendKind) -> Precision {
     requested.unwrap_or(backend.default_precision())

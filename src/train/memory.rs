@@ -116,34 +116,159 @@ pub fn check_fits(
     in_process: usize,
     available: f64,
 ) -> Result<()> {
-    let s = cfg.train.seq_len;
     let peak = |len: usize| predicted_peak(cfg, (dp, sp, pp), in_process, len);
-    let need = peak(s);
-    if need <= available {
+    let (need, fits) = match over_budget(cfg.train.seq_len, sp, peak, available) {
+        None => return Ok(()),
+        Some(over) => over,
+    };
+    Err(Error::Invalid(format!(
+        "--seq-len {}: the predicted peak memory is {:.1} GiB, but this machine has {:.1} GiB \
+         available; {fits} (or use more ranks, --checkpoint-activations, or pass \
+         --skip-memory-check if you know better)",
+        cfg.train.seq_len,
+        need / GIB,
+        available / GIB
+    )))
+}
+
+/// Predicted peak device bytes of one rank of `dp × sp × pp` on a GPU of `capacity` bytes
+/// (the planner's GPU terms: runtime reserve, weights, gradients, moments and activations at
+/// `precision`).
+pub fn predicted_device_peak(
+    cfg: &Config,
+    (dp, sp, pp): (usize, usize, usize),
+    seq_len: usize,
+    capacity: f64,
+    precision: Precision,
+) -> f64 {
+    let st = Strategy {
+        precision,
+        ..pipelined_strategy(cfg, dp, sp, pp)
+    };
+    let hw = Hardware {
+        mem_bytes: capacity,
+        target: Target::Gpu,
+    };
+    estimate(&cfg.model, &st, &hw, seq_len).total()
+}
+
+/// Refuses, before any work, a GPU run whose predicted device peak (times the `sharing` ranks
+/// of this process on the same device) exceeds the device's `capacity`, naming both figures
+/// and the longest `--seq-len` that fits.
+pub fn check_fits_device(
+    cfg: &Config,
+    (dp, sp, pp): (usize, usize, usize),
+    sharing: usize,
+    capacity: f64,
+    precision: Precision,
+    (device, host_backed): (&str, bool),
+) -> Result<()> {
+    let peak = |len: usize| {
+        sharing as f64 * predicted_device_peak(cfg, (dp, sp, pp), len, capacity, precision)
+    };
+    let (need, fits) = match over_budget(cfg.train.seq_len, sp, peak, capacity) {
+        None => return Ok(()),
+        Some(over) => over,
+    };
+    let shared = if sharing > 1 {
+        format!(" for the {sharing} ranks sharing it")
+    } else {
+        String::new()
+    };
+    let offers = if host_backed {
+        "keeps its buffers in host memory, which has available"
+    } else {
+        "offers"
+    };
+    Err(Error::Invalid(format!(
+        "--seq-len {}: the predicted peak device memory{shared} is {:.1} GiB ({precision}), but \
+         the device ({device}) {offers} {:.1} GiB; {fits} (or use more ranks, \
+         --checkpoint-activations, or pass --skip-memory-check if you know better)",
+        cfg.train.seq_len,
+        need / GIB,
+        capacity / GIB
+    )))
+}
+
+/// The largest single activation a rank allocates, in bytes, and what it is: the MLP's
+/// `[b, s, 4h]`, the fused QKV projection's `[b, s, 3h]` (at the compute precision) or the
+/// logits `[b, s, vocab]` (fp32 for the loss), for the rank's local batch and sequence shard.
+pub fn largest_activation(
+    cfg: &Config,
+    (dp, sp): (usize, usize),
+    precision: Precision,
+) -> (f64, &'static str) {
+    let m = &cfg.model;
+    let rows = (cfg.train.batch_size / dp).max(1) as f64 * cfg.train.seq_len.div_ceil(sp) as f64;
+    let e = precision.activation_bytes();
+    [
+        (m.intermediate_size as f64 * e, "the MLP's [b, s, 4h]"),
+        (
+            3.0 * m.hidden_size as f64 * e,
+            "the QKV projection's [b, s, 3h]",
+        ),
+        (m.vocab_size as f64 * 4.0, "the logits [b, s, vocab]"),
+    ]
+    .into_iter()
+    .map(|(width, what)| (rows * width, what))
+    .fold((0.0, ""), |a, b| if b.0 > a.0 { b } else { a })
+}
+
+/// Refuses a GPU run one of whose activations is larger than the largest buffer the device
+/// allocates (WebGPU binds at most `max_allocation` bytes; lavapipe 128 MiB), which would
+/// otherwise fail at the first step after the run directory has been written.
+pub fn check_largest_buffer(
+    cfg: &Config,
+    (dp, sp): (usize, usize),
+    precision: Precision,
+    mem: &crate::backend::DeviceMemory,
+) -> Result<()> {
+    let (bytes, what) = largest_activation(cfg, (dp, sp), precision);
+    let limit = mem.max_allocation as f64;
+    if bytes <= limit {
         return Ok(());
     }
-    // The longest multiple of `sp` that fits, by bisection (the peak grows with the length).
+    let per_token = bytes / cfg.train.seq_len.div_ceil(sp) as f64;
+    let fits = (limit / per_token).floor() as usize * sp;
+    Err(Error::Invalid(format!(
+        "--seq-len {}: one activation, {what}, takes {:.0} MiB on each rank, more than the \
+         largest buffer the device ({}) allocates, {:.0} MiB; the longest --seq-len whose \
+         buffers fit is about {fits} (or split the sequence with --sp, or use fewer sequences \
+         per rank; pass --skip-memory-check if you know better)",
+        cfg.train.seq_len,
+        bytes / (1u64 << 20) as f64,
+        mem.name,
+        limit / (1u64 << 20) as f64,
+    )))
+}
+
+/// `None` when `peak(s)` fits `budget`; else the peak and what to say about the longest
+/// multiple of `sp` that fits (found by bisection: the peak grows with the length).
+fn over_budget(
+    s: usize,
+    sp: usize,
+    peak: impl Fn(usize) -> f64,
+    budget: f64,
+) -> Option<(f64, String)> {
+    let need = peak(s);
+    if need <= budget {
+        return None;
+    }
     let (mut lo, mut hi) = (0usize, s / sp);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if peak(mid * sp) <= available {
+        if peak(mid * sp) <= budget {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    let fits = if lo >= 1 && peak(lo * sp) <= available {
+    let fits = if lo >= 1 && peak(lo * sp) <= budget {
         format!("the longest --seq-len that fits is about {}", lo * sp)
     } else {
         "no --seq-len fits with this model and layout".into()
     };
-    Err(Error::Invalid(format!(
-        "--seq-len {s}: the predicted peak memory is {:.1} GiB, but this machine has {:.1} GiB \
-         available; {fits} (or use more ranks, --checkpoint-activations, or pass \
-         --skip-memory-check if you know better)",
-        need / GIB,
-        available / GIB
-    )))
+    Some((need, fits))
 }
 
 #[cfg(test)]
@@ -175,5 +300,70 @@ mod tests {
         assert!(predicted_peak(&cfg, (1, 1, 1), 1, fit + 1) > avail);
         cfg.train.seq_len = fit;
         assert!(check_fits(&cfg, (1, 1, 1), 1, avail).is_ok());
+    }
+
+    /// The device check: the planner's GPU peak against the capacity, both figures named, and
+    /// a length that fits; a device shared by two ranks needs twice the memory.
+    #[test]
+    fn a_gpu_run_is_refused_with_the_device_figures() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/genslm-25m.toml");
+        let mut cfg = Config::load(&path).unwrap();
+        cfg.train.seq_len = 1_000_000;
+        cfg.train.batch_size = 1;
+        let cap = 40.0 * GIB;
+        let p = Precision::Bf16;
+        let e = check_fits_device(&cfg, (1, 1, 1), 1, cap, p, ("A100-SXM4-40GB", false))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("(A100-SXM4-40GB) offers 40.0 GiB") && e.contains("(bf16)"),
+            "{e}"
+        );
+        let fit: usize = e
+            .split("fits is about ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        let peak = |s| predicted_device_peak(&cfg, (1, 1, 1), s, cap, p);
+        assert!(peak(fit) <= cap && peak(fit + 1) > cap);
+        cfg.train.seq_len = fit;
+        assert!(check_fits_device(&cfg, (1, 1, 1), 1, cap, p, ("x", false)).is_ok());
+        let shared = check_fits_device(&cfg, (1, 1, 1), 2, cap, p, ("x", true));
+        let e = shared.unwrap_err().to_string();
+        assert!(
+            e.contains("for the 2 ranks sharing it") && e.contains("host memory"),
+            "{e}"
+        );
+    }
+
+    /// One activation larger than the device's largest buffer is refused, naming it; the
+    /// length offered is the longest whose `[b, s, 4h]` fits (genslm-25m: 4h = 2048 fp32
+    /// values, 8 KiB a token, so 16,384 tokens in 128 MiB; with --sp 2, twice that).
+    #[test]
+    fn an_activation_larger_than_the_largest_buffer_is_refused() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/genslm-25m.toml");
+        let mut cfg = Config::load(&path).unwrap();
+        cfg.train.batch_size = 1;
+        let mem = crate::backend::DeviceMemory {
+            capacity: None,
+            max_allocation: 128 << 20,
+            host_backed: true,
+            name: "llvmpipe".into(),
+        };
+        for (sp, fit) in [(1, 16_384), (2, 32_768)] {
+            cfg.train.seq_len = fit + sp;
+            let e = check_largest_buffer(&cfg, (1, sp), Precision::Fp32, &mem)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("the MLP's [b, s, 4h]") && e.contains("(llvmpipe)"),
+                "{e}"
+            );
+            assert!(e.contains(&format!("fit is about {fit} ")), "{e}");
+            cfg.train.seq_len = fit;
+            assert!(check_largest_buffer(&cfg, (1, sp), Precision::Fp32, &mem).is_ok());
+        }
     }
 }

@@ -16,7 +16,7 @@ use crate::parallel::Topology;
 use crate::run_lock::RunLock;
 use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{read_saved, Saved};
-use crate::train::memory::{available_bytes, check_fits};
+use crate::train::memory::{available_bytes, check_fits, check_fits_device, check_largest_buffer};
 use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint};
 use crate::train::run_dir::claim;
 
@@ -53,8 +53,9 @@ pub struct RunOptions {
     pub network: Option<crate::parallel::netsim::NetSim>,
 }
 
-/// Refuses, before any work, a CPU run whose predicted peak memory exceeds what this machine
-/// has available (unless `--skip-memory-check`); see [`crate::train::memory`].
+/// Refuses, before any work, a run whose predicted peak memory exceeds what this machine has
+/// available (CPU) or what its GPU holds (CUDA, wgpu), unless `--skip-memory-check`; see
+/// [`crate::train::memory`].
 pub fn check_memory(
     cfg: &Config,
     (dp, sp, pp): (usize, usize, usize),
@@ -63,15 +64,44 @@ pub fn check_memory(
 ) -> Result<()> {
     cfg.model.validate().map_err(Error::Invalid)?;
     cfg.train.validate().map_err(Error::Invalid)?;
-    // The planner predicts the CPU backend's host peak; a GPU run's activations live on the
-    // device (`genslm plan` reports per-GPU memory).
-    let on_cpu = opts.device.backend == crate::backend::BackendKind::Cpu;
-    match available_bytes() {
-        Some(avail) if on_cpu && !opts.skip_memory_check => {
-            check_fits(cfg, (dp, sp, pp), in_process, avail)
-        }
-        _ => Ok(()),
+    if opts.skip_memory_check {
+        return Ok(());
     }
+    // The CPU backend: the planner's host peak against this machine's available memory. A GPU
+    // backend: its device peak against what the device's runtime says it holds.
+    use crate::backend::BackendKind;
+    let backend = opts.device.backend;
+    if backend == BackendKind::Cpu {
+        return match available_bytes() {
+            Some(avail) => check_fits(cfg, (dp, sp, pp), in_process, avail),
+            None => Ok(()),
+        };
+    }
+    let device = opts.device.open(opts.thread_rank)?;
+    let Some(mem) = crate::backend::device_memory(&device) else {
+        return Ok(());
+    };
+    // wgpu without --device puts every thread rank on the one default adapter; CUDA (and wgpu
+    // with --device) gives each thread rank its own.
+    let sharing = if backend == BackendKind::Wgpu && opts.device.index.is_none() {
+        in_process.max(1)
+    } else {
+        1
+    };
+    let precision = crate::backend::resolve_precision(cfg.train.precision, backend);
+    check_largest_buffer(cfg, (dp, sp), precision, &mem)?;
+    // A device with no stated capacity whose buffers are host memory (lavapipe) has what the
+    // host has available; a card with none stated is not checked.
+    let capacity = match mem.capacity {
+        Some(c) => c as f64,
+        None if mem.host_backed => match available_bytes() {
+            Some(a) => a,
+            None => return Ok(()),
+        },
+        None => return Ok(()),
+    };
+    let device = (mem.name.as_str(), mem.capacity.is_none());
+    check_fits_device(cfg, (dp, sp, pp), sharing, capacity, precision, device)
 }
 
 /// Inputs of `RUN/data.parquet` (see [`crate::train::resume`]).
