@@ -37,7 +37,7 @@ fn device_packed_gradient_reduction_equals_the_naive_sum() {
                         })
                         .collect();
                     // Every gradient but the fourth is reduced (idx skips index 3).
-                    reduce_params(&mut grads, &[0, 1, 2, 4, 5], &comm, bucket).unwrap();
+                    reduce_params(&mut grads, &[0, 1, 2, 4, 5], &comm, bucket, None).unwrap();
                     grads.iter().map(tensor_to_vec).collect::<Vec<_>>()
                 })
             })

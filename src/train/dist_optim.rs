@@ -128,12 +128,14 @@ impl DistOptim {
                     // Summed over the whole data group already: this rank's chunk is a cut.
                     shard.pieces_of(&grads)
                 } else {
-                    reduce_params(&mut grads, &replicated, ranks.sp.as_ref(), ranks.bucket)?;
-                    reduce_params(&mut grads, &sharded, ranks.dp.as_ref(), ranks.bucket)?;
+                    // Quantized gradients (pipeline stages) round here over SP, then again
+                    // in the reduce-scatter over DP.
+                    let q = ranks.quantize.grads;
+                    reduce_params(&mut grads, &replicated, ranks.sp.as_ref(), ranks.bucket, q)?;
+                    reduce_params(&mut grads, &sharded, ranks.dp.as_ref(), ranks.bucket, q)?;
                     let mine: Vec<Tensor<1>> =
                         replicated.iter().map(|&i| grads[i].clone()).collect();
-                    // fp32: quantized gradients take the reduced path (`replica_reduce`).
-                    shard.reduce_scatter(&mine, ranks.dp.as_ref(), ranks.bucket, None)?
+                    shard.reduce_scatter(&mine, ranks.dp.as_ref(), ranks.bucket, q)?
                 };
                 // Sums of squares in f64, like the replicated path (an f32 sum over billions
                 // of elements loses digits): whole parameters and TP slices apart, each summed

@@ -126,13 +126,6 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
             t.zero
         )));
     }
-    if let (Some(q), true) = (t.quantize_grads, topo.pp > 1) {
-        return Err(Error::Invalid(format!(
-            "--quantize-grads {q} with --pp {}: pipeline stages reduce their gradients in \
-             fp32 (quantized reductions are not built inside pipeline stages yet); drop one",
-            topo.pp
-        )));
-    }
     crate::train::pipeline::Pipe::plan(cfg, topo.pp)?;
     check_positions(&cfg.model, t.seq_len)?;
     // Under SP alone a learned table is cut by rows; every SP rank needs at least one.

@@ -12,6 +12,7 @@
 
 use burn::tensor::Tensor;
 
+use crate::config::Quantize;
 use crate::data::loader::Batch;
 use crate::error::Result;
 use crate::model::position::Positions;
@@ -19,6 +20,7 @@ use crate::model::GenSlm;
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::bucket::{all_reduce_bucketed, unpack};
 use crate::parallel::comm::Communicator;
+use crate::parallel::quant::all_reduce_quantized;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::tensor_slices::split_of;
 use crate::train::optim::sum_of_squares;
@@ -75,23 +77,29 @@ pub fn local_nll(model: &GenSlm, logits: Tensor<3>, lb: &LocalBatch) -> Tensor<1
 }
 
 /// Sums `grads[i]` for `idx` over `comm`, in buckets of `bucket` elements (one host copy of
-/// each gradient, reduced in place, written back to its tensor).
+/// each gradient, reduced in place, written back to its tensor); quantized by `codec`
+/// (`parallel::quant`, through host buffers) or fp32.
 pub fn reduce_params(
     grads: &mut [Tensor<1>],
     idx: &[usize],
     comm: &dyn Communicator,
     bucket: usize,
+    codec: Option<Quantize>,
 ) -> Result<()> {
     if comm.size() == 1 || idx.is_empty() {
         return Ok(());
     }
     let device = grads[idx[0]].device();
-    if comm.on_device(&device) {
+    if codec.is_none() && comm.on_device(&device) {
         return reduce_params_on_device(grads, idx, comm, bucket);
     }
     let mut host: Vec<Vec<f32>> = idx.iter().map(|&i| tensor_to_vec(&grads[i])).collect();
-    let mut views: Vec<&mut [f32]> = host.iter_mut().map(|v| &mut v[..]).collect();
-    all_reduce_bucketed(comm, &mut views, bucket)?;
+    if let Some(q) = codec {
+        all_reduce_quantized(comm, &mut host, q, bucket)?;
+    } else {
+        let mut views: Vec<&mut [f32]> = host.iter_mut().map(|v| &mut v[..]).collect();
+        all_reduce_bucketed(comm, &mut views, bucket)?;
+    }
     for (&i, v) in idx.iter().zip(host) {
         grads[i] = host_to_param(v, &device);
     }
@@ -152,8 +160,9 @@ pub fn is_tp_slice(model: &GenSlm, i: usize) -> bool {
 /// the position shard over the DP group.
 pub fn reduce_gradients(grads: &mut [Tensor<1>], model: &GenSlm, ranks: &Ranks) -> Result<()> {
     let (replicated, sharded) = param_groups(model);
-    reduce_params(grads, &replicated, ranks.data.as_ref(), ranks.bucket)?;
-    reduce_params(grads, &sharded, ranks.dp.as_ref(), ranks.bucket)
+    let q = ranks.quantize.grads;
+    reduce_params(grads, &replicated, ranks.data.as_ref(), ranks.bucket, q)?;
+    reduce_params(grads, &sharded, ranks.dp.as_ref(), ranks.bucket, q)
 }
 
 /// The global norm from sums of squares: `whole` (replicated parameters, equal on every rank),
