@@ -21,7 +21,7 @@
 
 use crate::config::Quantize;
 use crate::error::{Error, Result};
-use crate::parallel::bucket::gather_bucketed;
+use crate::parallel::bucket::{all_reduce_bucketed, gather_bucketed};
 use crate::parallel::comm::{check_blocks, Communicator};
 
 /// Values sharing one int8 scale.
@@ -218,6 +218,24 @@ pub fn reduce_scatter_quantized(
         }
     }
     Ok(())
+}
+
+/// Sums every buffer of `bufs` over `comm`, in place: through `codec` when there is one
+/// ([`all_reduce_quantized`]), else in fp32 buckets (`bucket::all_reduce_bucketed`). The one
+/// host gradient reduction every whole-replica path calls.
+pub fn all_reduce_host(
+    comm: &dyn Communicator,
+    bufs: &mut [Vec<f32>],
+    codec: Option<Quantize>,
+    bucket: usize,
+) -> Result<()> {
+    match codec {
+        Some(q) => all_reduce_quantized(comm, bufs, q, bucket),
+        None => {
+            let mut views: Vec<&mut [f32]> = bufs.iter_mut().map(|v| &mut v[..]).collect();
+            all_reduce_bucketed(comm, &mut views, bucket)
+        }
+    }
 }
 
 /// Sums every buffer of `bufs` over `comm` through `codec`, in place: a quantized

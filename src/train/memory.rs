@@ -275,10 +275,24 @@ fn over_budget(
 mod tests {
     use super::*;
 
+    fn genslm_25m() -> Config {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/genslm-25m.toml");
+        Config::load(&path).unwrap()
+    }
+
+    /// The `--seq-len` a refusal offers ("… fits is about N …").
+    fn offered_length(e: &str) -> usize {
+        e.split("fits is about ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
     #[test]
     fn refuses_with_both_figures_and_a_length_that_fits() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/genslm-25m.toml");
-        let mut cfg = Config::load(&path).unwrap();
+        let mut cfg = genslm_25m();
         cfg.train.seq_len = 1_000_000;
         cfg.train.batch_size = 1;
         let avail = 20.0 * GIB;
@@ -289,13 +303,7 @@ mod tests {
             e.contains("GiB available") && e.contains("longest --seq-len that fits"),
             "{e}"
         );
-        let fit: usize = e
-            .split("fits is about ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap()
-            .parse()
-            .unwrap();
+        let fit = offered_length(&e);
         assert!(predicted_peak(&cfg, (1, 1, 1), 1, fit) <= avail);
         assert!(predicted_peak(&cfg, (1, 1, 1), 1, fit + 1) > avail);
         cfg.train.seq_len = fit;
@@ -306,8 +314,7 @@ mod tests {
     /// a length that fits; a device shared by two ranks needs twice the memory.
     #[test]
     fn a_gpu_run_is_refused_with_the_device_figures() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/genslm-25m.toml");
-        let mut cfg = Config::load(&path).unwrap();
+        let mut cfg = genslm_25m();
         cfg.train.seq_len = 1_000_000;
         cfg.train.batch_size = 1;
         let cap = 40.0 * GIB;
@@ -319,13 +326,7 @@ mod tests {
             e.contains("(A100-SXM4-40GB) offers 40.0 GiB") && e.contains("(bf16)"),
             "{e}"
         );
-        let fit: usize = e
-            .split("fits is about ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap()
-            .parse()
-            .unwrap();
+        let fit = offered_length(&e);
         let peak = |s| predicted_device_peak(&cfg, (1, 1, 1), s, cap, p);
         assert!(peak(fit) <= cap && peak(fit + 1) > cap);
         cfg.train.seq_len = fit;
@@ -343,8 +344,7 @@ mod tests {
     /// values, 8 KiB a token, so 16,384 tokens in 128 MiB; with --sp 2, twice that).
     #[test]
     fn an_activation_larger_than_the_largest_buffer_is_refused() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/genslm-25m.toml");
-        let mut cfg = Config::load(&path).unwrap();
+        let mut cfg = genslm_25m();
         cfg.train.batch_size = 1;
         let mem = crate::backend::DeviceMemory {
             capacity: None,

@@ -23,9 +23,8 @@ use crate::data::loader::Batch;
 use crate::error::Result;
 use crate::model::GenSlm;
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
-use crate::parallel::bucket::all_reduce_bucketed;
 use crate::parallel::progress::{start, Pending};
-use crate::parallel::quant::all_reduce_quantized;
+use crate::parallel::quant::all_reduce_host;
 use crate::parallel::ranks::Ranks;
 use crate::train::layerwise::{loss_and_grads, Unit, UnitWeights};
 use crate::train::recompute::add_into;
@@ -103,14 +102,7 @@ impl UnitWeights for Reducing<'_> {
             let (bucket, codec) = (self.ranks.bucket, self.ranks.quantize.grads);
             let pending = start(comm.as_ref(), move |c| {
                 let mut host = host;
-                match codec {
-                    Some(q) => all_reduce_quantized(c, &mut host, q, bucket)?,
-                    None => {
-                        let mut views: Vec<&mut [f32]> =
-                            host.iter_mut().map(|v| &mut v[..]).collect();
-                        all_reduce_bucketed(c, &mut views, bucket)?;
-                    }
-                }
+                all_reduce_host(c, &mut host, codec, bucket)?;
                 Ok(host)
             });
             self.started.push_back((idx, device.clone(), pending));

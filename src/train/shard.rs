@@ -18,9 +18,9 @@ use crate::error::Result;
 use crate::model::position::Positions;
 use crate::model::GenSlm;
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
-use crate::parallel::bucket::{all_reduce_bucketed, unpack};
+use crate::parallel::bucket::unpack;
 use crate::parallel::comm::Communicator;
-use crate::parallel::quant::all_reduce_quantized;
+use crate::parallel::quant::all_reduce_host;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::tensor_slices::split_of;
 use crate::train::optim::sum_of_squares;
@@ -94,12 +94,7 @@ pub fn reduce_params(
         return reduce_params_on_device(grads, idx, comm, bucket);
     }
     let mut host: Vec<Vec<f32>> = idx.iter().map(|&i| tensor_to_vec(&grads[i])).collect();
-    if let Some(q) = codec {
-        all_reduce_quantized(comm, &mut host, q, bucket)?;
-    } else {
-        let mut views: Vec<&mut [f32]> = host.iter_mut().map(|v| &mut v[..]).collect();
-        all_reduce_bucketed(comm, &mut views, bucket)?;
-    }
+    all_reduce_host(comm, &mut host, codec, bucket)?;
     for (&i, v) in idx.iter().zip(host) {
         grads[i] = host_to_param(v, &device);
     }
