@@ -7,7 +7,9 @@
 #  3. trains configs/tiny.toml 5 steps with --backend wgpu and --backend cpu, same seed, and
 #     compares the losses (≤ 1e-3 relative);
 #  4. measures the device memory of the fused forward+backward at seq 1024 and 4096 (each in
-#     its own process): it must grow linearly (ratio ≤ 4.5), not with seq² (16).
+#     its own process): it must grow linearly (ratio ≤ 4.5), not with seq² (16);
+#  5. --offload optimizer|activations|all against no offload (losses within 1e-6, the moments'
+#     bytes off the device), and runs too large for the device refused before any work.
 # Builds go to ${CARGO_TARGET_DIR:-target}-wgpu so the CPU build's outputs stay untouched.
 # On a machine with a real GPU, GENSLM_KERNELS_DEVICE=default runs the tests there instead.
 # --model-only: steps 3 and 4 only, in CARGO_TARGET_DIR as it is. scripts/test.sh runs the
@@ -59,6 +61,39 @@ for i, (a, b) in enumerate(zip(cpu, gpu), 1):
     rel = abs(a - b) / abs(a)
     print(f"step {i}: cpu {a:.6f} wgpu {b:.6f} rel {rel:.1e}")
     assert rel <= 1e-3, f"step {i}: wgpu loss {b} vs cpu {a} ({rel:.1e} > 1e-3)"
+PY
+echo "== --offload on wgpu: the same losses; the moments leave the device"
+# tiny, 4 steps, checkpointed: no offload, the optimizer's state on the host (the fused CPU
+# AdamW instead of the composed device update: within 1e-6), the kept layer inputs on the host
+# (the same arithmetic: within 1e-6, lavapipe's reductions are not bit-reproducible run to run)
+# and both. The device memory in use after a step falls by the two moments (8 bytes/param).
+for o in none optimizer activations all; do
+  "$BIN" train --fasta data/ --config configs/tiny.toml --out "$TMP/off-$o" --steps 4 --seq-len 64 \
+    --batch-size 2 --lr 3e-3 --seed 7 --quiet --backend wgpu --checkpoint-activations \
+    --offload "$o" 2>&1 | grep -v "XDG_RUNTIME_DIR" || true
+  test -s "$TMP/off-$o/metrics.jsonl" || { echo "error: --offload $o wrote no metrics" >&2; exit 1; }
+done
+python3 - "$TMP" <<'PY'
+import json, sys
+def rows(o):
+    return [r for r in map(json.loads, open(f"{sys.argv[1]}/off-{o}/metrics.jsonl")) if "step" in r]
+base = rows("none")
+assert len(base) == 4, base
+for o in ["optimizer", "activations", "all"]:
+    got = rows(o)
+    for a, b in zip(base, got):
+        rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
+        assert rel <= 1e-6, f"--offload {o}, step {a['step']}: loss {b['loss']} vs {a['loss']} ({rel:.1e})"
+    moved = base[-1]["device_in_use_mib"] - got[-1]["device_in_use_mib"]
+    moments = 2 * base[-1]["memory"]["params_bytes"] / 2**20
+    print(f"--offload {o}: losses within 1e-6 of no offload; device in use "
+          f"{got[-1]['device_in_use_mib']:.3f} MiB vs {base[-1]['device_in_use_mib']:.3f} MiB "
+          f"(moments {moments:.3f} MiB)")
+    if o == "activations":
+        assert abs(moved) <= 0.05 * moments, f"--offload activations moved {moved:.3f} MiB between steps"
+    else:
+        assert abs(moved - moments) <= 0.05 * moments, \
+            f"--offload {o}: {moved:.3f} MiB left the device, the moments are {moments:.3f} MiB"
 PY
 echo "== wgpu runs that cannot fit are refused before any work, naming the figures"
 # One activation above lavapipe's largest buffer (128 MiB), then a model above its memory (host

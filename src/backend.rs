@@ -176,6 +176,52 @@ pub fn device_reserved_bytes<const D: usize>(t: &burn::tensor::Tensor<D>) -> Opt
     None
 }
 
+/// The memory of `device`'s pools on a GPU backend: bytes reserved (their high-water mark,
+/// as pools keep their pages) and bytes in use now, or `None` on the CPU. Ranks that share a
+/// device share its pools.
+pub fn device_pool_bytes(device: &Device) -> Option<(u64, u64)> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    {
+        let probe = burn::tensor::Tensor::<1>::zeros([1], &device.clone().without_autodiff());
+        if let Ok(c) = probe.try_into_primitive::<burn::backend::Cube>() {
+            return Some(genslm_kernels::pool_bytes(&c.client));
+        }
+    }
+    let _ = device;
+    None
+}
+
+thread_local! {
+    /// This thread's peak of sampled device bytes in use (`None`: not watching).
+    static DEVICE_PEAK: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Starts (`true`) or stops watching the device memory this thread's samples see. A GPU
+/// backend's pools keep no high-water mark of the bytes in use, so the trainer samples them
+/// where a step's memory peaks (before each layer's backward, after the update); each sample
+/// waits for the device's queue, so only runs on GPU backends watch.
+pub fn watch_device_memory(on: bool) {
+    DEVICE_PEAK.set(on.then_some(0));
+}
+
+/// Adds the bytes in use in `device`'s pools now to this thread's peak, when watching.
+pub fn sample_device_memory(device: &Device) {
+    if let Some(peak) = DEVICE_PEAK.get() {
+        if let Some((_, used)) = device_pool_bytes(device) {
+            DEVICE_PEAK.set(Some(peak.max(used)));
+        }
+    }
+}
+
+/// The peak sampled since the last call (restarting it), or `None` when not watching.
+pub fn take_device_peak() -> Option<u64> {
+    let peak = DEVICE_PEAK.get();
+    if peak.is_some() {
+        DEVICE_PEAK.set(Some(0));
+    }
+    peak
+}
+
 /// Where and in what precision an inference command (score, embed, generate) computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Compute {
@@ -271,6 +317,32 @@ pub fn device_memory(device: &Device) -> Option<DeviceMemory> {
     }
     let _ = device;
     None
+}
+
+/// Where state offloaded from a GPU lives (`--offload`): host memory, as the CPU backend's
+/// device. On the CPU backend this is the training device itself, so offloading moves nothing.
+pub fn host_device() -> Device {
+    Device::flex()
+}
+
+/// `t` copied into host memory now (unchanged when it is there already). burn's copy from a
+/// CubeCL device to the CPU is lazy: it keeps a binding to the device buffer and reads it on
+/// first access, and a binding does not stop an in-place op (the layer's residual sum, when
+/// it holds the only handle) from overwriting that buffer first. So the bytes are read here,
+/// before anything else runs on the device.
+pub fn to_host<const D: usize>(t: burn::tensor::Tensor<D>) -> burn::tensor::Tensor<D> {
+    use burn::backend::DispatchDevice;
+    if matches!(t.device().as_dispatch(), DispatchDevice::Flex(_)) {
+        return t;
+    }
+    let dtype = t.dtype();
+    let lazy = t.into_data();
+    let read = burn::tensor::TensorData::from_bytes_vec(
+        lazy.as_bytes().to_vec(),
+        lazy.shape().clone(),
+        lazy.dtype(),
+    );
+    burn::tensor::Tensor::from_data(read, (&host_device(), dtype))
 }
 
 /// The precision to run: the flag/config value, else the backend's default.

@@ -144,7 +144,7 @@ fn zero_on_device_path_equals_the_host_path() {
                             std::slice::from_ref(&batch),
                             batch.n_targets(),
                             &ranks,
-                            false,
+                            genslm::train::layerwise::Keep::Graphs,
                         )
                         .unwrap();
                         opt.step(&mut model, grads, false, 1e-2, 1.0, true, &ranks)

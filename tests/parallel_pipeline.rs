@@ -16,6 +16,7 @@ use genslm::parallel::pipeline::stages::Stages;
 use genslm::parallel::ranks::Ranks;
 use genslm::parallel::threads::thread_group;
 use genslm::rng::SplitMix64;
+use genslm::train::layerwise::Keep;
 use genslm::train::pipeline::{stage_loss_and_grads, stage_units, Pipeline};
 use genslm::train::shard::local_batch;
 use genslm::train::step::loss_and_grads;
@@ -71,7 +72,8 @@ fn denom(b: &[Batch]) -> usize {
 /// One rank's loss and gradients (the whole graph per micro-batch).
 fn reference(pos: Position, m: usize) -> (f64, Vec<Vec<f32>>) {
     let b = batches(m);
-    let (loss, g) = loss_and_grads(&model(pos), &b, denom(&b), &Ranks::single(), false).unwrap();
+    let (loss, g) =
+        loss_and_grads(&model(pos), &b, denom(&b), &Ranks::single(), Keep::Graphs).unwrap();
     (loss, g.iter().map(tensor_to_vec).collect())
 }
 

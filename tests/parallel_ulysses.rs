@@ -20,6 +20,7 @@ use genslm::parallel::Degrees;
 use genslm::rng::SplitMix64;
 use genslm::train::checkpoint::moment_tensors;
 use genslm::train::engine::Engine;
+use genslm::train::layerwise::Keep;
 use genslm::train::metrics::{read_metrics, StepMetrics};
 use genslm::train::optim::{AdamW, AdamWConfig};
 use genslm::train::optim_shards::{write_shard, MomentShards};
@@ -63,7 +64,8 @@ fn step(pos: Position, dp: usize, sp: usize, ckpt: bool) -> (f64, Vec<Vec<f32>>)
         let model = GenSlm::init(cfg.model.clone(), 5, &ad).unwrap();
         let mut model = parallelize(model, None, &ranks, SEQ).unwrap();
         model.params = model.params.into_iter().map(|p| p.require_grad()).collect();
-        let (loss, grads) = step_loss_and_grads(&model, &batches(), &ranks, ckpt).unwrap();
+        let (loss, grads) =
+            step_loss_and_grads(&model, &batches(), &ranks, Keep::of(ckpt, false)).unwrap();
         let full: Vec<Vec<f32>> = grads
             .iter()
             .enumerate()

@@ -64,6 +64,7 @@ fn megatron(l: Parallelism, attention: AttentionKind, ckpt: Checkpointing) -> St
         precision: Precision::Bf16,
         batch_size: 1,
         tied_embeddings: true,
+        offload: genslm::config::Offload::None,
         vocab_size: 1024,
         stage: None,
     }

@@ -66,6 +66,7 @@ fn strategy(l: Parallelism) -> Strategy {
         precision: Precision::Bf16,
         batch_size: 1,
         tied_embeddings: false,
+        offload: genslm::config::Offload::None,
         vocab_size: 69,
         stage: None,
     }

@@ -42,6 +42,7 @@ fn request(
         positions: None,
         shard_positions: true,
         checkpoint_activations: ckpt,
+        offload: genslm::config::Offload::None,
         megatron_sp: true,
         precision: None,
         batch_size: 1,

@@ -19,7 +19,7 @@ use genslm::data::loader::Batch;
 use genslm::model::GenSlm;
 use genslm::parallel::ranks::thread_grid;
 use genslm::parallel::Degrees;
-use genslm::train::layerwise::loss_and_grads;
+use genslm::train::layerwise::{loss_and_grads, Keep};
 use genslm::train::optim::{AdamW, AdamWConfig};
 use genslm::train::shard::local_batch;
 use genslm::train::zero_units::ZeroUnits;
@@ -111,7 +111,7 @@ fn micro_batch_peak(prefetch: usize) -> usize {
                 };
                 let lb = local_batch(&batch, &ranks);
                 // Warm-up: whatever is allocated once (gemm's buffers, caches) is in place.
-                loss_and_grads(&mut z, &layout, &lb, 1000.0, true).unwrap();
+                loss_and_grads(&mut z, &layout, &lb, 1000.0, Keep::Inputs).unwrap();
                 z.step(1e-3, 1.0, true, &ranks).unwrap();
                 barrier.wait();
                 if ranks.topo.rank == 0 {
@@ -119,7 +119,7 @@ fn micro_batch_peak(prefetch: usize) -> usize {
                 }
                 barrier.wait();
                 let start = PEAK.load(Ordering::SeqCst);
-                loss_and_grads(&mut z, &layout, &lb, 1000.0, true).unwrap();
+                loss_and_grads(&mut z, &layout, &lb, 1000.0, Keep::Inputs).unwrap();
                 barrier.wait();
                 let peak = PEAK.load(Ordering::SeqCst) - start;
                 z.step(1e-3, 1.0, true, &ranks).unwrap();

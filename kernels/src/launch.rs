@@ -377,10 +377,14 @@ pub fn backward(
 /// Bytes the device's memory pools hold for `client` (every stream). Pools keep their pages
 /// until a cleanup, so after a workload this is its high-water mark on the device.
 pub fn reserved_bytes(client: &Client) -> u64 {
-    client
-        .memory_report(cubecl::MemoryScope::Device)
-        .usage()
-        .bytes_reserved
+    pool_bytes(client).0
+}
+
+/// Bytes the device's memory pools hold for `client` (every stream), and the bytes of the
+/// allocations alive in them now.
+pub fn pool_bytes(client: &Client) -> (u64, u64) {
+    let u = client.memory_report(cubecl::MemoryScope::Device).usage();
+    (u.bytes_reserved, u.bytes_in_use)
 }
 
 #[cfg(test)]

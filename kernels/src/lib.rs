@@ -35,7 +35,7 @@ mod forward;
 mod launch;
 
 pub use launch::{
-    backward, forward, reserved_bytes, AttnConfig, AttnShape, Dtype, KernelError, Plan,
+    backward, forward, pool_bytes, reserved_bytes, AttnConfig, AttnShape, Dtype, KernelError, Plan,
 };
 
 /// The log-sum-exp written for a query row that sees no key: finite (shader compilers may

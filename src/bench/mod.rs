@@ -146,7 +146,7 @@ pub fn train_step(
         std::slice::from_ref(&batch),
         batch.n_targets(),
         &crate::parallel::ranks::Ranks::single(),
-        checkpoint,
+        crate::train::layerwise::Keep::of(checkpoint, false),
     )?;
     // Touch one gradient so all work is done before the clock stops.
     let _ = crate::ops::primitive::tensor_to_vec(&grads[0]);
@@ -210,7 +210,7 @@ pub fn train_steps(
             std::slice::from_ref(&batch),
             batch.n_targets(),
             &single,
-            false,
+            crate::train::layerwise::Keep::Graphs,
         )?;
         let params = model
             .params

@@ -73,6 +73,15 @@ pub struct PlanArgs {
     /// --checkpoint-activations).
     #[arg(long)]
     pub checkpoint_activations: bool,
+    /// Plan `genslm train --offload`: the optimizer's state (`optimizer`), the checkpointed
+    /// layer inputs (`activations`, with --checkpoint-activations) or both (`all`) in host
+    /// memory; the report adds the host bytes per rank.
+    #[arg(
+        long,
+        default_value = "none",
+        value_name = "none|optimizer|activations|all"
+    )]
+    pub offload: genslm::config::Offload,
     /// Plan TP as `genslm train --no-megatron-sp` runs it: LayerNorms, the residual and the
     /// embedding's output whole on every TP rank (default: Megatron sequence parallelism,
     /// 1/T of the sequence each, as the trainer runs TP by default).
@@ -124,6 +133,7 @@ impl From<PlanArgs> for PlanRequest {
             positions: a.positions.map(Into::into),
             shard_positions: a.shard_positions,
             checkpoint_activations: a.checkpoint_activations,
+            offload: a.offload,
             megatron_sp: !a.no_megatron_sp,
             precision: a.precision.map(Into::into),
             batch_size: a.batch_size,

@@ -132,6 +132,13 @@ pub struct TrainArgs {
     /// `bf16`; summed in fp32 on arrival. Default (and `fp32`): unquantized.
     #[arg(long, value_name = "int8|bf16|fp32")]
     quantize_grads: Option<QuantArg>,
+    /// Keep state in host memory instead of the device's (ZeRO-Offload, ALST): `optimizer`
+    /// (the Adam moments, and with --zero 3 the rank's fp32 master shard, updated by the fused
+    /// CPU AdamW), `activations` (with --checkpoint-activations: each layer's kept input,
+    /// brought back for its recompute), `all`, or `none` (default). Same results; on the CPU
+    /// backend nothing moves.
+    #[arg(long, value_name = "none|optimizer|activations|all")]
+    offload: Option<genslm::config::Offload>,
     /// Keep the newest K checkpoint directories (older ones are removed); 0 keeps all.
     #[arg(long)]
     keep_checkpoints: Option<usize>,
@@ -266,6 +273,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     }
     t.quantize_weights = a.quantize_weights.map_or(t.quantize_weights, |q| q.0);
     t.quantize_grads = a.quantize_grads.map_or(t.quantize_grads, |q| q.0);
+    t.offload = a.offload.unwrap_or(t.offload);
     // Recorded resolved, so config.toml and the checkpoint say what ran.
     t.precision = Some(genslm::backend::resolve_precision(
         a.device.precision().or(t.precision),

@@ -59,6 +59,13 @@ pub fn run(a: &PlanRequest) -> Result<String> {
             return Err(Error::Invalid(format!("{flag} {v}: must be at most {max}")));
         }
     }
+    if a.offload.activations() && !a.checkpoint_activations {
+        return Err(Error::Invalid(format!(
+            "--offload {} moves the layer inputs activation checkpointing keeps: add \
+             --checkpoint-activations",
+            a.offload
+        )));
+    }
     if a.gpus_per_node == 0 {
         return Err(Error::Invalid("--gpus-per-node must be at least 1".into()));
     }

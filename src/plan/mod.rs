@@ -28,6 +28,7 @@ pub mod command;
 mod counts;
 pub mod cpu;
 pub mod measured;
+mod offload;
 pub mod published;
 mod report;
 pub mod request;
@@ -70,6 +71,9 @@ pub const MIB: f64 = (1u64 << 20) as f64;
 /// mixed precision (bf16 or fp16 weights, gradients and activations; fp32 master weights and
 /// Adam moments in the optimizer), `Fp32` everything in fp32 (genslm on CPU).
 pub use crate::config::Precision;
+
+/// What `--offload` moves to host memory (see [`Strategy::offload`]).
+pub use crate::config::Offload;
 
 /// What each number format costs, in the planner's terms.
 impl Precision {
@@ -228,6 +232,10 @@ pub struct Strategy {
     pub tied_embeddings: bool,
     /// `V` as the framework allocates it (Megatron pads the tokenizer's vocabulary).
     pub vocab_size: usize,
+    /// State kept in host memory instead of the GPU's (`--offload`; nothing moves on a CPU
+    /// target): the optimizer's (moments, and master weights as the layout keeps them), and
+    /// checkpointed layer inputs.
+    pub offload: Offload,
 }
 
 /// Memory of one rank.
@@ -354,6 +362,9 @@ pub struct Estimate {
     /// Every phase considered, with its total bytes.
     #[serde(serialize_with = "whole_phase_bytes")]
     pub phases: Vec<(Phase, f64)>,
+    /// Bytes per rank that `--offload` keeps in host memory instead (0 without it).
+    #[serde(serialize_with = "whole_bytes")]
+    pub host_bytes: f64,
 }
 
 impl Estimate {
@@ -520,6 +531,7 @@ fn estimate_stage(model: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: us
         phase,
         memory,
         phases: phases.iter().map(|(p, b)| (*p, b.total())).collect(),
+        host_bytes: offload::offloaded(model, st, hw, seq_len),
     }
 }
 

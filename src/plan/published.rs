@@ -155,6 +155,7 @@ pub fn megatron_sp_flash(layout: Parallelism, vocab_size: usize) -> Strategy {
         precision: Precision::Bf16,
         batch_size: 1,
         tied_embeddings: true,
+        offload: crate::config::Offload::None,
         vocab_size,
         stage: None,
     }
@@ -212,6 +213,7 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
         precision: Precision::Bf16,
         batch_size: 1,
         tied_embeddings: false,
+        offload: crate::config::Offload::None,
         vocab_size: 69,
         stage: None,
     };

@@ -4,7 +4,9 @@ use std::fmt::Write;
 
 use super::request::{PlanDevice, PlanRequest};
 use super::search::{strategy_for, Candidate, SweepRow};
-use super::{granule, Checkpointing, Degrees, Estimate, Parallelism, Precision, Strategy, GIB};
+use super::{
+    granule, Checkpointing, Degrees, Estimate, Offload, Parallelism, Precision, Strategy, GIB,
+};
 use crate::config::{AttentionKind, ModelConfig, Position};
 
 pub(super) fn layout_text(l: &Parallelism) -> String {
@@ -74,7 +76,10 @@ pub(super) fn describe(st: &Strategy) -> String {
             Checkpointing::Full { .. } => "full activation checkpointing",
         },
         st.batch_size
-    )
+    ) + &match st.offload {
+        Offload::None => String::new(),
+        o => format!(", offload {o}"),
+    }
 }
 
 pub(super) fn breakdown_lines(s: &mut String, e: &Estimate, mem_bytes: f64) {
@@ -97,6 +102,14 @@ pub(super) fn breakdown_lines(s: &mut String, e: &Estimate, mem_bytes: f64) {
         gib(e.total()),
         gib(mem_bytes)
     );
+    if e.host_bytes > 0.0 {
+        let _ = writeln!(
+            s,
+            "  {:<24}{:>12}  in host memory (--offload)",
+            "offloaded",
+            gib(e.host_bytes)
+        );
+    }
     let others: Vec<String> = e
         .phases
         .iter()

@@ -56,6 +56,8 @@ pub struct PlanRequest {
     /// Full activation checkpointing: each layer keeps its input and is recomputed (genslm train
     /// --checkpoint-activations).
     pub checkpoint_activations: bool,
+    /// State kept in host memory instead of the GPU's (genslm train --offload).
+    pub offload: crate::config::Offload,
     /// Under TP, Megatron sequence parallelism (the trainer's default; `--no-megatron-sp`).
     pub megatron_sp: bool,
     /// Number formats (default: bf16 mixed precision on GPUs, fp32 on CPU).

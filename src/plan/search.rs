@@ -48,6 +48,7 @@ pub fn strategy_for(model: &ModelConfig, a: &PlanRequest, layout: Parallelism) -
         },
         batch_size: a.batch_size,
         tied_embeddings: false,
+        offload: a.offload,
         vocab_size: model.vocab_size,
         stage: None,
     }

@@ -2,7 +2,8 @@
 
 use super::counts::{layer_params, stage_params};
 use super::{
-    cpu, Breakdown, Checkpointing, Hardware, Mask, Recipe, StageView, Strategy, Target, GIB,
+    cpu, Breakdown, Checkpointing, Hardware, Mask, Precision, Recipe, StageView, Strategy, Target,
+    GIB,
 };
 use crate::config::{AttentionKind, ModelConfig, Position};
 
@@ -186,7 +187,7 @@ fn has_optimizer(hw: &Hardware) -> bool {
 }
 
 /// ZeRO divisor for a term that ZeRO partitions from `stage` on.
-fn zdiv(zero: u8, stage: u8, group: f64) -> f64 {
+pub(super) fn zdiv(zero: u8, stage: u8, group: f64) -> f64 {
     if zero >= stage {
         group
     } else {
@@ -220,10 +221,15 @@ fn state_parts(
     let (pb, gb, ob) = st.precision.state_bytes();
     let ob = if has_optimizer(hw) { ob } else { 0.0 };
     let gb = if grads { gb } else { 0.0 };
+    // Offloaded: the optimizer's state lives on the host; with fp32 weights under ZeRO-3 the
+    // rank's weight shard is also the master copy and goes with it (the working weights are
+    // the gathered ones).
+    let (pb, ob) = match offloaded_state(st, hw) {
+        (true, master_shard) => (if master_shard { 0.0 } else { pb }, 0.0),
+        (false, _) => (pb, ob),
+    };
+    let n = model_share(m, st);
     let z = l.zero_group() as f64;
-    // TP splits every matrix and the vocabulary; LayerNorms and row-parallel biases are in fact
-    // replicated (≪ 0.1% of the weights, ignored).
-    let n = stage_params(m, st.vocab_size, st.tied_embeddings, &view(m, st)) / l.tp as f64;
     let params = n * pb / zdiv(l.zero, 3, z);
     let gradients = n * gb / zdiv(l.zero, 2, z);
     let optimizer = n * ob / zdiv(l.zero, 1, z);
@@ -233,11 +239,35 @@ fn state_parts(
     )
 }
 
+/// Parameters of the rank's stage and TP slice. TP splits every matrix and the vocabulary;
+/// LayerNorms and row-parallel biases are in fact replicated (≪ 0.1% of the weights, ignored).
+pub(super) fn model_share(m: &ModelConfig, st: &Strategy) -> f64 {
+    stage_params(m, st.vocab_size, st.tied_embeddings, &view(m, st)) / st.layout.tp as f64
+}
+
+/// Whether the optimizer's state is offloaded (GPU targets only: on a CPU the device is the
+/// host), and whether the rank's weight shard goes with it (fp32 weights under ZeRO-3).
+pub(super) fn offloaded_state(st: &Strategy, hw: &Hardware) -> (bool, bool) {
+    let on = st.offload.optimizer() && hw.target == Target::Gpu && has_optimizer(hw);
+    (
+        on,
+        on && st.layout.zero >= 3 && st.precision == Precision::Fp32,
+    )
+}
+
+/// Whether checkpointed layer inputs are kept in host memory (GPU targets, full
+/// checkpointing).
+pub(super) fn offloaded_inputs(st: &Strategy, hw: &Hardware) -> bool {
+    st.offload.activations()
+        && hw.target == Target::Gpu
+        && matches!(st.checkpointing, Checkpointing::Full { .. })
+}
+
 /// The learned position table's (weights, gradients, optimizer states). A learned table covers
 /// the sequence: s rows of h (max_position_embeddings = s). Sharded, each sequence shard owns
 /// s/seq_shard rows and its gradient is reduced over DP only, so ZeRO partitions it over D;
 /// replicated, it is partitioned like any weight.
-fn position_states(
+pub(super) fn position_states(
     m: &ModelConfig,
     st: &Strategy,
     s: f64,
@@ -271,7 +301,17 @@ pub fn rank_states(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize
 /// Under full checkpointing, the inputs every layer keeps: `L·b·s·e·h`, split over `t·p` with
 /// Megatron SP or partitioned checkpoints, over the Ulysses ranks `p` only otherwise (plain TP
 /// keeps the whole input on every TP rank).
-fn kept_layer_inputs(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
+/// Device-resident: none when they are offloaded (one comes back at a time, counted with the
+/// recomputed layer).
+fn kept_layer_inputs(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize) -> f64 {
+    if offloaded_inputs(st, hw) {
+        return 0.0;
+    }
+    all_kept_inputs(m, st, seq_len)
+}
+
+/// [`kept_layer_inputs`] wherever they live.
+pub(super) fn all_kept_inputs(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
     let l = &st.layout;
     let partitioned = matches!(st.checkpointing, Checkpointing::Full { partitioned: true });
     // Partitioned checkpoints are split over all the ranks of the TP × Ulysses group
@@ -360,7 +400,7 @@ pub(super) fn loss(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize
         parameters,
         gradients,
         optimizer_states,
-        activations: kept_layer_inputs(m, st, seq_len) + head_acts,
+        activations: kept_layer_inputs(m, st, hw, seq_len) + head_acts,
         attention: score_buffer(m, st, seq_len) + materialised_mask(st, s),
         position_table,
         logits,
@@ -401,7 +441,7 @@ pub(super) fn forward_backward(
         // Each layer keeps its input and one layer at a time is recomputed in full (its
         // input is the kept one, counted in `one_layer`).
         (
-            kept_layer_inputs(m, st, seq_len) * (layers - 1.0) / layers + one_layer,
+            kept_layer_inputs(m, st, hw, seq_len) * (layers - 1.0) / layers + one_layer,
             one_attention,
         )
     } else {
@@ -520,10 +560,15 @@ pub(super) fn optimizer_step(
     // AdamW's temporaries for the largest parameter: three full-size ones as composed tensor
     // ops (CubeCL); none on CPU, where one fused pass updates the moments in place and writes
     // only the new values (`train::optim_cpu`).
-    let adam = if has_optimizer(hw) && hw.target == Target::Gpu {
-        3.0 * 4.0 * largest
-    } else {
-        0.0
+    // Offloaded, the fused CPU update runs on the host and the new values of one tensor come
+    // back at a time.
+    let adam = match (
+        has_optimizer(hw) && hw.target == Target::Gpu,
+        offloaded_state(st, hw),
+    ) {
+        (true, (true, _)) => 4.0 * largest,
+        (true, (false, _)) => 3.0 * 4.0 * largest,
+        (false, _) => 0.0,
     };
     let (communication, retained) = match hw.target {
         Target::Gpu => (0.0, 0.0),

@@ -52,9 +52,11 @@ impl DistOptim {
             &model.params,
             ranks.dp.as_ref(),
             Some(moments),
+            state.offload,
         );
         let pos = sharded.first().map(|&i| {
-            let mut o = AdamW::new(state.cfg, std::slice::from_ref(&model.params[i]));
+            let p = std::slice::from_ref(&model.params[i]);
+            let mut o = AdamW::placed(state.cfg, p, state.offload);
             o.m = vec![state.m[i].clone()];
             o.v = vec![state.v[i].clone()];
             o.step = state.step;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use burn::tensor::{Device, Tensor};
 
+use crate::backend::host_device;
 use crate::config::{ModelConfig, Precision};
 use crate::data::loader::Batch;
 use crate::error::{Error, Result};
@@ -17,7 +18,7 @@ use crate::parallel::ranks::Ranks;
 use crate::parallel::tensor_slices::{cut, split_of};
 use crate::parallel::topology::Topology;
 use crate::train::dist_optim::{DistOptim, StepOutcome};
-use crate::train::layerwise::{forward_logits, loss_and_grads as layerwise};
+use crate::train::layerwise::{forward_logits, loss_and_grads as layerwise, Keep};
 use crate::train::optim::{AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::param_source::ParamSource;
@@ -42,6 +43,8 @@ pub struct Start<'a> {
     pub device: &'a Device,
     /// Pipeline stages (`None`: one stage).
     pub pipe: Option<Pipe>,
+    /// AdamW's state in host memory (`--offload optimizer`).
+    pub offload_optimizer: bool,
 }
 
 // One per rank, built once: boxing the larger variant would buy nothing.
@@ -99,8 +102,15 @@ impl Engine {
             step,
             device,
             pipe,
+            offload_optimizer: offload,
         } = start;
         let plain = device.clone().without_autodiff();
+        // Where resumed moments are placed: beside the parameters, or offloaded.
+        let state_device = if offload {
+            host_device()
+        } else {
+            plain.clone()
+        };
         if zero >= 2 && ranks.topo.world > 1 {
             let skeleton = GenSlm::empty(cfg, device)?.with_precision(precision);
             let skeleton = parallelize(skeleton, None, ranks, seq_len)?;
@@ -126,13 +136,19 @@ impl Engine {
                 let x = host_to_param(rows(i, source.values(i)?), device);
                 let moments = source.moments(i)?.map(|(m, v)| {
                     (
-                        host_to_param(rows(i, m), &plain),
-                        host_to_param(rows(i, v), &plain),
+                        host_to_param(rows(i, m), &state_device),
+                        host_to_param(rows(i, v), &state_device),
                     )
                 });
                 Ok((x, moments))
             };
-            let units = ZeroUnits::build(skeleton.clone(), adamw, step, &mut fetch, zero, ranks)?;
+            let units = ZeroUnits::build(
+                skeleton.clone(),
+                (adamw, step, offload),
+                &mut fetch,
+                zero,
+                ranks,
+            )?;
             return Ok(Engine::Units(units));
         }
         // Under PP a stage reads and holds its own parameters only (the others stay empty).
@@ -141,11 +157,12 @@ impl Engine {
             .map(|p| p.params_of(source.layout(), ranks.topo.pp_rank()));
         let holds = |i: usize| held.as_ref().is_none_or(|h| h.contains(&i));
         let model = stage_model(cfg, source, device, &holds)?.with_precision(precision);
-        let mut moments = AdamW::new(adamw, &model.params);
+        let mut moments = AdamW::placed(adamw, &model.params, offload);
         moments.step = step;
         for i in (0..model.params.len()).filter(|&i| holds(i)) {
             if let Some((m, v)) = source.moments(i)? {
-                (moments.m[i], moments.v[i]) = (host_to_param(m, &plain), host_to_param(v, &plain));
+                let d = &state_device;
+                (moments.m[i], moments.v[i]) = (host_to_param(m, d), host_to_param(v, d));
             }
         }
         let model = parallelize(
@@ -205,7 +222,7 @@ impl Engine {
         batches: &[Batch],
         total_targets: usize,
         ranks: &Ranks,
-        checkpoint: bool,
+        keep: Keep,
     ) -> Result<f64> {
         match self {
             Engine::Whole {
@@ -221,20 +238,19 @@ impl Engine {
                     batches,
                     total_targets,
                     ranks,
-                    checkpoint,
+                    keep.recomputes(),
                 )?;
                 *grads = Some((g, false));
                 *times = Some(StageTimes::gather(&step, ranks.pp.as_ref())?);
                 Ok(step.loss)
             }
             Engine::Whole { model, grads, .. } if reduces_by_unit(model, ranks) => {
-                let (loss, g) =
-                    reduced_loss_and_grads(model, batches, total_targets, ranks, checkpoint)?;
+                let (loss, g) = reduced_loss_and_grads(model, batches, total_targets, ranks, keep)?;
                 *grads = Some((g, true));
                 Ok(loss)
             }
             Engine::Whole { model, grads, .. } => {
-                let (loss, g) = loss_and_grads(model, batches, total_targets, ranks, checkpoint)?;
+                let (loss, g) = loss_and_grads(model, batches, total_targets, ranks, keep)?;
                 *grads = Some((g, false));
                 Ok(loss)
             }
@@ -245,7 +261,7 @@ impl Engine {
                 let mut loss = 0.0;
                 for b in batches {
                     let lb = local_batch(b, ranks);
-                    loss += layerwise(z, &layout, &lb, denom, checkpoint)?;
+                    loss += layerwise(z, &layout, &lb, denom, keep)?;
                 }
                 Ok(loss)
             }

@@ -9,20 +9,52 @@
 //! unit's parameter gradients to [`UnitWeights::take_grads`] as soon as they exist. The chain
 //! rule makes this equal to one whole-graph backward up to float rounding.
 //!
-//! With `checkpoint`, the forward records no graph and keeps only each layer's input; the
-//! backward recomputes each layer from it (one layer's graph alive at a time). Without it,
+//! With checkpointing ([`Keep::Inputs`]), the forward records no graph and keeps only each
+//! layer's input; the backward recomputes each layer from it (one layer's graph alive at a
+//! time). [`Keep::HostInputs`] keeps those inputs in host memory (ALST's activation offload):
+//! each is copied out after its layer's forward and back before its recompute. Without it,
 //! every layer's graph (and, under ZeRO-3, the gathered weights it references) stays alive
 //! until that layer's backward: burn's autodiff keeps what a backward needs, and unlike
 //! PyTorch a tensor's storage cannot be swapped out under the graph.
 
 use burn::tensor::{Device, Gradients, Tensor};
 
+use crate::backend::{sample_device_memory, to_host};
 use crate::error::{Error, Result};
 use crate::model::cache::Past;
 use crate::model::params::Layout;
 use crate::model::GenSlm;
 use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
 use crate::train::shard::{local_nll, LocalBatch};
+
+/// What the forward keeps of each layer for its backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Every layer's autodiff graph (nothing recomputed).
+    Graphs,
+    /// Full activation checkpointing: each layer's input, where it was computed.
+    Inputs,
+    /// Full activation checkpointing with the inputs in host memory (`--offload
+    /// activations`): the device holds one layer's input at a time.
+    HostInputs,
+}
+
+impl Keep {
+    /// From `--checkpoint-activations` and whether activations are offloaded (which only
+    /// applies to checkpointed inputs; the configuration refuses it without).
+    pub fn of(checkpoint: bool, offload: bool) -> Self {
+        match (checkpoint, offload) {
+            (false, _) => Keep::Graphs,
+            (true, false) => Keep::Inputs,
+            (true, true) => Keep::HostInputs,
+        }
+    }
+
+    /// Whether the backward recomputes each layer's forward.
+    pub fn recomputes(self) -> bool {
+        self != Keep::Graphs
+    }
+}
 
 /// A group of parameters gathered and reduced together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,8 +141,9 @@ fn input_grad(x: &Tensor<3>, grads: &mut Gradients, what: &str) -> Result<Tensor
 /// handles; boxing would only add an allocation per layer).
 #[allow(clippy::large_enum_variant)]
 enum Kept {
-    /// Checkpointing: the layer's input only.
-    Input(Tensor<3>),
+    /// Checkpointing: the layer's input only (perhaps in host memory) and the device it
+    /// returns to for the recompute.
+    Input(Tensor<3>, Device),
     /// The layer's graph: its input leaf, its output and the model holding its weights.
     Graph(Tensor<3>, Tensor<3>, GenSlm),
 }
@@ -122,8 +155,9 @@ pub fn loss_and_grads(
     layout: &Layout,
     lb: &LocalBatch,
     denom: f64,
-    checkpoint: bool,
+    keep: Keep,
 ) -> Result<f64> {
+    let checkpoint = keep.recomputes();
     let tokens = |d: &Device| tokens_tensor(&lb.tokens, lb.rows, lb.cols, d);
     let embed = embed_units(layout);
     let n_layers = layout.layers.len();
@@ -154,7 +188,12 @@ pub fn loss_and_grads(
     for li in 0..n_layers {
         let m = w.model(&[Unit::Layer(li)])?;
         if let Some(fctx) = &frozen_ctx {
-            kept.push(Kept::Input(x.clone()));
+            let home = x.device();
+            let parked = match keep {
+                Keep::HostInputs => to_host(x.clone()),
+                _ => x.clone(),
+            };
+            kept.push(Kept::Input(parked, home));
             x = m.without_autodiff().layer(li, x, fctx, Past::None).0;
         } else {
             let input = x.require_grad();
@@ -170,6 +209,7 @@ pub fn loss_and_grads(
         let top = if checkpoint { x.autodiff() } else { x }.require_grad();
         let scaled = local_nll(&hm, hm.logits(hm.final_norm(top.clone())), lb) / denom;
         let loss = tensor_to_vec(&scaled)[0] as f64;
+        sample_device_memory(&hm.device);
         let mut grads = scaled.backward();
         hand_on(w, &hm, &[Unit::Head], &grads)?;
         let g = input_grad(&top, &mut grads, "the last layer's output")?;
@@ -179,14 +219,15 @@ pub fn loss_and_grads(
     // Each layer from the top.
     for li in (0..n_layers).rev() {
         let (input, out, m) = match kept.pop().expect("one kept entry per layer") {
-            Kept::Input(x) => {
+            Kept::Input(x, home) => {
                 let m = w.model(&[Unit::Layer(li)])?;
-                let input = x.autodiff().require_grad();
+                let input = x.to_device(&home).autodiff().require_grad();
                 let out = m.layer(li, input.clone(), &ctx, Past::None).0;
                 (input, out, m)
             }
             Kept::Graph(input, out, m) => (input, out, m),
         };
+        sample_device_memory(&m.device);
         let mut grads = (out * g).sum().backward();
         hand_on(w, &m, &[Unit::Layer(li)], &grads)?;
         g = input_grad(&input, &mut grads, &format!("the input of layer {li}"))?;

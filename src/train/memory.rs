@@ -53,6 +53,7 @@ pub fn pipelined_strategy(cfg: &Config, dp: usize, sp: usize, pp: usize) -> Stra
         precision: Precision::Fp32,
         batch_size: (t.batch_size / dp).max(1),
         tied_embeddings: false,
+        offload: t.offload,
         vocab_size: cfg.model.vocab_size,
         stage: None,
     }
@@ -133,14 +134,14 @@ pub fn check_fits(
 
 /// Predicted peak device bytes of one rank of `dp × sp × pp` on a GPU of `capacity` bytes
 /// (the planner's GPU terms: runtime reserve, weights, gradients, moments and activations at
-/// `precision`).
+/// `precision`), and the bytes `--offload` keeps in host memory instead.
 pub fn predicted_device_peak(
     cfg: &Config,
     (dp, sp, pp): (usize, usize, usize),
     seq_len: usize,
     capacity: f64,
     precision: Precision,
-) -> f64 {
+) -> (f64, f64) {
     let st = Strategy {
         precision,
         ..pipelined_strategy(cfg, dp, sp, pp)
@@ -149,7 +150,8 @@ pub fn predicted_device_peak(
         mem_bytes: capacity,
         target: Target::Gpu,
     };
-    estimate(&cfg.model, &st, &hw, seq_len).total()
+    let e = estimate(&cfg.model, &st, &hw, seq_len);
+    (e.total(), e.host_bytes)
 }
 
 /// Refuses, before any work, a GPU run whose predicted device peak (times the `sharing` ranks
@@ -163,8 +165,10 @@ pub fn check_fits_device(
     precision: Precision,
     (device, host_backed): (&str, bool),
 ) -> Result<()> {
+    // A device whose buffers are host memory gains nothing from offloading to the host.
     let peak = |len: usize| {
-        sharing as f64 * predicted_device_peak(cfg, (dp, sp, pp), len, capacity, precision)
+        let (device, host) = predicted_device_peak(cfg, (dp, sp, pp), len, capacity, precision);
+        sharing as f64 * (device + if host_backed { host } else { 0.0 })
     };
     let (need, fits) = match over_budget(cfg.train.seq_len, sp, peak, capacity) {
         None => return Ok(()),
@@ -327,7 +331,7 @@ mod tests {
             "{e}"
         );
         let fit = offered_length(&e);
-        let peak = |s| predicted_device_peak(&cfg, (1, 1, 1), s, cap, p);
+        let peak = |s| predicted_device_peak(&cfg, (1, 1, 1), s, cap, p).0;
         assert!(peak(fit) <= cap && peak(fit + 1) > cap);
         cfg.train.seq_len = fit;
         assert!(check_fits_device(&cfg, (1, 1, 1), 1, cap, p, ("x", false)).is_ok());

@@ -57,6 +57,15 @@ pub struct StepMetrics {
     /// mpirun).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub pp_peak_rss_mib: Option<Vec<f64>>,
+    /// On a GPU backend, rank 0's device memory in use (MiB): the largest of the samples taken
+    /// where the step peaks (before each layer's backward and the head's, and after the
+    /// update; inside burn's backward the working gradients add to it), and what is in use as
+    /// the step ends (weights, optimizer state unless offloaded, anything else kept between
+    /// steps). Thread ranks sharing one device share its memory. Absent on the CPU.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub device_peak_mib: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub device_in_use_mib: Option<f64>,
     /// What rank 0 holds at the step's update (other ranks hold the same up to one padding
     /// block per ZeRO unit).
     #[serde(skip_serializing_if = "Option::is_none", default)]

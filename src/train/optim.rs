@@ -10,6 +10,7 @@
 
 use burn::tensor::Tensor;
 
+use crate::backend::{host_device, to_host};
 use crate::model::params::ParamSpec;
 use crate::ops::primitive::tensor_to_vec;
 use crate::train::optim_cpu;
@@ -41,16 +42,44 @@ pub struct AdamW {
     pub step: u64,
     pub m: Vec<Tensor<1>>,
     pub v: Vec<Tensor<1>>,
+    /// The moments live in host memory whatever device the parameters are on (ZeRO-Offload,
+    /// `--offload optimizer`): each update brings the parameter and its gradient to the host,
+    /// runs the fused CPU update there and sends the new values back.
+    pub offload: bool,
 }
 
 impl AdamW {
+    /// Zero moments beside `params`.
     pub fn new(cfg: AdamWConfig, params: &[Tensor<1>]) -> Self {
-        let zeros = |p: &Tensor<1>| p.clone().without_autodiff().zeros_like();
+        Self::placed(cfg, params, false)
+    }
+
+    /// Zero moments for `params`, in host memory with `offload` (never allocated on the
+    /// device: at 25B parameters the moments alone would not fit there), else beside them.
+    pub fn placed(cfg: AdamWConfig, params: &[Tensor<1>], offload: bool) -> Self {
+        let zeros = |p: &Tensor<1>| {
+            let p = p.clone().without_autodiff();
+            if offload {
+                Tensor::zeros([p.dims()[0]], &host_device())
+            } else {
+                p.zeros_like()
+            }
+        };
         Self {
             cfg,
             step: 0,
             m: params.iter().map(zeros).collect(),
             v: params.iter().map(zeros).collect(),
+            offload,
+        }
+    }
+
+    /// `t` where this optimizer's state lives.
+    pub fn to_state_device(&self, t: Tensor<1>) -> Tensor<1> {
+        if self.offload {
+            to_host(t)
+        } else {
+            t
         }
     }
 
@@ -72,6 +101,13 @@ impl AdamW {
         let mut out = Vec::with_capacity(params.len());
         for (i, (p, g)) in params.into_iter().zip(grads).enumerate() {
             let decays = specs[i].decay && c.weight_decay != 0.0;
+            // Offloaded: the update runs beside the moments, the new values go back.
+            let home = self.offload.then(|| p.device());
+            let (p, g) = (self.to_state_device(p), self.to_state_device(g));
+            let back = |t: Tensor<1>| match &home {
+                Some(d) => t.to_device(d),
+                None => t,
+            };
             if optim_cpu::on_flex(&p) && optim_cpu::on_flex(&g) {
                 let s = optim_cpu::AdamScalars {
                     grad_scale: grad_scale as f32,
@@ -87,7 +123,13 @@ impl AdamW {
                     eps: c.eps as f32,
                     lr: lr as f32,
                 };
-                out.push(optim_cpu::adamw(&p, &g, &mut self.m[i], &mut self.v[i], s));
+                out.push(back(optim_cpu::adamw(
+                    &p,
+                    &g,
+                    &mut self.m[i],
+                    &mut self.v[i],
+                    s,
+                )));
                 continue;
             }
             let g = if grad_scale == 1.0 { g } else { g * grad_scale };
@@ -102,7 +144,7 @@ impl AdamW {
             let p = p - (m.clone() / bc1) / denom * lr;
             self.m[i] = m;
             self.v[i] = v;
-            out.push(p);
+            out.push(back(p));
         }
         out
     }

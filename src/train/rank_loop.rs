@@ -25,6 +25,7 @@ use crate::train::checkpoint::{
 use crate::train::dist_optim::StepOutcome;
 use crate::train::engine::{Engine, Start};
 use crate::train::fault::injected_fault;
+use crate::train::layerwise::Keep;
 use crate::train::metrics::{
     peak_rss_mib, train_flops_per_sequence, MetricsLog, RankMemory, StepMetrics,
 };
@@ -104,6 +105,8 @@ pub fn train_rank(
     let overlapped = overlap && ranks.no_overlap.is_none();
     let ranks = &ranks;
     let ad = opts.device.open(opts.thread_rank)?.autodiff();
+    // GPU backends: sample the device memory in use where each step peaks (metrics.jsonl).
+    crate::backend::watch_device_memory(opts.device.backend != crate::backend::BackendKind::Cpu);
     let (source, model_cfg, mut state) = starting_point(cfg, corpus, run, opts, ranks)?;
     let start = Start {
         model: model_cfg,
@@ -113,6 +116,7 @@ pub fn train_rank(
         step: state.optimizer_step,
         device: &ad,
         pipe: Pipe::plan(cfg, ranks.topo.pp)?,
+        offload_optimizer: t.offload.optimizer(),
     };
     let mut engine = Engine::build(start, t.zero, ranks, t.seq_len)?;
     if let Engine::Units(units) = &mut engine {
@@ -270,7 +274,8 @@ fn train_step(
     let t = &cfg.train;
     let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
     let sent_before = engine.sp().map_or(0, |g| g.elements_sent());
-    let local_loss = engine.compute(batches, total_targets, ranks, t.checkpoint_activations)?;
+    let keep = Keep::of(t.checkpoint_activations, t.offload.activations());
+    let local_loss = engine.compute(batches, total_targets, ranks, keep)?;
     let sent_per_layer = engine.sp().map(|g| {
         let sent = g.elements_sent() - sent_before;
         // Checkpointing runs each layer's forward (and its exchange) twice.
@@ -350,6 +355,11 @@ impl Clock {
         let secs = step_start.elapsed().as_secs_f64();
         let peak_mib = peak_rss_mib();
         let times = engine.stage_times();
+        let device = &engine.model().device;
+        crate::backend::sample_device_memory(device);
+        let in_use = crate::backend::device_pool_bytes(device).map(|p| p.1);
+        let peak = crate::backend::take_device_peak();
+        let mib = |b: u64| b as f64 / 1048576.0;
         let seqs = (t.batch_size * t.grad_accum) as f64;
         StepMetrics {
             step: state.step,
@@ -370,6 +380,8 @@ impl Clock {
             pp_idle_s: times.map(|t| t.idle_s.clone()),
             pp_bubble: times.map(StageTimes::bubble),
             pp_peak_rss_mib: times.map(|t| t.peak_rss_mib.clone()),
+            device_peak_mib: peak.map(mib),
+            device_in_use_mib: in_use.map(mib),
             memory: Some(RankMemory::new(
                 engine.held_elements(),
                 peak_mib,

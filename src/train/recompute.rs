@@ -14,7 +14,7 @@ use burn::tensor::{Gradients, Tensor};
 
 use crate::error::Result;
 use crate::model::GenSlm;
-use crate::train::layerwise::{loss_and_grads, Unit, UnitWeights};
+use crate::train::layerwise::{loss_and_grads, Keep, Unit, UnitWeights};
 use crate::train::shard::LocalBatch;
 
 /// A whole model on this rank; gradients summed into one slot per parameter.
@@ -44,16 +44,18 @@ pub(crate) fn add_into(slot: &mut Option<Tensor<1>>, g: Tensor<1>) {
 }
 
 /// This rank's loss term `Σ nll / denom` of one micro-batch and its gradient, added into
-/// `acc` (one slot per parameter), computed with full activation checkpointing. `model`'s
-/// parameters must be autodiff leaves that require gradients.
+/// `acc` (one slot per parameter), computed with full activation checkpointing (`keep`: the
+/// inputs on the device or in host memory). `model`'s parameters must be autodiff leaves that
+/// require gradients.
 pub fn checkpointed_loss_and_grads(
     model: &GenSlm,
     lb: &LocalBatch,
     denom: f64,
     acc: &mut [Option<Tensor<1>>],
+    keep: Keep,
 ) -> Result<f64> {
     let layout = model.layout.clone();
-    loss_and_grads(&mut Whole { model, acc }, &layout, lb, denom, true)
+    loss_and_grads(&mut Whole { model, acc }, &layout, lb, denom, keep)
 }
 
 /// Adds the gradients `grads` holds for `model`'s parameters into `acc` (one slot per

@@ -26,7 +26,7 @@ use crate::ops::primitive::{host_to_param, tensor_to_vec};
 use crate::parallel::progress::{start, Pending};
 use crate::parallel::quant::all_reduce_host;
 use crate::parallel::ranks::Ranks;
-use crate::train::layerwise::{loss_and_grads, Unit, UnitWeights};
+use crate::train::layerwise::{loss_and_grads, Keep, Unit, UnitWeights};
 use crate::train::recompute::add_into;
 use crate::train::shard::{local_batch, param_groups};
 use crate::train::step::{every_gradient, no_gradient, require_micro_batches};
@@ -122,7 +122,7 @@ pub fn reduced_loss_and_grads(
     batches: &[Batch],
     total_targets: usize,
     ranks: &Ranks,
-    checkpoint: bool,
+    keep: Keep,
 ) -> Result<(f64, Vec<Tensor<1>>)> {
     require_micro_batches(batches)?;
     let denom = total_targets.max(1) as f64;
@@ -140,7 +140,7 @@ pub fn reduced_loss_and_grads(
     for (k, b) in batches.iter().enumerate() {
         w.last = k + 1 == batches.len();
         let lb = local_batch(b, ranks);
-        loss += loss_and_grads(&mut w, &layout, &lb, denom, checkpoint)?;
+        loss += loss_and_grads(&mut w, &layout, &lb, denom, keep)?;
     }
     while !w.started.is_empty() {
         w.finish_one()?;

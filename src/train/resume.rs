@@ -14,7 +14,7 @@
 //!   `checkpoint_activations`, `skip_nonfinite`, `max_consecutive_skips`, `val_every`, `checkpoint_every`, `keep_checkpoints`,
 //!   `reduce_bucket_size`, `rank_timeout_s`, `precision` (the master weights and moments are
 //!   fp32 either way), `pp_schedule`, `pp_virtual`, `pp_layers`, `megatron_sp`, `overlap`,
-//!   `prefetch_layers`, `quantize_weights`, `quantize_grads` (checkpoints do not depend on the layout);
+//!   `prefetch_layers`, `quantize_weights`, `quantize_grads`, `offload` (checkpoints do not depend on the layout);
 //! - the **data**: the checkpoint stores a fingerprint of the tokenized training records; a
 //!   resume whose data differs is refused. `RUN/data.parquet` is reused when the FASTA inputs
 //!   are unchanged (same files, sizes and modification times, recorded in
@@ -80,7 +80,8 @@ pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
         overlap,
         prefetch_layers,
         quantize_weights,
-        quantize_grads
+        quantize_grads,
+        offload
     );
     // A different length extends (or shortens) the run: the schedule is recomputed for the
     // new total from the next step on; check_state refuses a total the run has passed.

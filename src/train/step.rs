@@ -8,22 +8,23 @@ use crate::error::{Error, Result};
 use crate::model::GenSlm;
 use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
 use crate::parallel::ranks::Ranks;
+use crate::train::layerwise::Keep;
 use crate::train::recompute::{accumulate, checkpointed_loss_and_grads};
 use crate::train::shard::{local_batch, local_nll, reduce_gradients};
 
 /// The step's loss and gradients as every rank sees them after the reductions: the loss of the
 /// whole global batch, the full gradient of replicated parameters and this rank's rows of the
 /// position table's gradient. Equal to the single-rank values (tests/parallel_ulysses.rs).
-/// `checkpoint`: full activation checkpointing ([`crate::train::recompute`]), the same values
-/// with one layer's activations alive at a time.
+/// `keep`: whole graphs, or full activation checkpointing ([`crate::train::recompute`]), the
+/// same values with one layer's activations alive at a time.
 pub fn step_loss_and_grads(
     model: &GenSlm,
     batches: &[Batch],
     ranks: &Ranks,
-    checkpoint: bool,
+    keep: Keep,
 ) -> Result<(f64, Vec<Tensor<1>>)> {
     let total_targets: usize = batches.iter().map(Batch::n_targets).sum();
-    let (loss, mut grads) = loss_and_grads(model, batches, total_targets, ranks, checkpoint)?;
+    let (loss, mut grads) = loss_and_grads(model, batches, total_targets, ranks, keep)?;
     reduce_gradients(&mut grads, model, ranks)?;
     Ok((all_reduce_scalar(loss, ranks)?, grads))
 }
@@ -56,7 +57,7 @@ pub fn loss_and_grads(
     batches: &[Batch],
     total_targets: usize,
     ranks: &Ranks,
-    checkpoint: bool,
+    keep: Keep,
 ) -> Result<(f64, Vec<Tensor<1>>)> {
     require_micro_batches(batches)?;
     let denom = total_targets.max(1) as f64;
@@ -64,14 +65,15 @@ pub fn loss_and_grads(
     let mut acc: Vec<Option<Tensor<1>>> = vec![None; model.params.len()];
     for b in batches {
         let lb = local_batch(b, ranks);
-        if checkpoint {
-            loss += checkpointed_loss_and_grads(model, &lb, denom, &mut acc)?;
+        if keep.recomputes() {
+            loss += checkpointed_loss_and_grads(model, &lb, denom, &mut acc, keep)?;
             continue;
         }
         let tokens = tokens_tensor(&lb.tokens, lb.rows, lb.cols, &model.device);
         let logits = model.forward_at(tokens, &lb.positions)?;
         let scaled = local_nll(model, logits, &lb) / denom;
         loss += tensor_to_vec(&scaled)[0] as f64;
+        crate::backend::sample_device_memory(&model.device);
         accumulate(model, &scaled.backward(), &mut acc);
     }
     Ok((loss, every_gradient(model, acc)?))

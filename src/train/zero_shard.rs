@@ -87,13 +87,15 @@ pub fn segments_of(params: &[usize], lens: &[usize], from: usize, len: usize) ->
 
 impl ZeroShard {
     /// The shard of rank `comm.rank()` of the sharding group `comm`; moments start from
-    /// `full_moments` (our layout, one vector per parameter) when resuming, else zero.
+    /// `full_moments` (our layout, one vector per parameter) when resuming, else zero; in host
+    /// memory with `offload` (`AdamW::offload`).
     pub fn new(
         cfg: AdamWConfig,
         params: Vec<usize>,
         all: &[Tensor<1>],
         comm: &dyn Communicator,
         full_moments: Option<(&[Tensor<1>], &[Tensor<1>], u64)>,
+        offload: bool,
     ) -> Self {
         let lens: Vec<usize> = params.iter().map(|&i| all[i].dims()[0]).collect();
         let total: usize = lens.iter().sum();
@@ -101,10 +103,11 @@ impl ZeroShard {
         let from = (comm.rank() * block).min(total);
         let segments = segments_of(&params, &lens, from, block.min(total - from));
         let pieces = Self::cut(&segments, all);
-        let mut opt = AdamW::new(cfg, &pieces);
+        let mut opt = AdamW::placed(cfg, &pieces, offload);
         if let Some((m, v, step)) = full_moments {
-            opt.m = Self::cut(&segments, m);
-            opt.v = Self::cut(&segments, v);
+            let place = |t: Vec<Tensor<1>>| t.into_iter().map(|x| opt.to_state_device(x));
+            let (m, v) = (Self::cut(&segments, m), Self::cut(&segments, v));
+            (opt.m, opt.v) = (place(m).collect(), place(v).collect());
             opt.step = step;
         }
         Self {

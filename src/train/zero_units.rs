@@ -109,25 +109,26 @@ impl ZeroUnits {
     /// already cut) for this rank. `stage` is 2 or 3.
     pub fn new(model: GenSlm, moments: AdamW, stage: u8, ranks: &Ranks) -> Self {
         let params = model.params.clone();
-        let (cfg, step) = (moments.cfg, moments.step);
+        let (cfg, step, offload) = (moments.cfg, moments.step, moments.offload);
         let mut fetch = |i: usize| -> Result<Fetched> {
             Ok((
                 params[i].clone(),
                 Some((moments.m[i].clone(), moments.v[i].clone())),
             ))
         };
-        Self::build(model, cfg, step, &mut fetch, stage, ranks)
+        let opt = (cfg, step, offload);
+        Self::build(model, opt, &mut fetch, stage, ranks)
             .expect("fetching from tensors in memory cannot fail")
     }
 
     /// Builds this rank's shards unit by unit from `fetch(i)`, parameter `i` as this rank
     /// holds it (position rows cut under SP) with its moments (`None`: zeros), so that only one
     /// unit's full values exist at a time. `model` gives the layout and groups (a skeleton
-    /// from `GenSlm::empty` will do: its parameters are replaced).
+    /// from `GenSlm::empty` will do: its parameters are replaced). `opt`: AdamW's settings,
+    /// its step count and whether its state (with ZeRO-3's fp32 pieces) is offloaded.
     pub fn build(
         mut model: GenSlm,
-        cfg: AdamWConfig,
-        step: u64,
+        (cfg, step, offload): (AdamWConfig, u64, bool),
         fetch: &mut Fetch<'_>,
         stage: u8,
         ranks: &Ranks,
@@ -159,10 +160,12 @@ impl ZeroUnits {
                 }
             }
             let moments = resumed.then_some((m.as_slice(), v.as_slice(), step));
-            let shard = ZeroShard::new(cfg, params, &all, comm.as_ref(), moments);
-            // ZeRO-2's fp32 values are the full working copy's (cut again at each update).
+            let shard = ZeroShard::new(cfg, params, &all, comm.as_ref(), moments, offload);
+            // ZeRO-2's fp32 values are the full working copy's (cut again at each update);
+            // ZeRO-3's are the master shard, offloaded with the moments.
             let values = if stage >= 3 {
-                shard.pieces_of(&all)
+                let pieces = shard.pieces_of(&all).into_iter();
+                pieces.map(|t| shard.opt.to_state_device(t)).collect()
             } else {
                 for &i in &shard.params {
                     model.params[i] = all[i].clone().autodiff().require_grad();

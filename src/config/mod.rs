@@ -17,6 +17,9 @@ use crate::tokenizer::VocabKind;
 /// (`parallel::bucket` cuts every transfer into such buckets).
 pub const DEFAULT_BUCKET: usize = 1 << 24;
 
+mod choices;
+pub use choices::{Offload, Precision, Quantize};
+
 /// How token positions enter the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -49,56 +52,6 @@ pub enum AttentionKind {
     Flash,
     /// Materialised scores: the reference, O(s²) memory.
     Naive,
-}
-
-/// The dtype of the forward/backward compute. Parameters and Adam moments are always fp32
-/// (master weights); with `bf16` the matmuls, activations and their gradients are bf16 while
-/// layer-norm and softmax statistics, attention, the loss and gradient reductions stay fp32.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    #[default]
-    Fp32,
-    Bf16,
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Precision::Fp32 => "fp32",
-            Precision::Bf16 => "bf16",
-        })
-    }
-}
-
-/// How a quantized collective encodes what it moves (ZeRO++; `parallel::quant`): `int8`,
-/// block-wise with one fp32 scale per 256 values (about 1/4 of fp32's bytes), or `bf16`
-/// (1/2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Quantize {
-    Int8,
-    Bf16,
-}
-
-impl std::fmt::Display for Quantize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Quantize::Int8 => "int8",
-            Quantize::Bf16 => "bf16",
-        })
-    }
-}
-
-impl std::str::FromStr for Quantize {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "int8" => Ok(Quantize::Int8),
-            "bf16" => Ok(Quantize::Bf16),
-            _ => Err(format!("`{s}`: the quantized encodings are int8 and bf16")),
-        }
-    }
 }
 
 fn default_rotary_pct() -> f64 {
@@ -229,6 +182,9 @@ pub struct TrainConfig {
     /// every other rank's block once and sends it by all-to-all; the receiver decodes and sums
     /// in fp32, so errors do not compound over the ranks. Unset: fp32.
     pub quantize_grads: Option<Quantize>,
+    /// State kept in host memory instead of the device's (see [`Offload`]); the same results.
+    /// On the CPU backend the device is the host, so nothing moves.
+    pub offload: Offload,
 }
 
 impl Default for TrainConfig {
@@ -266,6 +222,7 @@ impl Default for TrainConfig {
             prefetch_layers: 1,
             quantize_weights: None,
             quantize_grads: None,
+            offload: Offload::None,
         }
     }
 }
@@ -283,6 +240,13 @@ impl TrainConfig {
             if v == 0 {
                 return Err(format!("field `{field}` must be positive"));
             }
+        }
+        if self.offload.activations() && !self.checkpoint_activations {
+            return Err(format!(
+                "field `offload` = {} moves the layer inputs that activation checkpointing \
+                 keeps: set `checkpoint_activations` (--checkpoint-activations) too",
+                self.offload
+            ));
         }
         if self.seq_len < 2 {
             return Err(format!(

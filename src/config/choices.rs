@@ -1,0 +1,104 @@
+//! The `[train]` settings that choose number formats and where state lives: the compute
+//! precision, the encoding of quantized collectives and what `--offload` keeps in host memory.
+
+use serde::{Deserialize, Serialize};
+
+/// The dtype of the forward/backward compute. Parameters and Adam moments are always fp32
+/// (master weights); with `bf16` the matmuls, activations and their gradients are bf16 while
+/// layer-norm and softmax statistics, attention, the loss and gradient reductions stay fp32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    Fp32,
+    Bf16,
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+        })
+    }
+}
+
+/// How a quantized collective encodes what it moves (ZeRO++; `parallel::quant`): `int8`,
+/// block-wise with one fp32 scale per 256 values (about 1/4 of fp32's bytes), or `bf16`
+/// (1/2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Quantize {
+    Int8,
+    Bf16,
+}
+
+impl std::fmt::Display for Quantize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Quantize::Int8 => "int8",
+            Quantize::Bf16 => "bf16",
+        })
+    }
+}
+
+impl std::str::FromStr for Quantize {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "int8" => Ok(Quantize::Int8),
+            "bf16" => Ok(Quantize::Bf16),
+            _ => Err(format!("`{s}`: the quantized encodings are int8 and bf16")),
+        }
+    }
+}
+
+/// What lives in host memory instead of the device's (`--offload`; ZeRO-Offload and ALST):
+/// `optimizer`, the Adam moments (with ZeRO-3, the rank's fp32 master shard too), updated by
+/// the fused CPU AdamW; `activations`, the layer inputs `--checkpoint-activations` keeps between
+/// the forward and each layer's recompute; `all`, both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Offload {
+    #[default]
+    None,
+    Optimizer,
+    Activations,
+    All,
+}
+
+impl Offload {
+    pub fn optimizer(self) -> bool {
+        matches!(self, Offload::Optimizer | Offload::All)
+    }
+
+    pub fn activations(self) -> bool {
+        matches!(self, Offload::Activations | Offload::All)
+    }
+}
+
+impl std::fmt::Display for Offload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Offload::None => "none",
+            Offload::Optimizer => "optimizer",
+            Offload::Activations => "activations",
+            Offload::All => "all",
+        })
+    }
+}
+
+impl std::str::FromStr for Offload {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "none" => Ok(Offload::None),
+            "optimizer" => Ok(Offload::Optimizer),
+            "activations" => Ok(Offload::Activations),
+            "all" => Ok(Offload::All),
+            _ => Err(format!(
+                "`{s}`: offload none, optimizer, activations or all"
+            )),
+        }
+    }
+}

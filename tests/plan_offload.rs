@@ -1,0 +1,215 @@
+//! `genslm plan` with `--offload`: what moves to host memory, against the closed forms
+//! (DeepSpeed's ZeRO-Offload keeps the fp32 master weights and both Adam moments on the host;
+//! ALST's activation offload keeps each checkpointed layer input there).
+
+mod common;
+
+use common::{repo, run};
+use genslm::config::{AttentionKind, ModelConfig, Offload, Position};
+use genslm::plan::{
+    estimate, model_params, Checkpointing, Degrees, Hardware, Mask, Parallelism, Phase, Precision,
+    Recipe, Strategy, Target, GIB,
+};
+use genslm::tokenizer::VocabKind;
+
+fn shape(layers: usize) -> ModelConfig {
+    ModelConfig {
+        name: "t".into(),
+        num_layers: layers,
+        hidden_size: 512,
+        num_heads: 8,
+        intermediate_size: 2048,
+        vocab: VocabKind::Genslm69,
+        vocab_size: 69,
+        max_position_embeddings: 2048,
+        position: Position::Rotary,
+        rotary_pct: 0.25,
+        rotary_base: 10000.0,
+        layer_norm_eps: 1e-5,
+        attention: AttentionKind::Flash,
+    }
+}
+
+fn strategy(dp: usize, sp: usize, zero: u8, precision: Precision, offload: Offload) -> Strategy {
+    Strategy {
+        layout: Parallelism {
+            degrees: Degrees {
+                dp,
+                cp: 1,
+                sp,
+                tp: 1,
+                pp: 1,
+            },
+            zero,
+            megatron_sp: false,
+            zero_over_sp: true,
+            pipeline: genslm::plan::PipePlan::default(),
+        },
+        recipe: Recipe::Genslm,
+        attention: AttentionKind::Flash,
+        positions: Position::Rotary,
+        shard_positions: false,
+        mask: Mask::None,
+        checkpointing: Checkpointing::Full { partitioned: false },
+        precision,
+        batch_size: 1,
+        tied_embeddings: false,
+        offload,
+        vocab_size: 69,
+        stage: None,
+    }
+}
+
+fn close(got: f64, want: f64, what: &str) {
+    let tol = 1e-9 * want.abs().max(1.0);
+    assert!((got - want).abs() <= tol, "{what}: got {got}, want {want}");
+}
+
+const GPU: Hardware = Hardware {
+    mem_bytes: 80.0 * GIB,
+    target: Target::Gpu,
+};
+
+#[test]
+fn optimizer_offload_moves_master_weights_and_moments_to_the_host() {
+    let m = shape(4);
+    let n = model_params(&m, 69, false);
+    let s = 4096;
+    for (dp, zero, precision) in [
+        (1, 0, Precision::Fp32),
+        (4, 1, Precision::Bf16),
+        (4, 2, Precision::Fp32),
+        (4, 3, Precision::Fp32),
+        (4, 3, Precision::Bf16),
+    ] {
+        let what = format!("dp {dp} zero {zero} {precision}");
+        let base = estimate(
+            &m,
+            &strategy(dp, 1, zero, precision, Offload::None),
+            &GPU,
+            s,
+        );
+        let off = estimate(
+            &m,
+            &strategy(dp, 1, zero, precision, Offload::Optimizer),
+            &GPU,
+            s,
+        );
+        let z = |stage: u8| if zero >= stage { dp as f64 } else { 1.0 };
+        // Adam's state: bf16 keeps 4 (master) + 8 (moments) bytes per parameter in it, fp32
+        // the moments only (its weights are the master copy).
+        let state = match precision {
+            Precision::Bf16 => 12.0,
+            Precision::Fp32 => 8.0,
+        };
+        close(base.memory.optimizer_states, n * state / z(1), &what);
+        close(off.memory.optimizer_states, 0.0, &what);
+        // fp32 weights under ZeRO-3: the rank's shard is the master copy and goes too.
+        let shard = if zero >= 3 && precision == Precision::Fp32 {
+            4.0 * n / z(3)
+        } else {
+            0.0
+        };
+        close(off.host_bytes, n * state / z(1) + shard, &what);
+        close(off.memory.parameters, base.memory.parameters - shard, &what);
+        close(off.memory.gradients, base.memory.gradients, &what);
+        close(base.host_bytes, 0.0, &what);
+    }
+}
+
+#[test]
+fn activation_offload_keeps_one_layer_input_on_the_device() {
+    let s = 1 << 16;
+    for (layers, sp, precision) in [(4, 1, Precision::Fp32), (8, 2, Precision::Bf16)] {
+        let m = shape(layers);
+        let what = format!("{layers} layers sp {sp} {precision}");
+        let base = estimate(&m, &strategy(1, sp, 0, precision, Offload::None), &GPU, s);
+        let off = estimate(
+            &m,
+            &strategy(1, sp, 0, precision, Offload::Activations),
+            &GPU,
+            s,
+        );
+        assert_eq!(base.phase, Phase::ForwardBackward, "{what}");
+        assert_eq!(off.phase, Phase::ForwardBackward, "{what}");
+        // Every layer's kept input, L·b·s·e·h over the Ulysses ranks, goes to the host; the
+        // device keeps the recomputed layer's own (which it counted already).
+        let e = precision.activation_bytes();
+        let kept = layers as f64 * s as f64 * e * 512.0 / sp as f64;
+        close(off.host_bytes, kept, &what);
+        let per_layer = kept / layers as f64;
+        close(
+            base.memory.activations - off.memory.activations,
+            kept - per_layer,
+            &what,
+        );
+        close(base.total() - off.total(), kept - per_layer, &what);
+    }
+}
+
+#[test]
+fn nothing_moves_on_a_cpu_target() {
+    let m = shape(4);
+    let cpu = Hardware {
+        mem_bytes: 64.0 * GIB,
+        target: Target::Cpu {
+            run: genslm::plan::cpu::CpuRun::Train,
+        },
+    };
+    let base = estimate(
+        &m,
+        &strategy(1, 1, 0, Precision::Fp32, Offload::None),
+        &cpu,
+        4096,
+    );
+    let off = estimate(
+        &m,
+        &strategy(1, 1, 0, Precision::Fp32, Offload::All),
+        &cpu,
+        4096,
+    );
+    assert_eq!(base.memory, off.memory);
+    assert_eq!(off.host_bytes, 0.0);
+}
+
+#[test]
+fn plan_reports_the_host_bytes_and_refuses_activations_without_checkpointing() {
+    let config = repo().join("configs/genslm-25b.toml");
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "plan",
+            "--config",
+            config.to_str().unwrap(),
+            "--gpus",
+            "64",
+            "--gpu-mem-gib",
+            "40",
+        ];
+        a.extend_from_slice(extra);
+        run(&a)
+    };
+    let (ok, plain, err) = args(&["--checkpoint-activations"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = args(&["--checkpoint-activations", "--offload", "all"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("offload all") && out.contains("in host memory (--offload)"),
+        "{out}"
+    );
+    assert!(!plain.contains("in host memory"), "{plain}");
+    let longest = |o: &str| -> usize {
+        let line = o
+            .lines()
+            .find(|l| l.starts_with("longest sequence"))
+            .unwrap();
+        line.split_whitespace()
+            .nth(2)
+            .unwrap()
+            .replace(',', "")
+            .parse()
+            .unwrap()
+    };
+    assert!(longest(&out) > longest(&plain), "{plain}\n{out}");
+    let (ok, _, err) = args(&["--offload", "activations"]);
+    assert!(!ok && err.contains("--checkpoint-activations"), "{err}");
+}
