@@ -4,7 +4,9 @@
   1. Ulysses only, CP (with anything), the best layout, and the same with activation
      checkpointing (`plan --sweep [--checkpoint-activations] --json`);
   2. with pipeline stages (checkpointing on): the best without PP, the best with ZeRO <= 1 and
-     no PP (`--pp 1 --zero 0|1`), the best with PP and its layout (`--pp P` for every P).
+     no PP (`--pp 1 --zero 0|1`), the best with PP and its layout (`--pp P` for every P);
+  3. with `--offload optimizer|activations|all` (checkpointing on): the longest sequence, its
+     layout and the host memory per rank it needs (`--only-offload` prints this one alone).
 Usage: python3 scripts/plan_tables.py [BIN [PLAN FLAGS...]]   (default target/release/genslm;
 flags such as --no-megatron-sp are added to every plan). K = 1024 tokens.
 """
@@ -12,8 +14,10 @@ import json
 import subprocess
 import sys
 
-BIN = sys.argv[1] if len(sys.argv) > 1 else "target/release/genslm"
-EXTRA = sys.argv[2:]
+ONLY_OFFLOAD = "--only-offload" in sys.argv
+ARGS = [a for a in sys.argv[1:] if a != "--only-offload"]
+BIN = ARGS[0] if ARGS else "target/release/genslm"
+EXTRA = ARGS[1:]
 GPUS = [16, 32, 64, 128, 256, 512]
 
 
@@ -42,7 +46,26 @@ def k(n):
     return f"{n // 1024:,}" if n else "–"
 
 
+def offload_table():
+    print("| model | GPUs | no offload | `--offload optimizer` | `--offload activations` | "
+          "`--offload all` | its layout | host memory per rank |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model in ["25b", "33b"]:
+        for g in GPUS[1:]:
+            cells = []
+            for o in ["none", "optimizer", "activations", "all"]:
+                d = plan(model, g, "--checkpoint-activations", "--offload", o)
+                cells.append(d)
+            last = cells[-1]
+            host = last["at_max_seq_len"]["host_bytes"] / 2**30 if last else 0
+            print(f"| {model.upper()} | {g} | " + " | ".join(k(d["max_seq_len"] if d else 0) for d in cells)
+                  + f" | {name(last['layout']) if last else '–'} | {host:,.0f} GiB |")
+
+
 def main():
+    if ONLY_OFFLOAD:
+        offload_table()
+        return
     print("| model | GPUs | Ulysses SP only | CP (with anything) | best layout | with `--checkpoint-activations` | best layout (ckpt) |")
     print("|---|---|---|---|---|---|---|")
     sweeps = {}
@@ -74,6 +97,8 @@ def main():
             print(f"| {model.upper()} | {g} | {k(row['no_pipeline'] if row else 0)} | {k(z1)} | "
                   f"{k(best_pp['max_seq_len'] if best_pp else 0)} | "
                   f"{name(best_pp['layout']) if best_pp else '–'} |")
+    print()
+    offload_table()
 
 
 if __name__ == "__main__":
