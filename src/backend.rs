@@ -204,6 +204,23 @@ pub fn watch_device_memory(on: bool) {
     DEVICE_PEAK.set(on.then_some(0));
 }
 
+/// Watching for as long as it lives ([`watch_device_memory`]), so that later work on the
+/// thread (another command, a benchmark) does not pay for samples.
+pub struct DeviceMemoryWatch(());
+
+impl DeviceMemoryWatch {
+    pub fn start(on: bool) -> Self {
+        watch_device_memory(on);
+        Self(())
+    }
+}
+
+impl Drop for DeviceMemoryWatch {
+    fn drop(&mut self) {
+        watch_device_memory(false);
+    }
+}
+
 /// Adds the bytes in use in `device`'s pools now to this thread's peak, when watching.
 pub fn sample_device_memory(device: &Device) {
     if let Some(peak) = DEVICE_PEAK.get() {

@@ -7,8 +7,8 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::plan::cpu::CpuRun;
 use crate::plan::{
-    estimate, Checkpointing, Degrees, Hardware, Mask, Parallelism, Precision, Recipe, Strategy,
-    Target, GIB,
+    estimate, rank_states, Checkpointing, Degrees, Hardware, Mask, Parallelism, Precision, Recipe,
+    Strategy, Target, GIB,
 };
 use crate::train::metrics::proc_kib;
 
@@ -151,7 +151,21 @@ pub fn predicted_device_peak(
         target: Target::Gpu,
     };
     let e = estimate(&cfg.model, &st, &hw, seq_len);
-    (e.total(), e.host_bytes)
+    if precision == Precision::Fp32 {
+        return (e.total(), e.host_bytes);
+    }
+    // bf16 computes in bf16, but the trainer keeps fp32 weights, gradients and moments (the
+    // planner's bf16 is DeepSpeed's 2 + 2 + 12 bytes per parameter): the model states of the
+    // fp32 plan instead of the bf16 plan's, as at the update (gradients included, an upper
+    // bound in the phases without them), and the fp32 plan's host bytes.
+    let fp32 = Strategy {
+        precision: Precision::Fp32,
+        ..st.clone()
+    };
+    let held = |s: &Strategy| -> f64 { rank_states(&cfg.model, s, &hw, seq_len).iter().sum() };
+    let extra = (held(&fp32) - held(&st)).max(0.0);
+    let host = estimate(&cfg.model, &fp32, &hw, seq_len).host_bytes;
+    (e.total() + extra, host)
 }
 
 /// Refuses, before any work, a GPU run whose predicted device peak (times the `sharing` ranks
@@ -312,6 +326,33 @@ mod tests {
         assert!(predicted_peak(&cfg, (1, 1, 1), 1, fit + 1) > avail);
         cfg.train.seq_len = fit;
         assert!(check_fits(&cfg, (1, 1, 1), 1, avail).is_ok());
+    }
+
+    /// The trainer keeps fp32 weights, gradients and moments under bf16 compute: offloading the
+    /// optimizer takes exactly its two fp32 moments (8 bytes per parameter) off the device's
+    /// prediction, not the 12 of the planner's bf16 layout.
+    #[test]
+    fn bf16_offload_takes_the_trainers_moments_off_the_device() {
+        let mut cfg = genslm_25m();
+        cfg.train.batch_size = 1;
+        cfg.train.checkpoint_activations = true;
+        let n = crate::plan::model_params(&cfg.model, cfg.model.vocab_size, false);
+        let peak =
+            |cfg: &Config| predicted_device_peak(cfg, (1, 1, 1), 8192, 40.0 * GIB, Precision::Bf16);
+        let (none, _) = peak(&cfg);
+        cfg.train.offload = crate::config::Offload::Optimizer;
+        let (off, host) = peak(&cfg);
+        let moved = none - off;
+        assert!(
+            (moved - 8.0 * n).abs() <= 1e-6 * moved,
+            "{moved} vs {}",
+            8.0 * n
+        );
+        assert!(
+            (host - 8.0 * n).abs() <= 1e-6 * host,
+            "{host} vs {}",
+            8.0 * n
+        );
     }
 
     /// The device check: the planner's GPU peak against the capacity, both figures named, and

@@ -333,6 +333,7 @@ impl Run<'_, '_> {
                 )))
             }
         };
+        crate::backend::sample_device_memory(&self.model.device);
         let mut grads = match out {
             Out::Loss(l) => l.backward(),
             Out::Hidden(out) => {

@@ -105,8 +105,11 @@ pub fn train_rank(
     let overlapped = overlap && ranks.no_overlap.is_none();
     let ranks = &ranks;
     let ad = opts.device.open(opts.thread_rank)?.autodiff();
-    // GPU backends: sample the device memory in use where each step peaks (metrics.jsonl).
-    crate::backend::watch_device_memory(opts.device.backend != crate::backend::BackendKind::Cpu);
+    // GPU backends: sample the device memory in use where each step peaks (metrics.jsonl),
+    // until this rank's loop ends.
+    let _watching = crate::backend::DeviceMemoryWatch::start(
+        opts.device.backend != crate::backend::BackendKind::Cpu,
+    );
     let (source, model_cfg, mut state) = starting_point(cfg, corpus, run, opts, ranks)?;
     let start = Start {
         model: model_cfg,

@@ -204,7 +204,9 @@ impl ZeroShard {
         codec: Option<Quantize>,
     ) -> Result<Vec<Tensor<1>>> {
         if codec.is_none() && comm.on_device(device) {
-            let mine = pack(pieces.into_iter(), self.block, device);
+            // Offloaded pieces (ZeRO-3 `--offload optimizer`) live on the host.
+            let here = pieces.into_iter().map(|p| p.to_device(device));
+            let mine = pack(here, self.block, device);
             let all = comm.all_gather_tensor(mine)?;
             return Ok(unpack(&all, self.lens.iter().copied()));
         }
