@@ -10,24 +10,9 @@ use genslm::plan::{
     estimate, granule, max_seq_len, model_params, Checkpointing, Degrees, Hardware, Mask,
     Parallelism, Phase, Precision, Recipe, Strategy, Target, GIB,
 };
-use genslm::tokenizer::VocabKind;
 
 fn shape(layers: usize, h: usize, heads: usize, i: usize) -> ModelConfig {
-    ModelConfig {
-        name: "t".into(),
-        num_layers: layers,
-        hidden_size: h,
-        num_heads: heads,
-        intermediate_size: i,
-        vocab: VocabKind::Genslm69,
-        vocab_size: 69,
-        max_position_embeddings: 2048,
-        position: Position::Rotary,
-        rotary_pct: 0.25,
-        rotary_base: 10000.0,
-        layer_norm_eps: 1e-5,
-        attention: AttentionKind::Flash,
-    }
+    common::neox_shape(layers, h, heads, i)
 }
 
 fn layout(tp: usize, sp: usize, dp: usize, zero: u8, megatron_sp: bool) -> Parallelism {

@@ -10,24 +10,9 @@ use genslm::plan::{
     estimate, model_params, Checkpointing, Degrees, Hardware, Mask, Parallelism, Phase, Precision,
     Recipe, Strategy, Target, GIB,
 };
-use genslm::tokenizer::VocabKind;
 
 fn shape(layers: usize) -> ModelConfig {
-    ModelConfig {
-        name: "t".into(),
-        num_layers: layers,
-        hidden_size: 512,
-        num_heads: 8,
-        intermediate_size: 2048,
-        vocab: VocabKind::Genslm69,
-        vocab_size: 69,
-        max_position_embeddings: 2048,
-        position: Position::Rotary,
-        rotary_pct: 0.25,
-        rotary_base: 10000.0,
-        layer_norm_eps: 1e-5,
-        attention: AttentionKind::Flash,
-    }
+    common::neox_shape(layers, 512, 8, 2048)
 }
 
 fn strategy(dp: usize, sp: usize, zero: u8, precision: Precision, offload: Offload) -> Strategy {

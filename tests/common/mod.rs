@@ -84,3 +84,28 @@ pub fn trained_tiny() -> &'static Path {
         out
     })
 }
+
+/// A GPT-NeoX shape with the codon vocabulary, rotary positions and flash attention (the
+/// planner tests' models).
+pub fn neox_shape(
+    layers: usize,
+    hidden: usize,
+    heads: usize,
+    intermediate: usize,
+) -> genslm::config::ModelConfig {
+    genslm::config::ModelConfig {
+        name: "t".into(),
+        num_layers: layers,
+        hidden_size: hidden,
+        num_heads: heads,
+        intermediate_size: intermediate,
+        vocab: genslm::tokenizer::VocabKind::Genslm69,
+        vocab_size: 69,
+        max_position_embeddings: 2048,
+        position: genslm::config::Position::Rotary,
+        rotary_pct: 0.25,
+        rotary_base: 10000.0,
+        layer_norm_eps: 1e-5,
+        attention: genslm::config::AttentionKind::Flash,
+    }
+}
