@@ -176,15 +176,14 @@ pub fn device_reserved_bytes<const D: usize>(t: &burn::tensor::Tensor<D>) -> Opt
     None
 }
 
-/// The memory of `device`'s pools on a GPU backend: bytes reserved (their high-water mark,
-/// as pools keep their pages) and bytes in use now, or `None` on the CPU. Ranks that share a
-/// device share its pools.
-pub fn device_pool_bytes(device: &Device) -> Option<(u64, u64)> {
+/// The bytes in use in `device`'s memory pools on a GPU backend now, or `None` on the CPU.
+/// Ranks that share a device share its pools.
+pub fn device_bytes_in_use(device: &Device) -> Option<u64> {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     {
         let probe = burn::tensor::Tensor::<1>::zeros([1], &device.clone().without_autodiff());
         if let Ok(c) = probe.try_into_primitive::<burn::backend::Cube>() {
-            return Some(genslm_kernels::pool_bytes(&c.client));
+            return Some(genslm_kernels::pool_bytes(&c.client).1);
         }
     }
     let _ = device;
@@ -200,7 +199,7 @@ thread_local! {
 /// backend's pools keep no high-water mark of the bytes in use, so the trainer samples them
 /// where a step's memory peaks (before each layer's backward, after the update); each sample
 /// waits for the device's queue, so only runs on GPU backends watch.
-pub fn watch_device_memory(on: bool) {
+fn watch_device_memory(on: bool) {
     DEVICE_PEAK.set(on.then_some(0));
 }
 
@@ -221,13 +220,13 @@ impl Drop for DeviceMemoryWatch {
     }
 }
 
-/// Adds the bytes in use in `device`'s pools now to this thread's peak, when watching.
-pub fn sample_device_memory(device: &Device) {
-    if let Some(peak) = DEVICE_PEAK.get() {
-        if let Some((_, used)) = device_pool_bytes(device) {
-            DEVICE_PEAK.set(Some(peak.max(used)));
-        }
-    }
+/// Adds the bytes in use in `device`'s pools now to this thread's peak, when watching, and
+/// returns them (`None` when not watching or on the CPU).
+pub fn sample_device_memory(device: &Device) -> Option<u64> {
+    let peak = DEVICE_PEAK.get()?;
+    let used = device_bytes_in_use(device)?;
+    DEVICE_PEAK.set(Some(peak.max(used)));
+    Some(used)
 }
 
 /// The peak sampled since the last call (restarting it), or `None` when not watching.

@@ -187,7 +187,7 @@ fn has_optimizer(hw: &Hardware) -> bool {
 }
 
 /// ZeRO divisor for a term that ZeRO partitions from `stage` on.
-pub(super) fn zdiv(zero: u8, stage: u8, group: f64) -> f64 {
+fn zdiv(zero: u8, stage: u8, group: f64) -> f64 {
     if zero >= stage {
         group
     } else {
@@ -210,7 +210,7 @@ fn states(
 
 /// (weights, gradients, optimizer states) of the model without the position table, and of the
 /// table.
-fn state_parts(
+pub(super) fn state_parts(
     m: &ModelConfig,
     st: &Strategy,
     hw: &Hardware,
@@ -241,13 +241,13 @@ fn state_parts(
 
 /// Parameters of the rank's stage and TP slice. TP splits every matrix and the vocabulary;
 /// LayerNorms and row-parallel biases are in fact replicated (≪ 0.1% of the weights, ignored).
-pub(super) fn model_share(m: &ModelConfig, st: &Strategy) -> f64 {
+fn model_share(m: &ModelConfig, st: &Strategy) -> f64 {
     stage_params(m, st.vocab_size, st.tied_embeddings, &view(m, st)) / st.layout.tp as f64
 }
 
 /// Whether the optimizer's state is offloaded (GPU targets only: on a CPU the device is the
 /// host), and whether the rank's weight shard goes with it (fp32 weights under ZeRO-3).
-pub(super) fn offloaded_state(st: &Strategy, hw: &Hardware) -> (bool, bool) {
+fn offloaded_state(st: &Strategy, hw: &Hardware) -> (bool, bool) {
     let on = st.offload.optimizer() && hw.target == Target::Gpu && has_optimizer(hw);
     (
         on,
@@ -257,7 +257,7 @@ pub(super) fn offloaded_state(st: &Strategy, hw: &Hardware) -> (bool, bool) {
 
 /// Whether checkpointed layer inputs are kept in host memory (GPU targets, full
 /// checkpointing).
-pub(super) fn offloaded_inputs(st: &Strategy, hw: &Hardware) -> bool {
+fn offloaded_inputs(st: &Strategy, hw: &Hardware) -> bool {
     st.offload.activations()
         && hw.target == Target::Gpu
         && matches!(st.checkpointing, Checkpointing::Full { .. })
@@ -267,7 +267,7 @@ pub(super) fn offloaded_inputs(st: &Strategy, hw: &Hardware) -> bool {
 /// the sequence: s rows of h (max_position_embeddings = s). Sharded, each sequence shard owns
 /// s/seq_shard rows and its gradient is reduced over DP only, so ZeRO partitions it over D;
 /// replicated, it is partitioned like any weight.
-pub(super) fn position_states(
+fn position_states(
     m: &ModelConfig,
     st: &Strategy,
     s: f64,
@@ -303,7 +303,12 @@ pub fn rank_states(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize
 /// keeps the whole input on every TP rank).
 /// Device-resident: none when they are offloaded (one comes back at a time, counted with the
 /// recomputed layer).
-fn kept_layer_inputs(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usize) -> f64 {
+pub(super) fn kept_layer_inputs(
+    m: &ModelConfig,
+    st: &Strategy,
+    hw: &Hardware,
+    seq_len: usize,
+) -> f64 {
     if offloaded_inputs(st, hw) {
         return 0.0;
     }
@@ -311,7 +316,7 @@ fn kept_layer_inputs(m: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usi
 }
 
 /// [`kept_layer_inputs`] wherever they live.
-pub(super) fn all_kept_inputs(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
+fn all_kept_inputs(m: &ModelConfig, st: &Strategy, seq_len: usize) -> f64 {
     let l = &st.layout;
     let partitioned = matches!(st.checkpointing, Checkpointing::Full { partitioned: true });
     // Partitioned checkpoints are split over all the ranks of the TP × Ulysses group

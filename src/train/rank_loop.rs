@@ -358,9 +358,7 @@ impl Clock {
         let secs = step_start.elapsed().as_secs_f64();
         let peak_mib = peak_rss_mib();
         let times = engine.stage_times();
-        let device = &engine.model().device;
-        crate::backend::sample_device_memory(device);
-        let in_use = crate::backend::device_pool_bytes(device).map(|p| p.1);
+        let in_use = crate::backend::sample_device_memory(&engine.model().device);
         let peak = crate::backend::take_device_peak();
         let mib = |b: u64| b as f64 / 1048576.0;
         let seqs = (t.batch_size * t.grad_accum) as f64;
