@@ -229,7 +229,11 @@ fn degenerate_pipelines_match_one_rank() {
 fn bf16_stages_match_one_bf16_rank() {
     PRECISION.with(|p| p.set(Precision::Bf16));
     let want = reference(Position::Rotary, 4);
-    for kind in [ScheduleKind::OneFOneB, ScheduleKind::Interleaved] {
+    for kind in [
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved,
+        ScheduleKind::ZeroBubble,
+    ] {
         let v = if kind == ScheduleKind::Interleaved {
             2
         } else {

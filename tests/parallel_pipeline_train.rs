@@ -61,6 +61,12 @@ fn every_schedule_trains_like_one_rank() {
             ],
         );
     }
+    // ZB's deferred weight products under TP (row-parallel slices, which have no bias) and SP.
+    let cfg = config(Position::Rotary, ScheduleKind::ZeroBubble, 1);
+    layouts_match_one_rank(
+        &cfg,
+        &[(pp(2, 1, 1, 1, 2), 1, false), (pp(2, 1, 1, 2, 1), 1, false)],
+    );
     // Interleaved over 4 stages: 8 chunks of 9 layers (the last one 2).
     let mut cfg = config(Position::Alibi, ScheduleKind::Interleaved, 2);
     cfg.model.num_layers = 9;

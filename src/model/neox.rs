@@ -16,7 +16,7 @@ use crate::model::params::{Layout, ParamSpec};
 use crate::model::position::{cat_runs, Positions};
 use crate::model::tensor_parallel::TensorParallel;
 use crate::ops::layer_norm::layer_norm;
-use crate::ops::linear::linear;
+use crate::ops::linear::{linear, linear_deferred, WeightGrads};
 use crate::ops::primitive::{host_to_param, tensor_to_vec};
 
 /// A GPT-NeoX model on one device.
@@ -36,6 +36,9 @@ pub struct GenSlm {
     pub tp: Option<std::sync::Arc<dyn TensorParallel>>,
     /// Compute dtype of the forward (the parameters stay fp32 whatever it is).
     pub precision: Precision,
+    /// Where the linear layers leave their weight gradients for later (a zero-bubble
+    /// pipeline's W pass; see [`GenSlm::deferring_weight_grads`]); `None`: in the backward.
+    pub defer: Option<WeightGrads>,
 }
 
 /// What a forward pass returns besides the final hidden states.
@@ -84,6 +87,7 @@ impl GenSlm {
             sp: None,
             tp: None,
             precision: Precision::Fp32,
+            defer: None,
         }
     }
 
@@ -120,6 +124,17 @@ impl GenSlm {
             sp: self.sp.clone(),
             tp: self.tp.clone(),
             precision: self.precision,
+            defer: None,
+        }
+    }
+
+    /// The same model (parameters shared) whose linear layers leave their weight gradients in
+    /// `sink` instead of the backward: the backward then computes what the previous pipeline
+    /// stage waits for, and [`WeightGrads::take`] the weights' products later.
+    pub fn deferring_weight_grads(&self, sink: WeightGrads) -> Self {
+        Self {
+            defer: Some(sink),
+            ..self.clone()
         }
     }
 
@@ -149,7 +164,11 @@ impl GenSlm {
     /// A linear layer in the compute dtype.
     pub(super) fn dense(&self, x: Tensor<3>, w: usize, b: Option<usize>) -> Tensor<3> {
         let bias = b.map(|b| self.compute(self.vec(b)));
-        linear(self.compute(x), self.compute(self.mat(w)), bias)
+        let (x, weight) = (self.compute(x), self.compute(self.mat(w)));
+        match &self.defer {
+            None => linear(x, weight, bias),
+            Some(sink) => linear_deferred(x, weight, bias, sink.to(w)),
+        }
     }
 
     /// LayerNorm with its statistics in fp32; the result in the compute dtype.

@@ -33,6 +33,21 @@ pub trait HandBackward<B: Backend, const N: usize>:
     ) -> (FloatTensor<B>, Option<Self::Saved>);
     /// The inputs' gradients from the output's.
     fn backward(&self, saved: Self::Saved, grad: FloatTensor<B>) -> [FloatTensor<B>; N];
+    /// The gradients of the inputs in `needed` (those autodiff tracks; the others' are never
+    /// used). By default all are computed and the unneeded dropped; an op whose gradients are
+    /// separate products overrides it to skip them.
+    fn backward_needed(
+        &self,
+        saved: Self::Saved,
+        grad: FloatTensor<B>,
+        needed: [bool; N],
+    ) -> [Option<FloatTensor<B>>; N] {
+        let mut i = 0;
+        self.backward(saved, grad).map(|g| {
+            i += 1;
+            needed[i - 1].then_some(g)
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -44,9 +59,10 @@ impl<B: Backend, Op: HandBackward<B, N>, const N: usize> Backward<B, N> for Node
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
         let (saved, op) = ops.state;
-        let input_grads = op.backward(saved, grad);
+        let needed = ops.parents.each_ref().map(Option::is_some);
+        let input_grads = op.backward_needed(saved, grad, needed);
         for (node, g) in ops.parents.into_iter().zip(input_grads) {
-            if let Some(node) = node {
+            if let (Some(node), Some(g)) = (node, g) {
                 grads.register::<B>(node.id, g);
             }
         }

@@ -22,6 +22,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::parallel::comm::Communicator;
@@ -117,14 +118,28 @@ impl InFlight {
 
 /// A group's communication thread, as the hook of a [`Hooked`] communicator: blocking calls
 /// wait for the started jobs first; [`start`] queues jobs for the thread. The thread starts
-/// with the first job and ends when the communicator is dropped.
+/// with the first job and ends when the communicator is dropped, which waits for it (see
+/// [`Progress::drop`]).
 #[derive(Debug)]
 pub struct Progress {
     /// The communicator the jobs run on (what the wrapper wraps).
     inner: Arc<dyn Communicator>,
-    queue: OnceLock<Option<Mutex<Sender<Job>>>>,
+    queue: OnceLock<Option<Thread>>,
     in_flight: Arc<InFlight>,
 }
+
+/// The running communication thread: its queue, and the signal it gives once it has let go of
+/// its communicator.
+#[derive(Debug)]
+struct Thread {
+    queue: Mutex<Sender<Job>>,
+    released: Mutex<Receiver<()>>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+/// How long dropping a communicator waits for its thread to finish the jobs left (a job stuck
+/// on a peer that died is not waited for longer).
+const JOIN_WAIT: Duration = Duration::from_secs(30);
 
 impl Progress {
     /// `inner` with a communication thread.
@@ -143,6 +158,7 @@ impl Progress {
         self.queue
             .get_or_init(|| {
                 let (tx, rx) = channel::<Job>();
+                let (done, released) = channel();
                 let (inner, in_flight) = (self.inner.clone(), self.in_flight.clone());
                 let rank = inner.rank();
                 std::thread::Builder::new()
@@ -155,11 +171,43 @@ impl Progress {
                             let _ = std::panic::catch_unwind(run);
                             in_flight.done();
                         }
+                        drop(inner);
+                        let _ = done.send(());
                     })
                     .ok()
-                    .map(|_| Mutex::new(tx))
+                    .map(|handle| Thread {
+                        queue: Mutex::new(tx),
+                        released: Mutex::new(released),
+                        handle,
+                    })
             })
             .as_ref()
+            .map(|t| &t.queue)
+    }
+}
+
+impl Drop for Progress {
+    /// Ends the thread and waits (at most [`JOIN_WAIT`]) until it has dropped its handle on the
+    /// communicator. Why: the last handle's drop frees the communicator (`MPI_Comm_free`, the
+    /// sends in flight); done on a detached thread it could run while `main` finalises MPI,
+    /// which corrupted the heap in a CI run (`MPI_Finalize`: "corrupted double-linked list").
+    fn drop(&mut self) {
+        let Some(Some(Thread {
+            queue,
+            released,
+            handle,
+        })) = self.queue.take()
+        else {
+            return;
+        };
+        drop(queue);
+        if handle.thread().id() == std::thread::current().id() {
+            return; // dropped by one of its own jobs: it ends after this one
+        }
+        let released = released.into_inner().unwrap_or_else(|p| p.into_inner());
+        if released.recv_timeout(JOIN_WAIT).is_ok() {
+            let _ = handle.join();
+        }
     }
 }
 
@@ -300,5 +348,21 @@ mod tests {
         assert!(e.contains("stopped before finishing"), "{e}");
         // The thread goes on with the next job.
         assert_eq!(start(c.as_ref(), |_| Ok(7)).wait().unwrap(), 7);
+    }
+
+    /// Dropping the communicator waits until its thread has run the jobs left and let go of the
+    /// inner communicator, so the last handle (an MPI communicator's free) goes on the dropping
+    /// thread, never on a detached one racing `MPI_Finalize`.
+    #[test]
+    fn dropping_the_communicator_ends_its_thread_first() {
+        let inner: Arc<dyn Communicator> = Arc::new(crate::parallel::comm::Solo);
+        let c = Progress::wrap(inner.clone());
+        let slow = start(c.as_ref(), |_| {
+            std::thread::sleep(Duration::from_millis(200));
+            Ok(())
+        });
+        drop(c);
+        assert_eq!(Arc::strong_count(&inner), 1);
+        assert!(slow.wait().is_ok(), "the job left ran to its end");
     }
 }

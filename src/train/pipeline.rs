@@ -14,10 +14,11 @@
 //! many are alive at once (1F1B: at most P on stage 0).
 //!
 //! ZB splits the backward into B (input gradient, which the previous stage waits for) and W
-//! (weight gradient). burn's autodiff computes both in one backward pass, so here B does the
-//! arithmetic of both and sends the input gradient at once; W only adds the kept parameter
-//! gradients into the step's. The schedule's order is followed exactly, but the time a W
-//! would fill a bubble with is spent in B.
+//! (weight gradient). The chunk runs on a model whose linear layers defer their weight
+//! products (`GenSlm::deferring_weight_grads`): B's backward computes the input gradients (and
+//! the small LayerNorm, bias and embedding gradients) and sends the chunk's input gradient at
+//! once, while the four products `dW = xᵀ·dy` per layer — half a layer's backward — wait in
+//! the pass's [`WeightGrads`] until W runs them and adds them into the step's gradients.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -29,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::model::cache::Past;
 use crate::model::params::Layout;
 use crate::model::GenSlm;
+use crate::ops::linear::WeightGrads;
 use crate::ops::primitive::{host_to_param, tensor_to_vec, tokens_tensor};
 use crate::parallel::comm::Communicator;
 use crate::parallel::pipeline::mailroom::{Mailroom, Msg};
@@ -37,7 +39,7 @@ use crate::parallel::pipeline::stages::Stages;
 use crate::parallel::ranks::Ranks;
 use crate::train::layerwise::{embed_units, Unit};
 use crate::train::metrics::peak_rss_mib;
-use crate::train::recompute::accumulate;
+use crate::train::recompute::{accumulate, add_into};
 use crate::train::shard::{local_nll, LocalBatch};
 
 /// A run's pipeline: the schedule of a step and the cut of the layers into chunks.
@@ -116,9 +118,9 @@ enum Out {
 /// allocation per pass).
 #[allow(clippy::large_enum_variant)]
 enum Kept {
-    /// The graph: the input leaf (fp32; none on chunk 0, whose input is the tokens) and the
-    /// output.
-    Graph(Option<Tensor<3>>, Out),
+    /// The graph: the input leaf (fp32; none on chunk 0, whose input is the tokens), the
+    /// output, and where its linear layers leave their weight gradients (split backward).
+    Graph(Option<Tensor<3>>, Out, Option<WeightGrads>),
     /// Checkpointing: the input's values only.
     Input(Option<Vec<f32>>),
 }
@@ -217,13 +219,17 @@ pub fn stage_loss_and_grads(
             Pass::F => run.forward(op, &len)?,
             Pass::B => run.backward(op, &len, acc)?,
             Pass::W => {
-                let grads = run
-                    .weight_grads
-                    .remove(&(op.micro, op.chunk))
-                    .ok_or_else(|| {
-                        Error::Invalid(format!("pipeline: {op:?} before its input gradient"))
-                    })?;
+                let (grads, deferred) =
+                    run.weight_grads
+                        .remove(&(op.micro, op.chunk))
+                        .ok_or_else(|| {
+                            Error::Invalid(format!("pipeline: {op:?} before its input gradient"))
+                        })?;
                 accumulate(model, &grads, acc);
+                for (i, dw) in deferred.take() {
+                    let n: usize = dw.dims().iter().product();
+                    add_into(&mut acc[i], model.full(dw).reshape([n]));
+                }
             }
         }
     }
@@ -252,8 +258,8 @@ struct Run<'a, 'p> {
     denom: f64,
     mail: Mailroom<'p>,
     kept: HashMap<(usize, usize), Kept>,
-    /// ZB: the parameter gradients B computed, waiting for W.
-    weight_grads: HashMap<(usize, usize), Gradients>,
+    /// ZB: the parameter gradients B computed, and the weight products it left, waiting for W.
+    weight_grads: HashMap<(usize, usize), (Gradients, WeightGrads)>,
     /// This stage's loss terms (non-zero on the last stage only).
     loss: f64,
     /// Time spent waiting for messages.
@@ -297,9 +303,10 @@ impl Run<'_, '_> {
             let x = input.clone().map(|d| self.leaf(micro, d, &frozen));
             (Kept::Input(input), self.chunk(&frozen, micro, chunk, x)?)
         } else {
-            let leaf = input.map(|d| self.leaf(micro, d, self.model).require_grad());
-            let out = self.chunk(self.model, micro, chunk, leaf.clone())?;
-            (Kept::Graph(leaf, out.clone()), out)
+            let (model, sink) = self.graph_model();
+            let leaf = input.map(|d| self.leaf(micro, d, &model).require_grad());
+            let out = self.chunk(&model, micro, chunk, leaf.clone())?;
+            (Kept::Graph(leaf, out.clone(), sink), out)
         };
         match out {
             Out::Hidden(x) => {
@@ -320,12 +327,13 @@ impl Run<'_, '_> {
         acc: &mut [Option<Tensor<1>>],
     ) -> Result<()> {
         let Op { micro, chunk, .. } = op;
-        let (input, out) = match self.kept.remove(&(micro, chunk)) {
-            Some(Kept::Graph(input, out)) => (input, out),
+        let (input, out, sink) = match self.kept.remove(&(micro, chunk)) {
+            Some(Kept::Graph(input, out, sink)) => (input, out, sink),
             Some(Kept::Input(data)) => {
-                let leaf = data.map(|d| self.leaf(micro, d, self.model).require_grad());
-                let out = self.chunk(self.model, micro, chunk, leaf.clone())?;
-                (leaf, out)
+                let (model, sink) = self.graph_model();
+                let leaf = data.map(|d| self.leaf(micro, d, &model).require_grad());
+                let out = self.chunk(&model, micro, chunk, leaf.clone())?;
+                (leaf, out, sink)
             }
             None => {
                 return Err(Error::Invalid(format!(
@@ -352,12 +360,23 @@ impl Run<'_, '_> {
                 self.mail.post(to, msg, tensor_to_vec(&g))?;
             }
         }
-        if self.p.schedule.kind.splits_backward() {
-            self.weight_grads.insert((micro, chunk), grads);
-        } else {
-            accumulate(self.model, &grads, acc);
+        match sink {
+            Some(sink) => {
+                self.weight_grads.insert((micro, chunk), (grads, sink));
+            }
+            None => accumulate(self.model, &grads, acc),
         }
         Ok(())
+    }
+
+    /// The model a pass records its graph on: the stage's, or under a split backward one whose
+    /// linear layers leave their weight products in the returned queue (shared parameters).
+    fn graph_model(&self) -> (GenSlm, Option<WeightGrads>) {
+        if !self.p.schedule.kind.splits_backward() {
+            return (self.model.clone(), None);
+        }
+        let sink = WeightGrads::default();
+        (self.model.deferring_weight_grads(sink.clone()), Some(sink))
     }
 }
 

@@ -1,17 +1,21 @@
 //! Linear layers under autodiff: one node (`ops::autodiff::differentiable`) that saves the
-//! input and the weight and calls the inner backend's `linear_bwd`.
+//! input and the weight and runs the inner backend's kernels for the inputs that need a
+//! gradient; with a [`DeferTo`], the weight's product is queued for later instead.
 
 use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff};
-use burn::backend::tensor::FloatTensor;
+use burn::backend::{tensor::FloatTensor, DispatchKindConversion, DispatchTensor};
 
 use super::*;
 use crate::ops::autodiff::{differentiable, HandBackward};
 
-/// The op as a [`HandBackward`] one: no argument besides its tensors.
+/// The op as a [`HandBackward`] one; its argument is where a deferred weight gradient goes.
 #[derive(Debug, Clone)]
-struct Linear;
+struct Linear(Option<DeferTo>);
 
-impl<B: LinearKernels> HandBackward<B, 3> for Linear {
+impl<B: LinearKernels> HandBackward<B, 3> for Linear
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
     // The input and the weight.
     type Saved = [FloatTensor<B>; 2];
 
@@ -31,14 +35,38 @@ impl<B: LinearKernels> HandBackward<B, 3> for Linear {
         let (dx, dw, db) = B::linear_bwd(x, w, dy);
         [dx, dw, db]
     }
+
+    fn backward_needed(
+        &self,
+        [x, w]: Self::Saved,
+        dy: FloatTensor<B>,
+        [need_x, need_w, need_b]: [bool; 3],
+    ) -> [Option<FloatTensor<B>>; 3] {
+        let db = need_b.then(|| B::linear_bwd_bias(dy.clone()));
+        let dx = need_x.then(|| B::linear_bwd_input(w, dy.clone()));
+        let dw = match (&self.0, need_w) {
+            (_, true) => Some(B::linear_bwd_weight(x, dy)),
+            (Some(to), false) => {
+                let product = move || Tensor::from_primitive::<B>(B::linear_bwd_weight(x, dy));
+                to.sink.push(to.param, Box::new(product));
+                None
+            }
+            (None, false) => None,
+        };
+        [dx, dw, db]
+    }
 }
 
-impl<B: LinearKernels, Ck: CheckpointStrategy> LinearOps for Autodiff<B, Ck> {
+impl<B: LinearKernels, Ck: CheckpointStrategy> LinearOps for Autodiff<B, Ck>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
     fn linear(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
+        defer: Option<DeferTo>,
     ) -> FloatTensor<Self> {
-        differentiable::<B, Ck, _, 3>([x, w, b], Linear)
+        differentiable::<B, Ck, _, 3>([x, w, b], Linear(defer))
     }
 }

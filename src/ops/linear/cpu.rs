@@ -109,18 +109,29 @@ dispatched!(
 );
 
 /// `(dx, dw, db)` for [`fwd_slices`]' shapes.
+#[cfg(test)]
 pub(super) fn bwd_slices(
     x: &[f32],
     w: &[f32],
     dy: &[f32],
-    (rows, n, m): (usize, usize, usize),
+    dims @ (_, _, m): (usize, usize, usize),
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    // dx = dy (rows×m) · wᵀ (m×n); element (k, j) of wᵀ is w[j·m + k].
-    let dx = matmul_new((rows, n, m), (dy, (m, 1)), (w, (1, m)), threads(rows, n, m));
-    // dw = xᵀ (n×rows) · dy (rows×m), the sum over every row in one product; element (i, r) of
-    // xᵀ is x[r·n + i].
-    let dw = matmul_new((n, m, rows), (x, (1, n)), (dy, (m, 1)), threads(n, m, rows));
-    (dx, dw, column_sums(dy, m))
+    (
+        dx_slices(w, dy, dims),
+        dw_slices(x, dy, dims),
+        column_sums(dy, m),
+    )
+}
+
+/// `dx = dy (rows×m) · wᵀ (m×n)`; element (k, j) of wᵀ is w[j·m + k].
+pub(super) fn dx_slices(w: &[f32], dy: &[f32], (rows, n, m): (usize, usize, usize)) -> Vec<f32> {
+    matmul_new((rows, n, m), (dy, (m, 1)), (w, (1, m)), threads(rows, n, m))
+}
+
+/// `dw = xᵀ (n×rows) · dy (rows×m)`, the sum over every row in one product; element (i, r) of
+/// xᵀ is x[r·n + i].
+pub(super) fn dw_slices(x: &[f32], dy: &[f32], (rows, n, m): (usize, usize, usize)) -> Vec<f32> {
+    matmul_new((n, m, rows), (x, (1, n)), (dy, (m, 1)), threads(n, m, rows))
 }
 
 /// Elements of `dy` per column-sum task.
@@ -174,25 +185,38 @@ impl LinearKernels for Flex {
         })
     }
 
-    fn linear_bwd(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (x, w, dy): (Tensor<3>, Tensor<2>, Tensor<3>) =
-            (Self::tensor(x), Self::tensor(w), Self::tensor(dy));
-        let (dx, dw, db) = if [x.dtype(), w.dtype(), dy.dtype()] == [DType::F32; 3] {
-            let ([bs, s, n], m, device) = (x.dims(), w.dims()[1], x.device());
-            let (xs, ws, dys) = (host_f32(x), host_f32(w), host_f32(dy));
-            let (dx, dw, db) = bwd_slices(values(&xs), values(&ws), values(&dys), (bs * s, n, m));
-            (
-                Tensor::<3>::from_data(TensorData::new(dx, [bs, s, n]), &device),
-                Tensor::<2>::from_data(TensorData::new(dw, [n, m]), &device),
-                Tensor::<1>::from_data(TensorData::new(db, [m]), &device),
-            )
+    fn linear_bwd_input(w: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (w, dy): (Tensor<2>, Tensor<3>) = (Self::tensor(w), Self::tensor(dy));
+        Self::prim(if [w.dtype(), dy.dtype()] == [DType::F32; 2] {
+            let ([bs, s, m], n, device) = (dy.dims(), w.dims()[0], dy.device());
+            let (ws, dys) = (host_f32(w), host_f32(dy));
+            let dx = dx_slices(values(&ws), values(&dys), (bs * s, n, m));
+            Tensor::<3>::from_data(TensorData::new(dx, [bs, s, n]), &device)
         } else {
-            bwd_composed(x, w, dy)
-        };
-        (Self::prim(dx), Self::prim(dw), Self::prim(db))
+            dx_composed(w, dy)
+        })
+    }
+
+    fn linear_bwd_weight(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, dy): (Tensor<3>, Tensor<3>) = (Self::tensor(x), Self::tensor(dy));
+        Self::prim(if [x.dtype(), dy.dtype()] == [DType::F32; 2] {
+            let ([bs, s, n], m, device) = (x.dims(), dy.dims()[2], x.device());
+            let (xs, dys) = (host_f32(x), host_f32(dy));
+            let dw = dw_slices(values(&xs), values(&dys), (bs * s, n, m));
+            Tensor::<2>::from_data(TensorData::new(dw, [n, m]), &device)
+        } else {
+            dw_composed(x, dy)
+        })
+    }
+
+    fn linear_bwd_bias(dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        let dy: Tensor<3> = Self::tensor(dy);
+        Self::prim(if dy.dtype() == DType::F32 {
+            let (m, device) = (dy.dims()[2], dy.device());
+            let dys = host_f32(dy);
+            Tensor::<1>::from_data(TensorData::new(column_sums(values(&dys), m), [m]), &device)
+        } else {
+            db_composed(dy)
+        })
     }
 }

@@ -21,12 +21,15 @@ impl LinearKernels for burn::backend::Cube {
         ))
     }
 
-    fn linear_bwd(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dx, dw, db) = bwd_composed(Self::tensor(x), Self::tensor(w), Self::tensor(dy));
-        (Self::prim(dx), Self::prim(dw), Self::prim(db))
+    fn linear_bwd_input(w: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::prim(dx_composed(Self::tensor(w), Self::tensor(dy)))
+    }
+
+    fn linear_bwd_weight(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::prim(dw_composed(Self::tensor(x), Self::tensor(dy)))
+    }
+
+    fn linear_bwd_bias(dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::prim(db_composed(Self::tensor(dy)))
     }
 }

@@ -134,3 +134,80 @@ fn autodiff_gradients_equal_burn_linear() {
         }
     }
 }
+
+/// With its weight gradient deferred, the op's backward gives the input's and the bias's
+/// gradients as burn's own `linear` does, sends the (detached) weight none, and the queued
+/// product, run afterwards, equals burn's weight gradient; a second deferred op queues its own.
+#[test]
+fn deferred_weight_gradient_equals_burn_linear() {
+    let ad = burn::tensor::Device::flex().autodiff();
+    let ([bs, s, n], m) = ([2, 5, 7], 3);
+    let t = |v: Vec<f32>, shape: [usize; 3]| {
+        Tensor::<1>::from_data(TensorData::new(v, [shape.iter().product::<usize>()]), &ad)
+            .reshape(shape)
+    };
+    let x = t(data(bs * s * n, 0.2), [bs, s, n]).require_grad();
+    let w = t(data(n * m, 0.5), [1, n, m])
+        .reshape([n, m])
+        .require_grad();
+    let b = t(data(m, 0.8), [1, 1, m]).reshape([m]).require_grad();
+    let weights = t(data(bs * s * m, 0.3), [bs, s, m]);
+    let v = |t: Tensor<2>| {
+        t.reshape([n * m])
+            .into_data()
+            .try_into_vec::<f32>()
+            .unwrap()
+    };
+    let flat = |t: Tensor<3>| {
+        t.reshape([bs * s * n])
+            .into_data()
+            .try_into_vec::<f32>()
+            .unwrap()
+    };
+
+    let y = burn::tensor::module::linear(x.clone(), w.clone(), Some(b.clone()));
+    let grads = (y * weights.clone()).sum().backward();
+    let (dx_ref, dw_ref) = (flat(x.grad(&grads).unwrap()), v(w.grad(&grads).unwrap()));
+    let db_ref = b
+        .grad(&grads)
+        .unwrap()
+        .into_data()
+        .try_into_vec::<f32>()
+        .unwrap();
+
+    let sink = WeightGrads::default();
+    let y = linear_deferred(x.clone(), w.clone(), Some(b.clone()), sink.to(4));
+    let y2 = linear_deferred(x.clone(), w.clone(), None, sink.to(9));
+    let grads = (y * weights.clone() + y2 * weights).sum().backward();
+    assert!(
+        w.grad(&grads).is_none(),
+        "the weight's gradient is left to the queue"
+    );
+    assert_eq!(sink.len(), 2);
+    let close = |a: &[f32], b: &[f32], k: f32, what: &str| {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - k * y).abs() < 1e-5 * (1.0 + y.abs()),
+                "{what} at {i}: {x} vs {y}"
+            );
+        }
+    };
+    // Two uses of x: its gradient is twice burn's; the bias is in the first op only.
+    close(&flat(x.grad(&grads).unwrap()), &dx_ref, 2.0, "dx");
+    let db = b
+        .grad(&grads)
+        .unwrap()
+        .into_data()
+        .try_into_vec::<f32>()
+        .unwrap();
+    close(&db, &db_ref, 1.0, "db");
+    let taken = sink.take();
+    assert!(sink.is_empty());
+    let mut params: Vec<usize> = taken.iter().map(|(i, _)| *i).collect();
+    params.sort();
+    assert_eq!(params, [4, 9]);
+    for (_, dw) in taken {
+        close(&v(dw), &dw_ref, 1.0, "dw");
+    }
+}
