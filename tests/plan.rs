@@ -52,6 +52,7 @@ fn megatron(l: Parallelism, attention: AttentionKind, ckpt: Checkpointing) -> St
         offload: genslm::config::Offload::None,
         vocab_size: 1024,
         stage: None,
+        pp_layers: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn strategy(dp: usize, sp: usize, zero: u8, precision: Precision, offload: Offlo
         offload,
         vocab_size: 69,
         stage: None,
+        pp_layers: None,
     }
 }
 

@@ -54,6 +54,7 @@ fn strategy(l: Parallelism) -> Strategy {
         offload: genslm::config::Offload::None,
         vocab_size: 69,
         stage: None,
+        pp_layers: None,
     }
 }
 
@@ -74,21 +75,52 @@ fn close(got: f64, want: f64, what: &str) {
 #[test]
 fn stages_hold_their_layers_and_the_schedule_s_micro_batches() {
     let m = shape(8);
-    let views = stage_views(&m, &layout(4, 1, 1, ScheduleKind::OneFOneB, 1, 8)).unwrap();
+    let views = stage_views(&m, &layout(4, 1, 1, ScheduleKind::OneFOneB, 1, 8), None).unwrap();
     let kept: Vec<usize> = views.iter().map(|v| v.kept_layers).collect();
     // 1F1B: stage s keeps P − s micro-batches of its 2 layers.
     assert_eq!(kept, vec![8, 6, 4, 2]);
     assert!(views.iter().all(|v| v.layers == 2));
     assert!(views[0].embeddings && !views[0].head && views[3].head && !views[3].embeddings);
     // GPipe keeps every micro-batch until the backwards start.
-    let views = stage_views(&m, &layout(4, 1, 1, ScheduleKind::GPipe, 1, 8)).unwrap();
+    let views = stage_views(&m, &layout(4, 1, 1, ScheduleKind::GPipe, 1, 8), None).unwrap();
     assert!(views.iter().all(|v| v.kept_layers == 16));
     // The stages' parameters add up to the model's (untied embeddings: one matrix each end).
     let sum: f64 = views.iter().map(|v| stage_params(&m, 69, false, v)).sum();
     close(sum, model_params(&m, 69, false), "Σ stages");
     // Impossible pipelines are refused by the check, as the trainer refuses them.
-    assert!(stage_views(&m, &layout(4, 1, 1, ScheduleKind::OneFOneB, 1, 2)).is_err());
-    assert!(stage_views(&m, &layout(16, 1, 1, ScheduleKind::GPipe, 1, 16)).is_err());
+    assert!(stage_views(&m, &layout(4, 1, 1, ScheduleKind::OneFOneB, 1, 2), None).is_err());
+    assert!(stage_views(&m, &layout(16, 1, 1, ScheduleKind::GPipe, 1, 16), None).is_err());
+}
+
+/// `--pp-layers` cuts the stages where it says: 1F1B on 2 stages of 1 and 7 layers keeps 2
+/// micro-batches of 1 layer on stage 0 and 1 of 7 on stage 1 (balanced: 2 × 4 and 1 × 4), the
+/// estimate is the heavier stage's, and a cut that does not fit the model is refused.
+#[test]
+fn a_given_layer_cut_is_the_one_estimated() {
+    let m = shape(8);
+    let l = layout(2, 1, 1, ScheduleKind::OneFOneB, 1, 4);
+    let views = stage_views(&m, &l, Some(&[1, 7])).unwrap();
+    let got: Vec<(usize, usize)> = views.iter().map(|v| (v.layers, v.kept_layers)).collect();
+    assert_eq!(got, [(1, 2), (7, 7)]);
+    let even: Vec<(usize, usize)> = stage_views(&m, &l, None)
+        .unwrap()
+        .iter()
+        .map(|v| (v.layers, v.kept_layers))
+        .collect();
+    assert_eq!(even, [(4, 8), (4, 4)]);
+    let (cut, balanced) = (
+        Strategy {
+            pp_layers: Some(vec![1, 7]),
+            ..strategy(l)
+        },
+        strategy(l),
+    );
+    let s = 4096;
+    let heavy = genslm::plan::estimate_on(&m, &cut, &gpu(), s, views[1]).total();
+    close(estimate(&m, &cut, &gpu(), s).total(), heavy, "the 7-layer stage's peak");
+    assert!(estimate(&m, &cut, &gpu(), s).total() > estimate(&m, &balanced, &gpu(), s).total());
+    assert!(stage_views(&m, &l, Some(&[2, 7])).is_err(), "9 layers of 8");
+    assert!(stage_views(&m, &l, Some(&[8])).is_err(), "one count for two stages");
 }
 
 #[test]
@@ -133,7 +165,7 @@ fn stage_memory_terms() {
     );
     let l = layout(4, t, 1, ScheduleKind::OneFOneB, 1, 8);
     let st = strategy(l);
-    let views = stage_views(&m, &l).unwrap();
+    let views = stage_views(&m, &l, None).unwrap();
     let per_stage: Vec<_> = views
         .iter()
         .map(|&v| {
@@ -228,7 +260,7 @@ fn the_suggested_cut_evens_out_the_stage_peaks() {
     let worst = peaks.iter().copied().fold(0.0, f64::max);
     assert!(worst < even, "suggested {worst} vs even {even}");
     // Each reported peak is that stage's estimate with the suggested layers.
-    let views = stage_views(&m, &l).unwrap();
+    let views = stage_views(&m, &l, None).unwrap();
     for (k, (&c, &p)) in counts.iter().zip(&peaks).enumerate() {
         let in_flight = views[k].kept_layers / views[k].layers;
         let view = genslm::plan::StageView {

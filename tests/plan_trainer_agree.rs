@@ -36,6 +36,7 @@ fn request(
         } else {
             1
         },
+        pp_layers: None,
         grad_accum: None,
         zero: None,
         attention: None,

@@ -53,6 +53,10 @@ pub struct PlanArgs {
     /// Chunks of layers per pipeline stage (interleaved).
     #[arg(long, default_value_t = 1)]
     pub pp_virtual: usize,
+    /// Layers per pipeline chunk, comma-separated, as genslm train's --pp-layers (default:
+    /// balanced, extra layers on the last chunks); needs --pp.
+    #[arg(long, value_delimiter = ',')]
+    pub pp_layers: Option<Vec<usize>>,
     /// Micro-batches per step under PP (default: 4 × the stages).
     #[arg(long)]
     pub grad_accum: Option<usize>,
@@ -127,6 +131,7 @@ impl From<PlanArgs> for PlanRequest {
             pp: a.pp,
             pp_schedule: a.pp_schedule,
             pp_virtual: a.pp_virtual,
+            pp_layers: a.pp_layers,
             grad_accum: a.grad_accum,
             zero: a.zero,
             attention: a.attention.map(Into::into),

@@ -21,7 +21,7 @@ pub fn suggest_layers(
         return None;
     }
     // Micro-batches in flight per stage: the even cut's kept layers over its layers.
-    let even = stage_views(m, l).ok()?;
+    let even = stage_views(m, l, None).ok()?;
     let in_flight: Vec<usize> = even.iter().map(|v| v.kept_layers / v.layers).collect();
     let peak = |s: usize, layers: usize| {
         let view = StageView {

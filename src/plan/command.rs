@@ -209,7 +209,7 @@ fn stage_estimates(model: &ModelConfig, best: &Candidate, seq_len: usize) -> Vec
     if st.layout.pp <= 1 {
         return Vec::new();
     }
-    super::stages::stage_views(model, &st.layout)
+    super::stages::stage_views(model, &st.layout, st.pp_layers.as_deref())
         .unwrap_or_default()
         .into_iter()
         .map(|v| super::estimate_on(model, st, &best.hardware, seq_len, v))

@@ -237,6 +237,10 @@ pub struct Strategy {
     /// target): the optimizer's (moments, and master weights as the layout keeps them), and
     /// checkpointed layer inputs.
     pub offload: Offload,
+    /// Layers per pipeline chunk as `--pp-layers` cuts them (`None`: the trainer's balanced
+    /// cut, extra layers on the last chunks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pp_layers: Option<Vec<usize>>,
 }
 
 /// Memory of one rank.
@@ -413,7 +417,7 @@ pub fn check(model: &ModelConfig, st: &Strategy) -> Result<()> {
             l.pp, l.zero
         )));
     }
-    stages::stage_views(model, l)?;
+    stages::stage_views(model, l, st.pp_layers.as_deref())?;
     if st.vocab_size == 0 {
         return Err(Error::Invalid("vocabulary size must be at least 1".into()));
     }
@@ -446,8 +450,8 @@ pub fn estimate(model: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: usiz
     if st.stage.is_some() || st.layout.pp <= 1 {
         return estimate_stage(model, st, hw, seq_len);
     }
-    let views =
-        stages::stage_views(model, &st.layout).unwrap_or_else(|_| vec![StageView::whole(model)]);
+    let views = stages::stage_views(model, &st.layout, st.pp_layers.as_deref())
+        .unwrap_or_else(|_| vec![StageView::whole(model)]);
     estimate_stages(model, st, hw, seq_len, &views)
 }
 
@@ -546,7 +550,7 @@ pub fn max_seq_len(model: &ModelConfig, st: &Strategy, hw: &Hardware) -> usize {
     let g = granule(st);
     // The stages' views once (each comes from a simulation of the schedule).
     let views = match (st.stage, st.layout.pp) {
-        (None, p) if p > 1 => stages::stage_views(model, &st.layout).ok(),
+        (None, p) if p > 1 => stages::stage_views(model, &st.layout, st.pp_layers.as_deref()).ok(),
         _ => None,
     };
     let at = |n: usize| match &views {

@@ -158,6 +158,7 @@ pub fn megatron_sp_flash(layout: Parallelism, vocab_size: usize) -> Strategy {
         offload: crate::config::Offload::None,
         vocab_size,
         stage: None,
+        pp_layers: None,
     }
 }
 
@@ -216,6 +217,7 @@ pub fn strategy(system: System, model: &ModelConfig, gpus: usize) -> Strategy {
         offload: crate::config::Offload::None,
         vocab_size: 69,
         stage: None,
+        pp_layers: None,
     };
     match system {
         System::MegatronLm => megatron_lm,

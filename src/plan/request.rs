@@ -42,6 +42,8 @@ pub struct PlanRequest {
     pub pp_schedule: ScheduleKind,
     /// Chunks of layers per pipeline stage (interleaved).
     pub pp_virtual: usize,
+    /// Layers per pipeline chunk, as `--pp-layers` cuts them (default: balanced).
+    pub pp_layers: Option<Vec<usize>>,
     /// Micro-batches per step under PP (default 4·P).
     pub grad_accum: Option<usize>,
     /// ZeRO stage 0-3 (default: searched).

@@ -51,6 +51,8 @@ pub fn strategy_for(model: &ModelConfig, a: &PlanRequest, layout: Parallelism) -
         offload: a.offload,
         vocab_size: model.vocab_size,
         stage: None,
+        // The cut applies to the layout with the stages it was given for.
+        pp_layers: a.pp_layers.clone().filter(|_| a.pp == Some(layout.pp)),
     }
 }
 
@@ -81,6 +83,11 @@ pub fn pipe_plan(a: &PlanRequest, pp: usize) -> PipePlan {
 /// not: TP within a node, whole heads per rank, ZeRO 0–3).
 pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<Parallelism>> {
     let cpu = a.device == PlanDevice::Cpu;
+    if a.pp_layers.is_some() && a.pp.unwrap_or(1) < 2 {
+        return Err(Error::Invalid(
+            "--pp-layers cuts the layers into pipeline stages: give --pp P (2 or more) too".into(),
+        ));
+    }
     if let (Some(pp @ 2..), Some(zero @ 2..)) = (a.pp, a.zero) {
         return Err(Error::Invalid(format!(
             "--pp {pp} with --zero {zero}: genslm's trainer runs pipeline stages with ZeRO 0 or 1"

@@ -75,22 +75,32 @@ fn cost(kind: ScheduleKind) -> impl Fn(Pass) -> u64 {
     }
 }
 
-fn schedule(m: &ModelConfig, l: &Parallelism) -> Result<(Schedule, Stages)> {
+/// The schedule and the cut of the layers: `cut` (layers per chunk, `--pp-layers`) or the
+/// balanced one.
+fn schedule(m: &ModelConfig, l: &Parallelism, cut: Option<&[usize]>) -> Result<(Schedule, Stages)> {
     let p = &l.pipeline;
     // The settings, then the cut (more chunks than layers), before anything is built.
     Schedule::check(p.schedule, l.pp, p.micro_batches, p.virtual_stages)?;
-    let stages = Stages::balanced(m.num_layers, l.pp, p.virtual_stages)?;
+    let stages = match cut {
+        Some(counts) => Stages::from_counts(counts, m.num_layers, l.pp, p.virtual_stages)?,
+        None => Stages::balanced(m.num_layers, l.pp, p.virtual_stages)?,
+    };
     let sched = Schedule::build(p.schedule, l.pp, p.micro_batches, p.virtual_stages)?;
     Ok((sched, stages))
 }
 
-/// Every stage's view of layout `l` (one whole view without a pipeline), or why the pipeline
-/// cannot run (too few micro-batches, more chunks than layers).
-pub fn stage_views(m: &ModelConfig, l: &Parallelism) -> Result<Vec<StageView>> {
+/// Every stage's view of layout `l` with the layers cut by `cut` (`--pp-layers`; `None`:
+/// balanced), one whole view without a pipeline, or why the pipeline cannot run (too few
+/// micro-batches, more chunks than layers, a cut that does not fit the model).
+pub fn stage_views(
+    m: &ModelConfig,
+    l: &Parallelism,
+    cut: Option<&[usize]>,
+) -> Result<Vec<StageView>> {
     if l.pp <= 1 {
         return Ok(vec![StageView::whole(m)]);
     }
-    let (sched, stages) = schedule(m, l)?;
+    let (sched, stages) = schedule(m, l, cut)?;
     let timeline = simulate(&sched, cost(sched.kind))?;
     Ok((0..l.pp)
         .map(|s| {
@@ -115,7 +125,7 @@ pub fn bubble(m: &ModelConfig, l: &Parallelism) -> Option<f64> {
     if l.pp <= 1 {
         return None;
     }
-    let (sched, _) = schedule(m, l).ok()?;
+    let (sched, _) = schedule(m, l, None).ok()?;
     let t = simulate(&sched, cost(sched.kind)).ok()?;
     let busy: u64 = t.busy.iter().sum();
     let idle: u64 = (0..l.pp).map(|s| t.idle(s)).sum();

@@ -56,6 +56,7 @@ pub fn pipelined_strategy(cfg: &Config, dp: usize, sp: usize, pp: usize) -> Stra
         offload: t.offload,
         vocab_size: cfg.model.vocab_size,
         stage: None,
+        pp_layers: if pp > 1 { t.pp_layers.clone() } else { None },
     }
 }
 
@@ -357,6 +358,26 @@ mod tests {
 
     /// The device check: the planner's GPU peak against the capacity, both figures named, and
     /// a length that fits; a device shared by two ranks needs twice the memory.
+    /// The pre-flight predicts the stages `--pp-layers` cuts, not balanced ones: genslm-25m's
+    /// 8 layers as 1 + 7 peak where the 7-layer stage does, above the balanced 4 + 4, and
+    /// 7 + 1 (the first stage keeps 2 micro-batches under 1F1B) above both.
+    #[test]
+    fn the_pipeline_prediction_follows_the_layer_cut() {
+        let mut cfg = genslm_25m();
+        cfg.train.batch_size = 1;
+        cfg.train.grad_accum = 4;
+        let peak = |cfg: &Config| predicted_peak(cfg, (1, 1, 2), 1, 4096);
+        let balanced = peak(&cfg);
+        cfg.train.pp_layers = Some(vec![1, 7]);
+        let last_heavy = peak(&cfg);
+        cfg.train.pp_layers = Some(vec![7, 1]);
+        let first_heavy = peak(&cfg);
+        assert!(
+            balanced < last_heavy && last_heavy < first_heavy,
+            "{balanced} {last_heavy} {first_heavy}"
+        );
+    }
+
     #[test]
     fn a_gpu_run_is_refused_with_the_device_figures() {
         let mut cfg = genslm_25m();
