@@ -117,10 +117,17 @@ fn a_given_layer_cut_is_the_one_estimated() {
     );
     let s = 4096;
     let heavy = genslm::plan::estimate_on(&m, &cut, &gpu(), s, views[1]).total();
-    close(estimate(&m, &cut, &gpu(), s).total(), heavy, "the 7-layer stage's peak");
+    close(
+        estimate(&m, &cut, &gpu(), s).total(),
+        heavy,
+        "the 7-layer stage's peak",
+    );
     assert!(estimate(&m, &cut, &gpu(), s).total() > estimate(&m, &balanced, &gpu(), s).total());
     assert!(stage_views(&m, &l, Some(&[2, 7])).is_err(), "9 layers of 8");
-    assert!(stage_views(&m, &l, Some(&[8])).is_err(), "one count for two stages");
+    assert!(
+        stage_views(&m, &l, Some(&[8])).is_err(),
+        "one count for two stages"
+    );
 }
 
 #[test]
