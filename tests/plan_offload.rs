@@ -7,8 +7,8 @@ mod common;
 use common::{repo, run};
 use genslm::config::{AttentionKind, ModelConfig, Offload, Position};
 use genslm::plan::{
-    estimate, model_params, Checkpointing, Degrees, Hardware, Mask, Parallelism, Phase, Precision,
-    Recipe, Strategy, Target, GIB,
+    estimate, granule, max_seq_len, max_seq_len_with_host, model_params, Checkpointing, Degrees,
+    Hardware, Mask, Parallelism, Phase, Precision, Recipe, Strategy, Target, GIB,
 };
 
 fn shape(layers: usize) -> ModelConfig {
@@ -198,4 +198,21 @@ fn plan_reports_the_host_bytes_and_refuses_activations_without_checkpointing() {
     assert!(longest(&out) > longest(&plain), "{plain}\n{out}");
     let (ok, _, err) = args(&["--offload", "activations"]);
     assert!(!ok && err.contains("--checkpoint-activations"), "{err}");
+}
+
+/// A host-memory limit shortens the longest sequence under activation offload (the kept
+/// inputs on the host grow with it) to where the offloaded bytes fit: at the answer they do,
+/// one granule further they do not; without a limit the device alone decides.
+#[test]
+fn host_memory_bounds_the_longest_sequence_under_offload() {
+    let m = shape(32);
+    let st = strategy(1, 1, 1, Precision::Bf16, Offload::All);
+    let free = max_seq_len(&m, &st, &GPU);
+    assert_eq!(max_seq_len_with_host(&m, &st, &GPU, f64::INFINITY), free);
+    let limit = estimate(&m, &st, &GPU, free / 4).host_bytes;
+    let n = max_seq_len_with_host(&m, &st, &GPU, limit);
+    let g = granule(&st);
+    assert!(n > 0 && n < free, "{n} vs {free}");
+    assert!(estimate(&m, &st, &GPU, n).host_bytes <= limit);
+    assert!(estimate(&m, &st, &GPU, n + g).host_bytes > limit);
 }

@@ -50,6 +50,7 @@ fn request(
         seq_len: None,
         device,
         gpus_per_node: 8,
+        host_mem_gib: None,
         sweep: false,
         json: false,
         compare_published: false,

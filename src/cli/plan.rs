@@ -106,6 +106,10 @@ pub struct PlanArgs {
     /// GPUs per node: searched tensor parallelism stays within a node.
     #[arg(long, default_value_t = 8)]
     pub gpus_per_node: usize,
+    /// Host memory per node in GiB: with --offload, a layout fits only if every rank's
+    /// offloaded bytes fit in its share of it (default: not checked).
+    #[arg(long)]
+    pub host_mem_gib: Option<f64>,
     /// Table over GPU counts (powers of two up to --gpus) and layouts, with the best of each.
     #[arg(long, conflicts_with_all = ["sp", "tp", "cp", "dp", "pp", "seq_len"])]
     pub sweep: bool,
@@ -145,6 +149,7 @@ impl From<PlanArgs> for PlanRequest {
             seq_len: a.seq_len,
             device: a.device.into(),
             gpus_per_node: a.gpus_per_node,
+            host_mem_gib: a.host_mem_gib,
             sweep: a.sweep,
             json: a.json,
             compare_published: a.compare_published,

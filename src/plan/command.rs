@@ -69,6 +69,11 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     if a.gpus_per_node == 0 {
         return Err(Error::Invalid("--gpus-per-node must be at least 1".into()));
     }
+    if let Some(h) = a.host_mem_gib.filter(|h| !(h.is_finite() && *h > 0.0)) {
+        return Err(Error::Invalid(format!(
+            "--host-mem-gib {h}: give the host memory of a node in GiB (a positive number)"
+        )));
+    }
     if a.device == PlanDevice::Cpu && (a.tp.is_some_and(|t| t > 1) || a.cp.is_some_and(|c| c > 1)) {
         return Err(Error::Invalid(
             "--device cpu: the CPU process model is calibrated for --sp/--dp/--zero only; plan \
@@ -167,6 +172,15 @@ fn notes(model: &ModelConfig, a: &PlanRequest, best: &Candidate, at_max: &Estima
              layer recipe (burn autodiff) with bf16 activations"
                 .into(),
         );
+    }
+    let share = super::search::host_share(a, l);
+    if share.is_finite() && at_max.host_bytes > 0.0 {
+        n.push(format!(
+            "host memory: each rank's share of --host-mem-gib is {}; {} of it is offloaded at \
+             the longest sequence",
+            gib(share),
+            gib(at_max.host_bytes)
+        ));
     }
     if l.zero >= 3 && !a.checkpoint_activations && l.ranks() > 1 {
         n.push(

@@ -547,6 +547,18 @@ const MAX_SEARCH: usize = 1 << 40;
 /// doubling then bisection on the predicted total (which never decreases with the length).
 /// 0 when even one granule does not fit.
 pub fn max_seq_len(model: &ModelConfig, st: &Strategy, hw: &Hardware) -> usize {
+    max_seq_len_with_host(model, st, hw, f64::INFINITY)
+}
+
+/// [`max_seq_len`] whose step also keeps at most `host_bytes` in host memory (`--offload`:
+/// the rank's share of its node's memory); the offloaded bytes never decrease with the length
+/// either.
+pub fn max_seq_len_with_host(
+    model: &ModelConfig,
+    st: &Strategy,
+    hw: &Hardware,
+    host_bytes: f64,
+) -> usize {
     let g = granule(st);
     // The stages' views once (each comes from a simulation of the schedule).
     let views = match (st.stage, st.layout.pp) {
@@ -557,7 +569,10 @@ pub fn max_seq_len(model: &ModelConfig, st: &Strategy, hw: &Hardware) -> usize {
         Some(v) => estimate_stages(model, st, hw, n, v),
         None => estimate(model, st, hw, n),
     };
-    let fits = |k: usize| at(k * g).total() <= hw.mem_bytes;
+    let fits = |k: usize| {
+        let e = at(k * g);
+        e.total() <= hw.mem_bytes && e.host_bytes <= host_bytes
+    };
     if !fits(1) {
         return 0;
     }

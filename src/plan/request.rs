@@ -72,6 +72,9 @@ pub struct PlanRequest {
     pub device: PlanDevice,
     /// GPUs per node: searched tensor parallelism stays within a node.
     pub gpus_per_node: usize,
+    /// Host memory per node in GiB: with `--offload`, a layout fits only if each rank's
+    /// offloaded bytes fit in its share (the node's memory over its ranks). `None`: unchecked.
+    pub host_mem_gib: Option<f64>,
     /// Table over GPU counts (powers of two up to --gpus) and layouts, with the best of each.
     pub sweep: bool,
     /// Print JSON instead of text.

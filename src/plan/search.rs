@@ -7,8 +7,8 @@ use serde::Serialize;
 use super::cpu::CpuRun;
 use super::request::{PlanDevice, PlanRequest};
 use super::{
-    check, max_seq_len, Checkpointing, Degrees, Hardware, Mask, Parallelism, PipePlan, Precision,
-    Recipe, Strategy, Target,
+    check, max_seq_len_with_host, Checkpointing, Degrees, Hardware, Mask, Parallelism, PipePlan,
+    Precision, Recipe, Strategy, Target,
 };
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -53,6 +53,15 @@ pub fn strategy_for(model: &ModelConfig, a: &PlanRequest, layout: Parallelism) -
         stage: None,
         // The cut applies to the layout with the stages it was given for.
         pp_layers: a.pp_layers.clone().filter(|_| a.pp == Some(layout.pp)),
+    }
+}
+
+/// A rank's share of its node's host memory (`--host-mem-gib` over the ranks of a node), or
+/// unlimited when not given.
+pub fn host_share(a: &PlanRequest, layout: &Parallelism) -> f64 {
+    match a.host_mem_gib {
+        Some(h) => h * crate::plan::GIB / a.gpus_per_node.min(layout.ranks()).max(1) as f64,
+        None => f64::INFINITY,
     }
 }
 
@@ -221,7 +230,8 @@ pub fn evaluate(
             let strategy = strategy_for(model, a, layout);
             check(model, &strategy).ok()?;
             let hardware = hardware_for(a, &layout, mem_bytes);
-            let max_seq_len = max_seq_len(model, &strategy, &hardware);
+            let max_seq_len =
+                max_seq_len_with_host(model, &strategy, &hardware, host_share(a, &layout));
             Some(Candidate {
                 strategy,
                 hardware,

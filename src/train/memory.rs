@@ -209,6 +209,42 @@ pub fn check_fits_device(
     )))
 }
 
+/// Refuses, before any work, a run on a device with memory of its own whose offloaded state
+/// (`--offload`: moments and master pieces, checkpointed layer inputs) for the `in_process`
+/// ranks of this process exceeds the host memory available, naming both figures.
+pub fn check_fits_host(
+    cfg: &Config,
+    (dp, sp, pp): (usize, usize, usize),
+    in_process: usize,
+    capacity: f64,
+    precision: Precision,
+    available: f64,
+) -> Result<()> {
+    if cfg.train.offload == crate::config::Offload::None {
+        return Ok(());
+    }
+    let (_, host) =
+        predicted_device_peak(cfg, (dp, sp, pp), cfg.train.seq_len, capacity, precision);
+    let need = host * in_process.max(1) as f64;
+    if need <= available {
+        return Ok(());
+    }
+    let ranks = if in_process > 1 {
+        format!(" for the {in_process} ranks of this process")
+    } else {
+        String::new()
+    };
+    Err(Error::Invalid(format!(
+        "--offload {}: the predicted host memory the offload keeps{ranks} is {:.1} GiB, but the \
+         host has {:.1} GiB available; offload less (--offload optimizer keeps the layer inputs \
+         on the device), use a shorter --seq-len or fewer ranks per process, or pass \
+         --skip-memory-check if you know better",
+        cfg.train.offload,
+        need / GIB,
+        available / GIB
+    )))
+}
+
 /// The largest single activation a rank allocates, in bytes, and what it is: the MLP's
 /// `[b, s, 4h]`, the fused QKV projection's `[b, s, 3h]` (at the compute precision) or the
 /// logits `[b, s, vocab]` (fp32 for the loss), for the rank's local batch and sequence shard.
@@ -375,6 +411,35 @@ mod tests {
         assert!(
             balanced < last_heavy && last_heavy < first_heavy,
             "{balanced} {last_heavy} {first_heavy}"
+        );
+    }
+
+    /// A card's run that offloads more than the host has is refused with both figures: the
+    /// optimizer offload of genslm-25m in bf16 keeps the two fp32 moments, 8 bytes per
+    /// parameter, on the host (per rank of the process); without offload nothing is checked.
+    #[test]
+    fn offload_beyond_the_host_memory_is_refused() {
+        let mut cfg = genslm_25m();
+        cfg.train.batch_size = 1;
+        cfg.train.seq_len = 2048;
+        let n = crate::plan::model_params(&cfg.model, cfg.model.vocab_size, false);
+        let check = |cfg: &Config, ranks: usize, avail: f64| {
+            check_fits_host(cfg, (1, 1, 1), ranks, 40.0 * GIB, Precision::Bf16, avail)
+        };
+        assert!(check(&cfg, 1, 0.0).is_ok(), "no offload, no host check");
+        cfg.train.offload = crate::config::Offload::Optimizer;
+        assert!(check(&cfg, 1, 8.0 * n + 1.0).is_ok());
+        assert!(
+            check(&cfg, 2, 8.0 * n + 1.0).is_err(),
+            "two ranks offload twice"
+        );
+        let e = check(&cfg, 1, 7.0 * n).unwrap_err().to_string();
+        let gib = |b: f64| format!("{:.1} GiB", b / GIB);
+        assert!(
+            e.contains("--offload optimizer")
+                && e.contains(&gib(8.0 * n))
+                && e.contains(&gib(7.0 * n)),
+            "{e}"
         );
     }
 

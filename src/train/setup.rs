@@ -16,7 +16,9 @@ use crate::parallel::Topology;
 use crate::run_lock::RunLock;
 use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{read_saved, Saved};
-use crate::train::memory::{available_bytes, check_fits, check_fits_device, check_largest_buffer};
+use crate::train::memory::{
+    available_bytes, check_fits, check_fits_device, check_fits_host, check_largest_buffer,
+};
 use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint};
 use crate::train::run_dir::claim;
 
@@ -101,7 +103,14 @@ pub fn check_memory(
         None => return Ok(()),
     };
     let device = (mem.name.as_str(), mem.capacity.is_none());
-    check_fits_device(cfg, (dp, sp, pp), sharing, capacity, precision, device)
+    check_fits_device(cfg, (dp, sp, pp), sharing, capacity, precision, device)?;
+    // What a card's ranks offload lands in host memory (a host-backed device counted it above).
+    match (mem.host_backed, available_bytes()) {
+        (false, Some(avail)) => {
+            check_fits_host(cfg, (dp, sp, pp), in_process, capacity, precision, avail)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Inputs of `RUN/data.parquet` (see [`crate::train::resume`]).
