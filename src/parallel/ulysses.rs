@@ -1,7 +1,7 @@
-//! Ulysses sequence parallelism (docs/ARCHITECTURE.md §5): before attention an all-to-all turns Q, K, V
-//! from sequence-sharded `[b, H, s/P, d]` into head-sharded `[b, H/P, s, d]` (rank r gets heads
-//! `[r·H/P, (r+1)·H/P)` over the whole sequence, chunks in source-rank order); after attention the
-//! inverse all-to-all restores `[b, H, s/P, d]`. Each exchange is a differentiable op whose
+//! Ulysses sequence parallelism (docs/ARCHITECTURE.md §5): before attention one all-to-all turns
+//! Q, K and V together from sequence-sharded `[b, H, s/P, d]` into head-sharded `[b, H/P, s, d]`
+//! (rank r gets heads `[r·H/P, (r+1)·H/P)` over the whole sequence, chunks in source-rank order);
+//! after attention the inverse all-to-all restores `[b, H, s/P, d]`. Each exchange is a differentiable op whose
 //! backward is the exchange in the other direction.
 //!
 //! Head counts P does not divide: Q, K, V get empty heads (zeros, ALiBi slope 0) up to the next
@@ -174,8 +174,7 @@ pub fn ulysses_attention(
     let heads = q.dims()[1];
     let hp = heads.div_ceil(p);
     let r = group.comm.rank();
-    let scatter = |x: Tensor<4>| exchange_op(pad_heads(x, hp * p), group, Direction::SeqToHeads);
-    let (q, k, v) = (scatter(q), scatter(k), scatter(v));
+    let (q, k, v) = scatter_qkv(q, k, v, hp, group);
     let local = AttnOptions {
         causal: opts.causal,
         alibi: opts.alibi.as_ref().map(|s| {
@@ -195,6 +194,34 @@ pub fn ulysses_attention(
     } else {
         o.narrow(1, 0, heads)
     }
+}
+
+/// q, k, v `[b, H, s/P, d]` padded to `hp·P` heads and scattered in one exchange: the message
+/// to rank j holds its `hp` heads of q, then of k, then of v. One round of messages instead of
+/// three, forward and (the exchange's transpose) backward: on a link where latency dominates,
+/// the round is the cost; the bytes are the same.
+fn scatter_qkv(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    hp: usize,
+    group: &SpGroup,
+) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let p = group.comm.size();
+    if k.dims() != q.dims() || v.dims() != q.dims() {
+        // Shapes that do not stack (a value head size of its own): one exchange each.
+        let scatter = |x| exchange_op(pad_heads(x, hp * p), group, Direction::SeqToHeads);
+        return (scatter(q), scatter(k), scatter(v));
+    }
+    let [b, _, s, d] = q.dims();
+    let by_rank = |x: Tensor<4>| pad_heads(x, hp * p).reshape([b, p, hp, s, d]);
+    let fused = Tensor::cat(vec![by_rank(q), by_rank(k), by_rank(v)], 2);
+    let all = exchange_op(fused.reshape([b, 3 * hp * p, s, d]), group, Direction::SeqToHeads);
+    (
+        all.clone().narrow(1, 0, hp),
+        all.clone().narrow(1, hp, hp),
+        all.narrow(1, 2 * hp, hp),
+    )
 }
 
 /// `x: [b, H, s, d]` with empty heads appended up to `to` heads.
