@@ -216,7 +216,11 @@ fn scatter_qkv(
     let [b, _, s, d] = q.dims();
     let by_rank = |x: Tensor<4>| pad_heads(x, hp * p).reshape([b, p, hp, s, d]);
     let fused = Tensor::cat(vec![by_rank(q), by_rank(k), by_rank(v)], 2);
-    let all = exchange_op(fused.reshape([b, 3 * hp * p, s, d]), group, Direction::SeqToHeads);
+    let all = exchange_op(
+        fused.reshape([b, 3 * hp * p, s, d]),
+        group,
+        Direction::SeqToHeads,
+    );
     (
         all.clone().narrow(1, 0, hp),
         all.clone().narrow(1, hp, hp),
