@@ -1,8 +1,8 @@
 //! Ulysses sequence parallelism (docs/ARCHITECTURE.md §5): before attention one all-to-all turns
 //! Q, K and V together from sequence-sharded `[b, H, s/P, d]` into head-sharded `[b, H/P, s, d]`
 //! (rank r gets heads `[r·H/P, (r+1)·H/P)` over the whole sequence, chunks in source-rank order);
-//! after attention the inverse all-to-all restores `[b, H, s/P, d]`. Each exchange is a differentiable op whose
-//! backward is the exchange in the other direction.
+//! after attention the inverse all-to-all restores `[b, H, s/P, d]`. Each exchange is a
+//! differentiable op whose backward is the exchange in the other direction.
 //!
 //! Head counts P does not divide: Q, K, V get empty heads (zeros, ALiBi slope 0) up to the next
 //! multiple of P before the exchange, and the output's padding heads are dropped after it. An

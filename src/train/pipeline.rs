@@ -20,6 +20,7 @@
 //! once, while the four products `dW = xᵀ·dy` per layer — half a layer's backward — wait in
 //! the pass's [`WeightGrads`] until W runs them and adds them into the step's gradients.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -369,14 +370,16 @@ impl Run<'_, '_> {
         Ok(())
     }
 
-    /// The model a pass records its graph on: the stage's, or under a split backward one whose
-    /// linear layers leave their weight products in the returned queue (shared parameters).
-    fn graph_model(&self) -> (GenSlm, Option<WeightGrads>) {
+    /// The model a pass records its graph on: the stage's own, or under a split backward one
+    /// whose linear layers leave their weight products in the returned queue (shared
+    /// parameters).
+    fn graph_model(&self) -> (Cow<'_, GenSlm>, Option<WeightGrads>) {
         if !self.p.schedule.kind.splits_backward() {
-            return (self.model.clone(), None);
+            return (Cow::Borrowed(self.model), None);
         }
         let sink = WeightGrads::default();
-        (self.model.deferring_weight_grads(sink.clone()), Some(sink))
+        let model = self.model.deferring_weight_grads(sink.clone());
+        (Cow::Owned(model), Some(sink))
     }
 }
 

@@ -138,12 +138,6 @@ pub struct DeferTo {
     sink: WeightGrads,
 }
 
-impl PartialEq for DeferTo {
-    fn eq(&self, other: &Self) -> bool {
-        self.param == other.param && Arc::ptr_eq(&self.sink.0, &other.sink.0)
-    }
-}
-
 /// `x·w (+ b)` for `x: [b, s, n]`, `w: [n, m]`, `b: [m]`, differentiable on an autodiff device.
 pub fn linear(x: Tensor<3>, w: Tensor<2>, b: Option<Tensor<1>>) -> Tensor<3> {
     match b {
