@@ -7,13 +7,24 @@
 mod curves;
 
 use curves::{data, grid, tiny};
-use genslm::config::{Config, Offload, Position};
+use genslm::config::{Config, Offload, Position, Precision};
 use genslm::parallel::Degrees;
 use genslm::train::metrics::{read_metrics, StepMetrics};
 use genslm::train::trainer::{train_grid, RunOptions};
 
 fn run(d: Degrees, zero: u8, offload: Offload, dir: &std::path::Path) -> Vec<StepMetrics> {
+    run_in(Precision::Fp32, d, zero, offload, dir)
+}
+
+fn run_in(
+    precision: Precision,
+    d: Degrees,
+    zero: u8,
+    offload: Offload,
+    dir: &std::path::Path,
+) -> Vec<StepMetrics> {
     let mut c: Config = tiny(Position::Rotary, 64);
+    c.train.precision = Some(precision);
     c.train.steps = 6;
     c.train.val_every = 0;
     c.train.warmup = 2;
@@ -21,7 +32,7 @@ fn run(d: Degrees, zero: u8, offload: Offload, dir: &std::path::Path) -> Vec<Ste
     c.train.zero = zero;
     c.train.checkpoint_activations = true;
     c.train.offload = offload;
-    let out = dir.join(format!("{d:?}-{zero}-{offload}"));
+    let out = dir.join(format!("{precision}-{d:?}-{zero}-{offload}"));
     train_grid(&c, &data(), &out, &RunOptions::default(), d).unwrap();
     read_metrics(&out.join("metrics.jsonl")).unwrap()
 }
@@ -48,6 +59,23 @@ fn offload_on_the_cpu_backend_changes_no_bit() {
                 );
             }
         }
+    }
+}
+
+/// Under the bf16 layout the fp32 masters are offloaded with the moments (ZeRO-2's shard of
+/// them, the whole set without ZeRO): the same bits again.
+#[test]
+fn bf16_layout_offload_changes_no_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, dp2) = (grid(1, 1, 1, 1), grid(2, 1, 1, 1));
+    for (d, zero) in [(one, 0), (dp2, 1), (dp2, 2)] {
+        let base = run_in(Precision::Bf16, d, zero, Offload::None, dir.path());
+        let got = run_in(Precision::Bf16, d, zero, Offload::Optimizer, dir.path());
+        let bits = |m: &[StepMetrics]| {
+            let m = m.iter().map(|m| (m.loss.to_bits(), m.grad_norm.to_bits()));
+            m.collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&base), bits(&got), "{d:?} zero {zero}");
     }
 }
 

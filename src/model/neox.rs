@@ -173,10 +173,11 @@ impl GenSlm {
 
     /// LayerNorm with its statistics in fp32; the result in the compute dtype.
     pub(super) fn norm(&self, x: Tensor<3>, w: usize, b: usize) -> Tensor<3> {
+        // Parameters in fp32 too: bf16 working copies under DeepSpeed's layout.
         let y = layer_norm(
             self.full(x),
-            self.region_vec(w),
-            self.region_vec(b),
+            self.full(self.region_vec(w)),
+            self.full(self.region_vec(b)),
             self.cfg.layer_norm_eps,
         );
         self.compute(y)
@@ -314,12 +315,13 @@ impl GenSlm {
         let c = &self.cfg;
         let [b, s] = tokens.dims();
         let h = c.hidden_size;
-        let table = self.mat(self.layout.embed_in);
+        // The embeddings sum in fp32 whatever dtype the tables are kept in.
+        let table = self.full(self.mat(self.layout.embed_in));
         let mut x = self.token_embedding(table, tokens);
         if let Some(p) = self.layout.embed_pos {
             let rows = self.layout.specs[p].shape[0];
             let first = self.position_shard().unwrap_or(0);
-            let table_rows = self.region_vec(p).reshape([rows, h]);
+            let table_rows = self.full(self.region_vec(p)).reshape([rows, h]);
             let mut parts = Vec::with_capacity(pos.spans.len() + 1);
             for span in &pos.spans {
                 let real = span.len.min(pos.real_end.saturating_sub(span.start));

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::Topology;
+use crate::train::master::{fp32, numel_bytes, working};
 use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::shard::{
@@ -15,6 +16,8 @@ use crate::train::shard::{
 use crate::train::zero_shard::ZeroShard;
 
 /// Optimizer state of one rank.
+// One per rank, built once: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum DistOptim {
     /// Every rank holds all moments and applies the same update.
@@ -39,7 +42,8 @@ pub struct StepOutcome {
 
 impl DistOptim {
     /// `state` holds the moments for this rank's parameters (position table already cut to the
-    /// rank's rows), fresh or from a checkpoint.
+    /// rank's rows), fresh or from a checkpoint, and under the bf16 layout their fp32 masters
+    /// (cut like the moments for ZeRO-1).
     pub fn new(state: AdamW, model: &GenSlm, ranks: &Ranks, zero: bool) -> Self {
         if !(zero && ranks.dp.size() > 1) {
             return DistOptim::Replicated(state);
@@ -54,12 +58,19 @@ impl DistOptim {
             Some(moments),
             state.offload,
         );
+        let mut shard = shard;
+        if let Some(master) = &state.master {
+            shard.opt.set_master(shard.pieces_of(master));
+        }
         let pos = sharded.first().map(|&i| {
             let p = std::slice::from_ref(&model.params[i]);
             let mut o = AdamW::placed(state.cfg, p, state.offload);
             o.m = vec![state.m[i].clone()];
             o.v = vec![state.v[i].clone()];
             o.step = state.step;
+            if let Some(master) = &state.master {
+                o.set_master(vec![master[i].clone()]);
+            }
             (i, o)
         });
         DistOptim::Zero { shard, pos }
@@ -76,19 +87,53 @@ impl DistOptim {
         }
     }
 
-    /// Elements of (parameters, gradients, optimizer state) this rank holds at the update:
-    /// the whole model and its gradients, and the moments it keeps.
-    pub fn held_elements(&self, model: &GenSlm) -> (usize, usize, usize) {
-        let params = numel(&model.params);
+    /// Bytes of (parameters, gradients, optimizer state) this rank holds at the update: the
+    /// whole model (bf16 or fp32) and its fp32 gradients, and the moments (and masters) it
+    /// keeps.
+    pub fn held_bytes(&self, model: &GenSlm) -> (usize, usize, usize) {
+        let params: usize = model.params.iter().map(numel_bytes).sum();
         let opt = match self {
-            DistOptim::Replicated(o) => numel(&o.m) + numel(&o.v),
+            DistOptim::Replicated(o) => o.state_bytes(),
             DistOptim::Zero { shard, pos } => {
-                numel(&shard.opt.m)
-                    + numel(&shard.opt.v)
-                    + pos.as_ref().map_or(0, |(_, o)| numel(&o.m) + numel(&o.v))
+                shard.opt.state_bytes() + pos.as_ref().map_or(0, |(_, o)| o.state_bytes())
             }
         };
-        (params, params, opt)
+        (params, 4 * numel(&model.params), opt)
+    }
+
+    /// Under the bf16 layout, `model` with its fp32 master values in place of the working
+    /// copies (ZeRO-1: all-gathered over DP; every DP rank must call it), for a checkpoint;
+    /// `None` without masters.
+    pub fn master_model(&self, model: &GenSlm, ranks: &Ranks) -> Result<Option<GenSlm>> {
+        let mut full = model.clone();
+        let on = |t: &Tensor<1>, like: &Tensor<1>| t.clone().to_device(&like.device());
+        match self {
+            DistOptim::Replicated(o) => {
+                let Some(master) = &o.master else {
+                    return Ok(None);
+                };
+                for (p, m) in full.params.iter_mut().zip(master) {
+                    *p = on(m, p);
+                }
+            }
+            DistOptim::Zero { shard, pos } => {
+                let Some(master) = &shard.opt.master else {
+                    return Ok(None);
+                };
+                let device = model.params[shard.params[0]].device();
+                let dp = ranks.dp.as_ref();
+                let all = shard.all_gather(master.clone(), dp, ranks.bucket, &device, None)?;
+                for (&i, t) in shard.params.iter().zip(all) {
+                    full.params[i] = t;
+                }
+                if let Some((i, o)) = pos {
+                    let m = o.master.as_ref().expect("the position table's master");
+                    full.params[*i] = on(&m[0], &model.params[*i]);
+                }
+            }
+        }
+        full.params = full.params.into_iter().map(fp32).collect();
+        Ok(Some(full))
     }
 
     /// Reduces this rank's local gradients (unless `reduced`: already summed over the ranks,
@@ -184,9 +229,10 @@ impl DistOptim {
             ranks.pp.all_reduce_sum_f64(&mut bad)?;
             params_finite = bad[0] == 0.0;
         }
+        // ZeRO-1's all-gather brings the new values back in fp32: the working copies' dtype.
         model.params = params
             .into_iter()
-            .map(|p| p.autodiff().require_grad())
+            .map(|p| working(model, p).autodiff().require_grad())
             .collect();
         Ok(StepOutcome {
             grad_norm,

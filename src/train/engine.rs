@@ -19,6 +19,7 @@ use crate::parallel::tensor_slices::{cut, split_of};
 use crate::parallel::topology::Topology;
 use crate::train::dist_optim::{DistOptim, StepOutcome};
 use crate::train::layerwise::{forward_logits, loss_and_grads as layerwise, Keep};
+use crate::train::master::{fp32, layout_on, working};
 use crate::train::optim::{AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::param_source::ParamSource;
@@ -68,17 +69,22 @@ pub enum Engine {
 impl Engine {
     /// `model` already cut for SP; `moments` its full optimizer state (position rows cut).
     /// ZeRO-2/3 need more than one rank; with one, the whole model is kept (ZeRO-0 in effect).
-    pub fn new(model: GenSlm, moments: AdamW, zero: u8, ranks: &Ranks) -> Self {
+    /// Under the bf16 layout (`train::master`) the fp32 values become the optimizer's masters
+    /// and the model keeps their bf16 rounding.
+    pub fn new(model: GenSlm, mut moments: AdamW, zero: u8, ranks: &Ranks) -> Self {
         if zero >= 2 && ranks.topo.world > 1 {
             return Engine::Units(ZeroUnits::new(model, moments, zero, ranks));
         }
         let mut model = model;
-        model.params = model
-            .params
-            .into_iter()
-            .map(|p| p.autodiff().require_grad())
-            .collect();
+        if layout_on(&model) {
+            moments.set_master(model.params.clone());
+        }
         let opt = DistOptim::new(moments, &model, ranks, zero >= 1);
+        let params = std::mem::take(&mut model.params);
+        model.params = params
+            .into_iter()
+            .map(|p| working(&model, p).autodiff().require_grad())
+            .collect();
         Engine::Whole {
             model,
             opt,
@@ -322,12 +328,12 @@ impl Engine {
         }
     }
 
-    /// Elements of (parameters, gradients, optimizer state) this rank holds after a step's
+    /// Bytes of (parameters, gradients, optimizer state) this rank holds after a step's
     /// update, for the memory accounting.
-    pub fn held_elements(&self) -> (usize, usize, usize) {
+    pub fn held_bytes(&self) -> (usize, usize, usize) {
         match self {
-            Engine::Whole { model, opt, .. } => opt.held_elements(model),
-            Engine::Units(z) => z.held_elements(),
+            Engine::Whole { model, opt, .. } => opt.held_bytes(model),
+            Engine::Units(z) => z.held_bytes(),
         }
     }
 
@@ -370,7 +376,7 @@ fn pipeline_loss_and_grads(
         .enumerate()
         .map(|(i, (g, p))| match g {
             Some(g) => Ok(g),
-            None if !held.contains(&i) => Ok(p.clone().without_autodiff()),
+            None if !held.contains(&i) => Ok(fp32(p.clone().without_autodiff())),
             None => Err(Error::Invalid(format!(
                 "no gradient for {}",
                 model.layout.specs[i].name

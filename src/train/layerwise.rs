@@ -25,6 +25,7 @@ use crate::model::cache::Past;
 use crate::model::params::Layout;
 use crate::model::GenSlm;
 use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
+use crate::train::master::fp32;
 use crate::train::shard::{local_nll, LocalBatch};
 
 /// What the forward keeps of each layer for its backward.
@@ -121,7 +122,8 @@ fn hand_on(
             .params(&model.layout)
             .into_iter()
             .map(|i| {
-                model.params[i].grad(grads).ok_or_else(|| {
+                // bf16 working copies' gradients go on in fp32 (`train::master`).
+                model.params[i].grad(grads).map(fp32).ok_or_else(|| {
                     Error::Invalid(format!("no gradient for {}", model.layout.specs[i].name))
                 })
             })

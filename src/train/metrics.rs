@@ -85,14 +85,14 @@ pub struct RankMemory {
 }
 
 impl RankMemory {
-    /// From element counts of fp32 state and the process's peak (`peak_mib`, as
-    /// [`peak_rss_mib`] reads it).
+    /// From the bytes of the rank's state (`Engine::held_bytes`) and the process's peak
+    /// (`peak_mib`, as [`peak_rss_mib`] reads it).
     pub fn new(
         (params, grads, opt): (usize, usize, usize),
         peak_mib: f64,
         ranks_in_process: usize,
     ) -> Self {
-        let (p, g, o) = (4 * params as u64, 4 * grads as u64, 4 * opt as u64);
+        let (p, g, o) = (params as u64, grads as u64, opt as u64);
         let peak = (peak_mib * 1048576.0) as u64 / ranks_in_process.max(1) as u64;
         Self {
             params_bytes: p,

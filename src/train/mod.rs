@@ -5,6 +5,7 @@ pub mod dist_optim;
 pub mod engine;
 pub mod fault;
 pub mod layerwise;
+pub mod master;
 pub mod memory;
 pub mod metrics;
 pub mod optim;

@@ -8,7 +8,7 @@
 //!   p ← p − lr · (m / (1−β1ᵗ)) / (√(v / (1−β2ᵗ)) + ε)
 //! with weight decay only on parameters marked `decay` (matrices, not LayerNorm or biases).
 
-use burn::tensor::Tensor;
+use burn::tensor::{FloatDType, Tensor};
 
 use crate::backend::{host_device, to_host};
 use crate::model::params::ParamSpec;
@@ -46,6 +46,11 @@ pub struct AdamW {
     /// `--offload optimizer`): each update brings the parameter and its gradient to the host,
     /// runs the fused CPU update there and sends the new values back.
     pub offload: bool,
+    /// fp32 master values of the parameters (bf16 layout, `train::master`), beside the moments
+    /// and placed like them. With masters, [`AdamW::update`] updates them and hands back
+    /// their new values cast to the working parameters' dtype; the values it is given only
+    /// say that dtype and device.
+    pub master: Option<Vec<Tensor<1>>>,
 }
 
 impl AdamW {
@@ -71,7 +76,20 @@ impl AdamW {
             m: params.iter().map(zeros).collect(),
             v: params.iter().map(zeros).collect(),
             offload,
+            master: None,
         }
+    }
+
+    /// Keeps `values` (fp32) as the master values, where the moments live.
+    pub fn set_master(&mut self, values: Vec<Tensor<1>>) {
+        let f32 = |t: Tensor<1>| self.to_state_device(t.without_autodiff().cast(FloatDType::F32));
+        self.master = Some(values.into_iter().map(f32).collect());
+    }
+
+    /// Bytes of the state: the moments, and the masters when it keeps them.
+    pub fn state_bytes(&self) -> usize {
+        let masters = self.master.as_deref().map_or(0, |m| 4 * numel(m));
+        4 * (numel(&self.m) + numel(&self.v)) + masters
     }
 
     /// `t` where this optimizer's state lives.
@@ -101,12 +119,24 @@ impl AdamW {
         let mut out = Vec::with_capacity(params.len());
         for (i, (p, g)) in params.into_iter().zip(grads).enumerate() {
             let decays = specs[i].decay && c.weight_decay != 0.0;
-            // Offloaded: the update runs beside the moments, the new values go back.
-            let home = self.offload.then(|| p.device());
-            let (p, g) = (self.to_state_device(p), self.to_state_device(g));
-            let back = |t: Tensor<1>| match &home {
-                Some(d) => t.to_device(d),
-                None => t,
+            // Offloaded: the update runs beside the moments, the new values go back. With
+            // masters the update runs on the fp32 master and the working copy is its rounding.
+            let (home, dtype) = (self.offload.then(|| p.device()), p.dtype());
+            let p = match &self.master {
+                Some(master) => master[i].clone(),
+                None => self.to_state_device(p),
+            };
+            let g = self.to_state_device(g.cast(FloatDType::F32));
+            let master = &mut self.master;
+            let mut back = |t: Tensor<1>| {
+                if let Some(master) = master.as_mut() {
+                    master[i] = t.clone();
+                }
+                let t = match &home {
+                    Some(d) => t.to_device(d),
+                    None => t,
+                };
+                t.cast(dtype)
             };
             if optim_cpu::on_flex(&p) && optim_cpu::on_flex(&g) {
                 let s = optim_cpu::AdamScalars {
@@ -236,6 +266,62 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// bf16 round-to-nearest-even of `x`, by its bits (NaN aside).
+    fn round_bf16(x: f32) -> f32 {
+        let b = x.to_bits();
+        f32::from_bits((b + 0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
+    }
+
+    /// With masters (the bf16 layout) the update runs on the fp32 master, which follows
+    /// torch's AdamW written in f64, and the working copy handed back is its bf16 rounding.
+    #[test]
+    fn masters_take_the_update_and_the_working_copy_is_their_rounding() {
+        let spec = ParamSpec {
+            name: "w".into(),
+            shape: vec![3],
+            hf_transposed: false,
+            init: crate::model::params::Init::Zeros,
+            decay: true,
+        };
+        let cfg = AdamWConfig::default();
+        // Values bf16 cannot hold: the master keeps them, the working copy rounds them.
+        let start = [1.0f32 + 1e-3, -2.0 + 3e-3, 0.3];
+        let mut opt = AdamW::new(cfg, &[t(&start)]);
+        opt.set_master(vec![t(&start)]);
+        let mut p = vec![t(&start).cast(FloatDType::BF16)];
+        let mut pr: Vec<f64> = start.iter().map(|&x| f64::from(x)).collect();
+        let (mut m, mut v) = ([0f64; 3], [0f64; 3]);
+        let gs = [[0.5f64, -1.0, 1e-3], [0.25, 3.0, -2e-3], [-0.5, 0.1, 0.0]];
+        let lr = 1e-3;
+        for (step, g) in gs.iter().enumerate() {
+            let grad: Vec<f32> = g.iter().map(|&x| x as f32).collect();
+            // The gradient arrives in bf16, as the backward leaves it.
+            let grad = t(&grad).cast(FloatDType::BF16);
+            p = opt.update(p, vec![grad], 1.0, std::slice::from_ref(&spec), lr);
+            let tt = step as i32 + 1;
+            for k in 0..3 {
+                let gk = f64::from(round_bf16(g[k] as f32));
+                pr[k] *= 1.0 - lr * cfg.weight_decay;
+                m[k] = cfg.beta1 * m[k] + (1.0 - cfg.beta1) * gk;
+                v[k] = cfg.beta2 * v[k] + (1.0 - cfg.beta2) * gk * gk;
+                let mh = m[k] / (1.0 - cfg.beta1.powi(tt));
+                let vh = v[k] / (1.0 - cfg.beta2.powi(tt));
+                pr[k] -= lr * mh / (vh.sqrt() + cfg.eps);
+            }
+            assert_eq!(p[0].dtype(), burn::tensor::DType::BF16);
+            let master = tensor_to_vec(&opt.master.as_ref().unwrap()[0]);
+            let working = tensor_to_vec(&p[0]);
+            for k in 0..3 {
+                assert!(
+                    (f64::from(master[k]) - pr[k]).abs() < 1e-6,
+                    "step {step}: master {master:?} vs {pr:?}"
+                );
+                assert_eq!(working[k], round_bf16(master[k]), "step {step}, {k}");
+            }
+        }
+        assert_eq!(opt.state_bytes(), 3 * 12);
     }
 
     #[test]

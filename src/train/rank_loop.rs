@@ -384,7 +384,7 @@ impl Clock {
             device_peak_mib: peak.map(mib),
             device_in_use_mib: in_use.map(mib),
             memory: Some(RankMemory::new(
-                engine.held_elements(),
+                engine.held_bytes(),
                 peak_mib,
                 opts.ranks_in_process,
             )),
@@ -440,10 +440,15 @@ fn checkpoint(
 
 /// The whole model's weights on world rank 0 (`None` on the others).
 fn gather_weights(engine: &Engine, cfg: &Config, ranks: &Ranks) -> Result<Option<GenSlm>> {
-    let (model, pipe) = match engine {
+    let (model, opt, pipe) = match engine {
         Engine::Units(z) => return z.gather_weights(ranks),
-        Engine::Whole { model, pipe, .. } => (model, pipe),
+        Engine::Whole {
+            model, opt, pipe, ..
+        } => (model, opt, pipe),
     };
+    // Under the bf16 layout the checkpoint holds the fp32 masters.
+    let masters = opt.master_model(model, ranks)?;
+    let model = masters.as_ref().unwrap_or(model);
     let mut table = None;
     // The SP-split position table, by the ranks holding it (stage 0 under PP).
     if let (Some(pos), Some(_), 0) = (

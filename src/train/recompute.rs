@@ -15,6 +15,7 @@ use burn::tensor::{Gradients, Tensor};
 use crate::error::Result;
 use crate::model::GenSlm;
 use crate::train::layerwise::{loss_and_grads, Keep, Unit, UnitWeights};
+use crate::train::master::fp32;
 use crate::train::shard::LocalBatch;
 
 /// A whole model on this rank; gradients summed into one slot per parameter.
@@ -37,6 +38,8 @@ impl UnitWeights for Whole<'_> {
 }
 
 pub(crate) fn add_into(slot: &mut Option<Tensor<1>>, g: Tensor<1>) {
+    // bf16 working copies' gradients are accumulated in fp32 (`train::master`).
+    let g = fp32(g);
     *slot = Some(match slot.take() {
         Some(a) => a + g,
         None => g,

@@ -45,7 +45,8 @@ use crate::parallel::ranks::{Quantized, Ranks};
 use crate::parallel::topology::Topology;
 use crate::train::dist_optim::StepOutcome;
 use crate::train::layerwise::{Unit, UnitWeights};
-use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW, AdamWConfig};
+use crate::train::master::{layout_on, numel_bytes, working};
+use crate::train::optim::{all_finite, clip_factor, sum_of_squares, AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::shard::{combine_norm, is_tp_slice};
 use crate::train::zero_shard::ZeroShard;
@@ -163,12 +164,19 @@ impl ZeroUnits {
             let shard = ZeroShard::new(cfg, params, &all, comm.as_ref(), moments, offload);
             // ZeRO-2's fp32 values are the full working copy's (cut again at each update);
             // ZeRO-3's are the master shard, offloaded with the moments.
+            // Under the bf16 layout ZeRO-2's fp32 pieces become the shard's masters and the
+            // working copy is their bf16 rounding; ZeRO-3's fp32 values are the masters.
+            let mut shard = shard;
             let values = if stage >= 3 {
                 let pieces = shard.pieces_of(&all).into_iter();
                 pieces.map(|t| shard.opt.to_state_device(t)).collect()
             } else {
+                if layout_on(&model) {
+                    shard.opt.set_master(shard.pieces_of(&all));
+                }
                 for &i in &shard.params {
-                    model.params[i] = all[i].clone().autodiff().require_grad();
+                    let w = working(&model, all[i].clone());
+                    model.params[i] = w.autodiff().require_grad();
                 }
                 Vec::new()
             };
@@ -235,18 +243,19 @@ impl ZeroUnits {
         self.units[0].shard.opt.step
     }
 
-    /// Elements of parameters (ZeRO-2: the full working copy, which is also the fp32 master;
-    /// ZeRO-3: its pieces), gradient chunks and Adam moments this rank holds at a step's update.
-    pub fn held_elements(&self) -> (usize, usize, usize) {
+    /// Bytes of parameters (ZeRO-2: the full working copy, fp32 or bf16; ZeRO-3: its fp32
+    /// pieces, the masters), fp32 gradient chunks and Adam state (moments, and ZeRO-2's masters
+    /// under the bf16 layout) this rank holds at a step's update.
+    pub fn held_bytes(&self) -> (usize, usize, usize) {
         let mut held = (0, 0, 0);
         for u in &self.units {
             let chunk: usize = u.shard.segments.iter().map(|s| s.len).sum();
-            held.0 += chunk;
-            held.1 += chunk;
-            held.2 += numel(&u.shard.opt.m) + numel(&u.shard.opt.v);
+            held.0 += 4 * chunk;
+            held.1 += 4 * chunk;
+            held.2 += u.shard.opt.state_bytes();
         }
         if self.stage == 2 {
-            held.0 = numel(&self.model.params);
+            held.0 = self.model.params.iter().map(numel_bytes).sum();
         }
         held
     }
@@ -333,7 +342,7 @@ impl ZeroUnits {
     /// ZeRO-2: unit `k`'s gathered new values as the working weights.
     fn set_params(&mut self, k: usize, full: Vec<Tensor<1>>) {
         for (&i, t) in self.units[k].shard.params.iter().zip(full) {
-            self.model.params[i] = t.autodiff().require_grad();
+            self.model.params[i] = working(&self.model, t).autodiff().require_grad();
         }
     }
 
@@ -360,10 +369,10 @@ impl ZeroUnits {
         let device = self.model.device.clone();
         for u in &self.units {
             let (c, b) = (u.comm.as_ref(), self.bucket);
-            let pieces = if self.stage >= 3 {
-                u.values.clone()
-            } else {
-                u.shard.pieces_of(&self.model.params)
+            let pieces = match &u.shard.opt.master {
+                _ if self.stage >= 3 => u.values.clone(),
+                Some(master) => master.clone(),
+                None => u.shard.pieces_of(&self.model.params),
             };
             let Some(vals) = u.shard.gather_to_root(&pieces, c, b)? else {
                 continue;
@@ -479,7 +488,7 @@ impl UnitWeights for ZeroUnits {
         };
         for (&unit, full) in units.iter().zip(full) {
             for (&i, t) in self.unit_mut(unit).shard.params.iter().zip(full) {
-                m.params[i] = t.autodiff().require_grad();
+                m.params[i] = working(&m, t).autodiff().require_grad();
             }
         }
         Ok(m)
