@@ -14,7 +14,7 @@ use genslm::config::{Config, Position, Precision};
 use genslm::model::params::Layout;
 use genslm::parallel::Degrees;
 use genslm::train::metrics::{read_metrics, StepMetrics};
-use genslm::train::trainer::{train, train_grid, train_threads, RunOptions};
+use genslm::train::trainer::{train_grid, train_threads, RunOptions};
 
 fn bf16(pos: Position) -> Config {
     let mut cfg = tiny(pos, 32);
@@ -100,29 +100,39 @@ fn bf16_layout_on_data_ranks_follows_one_bf16_rank_within_bf16_rounding() {
     }
 }
 
-/// Four steps, then a resume to eight, give the uninterrupted bf16 run's losses bit for bit:
-/// the checkpoint holds the fp32 masters, and the working copy is rebuilt from them.
+/// Four steps, then a resume to eight, give the uninterrupted bf16 run's losses bit for bit,
+/// on one rank and with the masters sharded by ZeRO-1/2/3 over two: the checkpoint holds the
+/// fp32 masters, and the working copies are rebuilt from them.
 #[test]
 fn a_bf16_run_resumes_exactly() {
-    let cfg = bf16(Position::Rotary);
     let dir = tempfile::tempdir().unwrap();
-    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
-    train(&cfg, &data(), &one, &RunOptions::default()).unwrap();
-    let first = RunOptions {
-        stop_after: Some(4),
-        ..Default::default()
-    };
-    train(&cfg, &data(), &two, &first).unwrap();
-    let resume = RunOptions {
-        resume: true,
-        ..Default::default()
-    };
-    train(&cfg, &data(), &two, &resume).unwrap();
-    let losses = |d: &std::path::Path| {
-        let m = read_metrics(&d.join("metrics.jsonl")).unwrap();
-        m.iter().map(|m| (m.step, m.loss)).collect::<Vec<_>>()
-    };
-    assert_eq!(losses(&two), losses(&one));
+    let (one_rank, dp2) = (grid(1, 1, 1, 1), grid(2, 1, 1, 1));
+    for (d, zero) in [(one_rank, 0u8), (dp2, 1), (dp2, 2), (dp2, 3)] {
+        let mut cfg = bf16(Position::Rotary);
+        cfg.train.zero = zero;
+        let (one, two) = (
+            dir.path().join(format!("a{zero}")),
+            dir.path().join(format!("b{zero}")),
+        );
+        train_grid(&cfg, &data(), &one, &RunOptions::default(), d).unwrap();
+        let first = RunOptions {
+            stop_after: Some(4),
+            ..Default::default()
+        };
+        train_grid(&cfg, &data(), &two, &first, d).unwrap();
+        let resume = RunOptions {
+            resume: true,
+            ..Default::default()
+        };
+        train_grid(&cfg, &data(), &two, &resume, d).unwrap();
+        let losses = |d: &Path| {
+            let m = read_metrics(&d.join("metrics.jsonl")).unwrap();
+            m.iter()
+                .map(|m| (m.step, m.loss.to_bits()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(losses(&two), losses(&one), "zero {zero}");
+    }
 }
 
 /// Bytes per parameter per rank under the bf16 layout, N parameters over R ranks (see
