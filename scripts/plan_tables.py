@@ -91,12 +91,12 @@ def main():
             while p <= g:
                 if g % p == 0:
                     d = plan(model, g, "--checkpoint-activations", "--pp", str(p))
-                    if d and (best_pp is None or d["max_seq_len"] > best_pp["max_seq_len"]):
+                    if d and d["max_seq_len"] > 0 and (best_pp is None or d["max_seq_len"] > best_pp["max_seq_len"]):
                         best_pp = d
                 p *= 2
             print(f"| {model.upper()} | {g} | {k(row['no_pipeline'] if row else 0)} | {k(z1)} | "
                   f"{k(best_pp['max_seq_len'] if best_pp else 0)} | "
-                  f"{name(best_pp['layout']) if best_pp else '–'} |")
+                  f"{name(best_pp['layout']) if best_pp else 'none fits'} |")
     print()
     offload_table()
 

@@ -220,27 +220,49 @@ fn model_states_follow_the_zero_stages() {
     let n = model_params(&m, 1024, true) / t as f64;
     let z = d as f64;
     let hw = gpu(1e6);
-    let states = |zero| {
-        let st = megatron(
+    let states = |zero, recipe| {
+        let mut st = megatron(
             layout(t, 1, d, zero, true),
             AttentionKind::Flash,
             Checkpointing::None,
         );
+        st.recipe = recipe;
         let b = estimate(&m, &st, &hw, 1024).memory;
         (b.parameters, b.gradients, b.optimizer_states)
     };
-    // bf16 mixed precision: 2 + 2 + 12 bytes per parameter; ZeRO-k partitions over D.
+    // bf16 mixed precision as DeepSpeed holds it: 2 + 2 + 12 bytes per parameter; ZeRO-k
+    // partitions over D.
     let want = [
         (2.0 * n, 2.0 * n, 12.0 * n),
         (2.0 * n, 2.0 * n, 12.0 * n / z),
         (2.0 * n, 2.0 * n / z, 12.0 * n / z),
         (2.0 * n / z, 2.0 * n / z, 12.0 * n / z),
     ];
+    let deepspeed = megatron(
+        layout(t, 1, d, 0, true),
+        AttentionKind::Flash,
+        Checkpointing::None,
+    );
     for (zero, w) in want.iter().enumerate() {
-        let (p, g, o) = states(zero as u8);
+        let (p, g, o) = states(zero as u8, deepspeed.recipe);
         close(p, w.0, "weights");
         close(g, w.1, "gradients");
         close(o, w.2, "optimizer states");
+    }
+    // genslm's trainer (README's bytes-per-parameter table, which tests/bf16_layout.rs checks
+    // against the trainer's own accounting): under ZeRO-3 the weight shard is the fp32 master
+    // beside 8 bytes of moments. (Its fp32 gradients are allocated as the backward frees
+    // activations: not in the forward/backward peak's breakdown.)
+    let want = [
+        (2.0 * n, 12.0 * n),
+        (2.0 * n, 12.0 * n / z),
+        (2.0 * n, 12.0 * n / z),
+        (4.0 * n / z, 8.0 * n / z),
+    ];
+    for (zero, w) in want.iter().enumerate() {
+        let (p, _, o) = states(zero as u8, Recipe::Genslm);
+        close(p, w.0, "genslm weights");
+        close(o, w.1, "genslm optimizer states");
     }
     // Untied GPT-NeoX parameters = Hugging Face's count.
     let m = shape(8, 512, 8, 2048);
@@ -514,7 +536,8 @@ fn context_parallel_splits_every_region_and_zero_spans_it() {
         (2.0 * (2.0 * 4.0 + 8.0) + 4.0) * h as f64 * (s / c) as f64,
         "ring blocks",
     );
-    // ZeRO-3 over D × c (dp 2 × cp 4): weights 2 bytes / 8 ranks in bf16.
+    // ZeRO-3 over D × c (dp 2 × cp 4): genslm's weight shard is the fp32 master, 4 bytes / 8
+    // ranks whatever the compute precision.
     let mut z = megatron(
         Parallelism {
             degrees: Degrees {
@@ -531,7 +554,7 @@ fn context_parallel_splits_every_region_and_zero_spans_it() {
     let b = estimate(&m, &z, &gpu(1e6), 1024).memory;
     close(
         b.parameters,
-        2.0 * model_params(&m, 1024, true) / 8.0,
+        4.0 * model_params(&m, 1024, true) / 8.0,
         "ZeRO-3 over dp × cp",
     );
     for (attention, mask) in [

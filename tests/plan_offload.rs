@@ -83,19 +83,15 @@ fn optimizer_offload_moves_master_weights_and_moments_to_the_host() {
         );
         let z = |stage: u8| if zero >= stage { dp as f64 } else { 1.0 };
         // Adam's state: bf16 keeps 4 (master) + 8 (moments) bytes per parameter in it, fp32
-        // the moments only (its weights are the master copy).
+        // the moments only (its weights are the master copy); under ZeRO-3 the rank's weight
+        // shard is the fp32 master whatever the precision (`train::master`), and goes too.
         let state = match precision {
-            Precision::Bf16 => 12.0,
-            Precision::Fp32 => 8.0,
+            Precision::Bf16 if zero < 3 => 12.0,
+            _ => 8.0,
         };
         close(base.memory.optimizer_states, n * state / z(1), &what);
         close(off.memory.optimizer_states, 0.0, &what);
-        // fp32 weights under ZeRO-3: the rank's shard is the master copy and goes too.
-        let shard = if zero >= 3 && precision == Precision::Fp32 {
-            4.0 * n / z(3)
-        } else {
-            0.0
-        };
+        let shard = if zero >= 3 { 4.0 * n / z(3) } else { 0.0 };
         close(off.host_bytes, n * state / z(1) + shard, &what);
         close(off.memory.parameters, base.memory.parameters - shard, &what);
         close(off.memory.gradients, base.memory.gradients, &what);

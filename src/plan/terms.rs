@@ -218,7 +218,7 @@ pub(super) fn state_parts(
     grads: bool,
 ) -> ([f64; 3], [f64; 3]) {
     let l = &st.layout;
-    let (pb, gb, ob) = st.precision.state_bytes();
+    let (pb, gb, ob) = held_state_bytes(st);
     let ob = if has_optimizer(hw) { ob } else { 0.0 };
     let gb = if grads { gb } else { 0.0 };
     // Offloaded: the optimizer's state lives on the host; with fp32 weights under ZeRO-3 the
@@ -239,6 +239,20 @@ pub(super) fn state_parts(
     )
 }
 
+/// Bytes per parameter of (weights, gradients, optimizer state) a rank holds. Megatron-DeepSpeed
+/// (the published runs): DeepSpeed's layout, [`Precision::state_bytes`]. genslm's trainer
+/// (`train::master`): gradients are accumulated and reduced in fp32 (4 bytes), and under
+/// ZeRO-3 a rank's weight shard is the fp32 master (4) with the moments beside it (8); the
+/// bf16 working weights exist only gathered.
+fn held_state_bytes(st: &Strategy) -> (f64, f64, f64) {
+    let (pb, _, ob) = st.precision.state_bytes();
+    match st.recipe {
+        Recipe::Genslm if st.layout.zero >= 3 => (4.0, 4.0, 8.0),
+        Recipe::Genslm => (pb, 4.0, ob),
+        Recipe::Megatron { .. } => st.precision.state_bytes(),
+    }
+}
+
 /// Parameters of the rank's stage and TP slice. TP splits every matrix and the vocabulary;
 /// LayerNorms and row-parallel biases are in fact replicated (≪ 0.1% of the weights, ignored).
 fn model_share(m: &ModelConfig, st: &Strategy) -> f64 {
@@ -246,13 +260,12 @@ fn model_share(m: &ModelConfig, st: &Strategy) -> f64 {
 }
 
 /// Whether the optimizer's state is offloaded (GPU targets only: on a CPU the device is the
-/// host), and whether the rank's weight shard goes with it (fp32 weights under ZeRO-3).
+/// host), and whether the rank's weight shard goes with it (under ZeRO-3 when it is the fp32
+/// master: fp32 weights, or genslm's trainer whatever the precision).
 fn offloaded_state(st: &Strategy, hw: &Hardware) -> (bool, bool) {
     let on = st.offload.optimizer() && hw.target == Target::Gpu && has_optimizer(hw);
-    (
-        on,
-        on && st.layout.zero >= 3 && st.precision == Precision::Fp32,
-    )
+    let master_shard = st.precision == Precision::Fp32 || st.recipe == Recipe::Genslm;
+    (on, on && st.layout.zero >= 3 && master_shard)
 }
 
 /// Whether checkpointed layer inputs are kept in host memory (GPU targets, full
