@@ -138,6 +138,7 @@ fn a_bf16_run_resumes_exactly() {
 /// Bytes per parameter per rank under the bf16 layout, N parameters over R ranks (see
 /// `train::master`): ZeRO-0 2 + 4 + 12; ZeRO-1 2 + 4 + 12/R; ZeRO-2 2 + 4/R + 12/R; ZeRO-3
 /// 4/R (the fp32 master pieces) + 4/R + 8/R; up to one padding element per rank and unit.
+/// `genslm plan` gives the same bytes for the same rank.
 #[test]
 fn bf16_layout_holds_deepspeed_bytes_per_parameter() {
     let cfg = bf16(Position::Rotary);
@@ -160,15 +161,57 @@ fn bf16_layout_holds_deepspeed_bytes_per_parameter() {
             2 => (2.0 * n, 4.0 * n / rf, 12.0 * n / rf),
             _ => (4.0 * n / rf, 4.0 * n / rf, 8.0 * n / rf),
         };
+        // The planner's account of the same rank (`genslm plan --json`'s rank states).
+        let planned = plan_states(zero, r);
         for (what, got, want) in [
-            ("params", m.params_bytes, p),
-            ("grads", m.grads_bytes, g),
-            ("optimizer", m.optimizer_bytes, o),
+            ("parameters", m.params_bytes, p),
+            ("gradients", m.grads_bytes, g),
+            ("optimizer_states", m.optimizer_bytes, o),
         ] {
             assert!(
                 (got as f64 - want).abs() <= 12.0 * units,
                 "zero {zero}, {r} ranks: {what} {got} bytes, expected {want}"
             );
+            let plan = planned[what].as_f64().unwrap();
+            assert!(
+                (got as f64 - plan).abs() <= 12.0 * units,
+                "zero {zero}, {r} ranks: {what} {got} bytes, the planner says {plan}"
+            );
         }
     }
+}
+
+/// `genslm plan`'s per-rank weights, gradients and optimizer state for tiny in bf16 on `r`
+/// CPU processes of one data-parallel group under ZeRO `zero`.
+fn plan_states(zero: u8, r: usize) -> serde_json::Value {
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+    let (r, zero) = (r.to_string(), zero.to_string());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_genslm"))
+        .args([
+            "plan",
+            "--config",
+            tiny.to_str().unwrap(),
+            "--device",
+            "cpu",
+        ])
+        .args([
+            "--precision",
+            "bf16",
+            "--gpus",
+            &r,
+            "--dp",
+            &r,
+            "--zero",
+            &zero,
+        ])
+        .args(["--seq-len", "32", "--gpu-mem-gib", "8", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["rank_states_at_seq_len"].clone()
 }
