@@ -1,7 +1,7 @@
-//! Overlapped communication (issue 42) changes when collectives run, never what they compute:
+//! Overlapped communication (issue 42) changes when collectives run, not what they compute:
 //! every layout's 8-step curve — losses, validation losses, gradient norms — and its final
 //! checkpoint are bit-identical with overlap on (the default) and with `--no-overlap`, on
-//! thread ranks. The layouts cover ZeRO-2 and ZeRO-3 (with and without activation
+//! thread ranks; under Ulysses SP, whose overlap computes the MLP in two halves, within 1e-6. The layouts cover ZeRO-2 and ZeRO-3 (with and without activation
 //! checkpointing, prefetching 1 or 2 layers ahead, with gradient accumulation), DP, SP, CP,
 //! SP × CP and TP.
 
@@ -30,9 +30,12 @@ fn run(cfg: &Config, case: Case, overlap: bool, dir: &std::path::Path) -> std::p
     out
 }
 
-fn same_with_and_without_overlap(cfg: &Config, cases: &[Case]) {
+/// Overlap changes when collectives run; where it also changes a summation order (Ulysses
+/// computes the MLP in two halves of the rows beside its exchanges, so each MLP weight's
+/// gradient is two partial sums added), `close` asks for 1e-6 relative instead of the same bits.
+fn same_with_and_without_overlap(cfg: &Config, cases: &[(Case, bool)]) {
     let dir = tempfile::tempdir().unwrap();
-    for &case in cases {
+    for &(case, close) in cases {
         let on = run(cfg, case, true, dir.path());
         let off = run(cfg, case, false, dir.path());
         let what = format!("{case:?}");
@@ -42,10 +45,26 @@ fn same_with_and_without_overlap(cfg: &Config, cases: &[Case]) {
         );
         assert_eq!(a.len(), b.len(), "{what}");
         assert_eq!(a.len(), curves::STEPS as usize, "{what}");
+        let same = |x: f64, y: f64| match close {
+            false => x.to_bits() == y.to_bits(),
+            true => (x - y).abs() <= 1e-6 * y.abs().max(1e-3),
+        };
         for (x, y) in a.iter().zip(&b) {
-            assert_eq!(x.loss.to_bits(), y.loss.to_bits(), "{what} step {}", x.step);
-            assert_eq!(x.grad_norm.to_bits(), y.grad_norm.to_bits(), "{what}");
-            assert_eq!(x.val_loss.map(f64::to_bits), y.val_loss.map(f64::to_bits));
+            assert!(
+                same(x.loss, y.loss),
+                "{what} step {}: {} vs {}",
+                x.step,
+                x.loss,
+                y.loss
+            );
+            assert!(
+                same(x.grad_norm, y.grad_norm),
+                "{what}: {} vs {}",
+                x.grad_norm,
+                y.grad_norm
+            );
+            let (vx, vy) = (x.val_loss.unwrap_or(0.0), y.val_loss.unwrap_or(0.0));
+            assert!(same(vx, vy), "{what}: val {vx} vs {vy}");
             assert!(x.comm_wait_s.is_some(), "{what}: comm_wait_s is measured");
         }
         let weights = |run: &std::path::Path| {
@@ -55,8 +74,20 @@ fn same_with_and_without_overlap(cfg: &Config, cases: &[Case]) {
         let (wa, wb) = (weights(&on), weights(&off));
         assert_eq!(wa.len(), wb.len(), "{what}");
         for (name, t) in &wa {
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&t.data), bits(&wb[name].data), "{what}: {name}");
+            if close {
+                let worst = t
+                    .data
+                    .iter()
+                    .zip(&wb[name].data)
+                    .map(|(p, q)| (p - q).abs());
+                let worst = worst.fold(0f32, f32::max);
+                // AdamW moves a weight by up to lr per step whatever the gradient's size (as
+                // curves::same_checkpoint).
+                assert!(worst <= 1e-4, "{what}: {name} differs by {worst}");
+            } else {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&t.data), bits(&wb[name].data), "{what}: {name}");
+            }
         }
     }
 }
@@ -67,11 +98,11 @@ fn zero2_and_zero3_curves_are_bit_identical_with_and_without_overlap() {
     same_with_and_without_overlap(
         &cfg,
         &[
-            (grid(2, 1, 1, 1), 2, false, 1, 1),
-            (grid(2, 1, 1, 1), 3, true, 1, 1),
-            (grid(4, 1, 1, 1), 3, true, 2, 1),
-            (grid(2, 1, 1, 1), 3, false, 1, 2),
-            (grid(2, 1, 1, 1), 3, true, 0, 1),
+            ((grid(2, 1, 1, 1), 2, false, 1, 1), false),
+            ((grid(2, 1, 1, 1), 3, true, 1, 1), false),
+            ((grid(4, 1, 1, 1), 3, true, 2, 1), false),
+            ((grid(2, 1, 1, 1), 3, false, 1, 2), false),
+            ((grid(2, 1, 1, 1), 3, true, 0, 1), false),
         ],
     );
 }
@@ -82,11 +113,12 @@ fn dp_sp_cp_and_tp_curves_are_bit_identical_with_and_without_overlap() {
     same_with_and_without_overlap(
         &cfg,
         &[
-            (grid(2, 1, 1, 1), 1, false, 1, 1),
-            (grid(1, 1, 2, 1), 3, true, 1, 1),
-            (grid(1, 2, 1, 1), 1, false, 1, 1),
-            (grid(1, 2, 2, 1), 2, false, 1, 1),
-            (grid(2, 1, 1, 2), 3, true, 1, 1),
+            ((grid(2, 1, 1, 1), 1, false, 1, 1), false),
+            ((grid(1, 1, 2, 1), 3, true, 1, 1), true),
+            ((grid(1, 1, 4, 1), 0, false, 1, 1), true),
+            ((grid(1, 2, 1, 1), 1, false, 1, 1), false),
+            ((grid(1, 2, 2, 1), 2, false, 1, 1), false),
+            ((grid(2, 1, 1, 2), 3, true, 1, 1), false),
         ],
     );
 }

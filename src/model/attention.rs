@@ -21,6 +21,11 @@ use crate::ops::attention::options::AttnOptions;
 pub type LocalAttention<'a> =
     &'a dyn Fn(Tensor<4>, Tensor<4>, Tensor<4>, &AttnOptions) -> Tensor<4>;
 
+/// Work that a strategy's exchanges can hide ([`SequenceParallel::attention_beside`]): called
+/// for part `k` of `n` (`k`, `n`, `tie`); the part applies `tie` to its input, which makes
+/// autodiff run the part's backward while the exchange's gradient travels.
+pub type SideWork<'a> = dyn FnMut(usize, usize, &dyn Fn(Tensor<3>) -> Tensor<3>) -> Tensor<3> + 'a;
+
 /// How attention runs when each rank holds a shard of every sequence. Applied to the model from
 /// outside (`train::shard`); implemented in `parallel/`.
 pub trait SequenceParallel: std::fmt::Debug + Send + Sync {
@@ -45,6 +50,28 @@ pub trait SequenceParallel: std::fmt::Debug + Send + Sync {
     /// Tensor elements this rank has sent in forward exchanges so far (all layers): the
     /// communication volume the run logs.
     fn elements_sent(&self) -> u64;
+
+    /// Whether [`SequenceParallel::attention_beside`] hides work behind the exchanges (they
+    /// run on a communication thread); by default it does not.
+    fn hides_work(&self) -> bool {
+        false
+    }
+
+    /// [`SequenceParallel::attention`], with the parts of `side` (work independent of
+    /// attention) computed while the exchanges travel, forward and backward; returns the output
+    /// and the parts' results in order. By default: attention, then `side` in one part.
+    fn attention_beside(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        opts: &AttnOptions,
+        local: LocalAttention<'_>,
+        side: &mut SideWork<'_>,
+    ) -> (Tensor<4>, Vec<Tensor<3>>) {
+        let o = self.attention(q, k, v, opts, local);
+        (o, vec![side(0, 1, &|x| x)])
+    }
 }
 
 /// Attention over `q: [b, h, sq, d]`, `k, v: [b, h, sk, d]` → `[b, h, sq, d]`, with the

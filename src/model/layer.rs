@@ -6,7 +6,7 @@
 use burn::tensor::Tensor;
 
 use crate::config::{AttentionKind, Position};
-use crate::model::attention::attention;
+use crate::model::attention::{attention, SequenceParallel};
 use crate::model::cache::{LayerKv, Past};
 use crate::model::neox::GenSlm;
 use crate::model::params::LayerParams;
@@ -77,6 +77,11 @@ impl GenSlm {
         past: Past,
     ) -> (Tensor<3>, Option<LayerKv>) {
         let l = &self.layout.layers[li];
+        if let (Some(sp), Past::None, None, None) = (&self.sp, &past, &self.tp, &self.defer) {
+            if sp.hides_work() {
+                return (self.layer_beside(l, x, ctx, sp.as_ref()), None);
+            }
+        }
         let (attn, kv) = self.attention_block(l, self.norm(x.clone(), l.ln1_w, l.ln1_b), ctx, past);
         let mlp = self.mlp_block(l, self.norm(x.clone(), l.ln2_w, l.ln2_b));
         (x + attn + mlp, kv)
@@ -98,10 +103,61 @@ impl GenSlm {
         (self.dense_out(o, l.dense_w, l.dense_b), kv)
     }
 
+    /// [`GenSlm::layer`] under a sequence-parallel strategy whose exchanges hide work: the MLP
+    /// (independent of attention in the parallel residual) runs in two halves of the rows
+    /// while the exchanges travel, forward and backward (`parallel::ulysses_overlap`).
+    fn layer_beside(
+        &self,
+        l: &LayerParams,
+        x: Tensor<3>,
+        ctx: &LayerContext,
+        sp: &dyn SequenceParallel,
+    ) -> Tensor<3> {
+        let [b, s, _] = x.dims();
+        let heads = self.spec(l.qkv_w).shape[1] / (3 * self.cfg.head_dim());
+        let qkv = self.col_dense(self.norm(x.clone(), l.ln1_w, l.ln1_b), l.qkv_w, l.qkv_b);
+        let (q, k, v) = self.split_heads(qkv, heads, ctx);
+        let h = self.norm(x.clone(), l.ln2_w, l.ln2_b);
+        let kind = self.cfg.attention;
+        let local = |q, k, v, o: &AttnOptions| attention(q, k, v, o, kind);
+        let mut rows = |part: usize, parts: usize, tie: &dyn Fn(Tensor<3>) -> Tensor<3>| {
+            let (first, end) = (part * s / parts, (part + 1) * s / parts);
+            self.mlp_block(l, tie(h.clone().narrow(1, first, end - first)))
+        };
+        let (o, mlp) = sp.attention_beside(q, k, v, &ctx.attn, &local, &mut rows);
+        let o = o
+            .swap_dims(1, 2)
+            .reshape([b, s, heads * self.cfg.head_dim()]);
+        x + self.dense_out(o, l.dense_w, l.dense_b) + Tensor::cat(mlp, 1)
+    }
+
     /// The MLP half of a layer on its normalised input `h` (column- then row-parallel under TP).
     fn mlp_block(&self, l: &LayerParams, h: Tensor<3>) -> Tensor<3> {
         let m = gelu_fast(self.col_dense(h, l.fc1_w, l.fc1_b));
         self.dense_out(m, l.fc2_w, l.fc2_b)
+    }
+
+    /// q, k, v `[b, heads, s, d]` from the fused projection `qkv: [b, s, heads·3d]`, rotary
+    /// applied. HF's fused layout: per head [q | k | v], each head_dim wide. Rotary and
+    /// attention run in fp32 (softmax statistics in fp32 whatever the compute dtype).
+    fn split_heads(
+        &self,
+        qkv: Tensor<3>,
+        heads: usize,
+        ctx: &LayerContext,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let [b, s, _] = qkv.dims();
+        let d = self.cfg.head_dim();
+        let qkv = self.full(qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2));
+        let mut q = qkv.clone().narrow(3, 0, d);
+        let mut k = qkv.clone().narrow(3, d, d);
+        let v = qkv.narrow(3, 2 * d, d);
+        if let Some((cos, sin)) = &ctx.rope {
+            let rot = self.cfg.rotary_dims();
+            q = apply_rotary(q, cos, sin, rot);
+            k = apply_rotary(k, cos, sin, rot);
+        }
+        (q, k, v)
     }
 
     /// Attention from the fused projection `qkv: [b, s, heads·3d]` to `[b, s, heads·d]`, and
@@ -129,16 +185,7 @@ impl GenSlm {
         }
         let [b, s, _] = qkv.dims();
         let d = c.head_dim();
-        // HF's fused layout: per head [q | k | v], each head_dim wide. Rotary and attention run
-        // in fp32 (softmax statistics in fp32 whatever the compute dtype).
-        let qkv = self.full(qkv.reshape([b, s, heads, 3 * d]).swap_dims(1, 2));
-        let mut q = qkv.clone().narrow(3, 0, d);
-        let mut k = qkv.clone().narrow(3, d, d);
-        let v = qkv.narrow(3, 2 * d, d);
-        if let Some((cos, sin)) = &ctx.rope {
-            q = apply_rotary(q, cos, sin, rot);
-            k = apply_rotary(k, cos, sin, rot);
-        }
+        let (q, k, v) = self.split_heads(qkv, heads, ctx);
         let (o, kv) = match (&self.sp, past) {
             (Some(sp), _) => {
                 let local = |q, k, v, o: &AttnOptions| attention(q, k, v, o, kind);

@@ -102,6 +102,11 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     fn start_job(&self, job: Job) -> std::result::Result<Vec<Arc<dyn WaitHook>>, Job> {
         Err(job)
     }
+    /// Whether [`Communicator::start_job`] runs jobs on a thread of their own (while the
+    /// caller computes), so that work placed between a start and its wait is hidden.
+    fn runs_jobs_apart(&self) -> bool {
+        false
+    }
 
     /// Whether tensors on `device` travel without host copies (NCCL on CUDA tensors); callers
     /// then pack and reduce on the device instead of staging host buffers.

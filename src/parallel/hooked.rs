@@ -28,6 +28,10 @@ pub trait Hook: Send + Sync + std::fmt::Debug {
     fn wait_hook(&self) -> Option<Arc<dyn WaitHook>> {
         None
     }
+    /// Whether [`Hook::submit`] takes jobs for a thread of its own.
+    fn has_thread(&self) -> bool {
+        false
+    }
 }
 
 /// `inner` with `hook` around each call.
@@ -172,6 +176,9 @@ impl<H: Hook + 'static> Communicator for Hooked<H> {
         let mut hooks = self.inner.start_job(job)?;
         hooks.extend(self.hook.wait_hook());
         Ok(hooks)
+    }
+    fn runs_jobs_apart(&self) -> bool {
+        self.hook.has_thread() || self.inner.runs_jobs_apart()
     }
     fn on_device(&self, device: &Device) -> bool {
         self.inner.on_device(device)

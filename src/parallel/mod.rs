@@ -26,6 +26,7 @@ pub mod threads;
 pub mod timed;
 pub mod topology;
 pub mod ulysses;
+pub mod ulysses_overlap;
 
 pub use comm::{Communicator, Solo};
 pub use topology::{Degrees, Topology};

@@ -217,6 +217,10 @@ impl Hook for Progress {
         call()
     }
 
+    fn has_thread(&self) -> bool {
+        true
+    }
+
     fn submit(&self, job: Job) -> std::result::Result<Vec<Arc<dyn WaitHook>>, Job> {
         let Some(queue) = self.queue() else {
             return Err(job);

@@ -9,6 +9,9 @@
 //! empty head attends uniformly to zero values, so it outputs zeros and passes no gradient; the
 //! cost is `(⌈H/P⌉·P − H)/H` more attention work (3 heads on SP 2: one empty head, +33%).
 //!
+//! The group's `SequenceParallel` (in `ulysses_overlap.rs`) runs these blocking exchanges, or,
+//! where the group has a communication thread, overlaps them with the MLP.
+//!
 //! The exchange goes through the [`Communicator`]'s tensor all-to-all (host buffers for threads
 //! and MPI, device memory for NCCL on CUDA); a communication failure inside
 //! the op panics with the communicator's message (an op cannot return an error), and the rank
@@ -21,7 +24,7 @@ use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch, Flex};
 use burn::tensor::Tensor;
 
-use crate::model::attention::{LocalAttention, SequenceParallel};
+use crate::model::attention::LocalAttention;
 use crate::ops::attention::options::AttnOptions;
 use crate::ops::autodiff::{differentiable_collective as differentiable, Transposable};
 use crate::parallel::comm::Communicator;
@@ -57,7 +60,7 @@ pub enum Direction {
 }
 
 impl Direction {
-    fn reverse(self) -> Self {
+    pub fn reverse(self) -> Self {
         match self {
             Direction::SeqToHeads => Direction::HeadsToSeq,
             Direction::HeadsToSeq => Direction::SeqToHeads,
@@ -120,8 +123,9 @@ impl<B: Backend + UlyssesOps, C: CheckpointStrategy> UlyssesOps for Autodiff<B, 
     }
 }
 
-/// The exchange on plain tensors: split along one dim, all-to-all, concatenate along the other.
-fn exchange(x: Tensor<4>, params: &ExchangeParams) -> Tensor<4> {
+/// What an exchange of `x` sends to each rank (split along one dim; counted when the params
+/// say so) and the dim the received pieces join along.
+pub(crate) fn exchange_parts(x: Tensor<4>, params: &ExchangeParams) -> (Vec<Tensor<4>>, usize) {
     let p = params.group.comm.size();
     let (split_dim, cat_dim) = match params.direction {
         Direction::SeqToHeads => (1, 2),
@@ -138,6 +142,12 @@ fn exchange(x: Tensor<4>, params: &ExchangeParams) -> Tensor<4> {
             .sent_forward
             .fetch_add(n as u64, Ordering::Relaxed);
     }
+    (send, cat_dim)
+}
+
+/// The exchange on plain tensors: split along one dim, all-to-all, concatenate along the other.
+fn exchange(x: Tensor<4>, params: &ExchangeParams) -> Tensor<4> {
+    let (send, cat_dim) = exchange_parts(x, params);
     // Host buffers for threads and MPI; device memory for NCCL on CUDA tensors.
     let parts = params
         .group
@@ -175,7 +185,21 @@ pub fn ulysses_attention(
     let hp = heads.div_ceil(p);
     let r = group.comm.rank();
     let (q, k, v) = scatter_qkv(q, k, v, hp, group);
-    let local = AttnOptions {
+    let local = head_group_options(opts, r, hp, p, (q.dims()[2], k.dims()[2]));
+    let o = exchange_op(attend(q, k, v, &local), group, Direction::HeadsToSeq);
+    drop_padding_heads(o, heads)
+}
+
+/// The attention options of rank `r`'s group of `hp` heads over the whole sequence (`lens`:
+/// the gathered query and key lengths), from the sequence shard's `opts` on `p` ranks.
+pub(crate) fn head_group_options(
+    opts: &AttnOptions,
+    r: usize,
+    hp: usize,
+    p: usize,
+    (q_len, k_len): (usize, usize),
+) -> AttnOptions {
+    AttnOptions {
         causal: opts.causal,
         alibi: opts.alibi.as_ref().map(|s| {
             (r * hp..(r + 1) * hp)
@@ -185,10 +209,13 @@ pub fn ulysses_attention(
         // The whole sequence is present now: global positions start at the shard group's base.
         // (Inside a CP ring the tokens are two chunks and the ring reads its own positions;
         // saturating keeps this harmless there.)
-        q_offset: opts.q_offset.saturating_sub(r * q.dims()[2] / p),
-        k_offset: opts.k_offset.saturating_sub(r * k.dims()[2] / p),
-    };
-    let o = exchange_op(attend(q, k, v, &local), group, Direction::HeadsToSeq);
+        q_offset: opts.q_offset.saturating_sub(r * q_len / p),
+        k_offset: opts.k_offset.saturating_sub(r * k_len / p),
+    }
+}
+
+/// `o: [b, H', s, d]` without the empty heads padded up to `H'` (the first `heads` kept).
+pub(crate) fn drop_padding_heads(o: Tensor<4>, heads: usize) -> Tensor<4> {
     if o.dims()[1] == heads {
         o
     } else {
@@ -213,14 +240,21 @@ fn scatter_qkv(
         let scatter = |x| exchange_op(pad_heads(x, hp * p), group, Direction::SeqToHeads);
         return (scatter(q), scatter(k), scatter(v));
     }
+    let all = exchange_op(fuse_qkv(q, k, v, hp, p), group, Direction::SeqToHeads);
+    unfuse_qkv(all, hp)
+}
+
+/// q, k, v (same shapes) `[b, H, s, d]` as one `[b, 3·hp·p, s, d]` tensor whose `p` head
+/// groups along dim 1 each hold one rank's `hp` heads of q, then of k, then of v (padded).
+pub(crate) fn fuse_qkv(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, hp: usize, p: usize) -> Tensor<4> {
     let [b, _, s, d] = q.dims();
     let by_rank = |x: Tensor<4>| pad_heads(x, hp * p).reshape([b, p, hp, s, d]);
     let fused = Tensor::cat(vec![by_rank(q), by_rank(k), by_rank(v)], 2);
-    let all = exchange_op(
-        fused.reshape([b, 3 * hp * p, s, d]),
-        group,
-        Direction::SeqToHeads,
-    );
+    fused.reshape([b, 3 * hp * p, s, d])
+}
+
+/// A rank's `[b, 3·hp, s, d]` after the fused exchange as its q, k and v heads.
+pub(crate) fn unfuse_qkv(all: Tensor<4>, hp: usize) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
     (
         all.clone().narrow(1, 0, hp),
         all.clone().narrow(1, hp, hp),
@@ -236,25 +270,4 @@ fn pad_heads(x: Tensor<4>, to: usize) -> Tensor<4> {
     }
     let zeros = Tensor::zeros([b, to - h, s, d], (&x.device(), x.dtype()));
     Tensor::cat(vec![x, zeros], 1)
-}
-
-impl SequenceParallel for SpGroup {
-    fn attention(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        opts: &AttnOptions,
-        local: LocalAttention<'_>,
-    ) -> Tensor<4> {
-        ulysses_attention(q, k, v, opts, self, local)
-    }
-
-    fn position_shard(&self) -> Option<usize> {
-        self.pos_shard
-    }
-
-    fn elements_sent(&self) -> u64 {
-        self.sent_forward.load(Ordering::Relaxed)
-    }
 }
