@@ -7,8 +7,8 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::plan::cpu::CpuRun;
 use crate::plan::{
-    estimate, rank_states, Checkpointing, Degrees, Hardware, Mask, Parallelism, Precision, Recipe,
-    Strategy, Target, GIB,
+    estimate, Checkpointing, Degrees, Hardware, Mask, Parallelism, Precision, Recipe, Strategy,
+    Target, GIB,
 };
 use crate::train::metrics::proc_kib;
 
@@ -151,22 +151,10 @@ pub fn predicted_device_peak(
         mem_bytes: capacity,
         target: Target::Gpu,
     };
+    // The planner's genslm recipe holds what the trainer holds in either precision (bf16:
+    // `train::master`'s layout).
     let e = estimate(&cfg.model, &st, &hw, seq_len);
-    if precision == Precision::Fp32 {
-        return (e.total(), e.host_bytes);
-    }
-    // bf16 computes in bf16, but the trainer keeps fp32 weights, gradients and moments (the
-    // planner's bf16 is DeepSpeed's 2 + 2 + 12 bytes per parameter): the model states of the
-    // fp32 plan instead of the bf16 plan's, as at the update (gradients included, an upper
-    // bound in the phases without them), and the fp32 plan's host bytes.
-    let fp32 = Strategy {
-        precision: Precision::Fp32,
-        ..st.clone()
-    };
-    let held = |s: &Strategy| -> f64 { rank_states(&cfg.model, s, &hw, seq_len).iter().sum() };
-    let extra = (held(&fp32) - held(&st)).max(0.0);
-    let host = estimate(&cfg.model, &fp32, &hw, seq_len).host_bytes;
-    (e.total() + extra, host)
+    (e.total(), e.host_bytes)
 }
 
 /// Refuses, before any work, a GPU run whose predicted device peak (times the `sharing` ranks
@@ -365,31 +353,33 @@ mod tests {
         assert!(check_fits(&cfg, (1, 1, 1), 1, avail).is_ok());
     }
 
-    /// The trainer keeps fp32 weights, gradients and moments under bf16 compute: offloading the
-    /// optimizer takes exactly its two fp32 moments (8 bytes per parameter) off the device's
-    /// prediction, not the 12 of the planner's bf16 layout.
+    /// Under the bf16 layout the trainer keeps the fp32 masters beside the moments: offloading
+    /// the optimizer takes exactly those 12 bytes per parameter off the device's prediction and
+    /// puts them in host memory (fp32: the two moments, 8 bytes).
     #[test]
-    fn bf16_offload_takes_the_trainers_moments_off_the_device() {
+    fn bf16_offload_takes_the_trainers_masters_and_moments_off_the_device() {
         let mut cfg = genslm_25m();
         cfg.train.batch_size = 1;
         cfg.train.checkpoint_activations = true;
         let n = crate::plan::model_params(&cfg.model, cfg.model.vocab_size, false);
-        let peak =
-            |cfg: &Config| predicted_device_peak(cfg, (1, 1, 1), 8192, 40.0 * GIB, Precision::Bf16);
-        let (none, _) = peak(&cfg);
-        cfg.train.offload = crate::config::Offload::Optimizer;
-        let (off, host) = peak(&cfg);
-        let moved = none - off;
-        assert!(
-            (moved - 8.0 * n).abs() <= 1e-6 * moved,
-            "{moved} vs {}",
-            8.0 * n
-        );
-        assert!(
-            (host - 8.0 * n).abs() <= 1e-6 * host,
-            "{host} vs {}",
-            8.0 * n
-        );
+        for (precision, bytes) in [(Precision::Bf16, 12.0), (Precision::Fp32, 8.0)] {
+            let peak =
+                |cfg: &Config| predicted_device_peak(cfg, (1, 1, 1), 8192, 40.0 * GIB, precision);
+            cfg.train.offload = crate::config::Offload::None;
+            let (none, _) = peak(&cfg);
+            cfg.train.offload = crate::config::Offload::Optimizer;
+            let (off, host) = peak(&cfg);
+            let moved = none - off;
+            let want = bytes * n;
+            assert!(
+                (moved - want).abs() <= 1e-6 * moved,
+                "{precision}: {moved} vs {want}"
+            );
+            assert!(
+                (host - want).abs() <= 1e-6 * host,
+                "{precision}: {host} vs {want}"
+            );
+        }
     }
 
     /// The device check: the planner's GPU peak against the capacity, both figures named, and
@@ -415,8 +405,9 @@ mod tests {
     }
 
     /// A card's run that offloads more than the host has is refused with both figures: the
-    /// optimizer offload of genslm-25m in bf16 keeps the two fp32 moments, 8 bytes per
-    /// parameter, on the host (per rank of the process); without offload nothing is checked.
+    /// optimizer offload of genslm-25m in bf16 keeps the fp32 masters and the two moments, 12
+    /// bytes per parameter, on the host (per rank of the process); without offload nothing is
+    /// checked.
     #[test]
     fn offload_beyond_the_host_memory_is_refused() {
         let mut cfg = genslm_25m();
@@ -428,17 +419,17 @@ mod tests {
         };
         assert!(check(&cfg, 1, 0.0).is_ok(), "no offload, no host check");
         cfg.train.offload = crate::config::Offload::Optimizer;
-        assert!(check(&cfg, 1, 8.0 * n + 1.0).is_ok());
+        assert!(check(&cfg, 1, 12.0 * n + 1.0).is_ok());
         assert!(
-            check(&cfg, 2, 8.0 * n + 1.0).is_err(),
+            check(&cfg, 2, 12.0 * n + 1.0).is_err(),
             "two ranks offload twice"
         );
-        let e = check(&cfg, 1, 7.0 * n).unwrap_err().to_string();
+        let e = check(&cfg, 1, 11.0 * n).unwrap_err().to_string();
         let gib = |b: f64| format!("{:.1} GiB", b / GIB);
         assert!(
             e.contains("--offload optimizer")
-                && e.contains(&gib(8.0 * n))
-                && e.contains(&gib(7.0 * n)),
+                && e.contains(&gib(12.0 * n))
+                && e.contains(&gib(11.0 * n)),
             "{e}"
         );
     }
