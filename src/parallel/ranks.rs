@@ -166,15 +166,15 @@ pub fn thread_grid(d: Degrees, timeout: Duration) -> Vec<Ranks> {
         .map(|rank| Topology::of(rank, d).expect("rank inside the grid"))
         .collect();
     // One thread group per distinct member list; each rank takes its handle by position, one
-    // handle for every field of its `Ranks` that names the same group. The SP group is its own
-    // even where another field has its members (as under MPI, where every field is a split of
-    // its own): Ulysses' exchanges then run on a communication thread of their own, not queued
-    // behind the gradient reductions of the data group (`parallel::ulysses_overlap`).
+    // handle for every field of its `Ranks` that names the same group. The SP and CP groups are
+    // their own even where another field has their members (as under MPI, where every field is
+    // a split of its own): Ulysses' exchanges and the ring's passes then run on communication
+    // threads of their own, not queued behind the data group's gradient reductions.
     type Handles = Vec<(ThreadComm, Option<Arc<dyn Communicator>>)>;
-    let mut groups: std::collections::HashMap<(bool, Vec<usize>), Handles> = Default::default();
-    let mut handle = |own: bool, members: Vec<usize>, rank: usize| -> Arc<dyn Communicator> {
+    let mut groups: std::collections::HashMap<(&str, Vec<usize>), Handles> = Default::default();
+    let mut handle = |role: &'static str, members: Vec<usize>, rank: usize| {
         let at = members.iter().position(|&m| m == rank).expect("a member");
-        let g = groups.entry((own, members)).or_insert_with_key(|(_, m)| {
+        let g = groups.entry((role, members)).or_insert_with_key(|(_, m)| {
             thread_group(m.len(), timeout)
                 .into_iter()
                 .map(|c| (c, None))
@@ -187,14 +187,14 @@ pub fn thread_grid(d: Degrees, timeout: Duration) -> Vec<Ranks> {
         .into_iter()
         .map(|topo| Ranks {
             topo,
-            world: handle(false, (0..n).collect(), topo.rank),
-            tp: handle(false, topo.tp_group(), topo.rank),
-            data: handle(false, topo.data_group(), topo.rank),
-            sp: handle(true, topo.sp_group(), topo.rank),
-            cp: handle(false, topo.cp_group(), topo.rank),
-            seq: handle(false, topo.seq_group(), topo.rank),
-            dp: handle(false, topo.dp_group(), topo.rank),
-            pp: handle(false, topo.pp_group(), topo.rank),
+            world: handle("", (0..n).collect(), topo.rank),
+            tp: handle("", topo.tp_group(), topo.rank),
+            data: handle("", topo.data_group(), topo.rank),
+            sp: handle("sp", topo.sp_group(), topo.rank),
+            cp: handle("cp", topo.cp_group(), topo.rank),
+            seq: handle("", topo.seq_group(), topo.rank),
+            dp: handle("", topo.dp_group(), topo.rank),
+            pp: handle("", topo.pp_group(), topo.rank),
             bucket: DEFAULT_BUCKET,
             megatron_sp: true,
             no_overlap: None,
