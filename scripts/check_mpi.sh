@@ -22,7 +22,8 @@ ARGS8=(train --fasta data/ --config configs/tiny.toml --steps 8 --seq-len 64 --b
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4z3" --zero 3 2> "$TMP/np4z3.err"
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4sp2z3c" --sp 2 --zero 3 --checkpoint-activations
 # Overlap (issue 42): the library granted MPI_THREAD_MULTIPLE (no note that overlap is off), and
-# the same runs with blocking collectives (--no-overlap) give bit-identical curves (checked below).
+# the same runs with blocking collectives (--no-overlap) give bit-identical curves (Ulysses: within
+# 1e-6; checked below).
 if grep -q "not overlapped" "$TMP/np4z3.err"; then cat "$TMP/np4z3.err" >&2; exit 1; fi
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4z3nov" --zero 3 --no-overlap
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4sp2z3cnov" --sp 2 --zero 3 --checkpoint-activations --no-overlap
@@ -125,9 +126,16 @@ for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8"
         print(f"check_mpi: {d} matches the single-process losses ({len(got)} steps)")
 def curve(d):
     return [(m["loss"], m.get("val_loss"), m["grad_norm"]) for m in map(json.loads, open(f"{root}/{d}/metrics.jsonl"))]
-for on, off in [("np4z3", "np4z3nov"), ("np4sp2z3c", "np4sp2z3cnov"), ("np2cp2", "np2cp2nov"), ("np4dp2cp2z1", "np4dp2cp2z1nov")]:
+for on, off in [("np4z3", "np4z3nov"), ("np2cp2", "np2cp2nov"), ("np4dp2cp2z1", "np4dp2cp2z1nov")]:
     assert curve(on) == curve(off), (on, curve(on), off, curve(off))
     print(f"check_mpi: {on} is bit-identical with overlap on and off")
+# Ulysses overlaps its exchanges with the MLP in two halves of the rows, whose weight gradients
+# add: within 1e-6 of the blocking run, not bit for bit (tests/parallel_overlap.rs).
+for on, off in [("np4sp2z3c", "np4sp2z3cnov")]:
+    for a, b in zip(curve(on), curve(off), strict=True):
+        for x, y in zip(a, b):
+            assert (x is None) == (y is None) and (x is None or abs(x - y) <= 1e-6 * abs(y)), (on, a, off, b)
+    print(f"check_mpi: {on} is within 1e-6 of the run without overlap")
 q, f = [list(map(json.loads, open(f"{root}/{d}/metrics.jsonl"))) for d in ("np4z3q8", "np4z3")]
 assert len(q) == len(f) == 8
 for a, b in zip(q, f):
