@@ -9,12 +9,12 @@ mod curves;
 
 use std::path::Path;
 
-use curves::{data, grid, same_checkpoint, same_curve, tiny};
+use curves::{data, first_step_memory, grid, same_checkpoint, same_curve, tiny};
 use genslm::config::{Config, Position, Precision};
 use genslm::model::params::Layout;
 use genslm::parallel::Degrees;
 use genslm::train::metrics::{read_metrics, StepMetrics};
-use genslm::train::trainer::{train_grid, train_threads, RunOptions};
+use genslm::train::trainer::{train_grid, RunOptions};
 
 fn bf16(pos: Position) -> Config {
     let mut cfg = tiny(pos, 32);
@@ -146,14 +146,7 @@ fn bf16_layout_holds_deepspeed_bytes_per_parameter() {
     let units = cfg.model.num_layers as f64 + 2.0;
     let dir = tempfile::tempdir().unwrap();
     for (zero, r) in [(0u8, 2usize), (1, 4), (2, 4), (3, 4)] {
-        let mut c = cfg.clone();
-        c.train.zero = zero;
-        c.train.steps = 1;
-        let out = dir.path().join(format!("z{zero}r{r}"));
-        train_threads(&c, &data(), &out, &RunOptions::default(), r, 1).unwrap();
-        let m = read_metrics(&out.join("metrics.jsonl")).unwrap()[0]
-            .memory
-            .expect("memory accounting");
+        let m = first_step_memory(&cfg, zero, r, dir.path());
         let rf = r as f64;
         let (p, g, o) = match zero {
             0 => (2.0 * n, 4.0 * n, 12.0 * n),

@@ -150,14 +150,7 @@ fn per_rank_state_falls_with_the_stage() {
     let units = cfg.model.num_layers as f64 + 2.0;
     let dir = tempfile::tempdir().unwrap();
     for (zero, r) in [(0u8, 4usize), (1, 4), (2, 4), (3, 4), (3, 2)] {
-        let mut c = cfg.clone();
-        c.train.zero = zero;
-        c.train.steps = 1;
-        let out = dir.path().join(format!("z{zero}r{r}"));
-        train_threads(&c, &data(), &out, &RunOptions::default(), r, 1).unwrap();
-        let m = read_metrics(&out.join("metrics.jsonl")).unwrap()[0]
-            .memory
-            .expect("memory accounting");
+        let m = curves::first_step_memory(&cfg, zero, r, dir.path());
         let rf = r as f64;
         let (p, g, o) = match zero {
             0 => (n, n, 2.0 * n),

@@ -96,8 +96,7 @@ impl GenSlm {
         ctx: &LayerContext,
         past: Past,
     ) -> (Tensor<3>, Option<LayerKv>) {
-        // This rank's heads: all of them, or its TP slice (the QKV weight's columns).
-        let heads = self.spec(l.qkv_w).shape[1] / (3 * self.cfg.head_dim());
+        let heads = self.layer_heads(l);
         let qkv = self.col_dense(h, l.qkv_w, l.qkv_b);
         let (o, kv) = self.attend(qkv, heads, ctx, past);
         (self.dense_out(o, l.dense_w, l.dense_b), kv)
@@ -114,7 +113,7 @@ impl GenSlm {
         sp: &dyn SequenceParallel,
     ) -> Tensor<3> {
         let [b, s, _] = x.dims();
-        let heads = self.spec(l.qkv_w).shape[1] / (3 * self.cfg.head_dim());
+        let heads = self.layer_heads(l);
         let qkv = self.col_dense(self.norm(x.clone(), l.ln1_w, l.ln1_b), l.qkv_w, l.qkv_b);
         let (q, k, v) = self.split_heads(qkv, heads, ctx);
         let h = self.norm(x.clone(), l.ln2_w, l.ln2_b);
@@ -129,6 +128,11 @@ impl GenSlm {
             .swap_dims(1, 2)
             .reshape([b, s, heads * self.cfg.head_dim()]);
         x + self.dense_out(o, l.dense_w, l.dense_b) + Tensor::cat(mlp, 1)
+    }
+
+    /// This rank's heads of layer `l`: all of them, or its TP slice (the QKV weight's columns).
+    fn layer_heads(&self, l: &LayerParams) -> usize {
+        self.spec(l.qkv_w).shape[1] / (3 * self.cfg.head_dim())
     }
 
     /// The MLP half of a layer on its normalised input `h` (column- then row-parallel under TP).

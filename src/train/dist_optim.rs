@@ -50,7 +50,7 @@ impl DistOptim {
         }
         let (replicated, sharded) = param_groups(model);
         let moments = (state.m.as_slice(), state.v.as_slice(), state.step);
-        let shard = ZeroShard::new(
+        let mut shard = ZeroShard::new(
             state.cfg,
             replicated,
             &model.params,
@@ -58,7 +58,6 @@ impl DistOptim {
             Some(moments),
             state.offload,
         );
-        let mut shard = shard;
         if let Some(master) = &state.master {
             shard.opt.set_master(shard.pieces_of(master));
         }

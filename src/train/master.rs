@@ -34,13 +34,10 @@ pub fn layout_on(model: &GenSlm) -> bool {
     model.precision == Precision::Bf16
 }
 
-/// `t` as a working parameter of `model` (bf16 under the layout, else unchanged).
+/// `t` as a working parameter of `model`: kept in the compute dtype (bf16 under the layout,
+/// else unchanged).
 pub fn working(model: &GenSlm, t: Tensor<1>) -> Tensor<1> {
-    if layout_on(model) {
-        t.cast(FloatDType::BF16)
-    } else {
-        t
-    }
+    model.compute(t)
 }
 
 /// `t` in fp32 (gradients and values on their way to the optimizer or a checkpoint).

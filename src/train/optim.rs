@@ -8,11 +8,12 @@
 //!   p ← p − lr · (m / (1−β1ᵗ)) / (√(v / (1−β2ᵗ)) + ε)
 //! with weight decay only on parameters marked `decay` (matrices, not LayerNorm or biases).
 
-use burn::tensor::{FloatDType, Tensor};
+use burn::tensor::Tensor;
 
 use crate::backend::{host_device, to_host};
 use crate::model::params::ParamSpec;
 use crate::ops::primitive::tensor_to_vec;
+use crate::train::master::fp32;
 use crate::train::optim_cpu;
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -82,8 +83,8 @@ impl AdamW {
 
     /// Keeps `values` (fp32) as the master values, where the moments live.
     pub fn set_master(&mut self, values: Vec<Tensor<1>>) {
-        let f32 = |t: Tensor<1>| self.to_state_device(t.without_autodiff().cast(FloatDType::F32));
-        self.master = Some(values.into_iter().map(f32).collect());
+        let place = |t: Tensor<1>| self.to_state_device(fp32(t.without_autodiff()));
+        self.master = Some(values.into_iter().map(place).collect());
     }
 
     /// Bytes of the state: the moments, and the masters when it keeps them.
@@ -126,7 +127,7 @@ impl AdamW {
                 Some(master) => master[i].clone(),
                 None => self.to_state_device(p),
             };
-            let g = self.to_state_device(g.cast(FloatDType::F32));
+            let g = self.to_state_device(fp32(g));
             let master = &mut self.master;
             let mut back = |t: Tensor<1>| {
                 if let Some(master) = master.as_mut() {
@@ -214,7 +215,7 @@ pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{Device, TensorData};
+    use burn::tensor::{Device, FloatDType, TensorData};
 
     fn t(v: &[f32]) -> Tensor<1> {
         Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), &Device::flex())

@@ -8,8 +8,8 @@ use genslm::config::{Config, Position};
 use genslm::model::tensors::read_safetensors;
 use genslm::parallel::Degrees;
 use genslm::train::checkpoint::moment_tensors;
-use genslm::train::metrics::{read_metrics, StepMetrics};
-use genslm::train::trainer::{train, train_grid, DataSource, RunOptions};
+use genslm::train::metrics::{read_metrics, RankMemory, StepMetrics};
+use genslm::train::trainer::{train, train_grid, train_threads, DataSource, RunOptions};
 
 pub const STEPS: u64 = 8;
 
@@ -66,6 +66,19 @@ pub fn layouts_match_one_rank(cfg: &Config, layouts: &[(Degrees, u8, bool)]) {
         same_curve(&m, &reference, &what);
         same_checkpoint(&out, &one, &what);
     }
+}
+
+/// metrics.jsonl's memory accounting of rank 0 after one step of `cfg` under ZeRO `zero` on
+/// `ranks` data-parallel thread ranks, run in `dir`.
+pub fn first_step_memory(cfg: &Config, zero: u8, ranks: usize, dir: &Path) -> RankMemory {
+    let mut c = cfg.clone();
+    c.train.zero = zero;
+    c.train.steps = 1;
+    let out = dir.join(format!("z{zero}r{ranks}"));
+    train_threads(&c, &data(), &out, &RunOptions::default(), ranks, 1).unwrap();
+    read_metrics(&out.join("metrics.jsonl")).unwrap()[0]
+        .memory
+        .expect("memory accounting")
 }
 
 /// Losses, validation losses and gradient norms equal the reference's (≤ 1e-5 relative).
