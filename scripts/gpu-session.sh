@@ -7,6 +7,7 @@
 #   - after the probe, when neither kernel compiler (llvm, then nvrtc if carried) trains tiny;
 #   - after correctness, when no fp32 curve matches the CPU's (speed of wrong numbers is noise).
 # Usage (the device call):  DEADLINE_S=480 bash scripts/gpu-session.sh
+#   SESSION_PARTS (correctness,infer,peer,throughput,attention; profile is another),
 #   THROUGHPUT_CONFIGS (genslm-25m,genslm-250m), PERF_MAX_SEQ (32768), ATTN_SEQS (4096,16384)
 # Rows go to $OUT as the probe and smoke scripts write them (8 files at most come back).
 set -uo pipefail
@@ -36,7 +37,8 @@ fi
 export WORK=${WORK:-$(mktemp -d)}
 export PERF_MAX_SEQ=${PERF_MAX_SEQ:-32768} ATTN_SEQS=${ATTN_SEQS:-4096,16384}
 export THROUGHPUT_CONFIGS=${THROUGHPUT_CONFIGS:-genslm-25m,genslm-250m}
-for p in correctness infer peer throughput attention; do
+IFS=, read -r -a SESSION_PARTS <<<"${SESSION_PARTS:-correctness,infer,peer,throughput,attention}"
+for p in "${SESSION_PARTS[@]}"; do
   l=$(left)
   if (( l < 45 )); then echo "== gpu-session: no time left for $p"; continue; fi
   echo "== gpu-session: $p ($l s left)"

@@ -5,7 +5,8 @@
 # to $OUT/smoke-logs-VARIANT.tar.xz (the device tool brings back 8 files at most).
 # Usage: PARTS=correctness,throughput bash scripts/gpu-smoke.sh [llvm|nvrtc]
 #   correctness  tiny and genslm-25m, 20 steps, cuda fp32 (<= 1e-3 relative per step) and bf16
-#                (<= 2e-2) against the CPU curve (REF_DIR, else made here first)
+#                (<= 2e-2) against the CPU fp32 curve (REF_DIR, else made here first), and cuda
+#                bf16 against the CPU's bf16 curve (the same mixed-precision layout), when carried
 #   throughput   genslm-25m and genslm-250m (THROUGHPUT_CONFIGS) at seq 2K, 8K, then doubling
 #                while it fits, up to PERF_MAX_SEQ (131072):
 #                tokens/s, TFLOPS, MFU (PEAK_TFLOPS, default 989: H100/H200 SXM dense bf16),
@@ -17,6 +18,12 @@
 #                of each and genslm / PyTorch
 #   attention    the op alone, bf16, causal: genslm's kernels vs cubek vs PyTorch SDPA at
 #                ATTN_SEQS (1024,4096,16384,32768) × d 64/128, and ALiBi (ours vs SDPA)
+#   profile      where a training step's GPU time goes (PROFILE_SHAPES, default
+#                genslm-25m:2048,genslm-250m:2048): cubecl's per-kernel timings of steps 3-6
+#                (CUBECL_DEBUG_OPTION=profile; every launch waits for its kernel, so only the
+#                kernel times count, not the step time), beside the unprofiled step time with
+#                and without the trainer's device-memory samples (PROFILE_MODES, default
+#                samples,no-samples,profiled), to $OUT/profile-VARIANT.md
 #   sp           with 2+ GPUs: --sp 2 against --sp 1
 # The CPU curves take seconds; make them on the dev machine and carry them to save GPU time:
 #   PARTS=ref BIN=target/release/genslm bash scripts/gpu-smoke.sh   (writes REF_DIR)
@@ -46,6 +53,8 @@ if part ref; then
   for cfg in tiny genslm-25m; do
     "$BIN" train "${SMALL[@]}" --config "configs/$cfg.toml" --out "$WORK/ref-$cfg" --backend cpu \
       && cp "$WORK/ref-$cfg/metrics.jsonl" "$REF_DIR/$cfg-cpu-20.jsonl" || exit 1
+    "$BIN" train "${SMALL[@]}" --config "configs/$cfg.toml" --out "$WORK/ref-$cfg-bf16" --backend cpu \
+      --precision bf16 && cp "$WORK/ref-$cfg-bf16/metrics.jsonl" "$REF_DIR/$cfg-cpu-bf16-20.jsonl" || exit 1
   done
   echo "== CPU curves in $REF_DIR: carry it with the bundle"; ls -l "$REF_DIR"
   [[ $PARTS == ",ref," ]] && exit 0
@@ -88,6 +97,11 @@ if part correctness; then
            --out "$WORK/cuda-$cfg-$prec" --backend cuda --precision "$prec" > "$log" 2>&1; then
         res=$(python3 scripts/gpu_tables.py gap "$ref" "$WORK/cuda-$cfg-$prec/metrics.jsonl" "$limit")
         row "$cfg 20 steps cuda $prec vs cpu fp32" "${res%%:*}" "${res#*: }; peak GPU $(cat "$WORK/peak") MiB"
+        ref16="$REF_DIR/$cfg-cpu-bf16-20.jsonl"
+        if [[ $prec == bf16 && -s $ref16 ]]; then
+          res=$(python3 scripts/gpu_tables.py gap "$ref16" "$WORK/cuda-$cfg-$prec/metrics.jsonl" "$limit")
+          row "$cfg 20 steps cuda bf16 vs cpu bf16" "${res%%:*}" "${res#*: }"
+        fi
       else
         row "$cfg 20 steps cuda $prec vs cpu fp32" FAIL "exit $?: $(tail2 "$log")"
       fi
@@ -95,9 +109,9 @@ if part correctness; then
   done
 fi
 
-if part throughput; then
-  PART_START=$(date +%s)
-  # Long records for the long sequences: random codons, 40 records of 2^17 codons.
+# Long records for the long sequences: random codons, 40 records of 2^17 codons.
+long_fasta() {
+  [[ -s "$WORK/long.fa" ]] && return
   python3 - "$WORK/long.fa" <<'PY'
 import random, sys
 random.seed(0)
@@ -106,6 +120,11 @@ with open(sys.argv[1], "w") as f:
         s = "".join(random.choices("ACGT", k=3 * 131072))
         f.write(f">r{i}\n" + "\n".join(s[j:j + 80] for j in range(0, len(s), 80)) + "\n")
 PY
+}
+
+if part throughput; then
+  PART_START=$(date +%s)
+  long_fasta
   perf() {  # config seq -> a row; fails when the run did not fit or failed
     local cfg=$1 seq=$2 out="$WORK/perf-$1-$2" budget
     budget=$(left)
@@ -205,6 +224,46 @@ if part attention; then
       done
     done
   done
+fi
+
+if part profile; then
+  PART_START=$(date +%s)
+  long_fasta
+  PROF="$OUTDIR/profile-$VARIANT.md"
+  { echo; echo "Step profile ($VARIANT): $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $(date -u +%FT%TZ)"; } | tee -a "$PROF"
+  # cubecl reads cubecl.toml from the working directory; the runs start there, so its autotune
+  # cache is warm (from the first, unprofiled run) before the profiled run, whose launches
+  # would otherwise time autotune's candidates too.
+  P="$WORK/profile"; mkdir -p "$P"
+  printf '[profiling.logger]\nfile = "%s/kernels.log"\nappend = false\n' "$P" > "$P/cubecl.toml"
+  ROOT=$PWD
+  IFS=, read -r -a SHAPES <<<"${PROFILE_SHAPES:-genslm-25m:2048,genslm-250m:2048}"
+  for shape in "${SHAPES[@]}"; do
+    cfg=${shape%%:*} seq=${shape##*:} rates=()
+    rm -f "$P/kernels.log"
+    IFS=, read -r -a MODES <<<"${PROFILE_MODES:-samples,no-samples,profiled}"
+    for mode in "${MODES[@]}"; do
+      if (( $(left) < 30 )); then row "profile $cfg seq $seq $mode" skipped "part time spent"; continue 2; fi
+      env=(); [[ $mode == no-samples ]] && env=(GENSLM_DEVICE_MEMORY_SAMPLES=0)
+      [[ $mode == profiled ]] && env=(CUBECL_DEBUG_OPTION=profile)
+      out="$P/$cfg-$seq-$mode" log="$WORK/profile-$cfg-$seq-$mode.log"
+      if (cd "$P" && env "${env[@]}" timeout $(( $(left) < 120 ? $(left) : 120 )) "$BIN" train \
+            --fasta "$WORK/long.fa" --config "$ROOT/configs/$cfg.toml" --out "$out" --steps 6 \
+            --seq-len "$seq" --batch-size 1 --val-every 0 --warmup 1 --overwrite --quiet \
+            --backend cuda) > "$log" 2>&1; then
+        read -r tps _ < <(python3 scripts/gpu_tables.py rate "$out/metrics.jsonl")
+        rates+=("$mode $tps tokens/s")
+      else
+        row "profile $cfg seq $seq $mode" FAIL "exit $?: $(tail2 "$log")"
+      fi
+    done
+    row "profile $cfg seq $seq" ran "$(IFS=';'; echo "${rates[*]}")"
+    { echo; echo "### $cfg, seq $seq, bf16, batch 1"; echo
+      echo "Tokens/s, mean of steps 3-6 (samples: as trainers run; no-samples: GENSLM_DEVICE_MEMORY_SAMPLES=0; profiled: every launch waits for its kernel): ${rates[*]}"; echo
+      python3 scripts/gpu_tables.py kernels "$P/kernels.log" 2 --top 20 2>&1 || true; } >> "$PROF"
+    cp "$P/kernels.log" "$WORK/kernels-$cfg-$seq.log" 2>/dev/null
+  done
+  cat "$PROF"
 fi
 
 if part sp; then

@@ -7,12 +7,16 @@ which needs torch (the GPU machine's python3 has it).
   rate METRICS [SKIP]    mean tokens/s and TFLOPS of the steps after the first SKIP (2)
   compile METRICS        first step's seconds less the median of the steps after it: an
                          estimate of the kernel compilation the first step pays
+  kernels LOG [SKIP]     cubecl's per-step kernel tables (CUBECL_DEBUG_OPTION=profile, one
+                         table per training step): GPU time and launches per step over the
+                         tables after the first SKIP (2), and the kernels that take most of it
   sdpa --seq N ...       torch scaled_dot_product_attention forward and forward+backward,
                          timed like `genslm bench attention --seq` (best of --iters after one
                          warm-up; FLOPs 4·b·h·s²·d forward, 3.5× for both, halved when causal)
 """
 import argparse
 import json
+import re
 import statistics
 import sys
 
@@ -63,6 +67,64 @@ def compile_time(a):
         return 0
     rest = statistics.median(secs[1:])
     print(f"{max(secs[0] - rest, 0.0):.1f} s (first step {secs[0]:.1f} s, later {rest:.2f} s)")
+    return 0
+
+
+UNITS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9}
+
+
+def seconds(text):
+    """A Rust Duration's Debug form (1.5s, 2.25ms, 310.4µs, 80ns) in seconds."""
+    m = re.fullmatch(r"([0-9.]+)(s|ms|µs|us|ns)", text.strip())
+    if not m:
+        raise ValueError(f"not a duration: {text!r}")
+    return float(m.group(1)) * UNITS[m.group(2)]
+
+
+def kernel_tables(path):
+    """Each summary table in cubecl's profiling log as {kernel: (seconds, launches)}."""
+    tables, cur = [], None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.rstrip()
+            if not line.startswith("| ") or not line.endswith("|"):
+                continue
+            fields = [x.strip() for x in line[2:-1].rsplit(" | ", 3)]
+            if len(fields) != 4:
+                continue
+            name, dur, n, _ratio = fields
+            if name == "Name":
+                cur = {}
+                tables.append(cur)
+            elif name != "Total" and cur is not None:
+                t, k = cur.get(name, (0.0, 0))
+                cur[name] = (t + seconds(dur), k + int(n))
+    return tables
+
+
+def kernels(a):
+    tables = kernel_tables(a.log)[a.skip:]
+    if not tables:
+        print("no kernel tables after the first %d (was CUBECL_DEBUG_OPTION=profile set, and "
+              "cubecl.toml's [profiling.logger] file found?)" % a.skip)
+        return 3
+    n = len(tables)
+    total = {}
+    for t in tables:
+        for name, (sec, k) in t.items():
+            s0, k0 = total.get(name, (0.0, 0))
+            total[name] = (s0 + sec, k0 + k)
+    gpu = sum(s for s, _ in total.values()) / n
+    launches = sum(k for _, k in total.values()) / n
+    print(f"GPU time in kernels {gpu * 1e3:.1f} ms per step, {launches:.0f} launches per step "
+          f"({n} steps)")
+    print()
+    print("| kernel | ms / step | launches / step | share |")
+    print("|---|---|---|---|")
+    for name, (sec, k) in sorted(total.items(), key=lambda kv: -kv[1][0])[:a.top]:
+        short = name if len(name) <= 110 else name[:107] + "..."
+        print(f"| `{short.replace('|', '/')}` | {sec / n * 1e3:.2f} | {k / n:.1f} | "
+              f"{100 * sec / n / gpu:.1f}% |")
     return 0
 
 
@@ -123,6 +185,10 @@ def main():
     r.add_argument("skip", type=int, nargs="?", default=2)
     c = sub.add_parser("compile")
     c.add_argument("metrics")
+    k = sub.add_parser("kernels")
+    k.add_argument("log")
+    k.add_argument("skip", type=int, nargs="?", default=2)
+    k.add_argument("--top", type=int, default=15)
     s = sub.add_parser("sdpa")
     s.add_argument("--seq", type=int, required=True)
     s.add_argument("--heads", type=int, default=16)
@@ -133,7 +199,8 @@ def main():
     s.add_argument("--alibi", action="store_true")
     s.add_argument("--iters", type=int, default=3)
     a = p.parse_args()
-    return {"gap": gap, "rate": rate, "compile": compile_time, "sdpa": sdpa}[a.cmd](a)
+    return {"gap": gap, "rate": rate, "compile": compile_time, "kernels": kernels,
+            "sdpa": sdpa}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -208,8 +208,11 @@ fn watch_device_memory(on: bool) {
 pub struct DeviceMemoryWatch(());
 
 impl DeviceMemoryWatch {
+    /// `GENSLM_DEVICE_MEMORY_SAMPLES=0` turns the samples off, to measure what they cost
+    /// (docs/GPU.md: the profile part runs with and without them).
     pub fn start(on: bool) -> Self {
-        watch_device_memory(on);
+        let off = std::env::var("GENSLM_DEVICE_MEMORY_SAMPLES").is_ok_and(|v| v == "0");
+        watch_device_memory(on && !off);
         Self(())
     }
 }

@@ -8,7 +8,7 @@ use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::Topology;
 use crate::train::master::{fp32, numel_bytes, working};
-use crate::train::optim::{all_finite, clip_factor, numel, sum_of_squares, AdamW, AdamWConfig};
+use crate::train::optim::{clip_factor, each_finite, numel, sums_of_squares, AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::shard::{
     combine_norm, global_grad_norm, is_tp_slice, param_groups, reduce_gradients, reduce_params,
@@ -187,12 +187,15 @@ impl DistOptim {
                 // of elements loses digits): whole parameters and TP slices apart, each summed
                 // over DP (every element in one rank's chunk).
                 let mut rep = [0.0f64; 2];
-                for (s, g) in shard.segments.iter().zip(&chunk) {
-                    rep[usize::from(is_tp_slice(model, s.param))] += sum_of_squares(g);
+                let sq = sums_of_squares(&chunk.iter().collect::<Vec<_>>());
+                for (s, q) in shard.segments.iter().zip(sq) {
+                    rep[usize::from(is_tp_slice(model, s.param))] += q;
                 }
                 ranks.dp.all_reduce_sum_f64(&mut rep)?;
-                let pos_sq = (!sharded.is_empty())
-                    .then(|| sharded.iter().map(|&i| sum_of_squares(&grads[i])).sum());
+                let pos_sq = (!sharded.is_empty()).then(|| {
+                    let mine: Vec<&Tensor<1>> = sharded.iter().map(|&i| &grads[i]).collect();
+                    sums_of_squares(&mine).iter().sum()
+                });
                 let norm = combine_norm(rep[0], rep[1], pos_sq, ranks)?;
                 let applied = loss_finite && norm.is_finite();
                 if applied {
@@ -222,7 +225,10 @@ impl DistOptim {
         };
         // Every rank of a stage holds the same parameters, so all agree; the stages agree
         // through the pipeline group.
-        let mut params_finite = !applied || params.iter().all(all_finite);
+        let mut params_finite = !applied
+            || each_finite(&params.iter().collect::<Vec<_>>())
+                .iter()
+                .all(|&f| f);
         if ranks.topo.pp > 1 {
             let mut bad = [f64::from(u8::from(!params_finite))];
             ranks.pp.all_reduce_sum_f64(&mut bad)?;

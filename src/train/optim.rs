@@ -183,19 +183,79 @@ impl AdamW {
 
 /// Σ g² of one gradient tensor (the building block of every global-norm computation).
 pub fn sum_of_squares(g: &Tensor<1>) -> f64 {
-    if optim_cpu::on_flex(g) {
-        return optim_cpu::sum_of_squares(g);
+    sums_of_squares(&[g])[0]
+}
+
+/// Σ g² of each tensor: genslm's own f64 loop on the CPU, [`device_sums`] on a GPU.
+pub fn sums_of_squares(ts: &[&Tensor<1>]) -> Vec<f64> {
+    if ts.iter().all(|t| optim_cpu::on_flex(t)) {
+        return ts.iter().map(|t| optim_cpu::sum_of_squares(t)).collect();
     }
-    tensor_to_vec(&(g.clone() * g.clone()).sum())[0] as f64
+    device_sums(ts, |x| x.clone() * x)
 }
 
 /// Whether every element of `t` is finite: 0·x is 0 for finite x and NaN for ±Inf and NaN, so
 /// one exact reduction answers (x² could overflow for large finite values).
 pub fn all_finite(t: &Tensor<1>) -> bool {
-    if optim_cpu::on_flex(t) {
-        return optim_cpu::all_finite(t);
+    each_finite(&[t])[0]
+}
+
+/// [`all_finite`] of each tensor, with one device read on a GPU ([`device_sums`] of 0·x).
+pub fn each_finite(ts: &[&Tensor<1>]) -> Vec<bool> {
+    if ts.iter().all(|t| optim_cpu::on_flex(t)) {
+        return ts.iter().map(|t| optim_cpu::all_finite(t)).collect();
     }
-    tensor_to_vec(&(t.clone() * 0.0).sum())[0].is_finite()
+    device_sums(ts, |x| x * 0.0)
+        .into_iter()
+        .map(f64::is_finite)
+        .collect()
+}
+
+/// Elements per row of [`device_sums`]' first stage.
+const SUM_ROW: usize = 1024;
+
+/// Σ f(x) of each tensor on a GPU backend: f(x) in fp32 summed in rows of `SUM_ROW` elements
+/// (one parallel reduction per tensor), every tensor's row sums read to the host at once and
+/// added there in f64. A whole-tensor `sum()` and a read per parameter (the earlier path, for
+/// the norm and again for the finiteness of the new weights) ran as one-block reductions of
+/// 1–4 ms each and a device sync each: 200 a step at genslm-25m, over half the step's GPU time
+/// on an H200 (cubecl's kernel profile, docs/gpu-runs/2026-11-28-h200.md).
+fn device_sums(ts: &[&Tensor<1>], f: impl Fn(Tensor<1>) -> Tensor<1>) -> Vec<f64> {
+    let mut parts = Vec::new();
+    // How many of the values read back belong to each tensor: its row sums and its tail's.
+    let mut counts = Vec::with_capacity(ts.len());
+    for t in ts {
+        let n = t.dims()[0];
+        let y = f(fp32((*t).clone()));
+        let rows = n / SUM_ROW;
+        let mut count = 0;
+        if rows > 0 {
+            let head = y
+                .clone()
+                .narrow(0, 0, rows * SUM_ROW)
+                .reshape([rows, SUM_ROW]);
+            parts.push(head.sum_dim(1).reshape([rows]));
+            count += rows;
+        }
+        if n > rows * SUM_ROW {
+            parts.push(y.narrow(0, rows * SUM_ROW, n - rows * SUM_ROW).sum());
+            count += 1;
+        }
+        counts.push(count);
+    }
+    if parts.is_empty() {
+        return vec![0.0; ts.len()];
+    }
+    let sums = tensor_to_vec(&Tensor::cat(parts, 0));
+    let mut at = 0;
+    counts
+        .iter()
+        .map(|&c| {
+            let s = sums[at..at + c].iter().map(|&v| f64::from(v)).sum();
+            at += c;
+            s
+        })
+        .collect()
 }
 
 /// Elements of a list of flat tensors.
@@ -349,5 +409,45 @@ mod tests {
             ys[70_000] = bad;
             assert!(!all_finite(&t(&ys)), "{bad}");
         }
+    }
+
+    /// The GPU path (row sums on the device, one read, f64 on the host) against an f64 sum,
+    /// on lavapipe: lengths below, at and across the row length, and a parameter-sized one.
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn sums_of_squares_on_a_gpu_backend_match_f64() {
+        let dev = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+        let sizes = [1usize, 1023, 1024, 1025, 4103, 300_001];
+        let vals: Vec<Vec<f32>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| {
+                let at = |i: usize| ((i * 7919 + k * 13) % 2001) as f32 / 1000.0 - 1.0;
+                (0..n).map(at).collect()
+            })
+            .collect();
+        let ts: Vec<Tensor<1>> = vals
+            .iter()
+            .map(|v| Tensor::from_data(TensorData::new(v.clone(), [v.len()]), &dev))
+            .collect();
+        let got = sums_of_squares(&ts.iter().collect::<Vec<_>>());
+        assert_eq!(got.len(), sizes.len());
+        for ((v, g), n) in vals.iter().zip(got).zip(sizes) {
+            let want: f64 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+            assert!(
+                (g - want).abs() <= 1e-6 * want,
+                "{n} elements: {g} vs {want}"
+            );
+        }
+        // Finiteness: a NaN among the rows, an Inf in the tail, and the clean tensors.
+        let mut bad = vals.clone();
+        bad[4][10] = f32::NAN;
+        bad[5][300_000] = f32::INFINITY;
+        let ts: Vec<Tensor<1>> = bad
+            .iter()
+            .map(|v| Tensor::from_data(TensorData::new(v.clone(), [v.len()]), &dev))
+            .collect();
+        let finite = each_finite(&ts.iter().collect::<Vec<_>>());
+        assert_eq!(finite, [true, true, true, true, false, false]);
     }
 }

@@ -107,9 +107,8 @@ pub fn train_rank(
     let ad = opts.device.open(opts.thread_rank)?.autodiff();
     // GPU backends: sample the device memory in use where each step peaks (metrics.jsonl),
     // until this rank's loop ends.
-    let _watching = crate::backend::DeviceMemoryWatch::start(
-        opts.device.backend != crate::backend::BackendKind::Cpu,
-    );
+    let on_gpu = opts.device.backend != crate::backend::BackendKind::Cpu;
+    let _watching = crate::backend::DeviceMemoryWatch::start(on_gpu);
     let (source, model_cfg, mut state) = starting_point(cfg, corpus, run, opts, ranks)?;
     let start = Start {
         model: model_cfg,
@@ -161,6 +160,17 @@ pub fn train_rank(
             .collect();
         let (comm_before, bytes_before) = (comm_clock.seconds(), comm_bytes.bytes());
         let (loss, out, sent_per_layer) = train_step(cfg, &mut engine, &batches, lr, ranks)?;
+        if on_gpu {
+            // Reading the loss waits only for the kernels that made it; the update's come
+            // after. The step's time then counts all of its own work, and cubecl's profiler
+            // (CUBECL_DEBUG_OPTION=profile, docs/GPU.md) prints one kernel table per step.
+            ad.sync().map_err(|e| {
+                Error::Invalid(format!(
+                    "the GPU failed during step {}: {e}",
+                    state.step + 1
+                ))
+            })?;
+        }
         let many = ranks.topo.world > 1;
         let comm = (
             many.then(|| comm_clock.seconds() - comm_before),

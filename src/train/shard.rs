@@ -23,7 +23,7 @@ use crate::parallel::comm::Communicator;
 use crate::parallel::quant::all_reduce_host;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::tensor_slices::split_of;
-use crate::train::optim::sum_of_squares;
+use crate::train::optim::sums_of_squares;
 
 /// This rank's slice of a batch: tokens `[rows, cols]`, next-token targets and weights.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,7 +185,9 @@ pub fn combine_norm(whole: f64, tp_slices: f64, pos: Option<f64>, ranks: &Ranks)
 /// on all ranks after the reduction; TP slices are disjoint across the TP group, position
 /// shards across the SP group.
 pub fn global_grad_norm(grads: &[Tensor<1>], model: &GenSlm, ranks: &Ranks) -> Result<f64> {
-    let sq = |i: &usize| sum_of_squares(&grads[*i]);
+    // Every gradient's Σ g² in one pass (one device read on a GPU).
+    let all = sums_of_squares(&grads.iter().collect::<Vec<_>>());
+    let sq = |i: &usize| all[*i];
     let (replicated, sharded) = param_groups(model);
     let (sliced, whole): (Vec<usize>, Vec<usize>) =
         replicated.iter().partition(|&&i| is_tp_slice(model, i));

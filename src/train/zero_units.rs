@@ -46,7 +46,7 @@ use crate::parallel::topology::Topology;
 use crate::train::dist_optim::StepOutcome;
 use crate::train::layerwise::{Unit, UnitWeights};
 use crate::train::master::{layout_on, numel_bytes, working};
-use crate::train::optim::{all_finite, clip_factor, sum_of_squares, AdamW, AdamWConfig};
+use crate::train::optim::{clip_factor, each_finite, sums_of_squares, AdamW, AdamWConfig};
 use crate::train::optim_shards::MomentRun;
 use crate::train::shard::{combine_norm, is_tp_slice};
 use crate::train::zero_shard::ZeroShard;
@@ -282,10 +282,14 @@ impl ZeroUnits {
         // squares summed in f64, TP slices then summed over the TP group (a parameter whole on
         // every TP rank counts once).
         let mut sq = [0.0f64; 2];
-        for (u, chunk) in self.units.iter().zip(&chunks) {
-            for (seg, piece) in u.shard.segments.iter().zip(chunk) {
-                sq[usize::from(is_tp_slice(&self.model, seg.param))] += sum_of_squares(piece);
-            }
+        let (params, pieces): (Vec<usize>, Vec<&Tensor<1>>) = self
+            .units
+            .iter()
+            .zip(&chunks)
+            .flat_map(|(u, chunk)| u.shard.segments.iter().map(|s| s.param).zip(chunk))
+            .unzip();
+        for (param, q) in params.into_iter().zip(sums_of_squares(&pieces)) {
+            sq[usize::from(is_tp_slice(&self.model, param))] += q;
         }
         ranks.data.all_reduce_sum_f64(&mut sq)?;
         let norm = combine_norm(sq[0], sq[1], None, ranks)?;
@@ -305,7 +309,10 @@ impl ZeroUnits {
                     u.shard.pieces_of(&self.model.params)
                 };
                 u.values = u.shard.update_pieces(pieces, chunk, k_clip, &specs, lr);
-                bad[0] += u.values.iter().filter(|p| !all_finite(p)).count() as f64;
+                bad[0] += each_finite(&u.values.iter().collect::<Vec<_>>())
+                    .iter()
+                    .filter(|&&f| !f)
+                    .count() as f64;
                 if self.stage == 2 {
                     let values = std::mem::take(&mut u.values);
                     if u.comm.on_device(&device) {
