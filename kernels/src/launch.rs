@@ -3,6 +3,7 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
+use crate::adamw::adamw_step;
 use crate::backward::{flash_backward_dkdv, flash_backward_dq, flash_backward_prepass};
 use crate::forward::flash_forward;
 use crate::MAX_HEAD_DIM;
@@ -214,6 +215,102 @@ fn addressable(shape: &AttnShape) -> Result<(), KernelError> {
         }
     }
     Ok(())
+}
+
+/// AdamW's hyper-parameters for one update, in f64 (rounded to f32 for the kernel).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWStep {
+    /// Factor applied to the gradient first (the clip factor).
+    pub grad_scale: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    /// `1 − lr·wd`, or 1 without decay.
+    pub decay: f64,
+    /// Bias corrections `1 − βᵗ`.
+    pub bc1: f64,
+    pub bc2: f64,
+    pub eps: f64,
+    pub lr: f64,
+}
+
+/// Updated `(p, m, v, working)` for `n` f32 elements of parameter `p`, gradient `g` and
+/// moments `m`, `v` (new buffers; the inputs are not written). `working` is `p`'s new value in
+/// `working` dtype, or `None` when that is f32 (then `p` is the value the model uses).
+#[allow(clippy::too_many_arguments)]
+pub fn adamw(
+    client: &Client,
+    n: usize,
+    p: &Handle,
+    g: &Handle,
+    m: &Handle,
+    v: &Handle,
+    step: &AdamWStep,
+    working: Dtype,
+) -> Result<(Handle, Handle, Handle, Option<Handle>), KernelError> {
+    let n32 = u32::try_from(n).map_err(|_| {
+        KernelError::Shape(format!(
+            "AdamW on {n} elements: at or past 2^32, which the kernel's offsets cannot address"
+        ))
+    })?;
+    if !working.supported(client) {
+        return Err(KernelError::Dtype {
+            dtype: working,
+            device: client.name().to_string(),
+        });
+    }
+    let s = step;
+    let scalars: Vec<f32> = [
+        s.grad_scale,
+        s.beta1,
+        1.0 - s.beta1,
+        s.beta2,
+        1.0 - s.beta2,
+        s.decay,
+        s.bc1,
+        s.bc2,
+        s.eps,
+        s.lr,
+    ]
+    .iter()
+    .map(|&x| x as f32)
+    .collect();
+    let scalars = client.create_from_slice(f32::as_bytes(&scalars));
+    let (p_out, m_out, v_out) = (
+        client.empty(n * 4),
+        client.empty(n * 4),
+        client.empty(n * 4),
+    );
+    let with_working = working != Dtype::F32;
+    // A one-element placeholder when there is no working copy (the kernel never writes it).
+    let w_out = client.empty(if with_working { n * working.size() } else { 4 });
+    let cubes = n.div_ceil(UNITS).clamp(1, 65_535);
+    // SAFETY: every buffer holds `n` elements (the placeholder is never indexed: `working`
+    // is false then); the kernel stops at `n`.
+    unsafe {
+        adamw_step::launch_unchecked(
+            client,
+            CubeCount::Static(cubes as u32, 1, 1),
+            CubeDim::new_1d(UNITS as u32),
+            buf(p, n),
+            buf(g, n),
+            buf(m, n),
+            buf(v, n),
+            buf(&p_out, n),
+            buf(&m_out, n),
+            buf(&v_out, n),
+            buf(&w_out, if with_working { n } else { 1 }),
+            buf(&scalars, 10),
+            n32,
+            (cubes * UNITS) as u32,
+            with_working,
+            if with_working {
+                working.elem()
+            } else {
+                Dtype::F32.elem()
+            },
+        )
+    };
+    Ok((p_out, m_out, v_out, with_working.then_some(w_out)))
 }
 
 fn u32_of(x: usize) -> u32 {

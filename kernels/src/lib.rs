@@ -30,12 +30,14 @@
 //! Inputs are f32, bf16 or f16 (contiguous, one dtype for q, k, v, o, dO); every dot product,
 //! softmax statistic and accumulator is f32; `lse` is always f32.
 
+mod adamw;
 mod backward;
 mod forward;
 mod launch;
 
 pub use launch::{
-    backward, forward, pool_bytes, reserved_bytes, AttnConfig, AttnShape, Dtype, KernelError, Plan,
+    adamw, backward, forward, pool_bytes, reserved_bytes, AdamWStep, AttnConfig, AttnShape, Dtype,
+    KernelError, Plan,
 };
 
 /// The log-sum-exp written for a query row that sees no key: finite (shader compilers may

@@ -10,6 +10,8 @@ pub mod memory;
 pub mod metrics;
 pub mod optim;
 pub mod optim_cpu;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub mod optim_cube;
 pub mod optim_shards;
 pub mod param_source;
 pub mod pipeline;

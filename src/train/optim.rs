@@ -163,6 +163,35 @@ impl AdamW {
                 )));
                 continue;
             }
+            #[cfg(any(feature = "cuda", feature = "wgpu"))]
+            {
+                let step = crate::train::optim_cube::AdamWStep {
+                    grad_scale,
+                    beta1: c.beta1,
+                    beta2: c.beta2,
+                    decay: if decays {
+                        1.0 - lr * c.weight_decay
+                    } else {
+                        1.0
+                    },
+                    bc1,
+                    bc2,
+                    eps: c.eps,
+                    lr,
+                };
+                let (m, v) = (&self.m[i], &self.v[i]);
+                if let Some([p, m, v, w]) =
+                    crate::train::optim_cube::adamw(&p, &g, m, v, &step, dtype)
+                {
+                    self.m[i] = m;
+                    self.v[i] = v;
+                    if let Some(master) = self.master.as_mut() {
+                        master[i] = p;
+                    }
+                    out.push(w);
+                    continue;
+                }
+            }
             let g = if grad_scale == 1.0 { g } else { g * grad_scale };
             let m = self.m[i].clone() * c.beta1 + g.clone() * (1.0 - c.beta1);
             let v = self.v[i].clone() * c.beta2 + g.clone() * g * (1.0 - c.beta2);
