@@ -14,6 +14,7 @@ pub mod gelu;
 pub mod layer_norm;
 pub mod linear;
 pub mod primitive;
+pub mod reduce;
 pub mod rotary;
 pub(crate) mod simd;
 pub(crate) mod team;

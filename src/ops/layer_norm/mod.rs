@@ -106,6 +106,6 @@ fn bwd_composed(
     let a = g.clone().mean_dim(2);
     let b = (g.clone() * xhat.clone()).mean_dim(2);
     let dx = (g - a - xhat.clone() * b) * rstd;
-    let col_sum = |t: Tensor<3>| t.reshape([-1, h as i64]).sum_dim(0).reshape([h]);
+    let col_sum = |t: Tensor<3>| crate::ops::reduce::col_sum(t.reshape([-1, h as i64]));
     (dx, col_sum(dy.clone() * xhat), col_sum(dy))
 }

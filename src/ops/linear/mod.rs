@@ -182,5 +182,5 @@ fn dw_composed(x: Tensor<3>, dy: Tensor<3>) -> Tensor<2> {
 /// `db`, from burn's tensor ops.
 fn db_composed(dy: Tensor<3>) -> Tensor<1> {
     let [b, s, m] = dy.dims();
-    dy.reshape([b * s, m]).sum_dim(0).reshape([m])
+    crate::ops::reduce::col_sum(dy.reshape([b * s, m]))
 }
