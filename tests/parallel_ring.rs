@@ -3,6 +3,8 @@
 //!   output and the gradients of q, k and v, each rank holding its two zigzag chunks, causal
 //!   with rotary-style plain scores and with ALiBi, CP 2 / 3 / 4 — plus the work balance the
 //!   zigzag exists for: every rank scores the same number of query–key pairs;
+//! - the op with work beside it (the MLP's place under overlap, `parallel::ring_overlap`): the
+//!   same against naive attention, and the work's parts and gradients against the work undivided;
 //! - training: CP alone and with Ulysses, DP and ZeRO on top gives the one-rank run on threads
 //!   (losses, validation losses and gradient norms over 8 optimizer steps, ≤ 1e-5 relative, and
 //!   the final checkpoint) for rotary, ALiBi and learned positions; and sequence lengths that no
@@ -16,10 +18,13 @@ use std::time::Duration;
 use burn::tensor::{Device, Tensor, TensorData};
 use curves::{layouts_match_one_rank, tiny};
 use genslm::config::{Config, Position};
+use genslm::model::attention::SequenceParallel;
 use genslm::model::position::alibi_slopes;
 use genslm::ops::attention::naive::naive_attention;
 use genslm::ops::attention::options::AttnOptions;
+use genslm::parallel::progress::Progress;
 use genslm::parallel::ring::{ring_attention, RingGroup};
+use genslm::parallel::ring_overlap::attention_beside;
 use genslm::parallel::threads::thread_group;
 use genslm::parallel::{Degrees, Topology};
 use genslm::rng::SplitMix64;
@@ -144,6 +149,138 @@ fn ring_attention_matches_one_rank() {
     for (cp, s) in [(2, 16), (3, 24), (4, 32), (4, 256)] {
         check(cp, s, false);
         check(cp, s, true);
+    }
+}
+
+/// Ring attention with work beside it (`ring_overlap::attention_beside`, where the MLP goes
+/// under overlap): on ranks with a communication thread, the attention output and the
+/// gradients of q, k and v equal naive attention over the whole sequence on one rank, and the
+/// side work's parts (`tanh(h) ⊙ a` over row ranges of the rank's `h`, each tied to the ring)
+/// equal the same function on all of `h`, with the gradients of `h` and of the shared `a`
+/// (summed over the parts), under `Σ o ⊙ w + Σ side ⊙ u`.
+fn check_beside(cp: usize, s: usize, alibi: bool) {
+    let mut rng = SplitMix64::new(cp as u64 * 7919 + s as u64);
+    let n = B * H * s * D;
+    let data: Vec<Vec<f32>> = (0..4).map(|_| random(&mut rng, n)).collect();
+    let opts = AttnOptions {
+        causal: true,
+        alibi: alibi.then(|| alibi_slopes(H)),
+        q_offset: 0,
+        k_offset: 0,
+    };
+    let x = [&data[0][..], &data[1], &data[2], &data[3]];
+    let want = out_and_grads(|q, k, v| naive_attention(q, k, v, &opts), x, s);
+    let a_host = random(&mut rng, D);
+    let comms = thread_group(cp, Duration::from_secs(60));
+    let handles: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(rank, comm)| {
+            let (data, opts, a_host) = (data.clone(), opts.clone(), a_host.clone());
+            std::thread::spawn(move || {
+                let topo = Topology::grid(rank, 1, cp, 1).unwrap();
+                let cols: Vec<usize> = topo
+                    .spans(s)
+                    .iter()
+                    .flat_map(|sp| sp.start..sp.start + sp.len)
+                    .collect();
+                let mine: Vec<Vec<f32>> = data.iter().map(|d| take_cols(d, s, &cols)).collect();
+                let rows = cols.len();
+                let group = RingGroup::new(Progress::wrap(Arc::new(comm)));
+                assert!(
+                    group.hides_work(),
+                    "a ring with a communication thread hides work"
+                );
+                let dev = Device::flex().autodiff();
+                let t4 = |v: &[f32]| {
+                    Tensor::<4>::from_data(TensorData::new(v.to_vec(), [B, H, rows, D]), &dev)
+                };
+                let mut rng = SplitMix64::new(100 + rank as u64);
+                let (h_host, u_host) = (
+                    random(&mut rng, B * rows * D),
+                    random(&mut rng, B * rows * D),
+                );
+                let t3 = |v: &[f32], shape: [usize; 3]| {
+                    Tensor::<3>::from_data(TensorData::new(v.to_vec(), shape), &dev)
+                };
+                let side_loss = |side: Tensor<3>| (side * t3(&u_host, [B, rows, D])).sum();
+                // The reference: tanh(h) ⊙ a on all rows, no ring.
+                let (h, a) = (
+                    t3(&h_host, [B, rows, D]).require_grad(),
+                    t3(&a_host, [1, 1, D]).require_grad(),
+                );
+                let side = h.clone().tanh() * a.clone();
+                let grads = side_loss(side.clone()).backward();
+                let reference = [
+                    side.try_into_vec_as::<f32>().unwrap(),
+                    h.grad(&grads).unwrap().try_into_vec_as::<f32>().unwrap(),
+                    a.grad(&grads).unwrap().try_into_vec_as::<f32>().unwrap(),
+                ];
+                // The ring with the parts beside it.
+                let (q, k, v) = (
+                    t4(&mine[0]).require_grad(),
+                    t4(&mine[1]).require_grad(),
+                    t4(&mine[2]).require_grad(),
+                );
+                let (h, a) = (
+                    t3(&h_host, [B, rows, D]).require_grad(),
+                    t3(&a_host, [1, 1, D]).require_grad(),
+                );
+                let mut count = 0;
+                let mut work = |part: usize, parts: usize, tie: &dyn Fn(Tensor<3>) -> Tensor<3>| {
+                    count = parts;
+                    let (first, end) = (part * rows / parts, (part + 1) * rows / parts);
+                    tie(h.clone().narrow(1, first, end - first)).tanh() * a.clone()
+                };
+                let (o, parts) =
+                    attention_beside(q.clone(), k.clone(), v.clone(), &opts, &group, &mut work);
+                assert_eq!((count, parts.len()), (cp + 1, cp + 1), "one part per gap");
+                let side = Tensor::cat(parts, 1);
+                let loss = (o.clone() * t4(&mine[3])).sum() + side_loss(side.clone());
+                let grads = loss.backward();
+                let got = [
+                    values(o),
+                    values(q.grad(&grads).unwrap()),
+                    values(k.grad(&grads).unwrap()),
+                    values(v.grad(&grads).unwrap()),
+                ];
+                let side_got = [
+                    side.try_into_vec_as::<f32>().unwrap(),
+                    h.grad(&grads).unwrap().try_into_vec_as::<f32>().unwrap(),
+                    a.grad(&grads).unwrap().try_into_vec_as::<f32>().unwrap(),
+                ];
+                (cols, got, side_got, reference)
+            })
+        })
+        .collect();
+    for h in handles {
+        let (cols, got, side_got, reference) = h.join().unwrap();
+        let close = |what: &str, g: &[f32], w: &[f32]| {
+            assert_eq!(g.len(), w.len(), "{what}");
+            let scale = w.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
+            let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                diff <= 1e-5 * scale.max(1.0),
+                "beside, cp {cp} s {s} alibi {alibi}: {what} differs by {diff} (scale {scale})"
+            );
+        };
+        for (what, (g, w)) in ["o", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+            close(what, g, &take_cols(w, s, &cols));
+        }
+        for (what, (g, w)) in ["side", "dh", "da"]
+            .iter()
+            .zip(side_got.iter().zip(&reference))
+        {
+            close(what, g, w);
+        }
+    }
+}
+
+#[test]
+fn ring_beside_work_matches_one_rank() {
+    for (cp, s) in [(2, 16), (3, 24), (4, 32)] {
+        check_beside(cp, s, false);
+        check_beside(cp, s, true);
     }
 }
 

@@ -18,6 +18,7 @@ pub mod progress;
 pub mod quant;
 pub mod ranks;
 pub mod ring;
+pub mod ring_overlap;
 pub mod seq_linear;
 pub mod stream_order;
 pub mod tensor;
