@@ -43,7 +43,7 @@ use crate::model::attention::{LocalAttention, SequenceParallel, SideWork};
 use crate::ops::attention::options::AttnOptions;
 use crate::ops::autodiff::{differentiable, HandBackward};
 use crate::parallel::ring::{ring_attention, RingBackward, RingForward, RingGroup, RingParams};
-use crate::parallel::ulysses_overlap::tie;
+use crate::parallel::ulysses_overlap::{after_zeros, tie, token_saved, TokenSaved};
 
 /// One layer's ring between its ops: the forward in progress, what the backward needs from it,
 /// and the backward in progress.
@@ -188,18 +188,14 @@ impl<B: RingOverlapOps> HandBackward<B, 2> for StepOp
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
-    /// The token (zero, its own gradient) and `after`'s shape.
-    type Saved = (FloatTensor<B>, [usize; 3]);
+    type Saved = TokenSaved<B>;
 
     fn forward(
         &self,
         [token, after]: [FloatTensor<B>; 2],
         save: bool,
     ) -> (FloatTensor<B>, Option<Self::Saved>) {
-        let saved = save.then(|| {
-            let dims = Tensor::<3>::from_primitive::<B>(after.clone()).dims();
-            (token.clone(), dims)
-        });
+        let saved = save.then(|| token_saved::<B>(&token, &after));
         let out = match self.last {
             false => B::ring_step(token, after, self.op.clone()),
             true => B::ring_end(token, after, self.op.clone()),
@@ -209,18 +205,10 @@ where
 
     /// Every input's gradient: `after`'s is zeros (autodiff asks only for the token's, see
     /// [`HandBackward::backward_needed`]).
-    fn backward(&self, (token, dims): Self::Saved, grad: FloatTensor<B>) -> [FloatTensor<B>; 2] {
-        let zeros = {
-            let t = Tensor::<1>::from_primitive::<B>(token.clone());
-            Tensor::<3>::zeros(dims, (&t.device(), t.dtype()))
-        };
-        let [token_grad, _] = self.backward_needed((token, dims), grad, [true, false]);
-        [
-            token_grad.expect("asked for"),
-            zeros
-                .try_into_primitive::<B>()
-                .expect("ring: zeros on the backend of their input"),
-        ]
+    fn backward(&self, saved: Self::Saved, grad: FloatTensor<B>) -> [FloatTensor<B>; 2] {
+        let zeros = after_zeros::<B>(&saved);
+        let [token_grad, _] = self.backward_needed(saved, grad, [true, false]);
+        [token_grad.expect("asked for"), zeros]
     }
 
     fn backward_needed(

@@ -204,6 +204,32 @@ where
     }
 }
 
+/// What an op over `(token, after)` saves (the finish here, the ring's steps in
+/// `ring_overlap`): the token (zero, its own gradient) and `after`'s shape.
+pub(crate) type TokenSaved<B> = (FloatTensor<B>, [usize; 3]);
+
+pub(crate) fn token_saved<B: Backend>(
+    token: &FloatTensor<B>,
+    after: &FloatTensor<B>,
+) -> TokenSaved<B>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    let dims = Tensor::<3>::from_primitive::<B>(after.clone()).dims();
+    (token.clone(), dims)
+}
+
+/// `after`'s gradient when one is asked for all inputs: zeros (it carries none).
+pub(crate) fn after_zeros<B: Backend>((token, dims): &TokenSaved<B>) -> FloatTensor<B>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    let t = Tensor::<1>::from_primitive::<B>(token.clone());
+    Tensor::<3>::zeros(*dims, (&t.device(), t.dtype()))
+        .try_into_primitive::<B>()
+        .expect("zeros on the backend of their input")
+}
+
 /// The finish as an autodiff op: its backward starts the gradient's exchange the other way
 /// (waited for by the start's backward) and hands the token a zero gradient, so that the
 /// start's backward runs; `after` gets none.
@@ -214,35 +240,23 @@ impl<B: UlyssesOverlapOps> HandBackward<B, 2> for FinishOp
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
-    /// The token (zero, its own gradient) and `after`'s shape.
-    type Saved = (FloatTensor<B>, [usize; 3]);
+    type Saved = TokenSaved<B>;
 
     fn forward(
         &self,
         [token, after]: [FloatTensor<B>; 2],
         save: bool,
     ) -> (FloatTensor<B>, Option<Self::Saved>) {
-        let saved = save.then(|| {
-            let dims = Tensor::<3>::from_primitive::<B>(after.clone()).dims();
-            (token.clone(), dims)
-        });
+        let saved = save.then(|| token_saved::<B>(&token, &after));
         (B::ulysses_finish(token, after, self.0.clone()), saved)
     }
 
     /// Every input's gradient: `after`'s is zeros (autodiff asks only for the token's, see
     /// [`HandBackward::backward_needed`]).
-    fn backward(&self, (token, dims): Self::Saved, grad: FloatTensor<B>) -> [FloatTensor<B>; 2] {
-        let zeros = {
-            let t = Tensor::<1>::from_primitive::<B>(token.clone());
-            Tensor::<3>::zeros(dims, (&t.device(), t.dtype()))
-        };
-        let [token_grad, _] = self.backward_needed((token, dims), grad, [true, false]);
-        [
-            token_grad.expect("asked for"),
-            zeros
-                .try_into_primitive::<B>()
-                .expect("ulysses: zeros on the backend of their input"),
-        ]
+    fn backward(&self, saved: Self::Saved, grad: FloatTensor<B>) -> [FloatTensor<B>; 2] {
+        let zeros = after_zeros::<B>(&saved);
+        let [token_grad, _] = self.backward_needed(saved, grad, [true, false]);
+        [token_grad.expect("asked for"), zeros]
     }
 
     fn backward_needed(
