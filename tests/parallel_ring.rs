@@ -78,10 +78,15 @@ fn out_and_grads(
     ]
 }
 
-fn check(cp: usize, s: usize, alibi: bool) {
-    let mut rng = SplitMix64::new(cp as u64 * 1000 + s as u64);
+/// Random q, k, v and output weights `w` over a whole sequence of `s` (drawn from `rng`), the
+/// causal options, and the reference: naive attention's output and gradients on one rank.
+fn whole_sequence(
+    rng: &mut SplitMix64,
+    s: usize,
+    alibi: bool,
+) -> (Vec<Vec<f32>>, AttnOptions, [Vec<f32>; 4]) {
     let n = B * H * s * D;
-    let data: Vec<Vec<f32>> = (0..4).map(|_| random(&mut rng, n)).collect();
+    let data: Vec<Vec<f32>> = (0..4).map(|_| random(rng, n)).collect();
     let opts = AttnOptions {
         causal: true,
         alibi: alibi.then(|| alibi_slopes(H)),
@@ -90,6 +95,36 @@ fn check(cp: usize, s: usize, alibi: bool) {
     };
     let x = [&data[0][..], &data[1], &data[2], &data[3]];
     let want = out_and_grads(|q, k, v| naive_attention(q, k, v, &opts), x, s);
+    (data, opts, want)
+}
+
+/// The sequence positions CP rank `rank` of `cp` holds (its two zigzag chunks), in order.
+fn zigzag_cols(rank: usize, cp: usize, s: usize) -> Vec<usize> {
+    Topology::grid(rank, 1, cp, 1)
+        .unwrap()
+        .spans(s)
+        .iter()
+        .flat_map(|sp| sp.start..sp.start + sp.len)
+        .collect()
+}
+
+/// `got` within 1e-5 of `want`, relative to `want`'s largest magnitude (at least 1).
+fn assert_close(ctx: &str, what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{ctx}: {what}");
+    let scale = want.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
+    let diff = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        diff <= 1e-5 * scale.max(1.0),
+        "{ctx}: {what} differs by {diff} (scale {scale})"
+    );
+}
+
+fn check(cp: usize, s: usize, alibi: bool) {
+    let mut rng = SplitMix64::new(cp as u64 * 1000 + s as u64);
+    let (data, opts, want) = whole_sequence(&mut rng, s, alibi);
 
     let comms = thread_group(cp, Duration::from_secs(60));
     let handles: Vec<_> = comms
@@ -98,12 +133,7 @@ fn check(cp: usize, s: usize, alibi: bool) {
         .map(|(rank, comm)| {
             let (data, opts) = (data.clone(), opts.clone());
             std::thread::spawn(move || {
-                let topo = Topology::grid(rank, 1, cp, 1).unwrap();
-                let cols: Vec<usize> = topo
-                    .spans(s)
-                    .iter()
-                    .flat_map(|sp| sp.start..sp.start + sp.len)
-                    .collect();
+                let cols = zigzag_cols(rank, cp, s);
                 let mine: Vec<Vec<f32>> = data.iter().map(|d| take_cols(d, s, &cols)).collect();
                 let group = RingGroup::new(Arc::new(comm));
                 let got = out_and_grads(
@@ -120,17 +150,9 @@ fn check(cp: usize, s: usize, alibi: bool) {
     for h in handles {
         let (cols, got, scored) = h.join().unwrap();
         work.push(scored);
+        let ctx = format!("cp {cp} s {s} alibi {alibi}");
         for (what, (g, w)) in ["o", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
-            let w = take_cols(w, s, &cols);
-            let scale = w.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
-            let diff = g
-                .iter()
-                .zip(&w)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            assert!(
-                diff <= 1e-5 * scale.max(1.0),
-                "cp {cp} s {s} alibi {alibi}: {what} differs by {diff} (scale {scale})"
-            );
+            assert_close(&ctx, what, g, &take_cols(w, s, &cols));
         }
     }
     // The causal work of the whole sequence, split equally by the zigzag.
@@ -160,16 +182,7 @@ fn ring_attention_matches_one_rank() {
 /// (summed over the parts), under `Σ o ⊙ w + Σ side ⊙ u`.
 fn check_beside(cp: usize, s: usize, alibi: bool) {
     let mut rng = SplitMix64::new(cp as u64 * 7919 + s as u64);
-    let n = B * H * s * D;
-    let data: Vec<Vec<f32>> = (0..4).map(|_| random(&mut rng, n)).collect();
-    let opts = AttnOptions {
-        causal: true,
-        alibi: alibi.then(|| alibi_slopes(H)),
-        q_offset: 0,
-        k_offset: 0,
-    };
-    let x = [&data[0][..], &data[1], &data[2], &data[3]];
-    let want = out_and_grads(|q, k, v| naive_attention(q, k, v, &opts), x, s);
+    let (data, opts, want) = whole_sequence(&mut rng, s, alibi);
     let a_host = random(&mut rng, D);
     let comms = thread_group(cp, Duration::from_secs(60));
     let handles: Vec<_> = comms
@@ -178,12 +191,7 @@ fn check_beside(cp: usize, s: usize, alibi: bool) {
         .map(|(rank, comm)| {
             let (data, opts, a_host) = (data.clone(), opts.clone(), a_host.clone());
             std::thread::spawn(move || {
-                let topo = Topology::grid(rank, 1, cp, 1).unwrap();
-                let cols: Vec<usize> = topo
-                    .spans(s)
-                    .iter()
-                    .flat_map(|sp| sp.start..sp.start + sp.len)
-                    .collect();
+                let cols = zigzag_cols(rank, cp, s);
                 let mine: Vec<Vec<f32>> = data.iter().map(|d| take_cols(d, s, &cols)).collect();
                 let rows = cols.len();
                 let group = RingGroup::new(Progress::wrap(Arc::new(comm)));
@@ -255,23 +263,15 @@ fn check_beside(cp: usize, s: usize, alibi: bool) {
         .collect();
     for h in handles {
         let (cols, got, side_got, reference) = h.join().unwrap();
-        let close = |what: &str, g: &[f32], w: &[f32]| {
-            assert_eq!(g.len(), w.len(), "{what}");
-            let scale = w.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
-            let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            assert!(
-                diff <= 1e-5 * scale.max(1.0),
-                "beside, cp {cp} s {s} alibi {alibi}: {what} differs by {diff} (scale {scale})"
-            );
-        };
+        let ctx = format!("beside, cp {cp} s {s} alibi {alibi}");
         for (what, (g, w)) in ["o", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
-            close(what, g, &take_cols(w, s, &cols));
+            assert_close(&ctx, what, g, &take_cols(w, s, &cols));
         }
         for (what, (g, w)) in ["side", "dh", "da"]
             .iter()
             .zip(side_got.iter().zip(&reference))
         {
-            close(what, g, w);
+            assert_close(&ctx, what, g, w);
         }
     }
 }

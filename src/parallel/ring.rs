@@ -71,6 +71,18 @@ pub struct RingParams {
     pub alibi: Option<Vec<f64>>,
 }
 
+impl RingParams {
+    /// The ring of `group` for attention with `opts`' mask and ALiBi slopes (its offsets are
+    /// the ring's own layout's).
+    pub fn new(group: &RingGroup, opts: &AttnOptions) -> Self {
+        Self {
+            group: group.clone(),
+            causal: opts.causal,
+            alibi: opts.alibi.clone(),
+        }
+    }
+}
+
 /// The differentiable op, dispatched per backend.
 #[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait RingOps: Backend {
@@ -487,11 +499,7 @@ pub fn ring_attention(
     opts: &AttnOptions,
     group: &RingGroup,
 ) -> Tensor<4> {
-    let params = RingParams {
-        group: group.clone(),
-        causal: opts.causal,
-        alibi: opts.alibi.clone(),
-    };
+    let params = RingParams::new(group, opts);
     Tensor::from_dispatch(<Dispatch as RingOps>::ring_attention(
         q.into_dispatch(),
         k.into_dispatch(),

@@ -262,7 +262,7 @@ where
 
 /// Ring attention over this rank's two zigzag chunks (as `ring::ring_attention`) with the
 /// n + 1 parts of `side` computed between its ops (see the module's comment); returns the
-/// output and the parts' results in order. Needs a ring of at least 2 ranks.
+/// output and the parts' results in order.
 pub fn attention_beside(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -273,11 +273,7 @@ pub fn attention_beside(
 ) -> (Tensor<4>, Vec<Tensor<3>>) {
     let parts = group.comm.size() + 1;
     let op = RingBeside {
-        params: RingParams {
-            group: group.clone(),
-            causal: opts.causal,
-            alibi: opts.alibi.clone(),
-        },
+        params: RingParams::new(group, opts),
         run: Arc::default(),
     };
     let mut token = Tensor::<1>::from_dispatch(<Dispatch as RingOverlapOps>::ring_begin(
@@ -342,10 +338,6 @@ impl SequenceParallel for RingGroup {
         _local: LocalAttention<'_>,
         side: &mut SideWork<'_>,
     ) -> (Tensor<4>, Vec<Tensor<3>>) {
-        if self.comm.size() < 2 {
-            let o = ring_attention(q, k, v, opts, self);
-            return (o, vec![side(0, 1, &|x| x)]);
-        }
         attention_beside(q, k, v, opts, self, side)
     }
 }
