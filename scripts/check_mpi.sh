@@ -48,10 +48,14 @@ test "$(ls "$TMP/np4z3to2/checkpoints/step-4/" | grep -c '^optimizer-rank')" = 4
 "${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2cp2" --cp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4cp2sp2" --cp 2 --sp 2
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2cp2z1" --cp 2 --zero 1
+# CP 4: the forward's blocks travel both ways round the ring (two MPI_Sendrecv per exchange,
+# one forward and one back), the last exchange one way.
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4cp4" --cp 4
 # The ring's double-buffered passes and DP's all-reduces started during the backward, against
 # the same runs with blocking collectives (bit-identical, checked below).
 "${MPIRUN[@]}" -np 2 "$BIN" "${ARGS8[@]}" --out "$TMP/np2cp2nov" --cp 2 --no-overlap
 "${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4dp2cp2z1nov" --cp 2 --zero 1 --no-overlap
+"${MPIRUN[@]}" -np 4 "$BIN" "${ARGS8[@]}" --out "$TMP/np4cp4nov" --cp 4 --no-overlap
 # Tensor parallelism: heads, MLP columns and the vocabulary split; two all-reduces per layer
 # and pass (Megatron's f and g; with Megatron sequence parallelism, the default, an all-gather
 # and a reduce-scatter instead), alone, without Megatron SP, with Ulysses, with DP + ZeRO-1, and
@@ -122,7 +126,7 @@ def moments(d):
     return out
 def losses(d):
     return [(m["loss"], m.get("val_loss")) for m in map(json.loads, open(f"{root}/{d}/metrics.jsonl"))]
-for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c", "np4z3to2", "np2cp2", "np4cp2sp2", "np4dp2cp2z1", "np2tp2", "np2tp2nosp", "np4tp2sp2", "np4dp2tp2z1", "np4dp2tp2z3", "pieces_cp2sp2", "pieces_dp2tp2z1", "pieces_z3"]), ("one25", ["np3dp3"]), ("one8bf16", ["np2z1bf16", "np2z3bf16"]), ("onepp", ["np2pp2", "np4pp4", "np4pp4gpipe", "np4pp4zbc", "np2pp2v2", "np4pp2tp2", "np4pp2sp2", "np4pp2cp2", "np4pp2dp2z1", "np4pp4to2", "pieces_pp2sp2"])]:
+for ref_dir, runs in [("one", ["np2sp2", "np4sp2", "np4sp4", "np2dp2"]), ("one8", ["np2z2", "np4z3", "np4sp2z3c", "np4z3to2", "np2cp2", "np4cp2sp2", "np4dp2cp2z1", "np4cp4", "np2tp2", "np2tp2nosp", "np4tp2sp2", "np4dp2tp2z1", "np4dp2tp2z3", "pieces_cp2sp2", "pieces_dp2tp2z1", "pieces_z3"]), ("one25", ["np3dp3"]), ("one8bf16", ["np2z1bf16", "np2z3bf16"]), ("onepp", ["np2pp2", "np4pp4", "np4pp4gpipe", "np4pp4zbc", "np2pp2v2", "np4pp2tp2", "np4pp2sp2", "np4pp2cp2", "np4pp2dp2z1", "np4pp4to2", "pieces_pp2sp2"])]:
     ref = losses(ref_dir)
     for d in runs:
         got = losses(d)
@@ -139,7 +143,7 @@ for on, off in [("np4z3", "np4z3nov")]:
 # Ulysses overlaps its exchanges with the MLP in two halves of the rows, the CP ring its passes
 # with the MLP in CP + 1 parts; the parts' weight gradients add: within 1e-6 of the blocking
 # run, not bit for bit (tests/parallel_overlap.rs).
-for on, off in [("np4sp2z3c", "np4sp2z3cnov"), ("np2cp2", "np2cp2nov"), ("np4dp2cp2z1", "np4dp2cp2z1nov")]:
+for on, off in [("np4sp2z3c", "np4sp2z3cnov"), ("np2cp2", "np2cp2nov"), ("np4dp2cp2z1", "np4dp2cp2z1nov"), ("np4cp4", "np4cp4nov")]:
     for a, b in zip(curve(on), curve(off), strict=True):
         for x, y in zip(a, b):
             assert (x is None) == (y is None) and (x is None or abs(x - y) <= 1e-6 * abs(y)), (on, a, off, b)

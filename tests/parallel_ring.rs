@@ -3,6 +3,8 @@
 //!   output and the gradients of q, k and v, each rank holding its two zigzag chunks, causal
 //!   with rotary-style plain scores and with ALiBi, CP 2 / 3 / 4 — plus the work balance the
 //!   zigzag exists for: every rank scores the same number of query–key pairs;
+//! - the pass itself: a neighbour exchange (as MPI's sendrecv), which waits for the previous
+//!   rank only, and refuses blocks of unequal lengths;
 //! - the op with work beside it (the MLP's place under overlap, `parallel::ring_overlap`): the
 //!   same against naive attention, and the work's parts and gradients against the work undivided;
 //! - training: CP alone and with Ulysses, DP and ZeRO on top gives the one-rank run on threads
@@ -22,6 +24,7 @@ use genslm::model::attention::SequenceParallel;
 use genslm::model::position::alibi_slopes;
 use genslm::ops::attention::naive::naive_attention;
 use genslm::ops::attention::options::AttnOptions;
+use genslm::parallel::comm::Communicator;
 use genslm::parallel::progress::Progress;
 use genslm::parallel::ring::{ring_attention, RingGroup};
 use genslm::parallel::ring_overlap::attention_beside;
@@ -180,6 +183,58 @@ fn ring_attention_matches_one_rank() {
 /// side work's parts (`tanh(h) ⊙ a` over row ranges of the rank's `h`, each tied to the ring)
 /// equal the same function on all of `h`, with the gradients of `h` and of the shared `a`
 /// (summed over the parts), under `Σ o ⊙ w + Σ side ⊙ u`.
+/// Ring passes on 4 thread ranks, where rank 3 passes only once rank 1's pass has returned:
+/// rank 1 waits for rank 0 alone, so everyone finishes with the previous rank's block (a pass
+/// that waited for the whole group would stop here until the timeout). Then a rank whose block
+/// has another length is refused, naming both ranks.
+#[test]
+fn a_ring_pass_waits_for_the_previous_rank_only() {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(Some(rx));
+    let handles: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = thread_group(4, Duration::from_secs(20))
+            .into_iter()
+            .map(|c| {
+                let tx = tx.clone();
+                let rx = (c.rank() == 3).then(|| rx.lock().unwrap().take().unwrap());
+                s.spawn(move || {
+                    if let Some(rx) = rx {
+                        rx.recv().unwrap();
+                    }
+                    let r = c.rank() as f32;
+                    let got = c.ring_pass(&[r, r + 0.5]).unwrap();
+                    if c.rank() == 1 {
+                        tx.send(()).unwrap();
+                    }
+                    got
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, got) in handles.iter().enumerate() {
+        let prev = ((rank + 3) % 4) as f32;
+        assert_eq!(got, &vec![prev, prev + 0.5], "rank {rank}");
+    }
+    let errs: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = thread_group(2, Duration::from_secs(20))
+            .into_iter()
+            .map(|c| s.spawn(move || c.ring_pass(&vec![1.0; 2 + c.rank()]).map(|_| ())))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let e = errs[1].as_ref().unwrap_err().to_string();
+    assert!(
+        e.contains("rank 1 expected 3 elements from rank 0, which sent 2"),
+        "{e}"
+    );
+    let e = errs[0].as_ref().unwrap_err().to_string();
+    assert!(
+        e.contains("rank 0 expected 2 elements from rank 1, which sent 3"),
+        "{e}"
+    );
+}
+
 fn check_beside(cp: usize, s: usize, alibi: bool) {
     let mut rng = SplitMix64::new(cp as u64 * 7919 + s as u64);
     let (data, opts, want) = whole_sequence(&mut rng, s, alibi);

@@ -65,6 +65,18 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
         let mut all = self.all_gather(send)?;
         Ok(std::mem::take(&mut all[(self.rank() + n - 1) % n]))
     }
+    /// Both ways round the ring at once: `fwd` goes to rank `rank + 1` and `back` to rank
+    /// `rank − 1` (mod size); returns what rank `rank − 1` sent forward and what rank
+    /// `rank + 1` sent back (each the same length on every rank). One exchange with both
+    /// neighbours, where two ring passes would run one after the other: a block reaches the
+    /// rank d along after ⌈d/2⌉ hops (the CP ring's forward, `parallel::ring_passes`). The
+    /// default is a ring pass and an all-gather; threads and MPI exchange with the neighbours.
+    fn ring_pass_both(&self, fwd: &[f32], back: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let from_prev = self.ring_pass(fwd)?;
+        let mut all = self.all_gather(back)?;
+        let from_next = std::mem::take(&mut all[(self.rank() + 1) % self.size()]);
+        Ok((from_prev, from_next))
+    }
     /// Point to point: `buf` to rank `to` (pipeline stages hand activations and their gradients
     /// to their neighbours); rank `to` takes it with [`Communicator::recv`] of the same length.
     /// Messages from one rank to another arrive in the order sent. It never waits for the
@@ -123,25 +135,29 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// `send` goes to rank `rank + 1` in one message; returns rank `rank − 1`'s, in `send`'s
     /// shapes, device and dtype. The default stages host copies.
     fn ring_pass_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
-        let meta: Vec<_> = send
-            .iter()
-            .map(|t| (t.dims(), t.device(), t.dtype()))
-            .collect();
-        let mut flat = Vec::new();
-        for t in send {
-            flat.extend(to_host(t, "ring_pass")?);
-        }
-        let got = self.ring_pass(&flat)?;
-        let mut at = 0;
-        Ok(meta
-            .into_iter()
-            .map(|(shape, device, dtype)| {
-                let n: usize = shape.iter().product();
-                let piece = got[at..at + n].to_vec();
-                at += n;
-                Tensor::from_data(TensorData::new(piece, shape), (&device, dtype))
-            })
-            .collect())
+        let (flat, meta) = host_blocks(send, "ring_pass")?;
+        Ok(blocks_from_host(&self.ring_pass(&flat)?, &meta))
+    }
+    /// [`Communicator::ring_pass_both`] of 4-D tensors: `fwd` to rank `rank + 1` and, where
+    /// given, `back` to rank `rank − 1`; returns rank `rank − 1`'s forward blocks and rank
+    /// `rank + 1`'s backward ones (every rank gives `back` or none does). The default stages
+    /// host copies.
+    #[allow(clippy::type_complexity)]
+    fn ring_pass_both_tensors(
+        &self,
+        fwd: Vec<Tensor<4>>,
+        back: Option<Vec<Tensor<4>>>,
+    ) -> Result<(Vec<Tensor<4>>, Option<Vec<Tensor<4>>>)> {
+        let Some(back) = back else {
+            return Ok((self.ring_pass_tensors(fwd)?, None));
+        };
+        let (f, f_meta) = host_blocks(fwd, "ring_pass_both")?;
+        let (b, b_meta) = host_blocks(back, "ring_pass_both")?;
+        let (from_prev, from_next) = self.ring_pass_both(&f, &b)?;
+        Ok((
+            blocks_from_host(&from_prev, &f_meta),
+            Some(blocks_from_host(&from_next, &b_meta)),
+        ))
     }
     /// Element-wise sum over the group of a flat tensor (equal lengths on every rank). The
     /// default stages a host copy.
@@ -195,6 +211,35 @@ pub fn check_peer(op: &str, peer: usize, size: usize) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Shapes, devices and dtypes of staged tensors.
+type BlockMeta = Vec<([usize; 4], Device, burn::tensor::DType)>;
+
+/// Tensors as one host buffer, with what rebuilds them.
+fn host_blocks(send: Vec<Tensor<4>>, op: &str) -> Result<(Vec<f32>, BlockMeta)> {
+    let meta = send
+        .iter()
+        .map(|t| (t.dims(), t.device(), t.dtype()))
+        .collect();
+    let mut flat = Vec::new();
+    for t in send {
+        flat.extend(to_host(t, op)?);
+    }
+    Ok((flat, meta))
+}
+
+/// The tensors `meta` describes, from consecutive pieces of `got`.
+fn blocks_from_host(got: &[f32], meta: &BlockMeta) -> Vec<Tensor<4>> {
+    let mut at = 0;
+    meta.iter()
+        .map(|(shape, device, dtype)| {
+            let n: usize = shape.iter().product();
+            let piece = got[at..at + n].to_vec();
+            at += n;
+            Tensor::from_data(TensorData::new(piece, *shape), (device, *dtype))
+        })
+        .collect()
 }
 
 fn to_host<const D: usize>(t: Tensor<D>, op: &str) -> Result<Vec<f32>> {

@@ -143,6 +143,11 @@ impl<H: Hook + 'static> Communicator for Hooked<H> {
     fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
         self.with(Wire::Once, send.len(), 4, || self.inner.ring_pass(send))
     }
+    /// Both neighbours' messages in one call: one latency, both blocks' bytes.
+    fn ring_pass_both(&self, fwd: &[f32], back: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let n = fwd.len() + back.len();
+        self.with(Wire::Once, n, 4, || self.inner.ring_pass_both(fwd, back))
+    }
     fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
         self.with(Wire::Once, buf.len(), 4, || self.inner.send(to, buf))
     }
@@ -195,6 +200,16 @@ impl<H: Hook + 'static> Communicator for Hooked<H> {
     fn ring_pass_tensors(&self, send: Vec<Tensor<4>>) -> Result<Vec<Tensor<4>>> {
         self.with(Wire::Once, numel(&send), 4, || {
             self.inner.ring_pass_tensors(send)
+        })
+    }
+    fn ring_pass_both_tensors(
+        &self,
+        fwd: Vec<Tensor<4>>,
+        back: Option<Vec<Tensor<4>>>,
+    ) -> Result<(Vec<Tensor<4>>, Option<Vec<Tensor<4>>>)> {
+        let n = numel(&fwd) + back.as_deref().map_or(0, numel);
+        self.with(Wire::Once, n, 4, || {
+            self.inner.ring_pass_both_tensors(fwd, back)
         })
     }
     fn all_reduce_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>> {

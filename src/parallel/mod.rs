@@ -19,6 +19,7 @@ pub mod quant;
 pub mod ranks;
 pub mod ring;
 pub mod ring_overlap;
+pub mod ring_passes;
 pub mod seq_linear;
 pub mod stream_order;
 pub mod tensor;

@@ -336,6 +336,30 @@ impl Communicator for MpiComm {
         Ok(recv)
     }
 
+    /// Two neighbour exchanges in a row (forward, then back), each a `sendrecv`, in the same
+    /// order on every rank.
+    fn ring_pass_both(&self, fwd: &[f32], back: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let comm = self.lock();
+        let n = self.size;
+        let next = comm.process_at_rank(((self.rank + 1) % n) as i32);
+        let prev = comm.process_at_rank(((self.rank + n - 1) % n) as i32);
+        let (mut from_prev, mut from_next) = (vec![0f32; fwd.len()], vec![0f32; back.len()]);
+        for (send, to, recv, from) in [
+            (fwd, &next, &mut from_prev, &prev),
+            (back, &prev, &mut from_next, &next),
+        ] {
+            for (at, len) in pieces(send.len(), self.max_count) {
+                mpi::point_to_point::send_receive_into(
+                    &send[at..at + len],
+                    to,
+                    &mut recv[at..at + len],
+                    from,
+                );
+            }
+        }
+        Ok((from_prev, from_next))
+    }
+
     fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
         check_peer("send", to, self.size)?;
         let comm = self.lock();

@@ -349,6 +349,9 @@ impl Communicator for NcclGroup {
     fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
         self.host.ring_pass(send)
     }
+    fn ring_pass_both(&self, fwd: &[f32], back: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.host.ring_pass_both(fwd, back)
+    }
     fn on_device(&self, device: &burn::tensor::Device) -> bool {
         self.nccl.on_device(device)
     }

@@ -2,20 +2,23 @@
 //!
 //! Each CP rank c holds two chunks of every sequence, c and 2C−1−c of 2C equal chunks
 //! ([`crate::parallel::Topology::spans`]): under a causal mask chunk k attends to chunks ≤ k,
-//! so the pair gives every rank the same work. Attention runs in C steps: at step t a rank holds
-//! the K/V block of rank (c − t) mod C, computes FlashAttention of each of its query chunks
+//! so the pair gives every rank the same work. Attention runs in C steps: at each a rank holds
+//! the K/V block of one rank (in the backward, at step t that of rank (c − t) mod C), computes FlashAttention of each of its query chunks
 //! against each key chunk that is not entirely in the future (global positions as offsets, so
 //! ALiBi and causality are exact), and merges the partial results with their log-sum-exps
-//! (online softmax across blocks). Between steps the block moves one rank along the ring.
+//! (online softmax across blocks). In the forward the blocks travel both ways round the ring
+//! (`parallel::ring_passes`): the blocks of the ranks d behind and d ahead arrive after d
+//! exchanges, all of them after ⌈(C − 1)/2⌉, where one way took C − 1.
 //!
 //! The backward walks the same ring: each block travels with its dK/dV accumulators, every rank
 //! adds its queries' contribution (FlashAttention-2's backward with the final output and
 //! log-sum-exp, so the merge needs no gradient of its own), and one last step brings each
 //! block's gradients home. dQ stays local.
 //!
-//! Double buffering (issue 42): each block's pass to the next rank is started before the
-//! rank computes with it and waited for after, so the transfer runs on the CP group's
-//! communication thread (`parallel::progress`) while attention computes. In the backward a
+//! Double buffering (issue 42): the forward's exchanges run on the CP group's communication
+//! thread (`parallel::progress`), each started ahead and handing on what the one before it
+//! brought as soon as it arrives, while attention computes. In the backward each block's pass
+//! to the next rank is started before the rank computes with it and waited for after; a
 //! step's dK/dV accumulators, which the step adds to, leave once it is done, in one message
 //! with the K/V block the neighbour uses a step later (see [`RingBackward`]). Forward and
 //! backward are step machines ([`RingForward`], [`RingBackward`]): the op here runs their steps
@@ -39,6 +42,7 @@ use crate::ops::autodiff::{differentiable_attention as differentiable, Attention
 use crate::ops::primitive::Primitive;
 use crate::parallel::comm::Communicator;
 use crate::parallel::progress::{start, Pending};
+use crate::parallel::ring_passes::{block_order, BlockPasses};
 use crate::parallel::ulysses::{ulysses_attention, SpGroup};
 
 /// The CP ring of one rank, shared by every layer.
@@ -186,14 +190,14 @@ fn chunk_starts(rank: usize, size: usize, len: usize) -> [usize; 2] {
     [rank * len, (2 * size - 1 - rank) * len]
 }
 
-/// The (query chunk, key chunk) pairs this rank scores at ring step `t`, when it holds the
-/// K/V block of rank (c − t) mod n, with both chunks' global positions in the options. Key
-/// chunks entirely in the future are skipped (chunks have equal lengths, so a key chunk is
-/// entirely before, the same as, or entirely after a query chunk).
-fn step_pairs(p: &RingParams, t: usize, len: usize) -> Vec<(usize, usize, AttnOptions)> {
+/// The (query chunk, key chunk) pairs this rank scores when it holds the K/V block of rank
+/// `src`, with both chunks' global positions in the options. Key chunks entirely in the future
+/// are skipped (chunks have equal lengths, so a key chunk is entirely before, the same as, or
+/// entirely after a query chunk).
+fn step_pairs(p: &RingParams, src: usize, len: usize) -> Vec<(usize, usize, AttnOptions)> {
     let (c, n) = (p.group.comm.rank(), p.group.comm.size());
     let qs = chunk_starts(c, n, len);
-    let ks = chunk_starts((c + n - t) % n, n, len);
+    let ks = chunk_starts(src, n, len);
     let mut out = Vec::with_capacity(4);
     for (qi, &q_offset) in qs.iter().enumerate() {
         for (ki, &k_offset) in ks.iter().enumerate() {
@@ -218,11 +222,7 @@ fn halves(x: &Tensor<4>) -> [Tensor<4>; 2] {
 }
 
 /// Starts sending `parts` one step along the ring; the wait gives the neighbour's, same shapes.
-fn start_pass(group: &RingGroup, parts: Vec<Tensor<4>>, count: bool) -> Pending<Vec<Tensor<4>>> {
-    if count {
-        let n: usize = parts.iter().map(|t| t.shape().num_elements()).sum();
-        group.sent_forward.fetch_add(n as u64, Ordering::Relaxed);
-    }
+fn start_pass(group: &RingGroup, parts: Vec<Tensor<4>>) -> Pending<Vec<Tensor<4>>> {
     start(group.comm.as_ref(), move |c| c.ring_pass_tensors(parts))
 }
 
@@ -244,46 +244,51 @@ fn merge(a: (Tensor<4>, Tensor<3>), b: (Tensor<4>, Tensor<3>)) -> (Tensor<4>, Te
     (oa * weight(la) + ob * weight(lb), lse)
 }
 
-/// The ring's forward in steps: [`RingForward::begin`] passes this rank's own block on and
-/// scores it, each [`RingForward::step`] takes the block that arrived, passes it on and scores
-/// it, [`RingForward::finish`] runs what is left and merges. [`ring_forward`] runs them back to
-/// back; `parallel::ring_overlap` puts work between them.
+/// The ring's forward in steps: [`RingForward::begin`] starts this rank's block round the
+/// ring both ways (`parallel::ring_passes`) and scores it, each [`RingForward::step`] scores
+/// the next block as it arrives, [`RingForward::finish`] scores what is left and merges.
+/// [`ring_forward`] runs them back to back; `parallel::ring_overlap` puts work between them.
+/// The blocks come in `ring_passes::block_order` and are merged in that order.
 pub(crate) struct RingForward {
     p: RingParams,
     len: usize,
     qc: [Tensor<4>; 2],
-    /// The held block: k and v of this rank's two chunks, or of the rank it came from.
-    kv: Vec<Tensor<4>>,
-    /// The held block's pass to the next rank (none at the last step).
-    pass: Option<Pending<Vec<Tensor<4>>>>,
+    passes: BlockPasses,
+    /// The ranks whose blocks come, in order; `t` indexes it.
+    order: Vec<usize>,
     acc: [Option<(Tensor<4>, Tensor<3>)>; 2],
-    /// The ring step scored last.
+    /// The block scored last.
     t: usize,
 }
 
 impl RingForward {
     pub(crate) fn begin(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, p: &RingParams) -> Self {
+        let (c, n) = (p.group.comm.rank(), p.group.comm.size());
+        let kv = vec![k, v];
+        let passes = BlockPasses::start(
+            p.group.comm.clone(),
+            p.group.sent_forward.clone(),
+            kv.clone(),
+        );
         let mut f = Self {
             p: p.clone(),
             len: q.dims()[2] / 2,
             qc: halves(&q),
-            kv: vec![k, v],
-            pass: None,
+            passes,
+            order: block_order(c, n),
             acc: [None, None],
             t: 0,
         };
-        f.score();
+        f.score(kv);
         f
     }
 
-    /// The held block goes on to the next rank while this one computes with it.
-    fn score(&mut self) {
-        let (t, len) = (self.t, self.len);
-        self.pass = (t + 1 < self.p.group.comm.size())
-            .then(|| start_pass(&self.p.group, self.kv.clone(), true));
+    /// Scores block `kv` (of rank `order[t]`) against this rank's query chunks.
+    fn score(&mut self, kv: Vec<Tensor<4>>) {
+        let len = self.len;
         let [b, h, _, _] = self.qc[0].dims();
-        let (kc, vc) = (halves(&self.kv[0]), halves(&self.kv[1]));
-        for (qi, ki, opts) in step_pairs(&self.p, t, len) {
+        let (kc, vc) = (halves(&kv[0]), halves(&kv[1]));
+        for (qi, ki, opts) in step_pairs(&self.p, self.order[self.t], len) {
             let pairs = if self.p.causal && opts.q_offset == opts.k_offset {
                 len * (len + 1) / 2
             } else {
@@ -310,17 +315,15 @@ impl RingForward {
 
     /// Waits for the next block and scores it (nothing once the last block is scored).
     pub(crate) fn step(&mut self) {
-        let Some(pass) = self.pass.take() else {
-            return;
-        };
-        self.kv = arrived(pass);
-        self.t += 1;
-        self.score();
+        if let Some(kv) = self.passes.next_block() {
+            self.t += 1;
+            self.score(kv);
+        }
     }
 
     /// `(o [b, h, 2·len, d], lse [b, h, 2·len])` once every block is scored.
     pub(crate) fn finish(mut self) -> (Tensor<4>, Tensor<3>) {
-        while self.pass.is_some() {
+        while self.passes.pending() {
             self.step();
         }
         let [a0, a1] = self
@@ -377,7 +380,7 @@ impl RingBackward {
         let len = q.dims()[2] / 2;
         let [z0, z1] = halves(&k).map(|c| c.zeros_like());
         let kv = vec![k, v];
-        let first = (p.group.comm.size() > 1).then(|| start_pass(&p.group, kv.clone(), false));
+        let first = (p.group.comm.size() > 1).then(|| start_pass(&p.group, kv.clone()));
         let mut b = Self {
             p: p.clone(),
             len,
@@ -400,7 +403,8 @@ impl RingBackward {
     /// This rank's gradients for the held block: dQ added here, dK/dV kept for the block.
     fn grads(&mut self) {
         let (kc, vc) = (halves(&self.kv[0]), halves(&self.kv[1]));
-        for (qi, ki, opts) in step_pairs(&self.p, self.t, self.len) {
+        let (c, n) = (self.p.group.comm.rank(), self.p.group.comm.size());
+        for (qi, ki, opts) in step_pairs(&self.p, (c + n - self.t) % n, self.len) {
             let (g_q, g_k, g_v) = flash_attention_backward(
                 self.qc[qi].clone(),
                 kc[ki].clone(),
@@ -443,7 +447,7 @@ impl RingBackward {
                 msg.extend(self.kv.iter().cloned());
             }
         }
-        self.incoming = start_pass(&self.p.group, msg, false);
+        self.incoming = start_pass(&self.p.group, msg);
     }
 
     /// Sends the held block's accumulators on (after the last block: home) and computes the

@@ -115,6 +115,29 @@ impl ThreadComm {
     }
 
     /// Deposits `data` and returns every rank's deposit of this round, in rank order.
+    /// The next message from rank `from` to this one, which must hold `len` elements.
+    fn take_mail(&self, op: &str, from: usize, len: usize) -> Result<Vec<f32>> {
+        let mut clock = RunningClock::new(Some(self.shared.timeout));
+        let mut st = self.lock();
+        loop {
+            if let Some(msg) = st
+                .mail
+                .get_mut(&(from, self.rank))
+                .and_then(VecDeque::pop_front)
+            {
+                if msg.len() != len {
+                    return Err(Error::Invalid(format!(
+                        "{op}: rank {} expected {len} elements from rank {from}, which sent {}",
+                        self.rank,
+                        msg.len()
+                    )));
+                }
+                return Ok(msg);
+            }
+            st = self.wait(st, &mut clock)?;
+        }
+    }
+
     fn exchange(&self, data: Vec<Vec<f32>>) -> Result<Arc<Vec<Deposit>>> {
         self.exchange_payload(
             Payload {
@@ -307,11 +330,26 @@ impl Communicator for ThreadComm {
         Ok(all.iter().map(|d| d.f32s[self.rank].clone()).collect())
     }
 
+    /// A neighbour exchange, as MPI's `sendrecv`: the block goes to the next rank's mailbox
+    /// and the previous rank's is taken from this one's, so a pass waits for the previous
+    /// rank only, not for the whole group (a group-wide round would make every ring step a
+    /// barrier, which no real ring pays).
     fn ring_pass(&self, send: &[f32]) -> Result<Vec<f32>> {
-        let all = self.exchange(vec![send.to_vec()])?;
-        equal_lengths("ring_pass", all.iter().map(|d| d.f32s[0].len()))?;
         let n = self.shared.n;
-        Ok(all[(self.rank + n - 1) % n].f32s[0].clone())
+        self.send((self.rank + 1) % n, send)?;
+        self.take_mail("ring_pass", (self.rank + n - 1) % n, send.len())
+    }
+
+    fn ring_pass_both(&self, fwd: &[f32], back: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let n = self.shared.n;
+        let (next, prev) = ((self.rank + 1) % n, (self.rank + n - 1) % n);
+        self.send(next, fwd)?;
+        self.send(prev, back)?;
+        let from_prev = self.take_mail("ring_pass_both", prev, fwd.len())?;
+        Ok((
+            from_prev,
+            self.take_mail("ring_pass_both", next, back.len())?,
+        ))
     }
 
     fn send(&self, to: usize, buf: &[f32]) -> Result<()> {
@@ -333,27 +371,8 @@ impl Communicator for ThreadComm {
 
     fn recv(&self, from: usize, buf: &mut [f32]) -> Result<()> {
         check_peer("recv", from, self.shared.n)?;
-        let mut clock = RunningClock::new(Some(self.shared.timeout));
-        let mut st = self.lock();
-        loop {
-            if let Some(msg) = st
-                .mail
-                .get_mut(&(from, self.rank))
-                .and_then(VecDeque::pop_front)
-            {
-                if msg.len() != buf.len() {
-                    return Err(Error::Invalid(format!(
-                        "recv: rank {} expected {} elements from rank {from}, which sent {}",
-                        self.rank,
-                        buf.len(),
-                        msg.len()
-                    )));
-                }
-                buf.copy_from_slice(&msg);
-                return Ok(());
-            }
-            st = self.wait(st, &mut clock)?;
-        }
+        buf.copy_from_slice(&self.take_mail("recv", from, buf.len())?);
+        Ok(())
     }
 
     fn broadcast(&self, buf: &mut Vec<f32>, root: usize) -> Result<()> {
