@@ -569,6 +569,9 @@ fn a_failing_rank_stops_the_others_quickly() {
             "2:3",
             "rank 2",
         ),
+        // The CP ring's forward exchanges, chained on the communication threads, wait for
+        // the failed rank's blocks.
+        (&["--cp", "4"][..], "2:3", "rank 2"),
     ]
     .into_iter()
     .enumerate()
