@@ -177,12 +177,6 @@ fn ring_attention_matches_one_rank() {
     }
 }
 
-/// Ring attention with work beside it (`ring_overlap::attention_beside`, where the MLP goes
-/// under overlap): on ranks with a communication thread, the attention output and the
-/// gradients of q, k and v equal naive attention over the whole sequence on one rank, and the
-/// side work's parts (`tanh(h) ⊙ a` over row ranges of the rank's `h`, each tied to the ring)
-/// equal the same function on all of `h`, with the gradients of `h` and of the shared `a`
-/// (summed over the parts), under `Σ o ⊙ w + Σ side ⊙ u`.
 /// Ring passes on 4 thread ranks, where rank 3 passes only once rank 1's pass has returned:
 /// rank 1 waits for rank 0 alone, so everyone finishes with the previous rank's block (a pass
 /// that waited for the whole group would stop here until the timeout). Then a rank whose block
@@ -235,6 +229,12 @@ fn a_ring_pass_waits_for_the_previous_rank_only() {
     );
 }
 
+/// Ring attention with work beside it (`ring_overlap::attention_beside`, where the MLP goes
+/// under overlap): on ranks with a communication thread, the attention output and the
+/// gradients of q, k and v equal naive attention over the whole sequence on one rank, and the
+/// side work's parts (`tanh(h) ⊙ a` over row ranges of the rank's `h`, each tied to the ring)
+/// equal the same function on all of `h`, with the gradients of `h` and of the shared `a`
+/// (summed over the parts), under `Σ o ⊙ w + Σ side ⊙ u`.
 fn check_beside(cp: usize, s: usize, alibi: bool) {
     let mut rng = SplitMix64::new(cp as u64 * 7919 + s as u64);
     let (data, opts, want) = whole_sequence(&mut rng, s, alibi);

@@ -68,9 +68,10 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// Both ways round the ring at once: `fwd` goes to rank `rank + 1` and `back` to rank
     /// `rank − 1` (mod size); returns what rank `rank − 1` sent forward and what rank
     /// `rank + 1` sent back (each the same length on every rank). One exchange with both
-    /// neighbours, where two ring passes would run one after the other: a block reaches the
-    /// rank d along after ⌈d/2⌉ hops (the CP ring's forward, `parallel::ring_passes`). The
-    /// default is a ring pass and an all-gather; threads and MPI exchange with the neighbours.
+    /// neighbours at once: chained, the blocks of the ranks d behind and d ahead arrive after d
+    /// exchanges, every block after ⌈(n − 1)/2⌉ (the CP ring's forward,
+    /// `parallel::ring_passes`). The default is a ring pass and then an all-gather; threads
+    /// and MPI post both directions together.
     fn ring_pass_both(&self, fwd: &[f32], back: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
         let from_prev = self.ring_pass(fwd)?;
         let mut all = self.all_gather(back)?;

@@ -336,26 +336,43 @@ impl Communicator for MpiComm {
         Ok(recv)
     }
 
-    /// Two neighbour exchanges in a row (forward, then back), each a `sendrecv`, in the same
-    /// order on every rank.
+    /// Both directions at once: for each piece the two receives and the two sends are posted
+    /// together (non-blocking) and waited for together, so an exchange costs one latency, not
+    /// the two of a forward `sendrecv` followed by a backward one. Each direction has its own
+    /// tag: on two ranks the next rank is the previous one, and the tags keep the forward and
+    /// the backward block apart.
     fn ring_pass_both(&self, fwd: &[f32], back: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        const FORWARD: mpi::Tag = 1;
+        const BACK: mpi::Tag = 2;
         let comm = self.lock();
         let n = self.size;
         let next = comm.process_at_rank(((self.rank + 1) % n) as i32);
         let prev = comm.process_at_rank(((self.rank + n - 1) % n) as i32);
         let (mut from_prev, mut from_next) = (vec![0f32; fwd.len()], vec![0f32; back.len()]);
-        for (send, to, recv, from) in [
-            (fwd, &next, &mut from_prev, &prev),
-            (back, &prev, &mut from_next, &next),
-        ] {
-            for (at, len) in pieces(send.len(), self.max_count) {
-                mpi::point_to_point::send_receive_into(
-                    &send[at..at + len],
-                    to,
-                    &mut recv[at..at + len],
-                    from,
-                );
-            }
+        let (pf, pb): (Vec<_>, Vec<_>) = (
+            pieces(fwd.len(), self.max_count).collect(),
+            pieces(back.len(), self.max_count).collect(),
+        );
+        for i in 0..pf.len().max(pb.len()) {
+            let (f, b) = (pf.get(i).copied(), pb.get(i).copied());
+            let (got_f, got_b) = (&mut from_prev, &mut from_next);
+            mpi::request::scope(|scope| {
+                let r_f = f.map(|(at, len)| {
+                    prev.immediate_receive_into_with_tag(scope, &mut got_f[at..at + len], FORWARD)
+                });
+                let r_b = b.map(|(at, len)| {
+                    next.immediate_receive_into_with_tag(scope, &mut got_b[at..at + len], BACK)
+                });
+                let s_f = f.map(|(at, len)| {
+                    next.immediate_send_with_tag(scope, &fwd[at..at + len], FORWARD)
+                });
+                let s_b = b.map(|(at, len)| {
+                    prev.immediate_send_with_tag(scope, &back[at..at + len], BACK)
+                });
+                for r in [r_f, r_b, s_f, s_b].into_iter().flatten() {
+                    r.wait();
+                }
+            });
         }
         Ok((from_prev, from_next))
     }

@@ -3,8 +3,9 @@
 //! Each CP rank c holds two chunks of every sequence, c and 2C−1−c of 2C equal chunks
 //! ([`crate::parallel::Topology::spans`]): under a causal mask chunk k attends to chunks ≤ k,
 //! so the pair gives every rank the same work. Attention runs in C steps: at each a rank holds
-//! the K/V block of one rank (in the backward, at step t that of rank (c − t) mod C), computes FlashAttention of each of its query chunks
-//! against each key chunk that is not entirely in the future (global positions as offsets, so
+//! the K/V block of one rank (in the backward, at step t that of rank (c − t) mod C),
+//! computes FlashAttention of each of its query chunks against each key chunk that is not
+//! entirely in the future (global positions as offsets, so
 //! ALiBi and causality are exact), and merges the partial results with their log-sum-exps
 //! (online softmax across blocks). In the forward the blocks travel both ways round the ring
 //! (`parallel::ring_passes`): the blocks of the ranks d behind and d ahead arrive after d

@@ -1,17 +1,18 @@
 //! Ring attention beside the MLP (issue 42). GPT-NeoX's parallel residual,
 //! `x + attn(ln1(x)) + mlp(ln2(x))`, makes the MLP independent of attention, so the MLP's rows,
-//! cut in n + 1 parts on a ring of n ranks, are computed between the ring's steps: a part runs
-//! while each block travels, forward and backward. Without it a pass hides only the attention
+//! cut in n + 1 parts on a ring of n ranks, are computed between the ring's steps: parts run
+//! while the blocks travel, forward and backward. Without them a pass hides only the attention
 //! of the block before it, which at 512 tokens a rank is shorter than a message behind a slow
 //! link.
 //!
 //! The ring becomes three kinds of autodiff op with the parts between them, sharing one
 //! [`RingBeside`]:
-//! - `ring_begin(q, k, v)` passes this rank's block on, scores it (`RingForward::begin`) and
-//!   returns a one-element token;
+//! - `ring_begin(q, k, v)` starts this rank's block round the ring both ways
+//!   (`parallel::ring_passes`), scores it (`RingForward::begin`) and returns a one-element
+//!   token;
 //! - `ring_step(token, after)`, n of them, each once `after` (the part before it) exists: the
-//!   first n − 1 wait for the next block, pass it on and score it; the last has nothing left
-//!   to score (its part is there for the backward);
+//!   first n − 1 take the next block (waiting only where it has not arrived) and score it;
+//!   the last has nothing left to score (its part is there for the backward);
 //! - `ring_end(token, after)` merges the blocks' results: the attention output.
 //!
 //! Each part's input is tied to the token before it (`ulysses_overlap::tie`, the identity), so
@@ -21,7 +22,8 @@
 //! arrived accumulators, adds this rank's share, sends them on with the next K/V (the last
 //! step's: home) and computes the next block's gradients (`RingBackward::step`); `ring_begin`'s
 //! waits for this rank's own block's gradients and returns them as q, k and v's. So each of
-//! the backward's n + 1 messages and the forward's n − 1 passes travels while a part computes.
+//! the backward's n + 1 messages and the forward's ⌈(n − 1)/2⌉ exchanges travels while parts
+//! compute.
 //! The tokens and the `after` inputs carry no gradient. Every rank builds the same graph, so
 //! the passes pair up on every rank.
 //!

@@ -9,8 +9,9 @@
 //!
 //! The exchanges run on the group's communication thread one after the other, each handing
 //! on what the one before it brought as soon as it arrives, whatever the rank's compute is
-//! doing: a chain that never waits for a step of the rank's own. At most [`IN_FLIGHT`]
-//! exchanges are started ahead of the blocks handed out, which bounds the blocks alive.
+//! doing. At most [`IN_FLIGHT`] exchanges are under way ahead of the blocks handed out (up to
+//! n = 5 that is all of them; beyond, the next starts when a block is taken), which bounds the
+//! blocks alive.
 //!
 //! The order the blocks come in is [`block_order`]: this rank's, then the rank behind, the
 //! rank ahead, two behind, two ahead, … Without a communication thread the exchanges run
@@ -27,8 +28,9 @@ use crate::error::Error;
 use crate::parallel::comm::Communicator;
 use crate::parallel::progress::{start, Pending};
 
-/// Exchanges started ahead of the blocks handed out: up to four blocks travel while one is
-/// used.
+/// Exchanges under way ahead of the blocks handed out: at most six K/V blocks alive at once
+/// (four travelling, one arrived and waiting, one being scored), where a one-way ring holds
+/// two.
 const IN_FLIGHT: usize = 2;
 
 /// A block and the one going the other way (none once only one way is left).
@@ -142,6 +144,7 @@ impl BlockPasses {
                     })?,
                 };
                 let got = c.ring_pass_both_tensors(fwd, back.filter(|_| both))?;
+                // Tensors are shared handles: the chain and the result hold the same blocks.
                 let _ = tx.send(got.clone());
                 Ok(got)
             });

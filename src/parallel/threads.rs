@@ -114,7 +114,6 @@ impl ThreadComm {
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Deposits `data` and returns every rank's deposit of this round, in rank order.
     /// The next message from rank `from` to this one, which must hold `len` elements.
     fn take_mail(&self, op: &str, from: usize, len: usize) -> Result<Vec<f32>> {
         let mut clock = RunningClock::new(Some(self.shared.timeout));
@@ -138,6 +137,7 @@ impl ThreadComm {
         }
     }
 
+    /// Deposits `data` and returns every rank's deposit of this round, in rank order.
     fn exchange(&self, data: Vec<Vec<f32>>) -> Result<Arc<Vec<Deposit>>> {
         self.exchange_payload(
             Payload {
