@@ -43,7 +43,7 @@ use crate::ops::autodiff::{differentiable_attention as differentiable, Attention
 use crate::ops::primitive::Primitive;
 use crate::parallel::comm::Communicator;
 use crate::parallel::progress::{start, Pending};
-use crate::parallel::ring_passes::{block_order, BlockPasses};
+use crate::parallel::ring_passes::BlockPasses;
 use crate::parallel::ulysses::{ulysses_attention, SpGroup};
 
 /// The CP ring of one rank, shared by every layer.
@@ -255,16 +255,11 @@ pub(crate) struct RingForward {
     len: usize,
     qc: [Tensor<4>; 2],
     passes: BlockPasses,
-    /// The ranks whose blocks come, in order; `t` indexes it.
-    order: Vec<usize>,
     acc: [Option<(Tensor<4>, Tensor<3>)>; 2],
-    /// The block scored last.
-    t: usize,
 }
 
 impl RingForward {
     pub(crate) fn begin(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, p: &RingParams) -> Self {
-        let (c, n) = (p.group.comm.rank(), p.group.comm.size());
         let kv = vec![k, v];
         let passes = BlockPasses::start(
             p.group.comm.clone(),
@@ -276,20 +271,18 @@ impl RingForward {
             len: q.dims()[2] / 2,
             qc: halves(&q),
             passes,
-            order: block_order(c, n),
             acc: [None, None],
-            t: 0,
         };
-        f.score(kv);
+        f.score(p.group.comm.rank(), kv);
         f
     }
 
-    /// Scores block `kv` (of rank `order[t]`) against this rank's query chunks.
-    fn score(&mut self, kv: Vec<Tensor<4>>) {
+    /// Scores block `kv` of rank `src` against this rank's query chunks.
+    fn score(&mut self, src: usize, kv: Vec<Tensor<4>>) {
         let len = self.len;
         let [b, h, _, _] = self.qc[0].dims();
         let (kc, vc) = (halves(&kv[0]), halves(&kv[1]));
-        for (qi, ki, opts) in step_pairs(&self.p, self.order[self.t], len) {
+        for (qi, ki, opts) in step_pairs(&self.p, src, len) {
             let pairs = if self.p.causal && opts.q_offset == opts.k_offset {
                 len * (len + 1) / 2
             } else {
@@ -316,9 +309,8 @@ impl RingForward {
 
     /// Waits for the next block and scores it (nothing once the last block is scored).
     pub(crate) fn step(&mut self) {
-        if let Some(kv) = self.passes.next_block() {
-            self.t += 1;
-            self.score(kv);
+        if let Some((src, kv)) = self.passes.next_block() {
+            self.score(src, kv);
         }
     }
 

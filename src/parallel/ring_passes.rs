@@ -65,10 +65,12 @@ pub struct BlockPasses {
     started: usize,
     /// Elements of one block.
     elements: u64,
-    own: Option<Vec<Tensor<4>>>,
+    /// What the next exchange sends: this rank's block, then where the last started exchange
+    /// hands on what it receives.
+    input: Option<Input>,
     in_flight: VecDeque<Pending<Both>>,
-    /// Where the last started exchange hands on what it receives.
-    chain: Option<Receiver<Both>>,
+    /// The ranks whose blocks are still to be handed out, in [`block_order`].
+    sources: VecDeque<usize>,
     /// Arrived blocks not yet handed out, in [`block_order`].
     arrived: VecDeque<Vec<Tensor<4>>>,
 }
@@ -77,7 +79,7 @@ impl BlockPasses {
     /// Starts passing this rank's block `own` (its k and v) both ways; `sent` counts the
     /// elements this rank sends.
     pub fn start(comm: Arc<dyn Communicator>, sent: Arc<AtomicU64>, own: Vec<Tensor<4>>) -> Self {
-        let n = comm.size();
+        let (c, n) = (comm.rank(), comm.size());
         let elements = own.iter().map(|t| t.shape().num_elements() as u64).sum();
         let mut p = Self {
             comm,
@@ -85,9 +87,9 @@ impl BlockPasses {
             total: n / 2,
             started: 0,
             elements,
-            own: Some(own),
+            input: Some(Input::Own(own)),
             in_flight: VecDeque::new(),
-            chain: None,
+            sources: block_order(c, n).into_iter().skip(1).collect(),
             arrived: VecDeque::new(),
         };
         p.fill();
@@ -99,10 +101,11 @@ impl BlockPasses {
         !self.arrived.is_empty() || !self.in_flight.is_empty()
     }
 
-    /// The next block in [`block_order`] after this rank's own, waiting for it where it has not
-    /// arrived; `None` once all have been handed out. A failed exchange ends the rank (the op
-    /// cannot return an error), whose peers then stop with its message.
-    pub fn next_block(&mut self) -> Option<Vec<Tensor<4>>> {
+    /// The next block in [`block_order`] after this rank's own, with the rank it is from,
+    /// waiting for it where it has not arrived; `None` once all have been handed out. A failed
+    /// exchange ends the rank (the op cannot return an error), whose peers then stop with its
+    /// message.
+    pub fn next_block(&mut self) -> Option<(usize, Vec<Tensor<4>>)> {
         if self.arrived.is_empty() {
             let (fwd, back) = self
                 .in_flight
@@ -113,7 +116,9 @@ impl BlockPasses {
             self.arrived.extend(back);
             self.fill();
         }
-        self.arrived.pop_front()
+        let block = self.arrived.pop_front()?;
+        let src = self.sources.pop_front().expect("one source per block");
+        Some((src, block))
     }
 
     /// Starts exchanges until [`IN_FLIGHT`] are under way or none is left. Exchange j (from 1)
@@ -124,11 +129,10 @@ impl BlockPasses {
         while self.in_flight.len() < IN_FLIGHT && self.started < self.total {
             let j = self.started + 1;
             let both = 2 * j < n;
-            let input = match (self.own.take(), self.chain.take()) {
-                (Some(own), _) => Input::Own(own),
-                (None, Some(before)) => Input::After(before),
-                (None, None) => unreachable!("each exchange leaves a chain for the next"),
-            };
+            let input = self
+                .input
+                .take()
+                .expect("each exchange leaves a chain for the next");
             let count = self.elements * if both { 2 } else { 1 };
             self.sent.fetch_add(count, Ordering::Relaxed);
             let (tx, rx) = channel();
@@ -149,7 +153,7 @@ impl BlockPasses {
                 Ok(got)
             });
             self.in_flight.push_back(pending);
-            self.chain = Some(rx);
+            self.input = Some(Input::After(rx));
             self.started += 1;
         }
     }
