@@ -96,6 +96,14 @@ pub fn matmul_new(
     out
 }
 
+/// Products with at most this many rows run on the pool as one single-threaded gemm per
+/// block of the destination's columns (see [`gemm_raw`]).
+const COLUMN_SPLIT_MAX_ROWS: usize = 1024;
+
+/// Width granularity of those column blocks: gemm's register tile along them with AVX-512 (64
+/// columns; with AVX2 it is 24, and a block may end in one partial tile).
+const COLUMN_BLOCK: usize = 64;
+
 /// # Safety
 /// `dst` must be valid for writes (and reads, when accumulating) of the `m×n` elements at row
 /// stride `dst_rs`, and must not alias the inputs.
@@ -113,34 +121,61 @@ unsafe fn gemm_raw(
         assert!(lhs.len() > (m - 1) * lhs_rs + (k - 1) * lhs_cs);
         assert!(rhs.len() > (k - 1) * rhs_rs + (n - 1) * rhs_cs);
     }
+    let call = |n: usize, dst: *mut f32, rhs: *const f32, parallelism| {
+        // SAFETY: the caller vouches for `dst`; the asserts bound every input offset, and a
+        // column block's `dst`/`rhs` start inside them with `n` columns left.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst,
+                1,
+                dst_rs as isize,
+                accumulate,
+                lhs.as_ptr(),
+                lhs_cs as isize,
+                lhs_rs as isize,
+                rhs,
+                rhs_cs as isize,
+                rhs_rs as isize,
+                if accumulate { 1.0 } else { 0.0 },
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            )
+        }
+    };
+    // gemm splits a row-major product over its threads by rows (it transposes the problem so
+    // that the destination is column-major, then gives each thread whole columns of that), and
+    // each thread packs all of the other operand, a linear layer's weight, for itself: on two
+    // threads the weight is packed twice. With few rows the packing is a large share of the
+    // product (with 102 rows, a 512×2048 weight's input gradient took 2.0 ms on the pool and
+    // 1.0 ms in two column blocks, 2026-11-28 dev VM), so there the blocks of the
+    // destination's columns go to the pool's threads instead, each packing its own block of
+    // the weight once. With many rows the packing is amortised and gemm's split is as fast.
+    let blocks = rayon::current_num_threads().min(n / COLUMN_BLOCK);
+    if threads == Threads::Pool && m <= COLUMN_SPLIT_MAX_ROWS && blocks > 1 {
+        let width = n.div_ceil(blocks).next_multiple_of(COLUMN_BLOCK);
+        let (dst, rhs) = (dst as usize, rhs.as_ptr() as usize);
+        rayon::scope(|s| {
+            for c0 in (0..n).step_by(width) {
+                s.spawn(move |_| {
+                    let dst = (dst as *mut f32).wrapping_add(c0);
+                    let rhs = (rhs as *const f32).wrapping_add(c0 * rhs_cs);
+                    call(width.min(n - c0), dst, rhs, gemm::Parallelism::None)
+                });
+            }
+        });
+        return;
+    }
     let parallelism = match threads {
         Threads::Serial => gemm::Parallelism::None,
         Threads::Pool => gemm::Parallelism::Rayon(0),
     };
-    // SAFETY: the caller vouches for `dst`; the asserts bound every input offset.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            1,
-            dst_rs as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            if accumulate { 1.0 } else { 0.0 },
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
+    call(n, dst, rhs.as_ptr(), parallelism);
 }
 
 /// e^x for x ≤ 0 (softmax with its max subtracted, tanh through e^(−2|u|)), to a few ulp:
@@ -235,6 +270,86 @@ mod tests {
             assert_eq!(exp(f32::NEG_INFINITY), 0.0, "{name}");
             assert_eq!(exp(-100.0), 0.0, "{name}");
             assert_eq!(exp(0.0), 1.0, "{name}");
+        }
+    }
+
+    /// `lhs · rhs` in f64 from the strided operands, the reference for [`matmul`].
+    fn naive(
+        (m, n, k): (usize, usize, usize),
+        (lhs, (lrs, lcs)): (&[f32], (usize, usize)),
+        (rhs, (rrs, rcs)): (&[f32], (usize, usize)),
+    ) -> Vec<f64> {
+        let mut out = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k)
+                    .map(|p| lhs[i * lrs + p * lcs] as f64 * rhs[p * rrs + j * rcs] as f64)
+                    .sum();
+            }
+        }
+        out
+    }
+
+    /// Products on the pool, both ways they are split (by column blocks of the destination
+    /// with few rows, by gemm with many), with transposed operands and with accumulation,
+    /// against the naive product. Column counts that are not multiples of the block leave a
+    /// ragged last block; the destination's row stride is wider than its rows. On a pool of
+    /// three threads, whatever the machine's cores, so that the column split has three blocks.
+    #[test]
+    fn pool_products_match_the_naive_product() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build();
+        pool.expect("a pool of three threads")
+            .install(pool_products_check);
+    }
+
+    fn pool_products_check() {
+        let fill = |len: usize, seed: u32| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 1000)
+                .map(|v| v as f32 / 500.0 - 1.0)
+                .collect()
+        };
+        for (m, n, k) in [
+            (3, 389, 70),
+            (100, 1000, 64),
+            (1024, 130, 33),
+            (1100, 200, 40),
+        ] {
+            for transposed in [false, true] {
+                let lhs = fill(m * k, 1);
+                let rhs = fill(k * n, 2);
+                // Row-major, or the transpose stored row-major (strides swapped).
+                let (ls, rs) = match transposed {
+                    false => ((k, 1), (n, 1)),
+                    true => ((1, m), (1, k)),
+                };
+                let want = naive((m, n, k), (&lhs, ls), (&rhs, rs));
+                let fresh = matmul_new((m, n, k), (&lhs, ls), (&rhs, rs), Threads::Pool);
+                let ld = n + 5;
+                let mut acc = vec![0.5f32; m * ld];
+                matmul(
+                    (m, n, k),
+                    &mut acc,
+                    ld,
+                    true,
+                    &lhs,
+                    ls,
+                    &rhs,
+                    rs,
+                    Threads::Pool,
+                );
+                for i in 0..m {
+                    for j in 0..n {
+                        let w = want[i * n + j];
+                        let case = format!("{m}x{n}x{k} transposed {transposed} at ({i}, {j})");
+                        assert!((fresh[i * n + j] as f64 - w).abs() < 1e-4, "{case}");
+                        assert!((acc[i * ld + j] as f64 - w - 0.5).abs() < 1e-4, "{case}");
+                    }
+                    for j in n..ld {
+                        assert_eq!(acc[i * ld + j], 0.5, "{m}x{n}x{k}: padding ({i}, {j})");
+                    }
+                }
+            }
         }
     }
 }
