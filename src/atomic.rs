@@ -8,9 +8,15 @@
 //! refuses, naming the process, instead of racing it to the rename) from those of writers
 //! that died (unlocked: a `kill -9`, a Slurm SIGTERM; it removes them). On a file system
 //! without locks neither happens and the writer goes on as before.
+//!
+//! No write replaces a file the same command reads: readers record their inputs
+//! ([`note_input`]), and a writer aimed at one of them (by device and inode, so another spelling
+//! of the path or a link is caught too) is refused when it starts and again before its rename
+//! (inputs opened after the output was created).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 
@@ -22,9 +28,54 @@ pub struct AtomicFile {
     committed: bool,
 }
 
+/// The files this process reads as inputs: (device, inode, path as the reader named it).
+static INPUTS: Mutex<Vec<(u64, u64, PathBuf)>> = Mutex::new(Vec::new());
+
+/// The (device, inode) of an existing file; `None` where there is none (or off Unix).
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
+}
+
+/// Records `path` as an input of this command: no [`AtomicFile`] may replace it.
+pub fn note_input(path: &Path) {
+    if let Some((dev, ino)) = identity(path) {
+        let mut inputs = INPUTS.lock().unwrap_or_else(|p| p.into_inner());
+        if !inputs.iter().any(|&(d, i, _)| (d, i) == (dev, ino)) {
+            inputs.push((dev, ino, path.to_path_buf()));
+        }
+    }
+}
+
+/// Refuses `target` where it is a file this command reads.
+fn check_not_input(target: &Path) -> Result<()> {
+    let Some(id) = identity(target) else {
+        return Ok(());
+    };
+    let inputs = INPUTS.lock().unwrap_or_else(|p| p.into_inner());
+    match inputs.iter().find(|&&(d, i, _)| (d, i) == id) {
+        None => Ok(()),
+        Some((_, _, input)) => Err(Error::Invalid(format!(
+            "{}: this output is {}, an input of this command; nothing was written. Choose \
+             another output path",
+            target.display(),
+            input.display()
+        ))),
+    }
+}
+
 impl AtomicFile {
     /// Creates `.NAME.tmp-PID` in the target's directory and returns it with its handle.
     pub fn create(target: &Path) -> Result<(Self, File)> {
+        check_not_input(target)?;
         let dir = match target.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -66,6 +117,7 @@ impl AtomicFile {
     /// Flushes `file` to disk and renames it to the target name. The file (and its lock)
     /// is closed only after the rename, so no other writer takes it for a dead one's.
     pub fn commit(mut self, file: File) -> Result<()> {
+        check_not_input(&self.target)?;
         file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
         std::fs::rename(&self.tmp, &self.target).map_err(|e| Error::io(&self.target, e))?;
         drop(file);
@@ -131,6 +183,39 @@ pub fn write_bytes(target: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An output that is an input is refused under another spelling of its path and through a
+    /// link, when the writer starts and, for an input opened after it started, at the commit;
+    /// the input keeps its bytes.
+    #[cfg(unix)]
+    #[test]
+    fn an_input_is_never_written_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("genome.fa");
+        std::fs::write(&input, b">a\nATG\n").unwrap();
+        let (early, file) = AtomicFile::create(&input).unwrap();
+        note_input(&dir.path().join(".").join("genome.fa"));
+        let err = early.commit(file).unwrap_err().to_string();
+        assert!(err.contains("an input of this command"), "{err}");
+        let link = dir.path().join("link.fa");
+        std::os::unix::fs::symlink(&input, &link).unwrap();
+        let err = AtomicFile::create(&link).unwrap_err().to_string();
+        assert!(
+            err.contains("genome.fa") && err.contains("nothing was written"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&input).unwrap(), b">a\nATG\n");
+        // Other files in the same directory are written as ever.
+        write_bytes(&dir.path().join("out.tsv"), b"x").unwrap();
+        assert!(dir.path().join("out.tsv").is_file());
+        let leftovers = std::fs::read_dir(dir.path()).unwrap().flatten();
+        assert!(
+            leftovers
+                .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+                .count()
+                == 0
+        );
+    }
 
     #[test]
     fn a_live_writer_is_refused_and_a_dead_ones_leftovers_removed() {

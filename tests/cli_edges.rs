@@ -387,3 +387,88 @@ fn a_garbage_genslm_toml_is_reported() {
     ]);
     assert!(ok, "{err}");
 }
+
+/// No command writes its output over one of its own inputs (the output path given as the
+/// FASTA, the VCF, or a file of the model it loads): each is refused, naming the input, and
+/// the input keeps its bytes.
+#[test]
+fn an_output_that_is_an_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fasta = dir.path().join("lambda.fa");
+    std::fs::copy(repo().join("data/lambda_virus.fa"), &fasta).unwrap();
+    let vcf = dir.path().join("cro.vcf");
+    std::fs::copy(repo().join("examples/lambda_cro.vcf"), &vcf).unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let trained = common::trained_tiny();
+    let step = std::fs::read_to_string(trained.join("checkpoints/latest")).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        let from = trained.join("checkpoints").join(step.trim()).join(f);
+        std::fs::copy(from, model.join(f)).unwrap();
+    }
+    let weights = model.join("model.safetensors");
+    let before: Vec<Vec<u8>> = [&fasta, &vcf, &weights]
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    let (fa, vc, m, w) = (arg(&fasta), arg(&vcf), arg(&model), arg(&weights));
+    let cases: [&[&str]; 5] = [
+        &["tokenize", "--fasta", &fa, "--out", &fa],
+        &["score", "--model", &m, "--fasta", &fa, "--per-token", &fa],
+        &["embed", "--model", &m, "--fasta", &fa, "--out", &w],
+        &[
+            "variants", "--model", &m, "--fasta", &fa, "--vcf", &vc, "--out", &vc,
+        ],
+        &[
+            "variants", "--model", &m, "--fasta", &fa, "--vcf", &vc, "--out", &fa,
+        ],
+    ];
+    for args in cases {
+        let mut args = args.to_vec();
+        if args[0] == "variants" {
+            args.extend(["--cds", "38041..38241"]);
+        }
+        args.push("--quiet");
+        let (ok, _, err) = run(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.contains("an input of this command"), "{args:?}: {err}");
+    }
+    for (p, bytes) in [&fasta, &vcf, &weights].iter().zip(before) {
+        assert!(
+            std::fs::read(p).unwrap() == bytes,
+            "{} changed",
+            p.display()
+        );
+    }
+}
+
+/// A model directory whose weights hold tensors its config.json has no place for (the config
+/// edited to fewer layers, or a stray tensor added) is refused by name, not loaded without them.
+#[test]
+fn weights_the_config_does_not_describe_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let trained = common::trained_tiny();
+    let step = std::fs::read_to_string(trained.join("checkpoints/latest")).unwrap();
+    let from = trained.join("checkpoints").join(step.trim());
+    std::fs::copy(
+        from.join("model.safetensors"),
+        model.join("model.safetensors"),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(from.join("config.json")).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let layers = cfg["num_hidden_layers"].as_u64().unwrap();
+    assert!(layers >= 2, "the tiny model has {layers} layers");
+    cfg["num_hidden_layers"] = (layers - 1).into();
+    std::fs::write(model.join("config.json"), cfg.to_string()).unwrap();
+    let fa = arg(&repo().join("data/lambda_virus.fa"));
+    let (ok, _, err) = run(&["score", "--model", &arg(&model), "--fasta", &fa, "--quiet"]);
+    let last = format!("gpt_neox.layers.{}.", layers - 1);
+    assert!(!ok, "scored with a layer dropped");
+    assert!(
+        err.contains("is not a parameter of the model") && err.contains(&last),
+        "{err}"
+    );
+}

@@ -151,3 +151,32 @@ fn bad_score_flags_are_clear_errors() {
     }
     assert_eq!(listing(dir.path()), ["a.fa"], "nothing written on error");
 }
+
+/// `--top-k 0` writes the per-token file without the top-k columns: one row per predicted
+/// token, as many as the TSV counts, with the same log-probabilities.
+#[test]
+fn per_token_rows_without_top_k() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = write(dir.path(), "a.fa", format!(">a\n{SEQ}\n").as_bytes());
+    let out = dir.path().join("tok.parquet");
+    let (model, f, o) = (arg(trained_tiny()), arg(&fa), arg(&out));
+    let args = ["score", "--model", &model, "--fasta", &f, "--seq-len", "8"];
+    let (ok, tsv, err) = run(&[&args[..], &["--per-token", &o, "--top-k", "0"]].concat());
+    assert!(ok, "{err}");
+    let b = read(&out);
+    assert!(b.column_by_name("top_codons").is_none() && b.column_by_name("top_probs").is_none());
+    let line = tsv.lines().nth(1).unwrap();
+    let f: Vec<&str> = line.split('\t').collect();
+    let (n, mean): (usize, f64) = (f[1].parse().unwrap(), f[2].parse().unwrap());
+    assert_eq!(b.num_rows(), n);
+    let lp = b
+        .column_by_name("log_prob")
+        .unwrap()
+        .as_primitive::<Float64Type>();
+    let sum: f64 = lp.values().iter().map(|x| -x).sum();
+    assert!(
+        (sum / n as f64 - mean).abs() < 1e-5,
+        "{} vs {mean}",
+        sum / n as f64
+    );
+}

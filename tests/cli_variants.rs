@@ -333,3 +333,41 @@ fn bad_variants_are_clear_errors_or_skipped_with_a_warning() {
     ]);
     assert!(!ok && err.contains("--saturate"), "{err}");
 }
+
+/// A record id that appears twice in the FASTA input is refused, naming it and both files,
+/// instead of scoring against whichever record came last.
+#[test]
+fn a_duplicate_record_id_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = fasta(dir.path());
+    let other = cds().replace("GCT", "GCC");
+    let second = write(
+        dir.path(),
+        "more.fa",
+        format!(">gene\n{other}\n").as_bytes(),
+    );
+    let vcf = write(dir.path(), "one.vcf", b"#header\ngene\t5\t.\tC\tT\n");
+    let out = dir.path().join("out.tsv");
+    let (f1, f2) = (arg(&first), arg(&second));
+    let (v, o) = (arg(&vcf), arg(&out));
+    let args = ["--fasta", &f1, "--fasta", &f2, "--vcf", &v, "--out", &o];
+    let (ok, _, err) = variants(&args);
+    assert!(!ok && !out.exists(), "{err}");
+    assert!(
+        err.contains("more.fa: record id 'gene' appears twice (first in") && err.contains("ref.fa"),
+        "{err}"
+    );
+    // The same with --saturate (no VCF).
+    let sat = [
+        "--fasta",
+        &f1,
+        "--fasta",
+        &f2,
+        "--saturate",
+        "1..6",
+        "--out",
+        &o,
+    ];
+    let (ok, _, err) = variants(&sat);
+    assert!(!ok && err.contains("appears twice"), "{err}");
+}

@@ -21,7 +21,8 @@ use crate::config::{Config, ModelConfig};
 use crate::error::{Error, Result};
 use crate::model::hf::config_from_hf;
 use crate::model::io::{
-    from_hf_tensors, load_config, model_files, write_model_dir, CONFIG_FILE, WEIGHTS_FILE,
+    from_hf_tensors, is_buffer, load_config, model_files, write_model_dir, CONFIG_FILE,
+    WEIGHTS_FILE,
 };
 use crate::model::params::Layout;
 use crate::model::tensors::{read_safetensors, HostTensor};
@@ -36,14 +37,6 @@ pub struct Converted {
     /// frequencies), dropped.
     pub dropped: usize,
     pub parameters: u64,
-}
-
-/// Transformers' non-parameter buffers that old GPT-NeoX checkpoints carry: the causal mask
-/// (`attention.bias`, `attention.masked_bias`) and rotary frequencies, recomputed by genslm.
-fn is_buffer(name: &str) -> bool {
-    (name.starts_with("gpt_neox.layers.")
-        && (name.ends_with(".attention.bias") || name.ends_with(".attention.masked_bias")))
-        || name.ends_with("rotary_emb.inv_freq")
 }
 
 /// The Hugging Face name of a checkpoint key: Lightning's `model.` (or DDP/DeepSpeed's

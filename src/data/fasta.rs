@@ -172,6 +172,7 @@ pub fn read_raw(
         msg,
     };
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    crate::atomic::note_input(path);
     let overflow = OverflowCell::default();
     let mut reader = match fastx_open::open(file, fastx_open::record_limit(), &overflow) {
         Ok(r) => r,

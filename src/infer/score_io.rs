@@ -8,7 +8,7 @@
 //! the model's probability of the token, float64), `entropy` (of the predicted distribution,
 //! nats, float64), `rank` (1 = the model's most likely token, int32), `context` (tokens of left
 //! context the prediction saw, int32), `top_codons` / `top_probs` (the k most likely tokens
-//! and their probabilities, fixed-size lists of k), and with `--full-distribution`
+//! and their probabilities, fixed-size lists of k; absent with `--top-k 0`), and with `--full-distribution`
 //! `log_probs` (all vocabulary ids' log-probabilities, a fixed-size list indexed by token id).
 //! Key-value metadata records the model, window, stride and vocabulary (`genslm.*`).
 //!
@@ -111,9 +111,15 @@ pub fn schema(top_k: usize, full: Option<usize>) -> SchemaRef {
         Field::new("entropy", DataType::Float64, false),
         Field::new("rank", DataType::Int32, false),
         Field::new("context", DataType::Int32, false),
-        Field::new("top_codons", list(DataType::Utf8, top_k), false),
-        Field::new("top_probs", list(DataType::Float32, top_k), false),
     ]);
+    // Lists of no entries would still need a length per row, which a fixed-size list of size 0
+    // does not carry through arrow: with `--top-k 0` the columns are left out.
+    if top_k > 0 {
+        fields.extend([
+            Field::new("top_codons", list(DataType::Utf8, top_k), false),
+            Field::new("top_probs", list(DataType::Float32, top_k), false),
+        ]);
+    }
     if let Some(v) = full {
         fields.push(Field::new("log_probs", list(DataType::Float32, v), false));
     }
@@ -192,8 +198,10 @@ impl TokenScoreWriter {
                 self.top_codons.values().append_value(text);
                 self.top_probs.values().append_value(p);
             }
-            self.top_codons.append(true);
-            self.top_probs.append(true);
+            if self.top_k > 0 {
+                self.top_codons.append(true);
+                self.top_probs.append(true);
+            }
             if let Some(lp) = &s.log_probs {
                 self.log_probs.values().append_slice(lp);
                 self.log_probs.append(true);
@@ -218,8 +226,10 @@ impl TokenScoreWriter {
         }
         columns.push(Arc::new(self.rank.finish()));
         columns.push(Arc::new(self.context.finish()));
-        columns.push(Arc::new(self.top_codons.finish()));
-        columns.push(Arc::new(self.top_probs.finish()));
+        if self.top_k > 0 {
+            columns.push(Arc::new(self.top_codons.finish()));
+            columns.push(Arc::new(self.top_probs.finish()));
+        }
         if self.full.is_some() {
             columns.push(Arc::new(self.log_probs.finish()));
         }

@@ -67,6 +67,14 @@ pub fn from_hf_tensors(
     Ok(out)
 }
 
+/// Transformers' non-parameter buffers that old GPT-NeoX checkpoints carry: the causal mask
+/// (`attention.bias`, `attention.masked_bias`) and rotary frequencies, recomputed by genslm.
+pub fn is_buffer(name: &str) -> bool {
+    (name.starts_with("gpt_neox.layers.")
+        && (name.ends_with(".attention.bias") || name.ends_with(".attention.masked_bias")))
+        || name.ends_with("rotary_emb.inv_freq")
+}
+
 /// One HF tensor (`t`, read from `file`) as parameter `spec`'s values in our layout: its shape
 /// checked against the config, transposed where HF's layout differs.
 pub fn hf_to_ours(spec: &ParamSpec, t: HostTensor, file: &Path) -> Result<Vec<f32>> {
@@ -124,6 +132,7 @@ pub fn model_files(cfg: &ModelConfig) -> Vec<&'static str> {
 pub fn load_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    crate::atomic::note_input(&path);
     config_from_hf(&text).map_err(|msg| Error::Config { file: path, msg })
 }
 
@@ -207,5 +216,21 @@ pub fn load_model_dir(path: &Path, device: &Device) -> Result<GenSlm> {
     let (mut tensors, _) = read_safetensors(&weights)?;
     let layout = Layout::new(&cfg);
     let values = from_hf_tensors(&layout, &mut tensors, &weights)?;
+    // A tensor the config has no place for means config.json describes another model (fewer
+    // layers, say): loading the rest would give that model's outputs without a word.
+    let mut extra: Vec<&String> = tensors.keys().filter(|n| !is_buffer(n)).collect();
+    extra.sort();
+    if let Some(first) = extra.first() {
+        return Err(Error::Invalid(format!(
+            "{}: tensor {first}{} is not a parameter of the model {} describes (does config.json \
+             match the weights?)",
+            weights.display(),
+            match extra.len() {
+                1 => String::new(),
+                n => format!(" (and {} more)", n - 1),
+            },
+            dir.join(CONFIG_FILE).display()
+        )));
+    }
     GenSlm::from_host(cfg, values, device)
 }

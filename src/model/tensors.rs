@@ -91,6 +91,7 @@ pub fn read_safetensors(
     path: &Path,
 ) -> Result<(HashMap<String, HostTensor>, HashMap<String, String>)> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    crate::atomic::note_input(path);
     // A genslm checkpoint's manifest catches what parses but changed (a flipped data byte).
     crate::checksum::verify_read(path, &bytes)?;
     let corrupt =
@@ -165,6 +166,7 @@ impl TensorFile {
         let corrupt =
             |msg: String| Error::Invalid(format!("{}: corrupt checkpoint: {msg}", path.display()));
         let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        crate::atomic::note_input(path);
         let size = f.metadata().map_err(|e| Error::io(path, e))?.len();
         let mut n = [0u8; 8];
         f.read_exact(&mut n).map_err(|e| corrupt(e.to_string()))?;

@@ -127,11 +127,23 @@ type Records = (HashMap<String, Vec<u8>>, Vec<String>);
 fn read_records(inputs: &[PathBuf], wanted: Option<&HashSet<String>>) -> Result<Records> {
     let mut out = HashMap::new();
     let mut names = Vec::new();
+    // Where each record read was found: a second record of the same id would otherwise replace
+    // the first, and variants would be scored against whichever came last.
+    let mut found: HashMap<String, PathBuf> = HashMap::new();
     for f in fasta::discover(inputs)? {
         let mut warn = |w: String| eprintln!("warning: {w}");
         fasta::read_file(&f, OnInvalid::Error, &mut warn, &mut |rec, _| {
             names.push(rec.id.to_string());
             if wanted.is_none_or(|w| w.contains(rec.id)) {
+                if let Some(first) = found.insert(rec.id.to_string(), f.clone()) {
+                    return Err(Error::Invalid(format!(
+                        "{}: record id '{}' appears twice (first in {}): a variant's CHROM must \
+                         name one record; rename or remove one of them",
+                        f.display(),
+                        rec.id,
+                        first.display()
+                    )));
+                }
                 out.insert(rec.id.to_string(), rec.seq.to_vec());
             }
             Ok(())

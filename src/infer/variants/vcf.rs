@@ -38,6 +38,7 @@ pub struct BadLine {
 /// Opens `path`, decompressing gzip/bgzip (recognised by its magic bytes, whatever the name).
 fn open(path: &Path) -> Result<Box<dyn BufRead>> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    crate::atomic::note_input(path);
     let mut magic = [0u8; 2];
     let n = f.read(&mut magic).map_err(|e| Error::io(path, e))?;
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
