@@ -472,3 +472,70 @@ fn weights_the_config_does_not_describe_are_refused() {
         "{err}"
     );
 }
+
+/// Weights that are finite but overflow in fp32 (a final LayerNorm scaled to 3e38) give NaN
+/// outputs: score, embed and variants refuse them with a message instead of writing NaN rows.
+#[test]
+fn outputs_that_overflow_are_refused() {
+    use genslm::model::tensors::{read_safetensors, write_safetensors_streamed, Streamed};
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let trained = common::trained_tiny();
+    let step = std::fs::read_to_string(trained.join("checkpoints/latest")).unwrap();
+    let from = trained.join("checkpoints").join(step.trim());
+    std::fs::copy(from.join("config.json"), model.join("config.json")).unwrap();
+    let (tensors, _) = read_safetensors(&from.join("model.safetensors")).unwrap();
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    let streamed: Vec<Streamed<'_>> = names
+        .iter()
+        .map(|&n| {
+            let t = &tensors[n];
+            let huge = n == "gpt_neox.final_layer_norm.weight";
+            Streamed {
+                name: n.clone(),
+                shape: t.shape.clone(),
+                values: Box::new(move || match huge {
+                    true => vec![3e38; t.data.len()],
+                    false => t.data.clone(),
+                }),
+            }
+        })
+        .collect();
+    let weights = model.join("model.safetensors");
+    write_safetensors_streamed(&weights, &streamed, Default::default()).unwrap();
+    let (m, fa) = (arg(&model), arg(&repo().join("data/lambda_virus.fa")));
+    let vcf = arg(&repo().join("examples/lambda_cro.vcf"));
+    let out = arg(&dir.path().join("out"));
+    let cases: [&[&str]; 3] = [
+        &["score", "--model", &m, "--fasta", &fa, "--seq-len", "64"],
+        &[
+            "embed",
+            "--model",
+            &m,
+            "--fasta",
+            &fa,
+            "--out",
+            &out,
+            "--seq-len",
+            "64",
+        ],
+        &[
+            "variants", "--model", &m, "--fasta", &fa, "--vcf", &vcf, "--out", &out,
+        ],
+    ];
+    for args in cases {
+        let mut args = args.to_vec();
+        if args[0] == "variants" {
+            args.extend(["--cds", "38041..38241"]);
+        }
+        let (ok, stdout, err) = run(&args);
+        assert!(!ok, "{args:?} succeeded: {stdout}");
+        assert!(err.contains("not finite"), "{args:?}: {err}");
+        assert!(
+            !dir.path().join("out").exists(),
+            "{args:?} wrote its output"
+        );
+    }
+}

@@ -132,6 +132,14 @@ fn per_token_rows_pool_to_the_record_vectors() {
             .fold(0.0, f64::max);
         assert!(err0 < 1e-4, "{id} layer 0: {err0}");
     }
+    // A file of two layers is not one latent space: `plot` refuses it, naming both.
+    let png = dir.path().join("multi.png");
+    let (ok, _, err) = run(&["plot", "--embeddings", &arg(&multi), "--out", &arg(&png)]);
+    assert!(!ok && !png.exists(), "plotted two layers as one: {err}");
+    assert!(
+        err.contains("layer 2 and layer 0") && err.contains("multi.parquet"),
+        "{err}"
+    );
 }
 
 #[test]

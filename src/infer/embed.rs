@@ -188,9 +188,21 @@ pub fn embed_tokens(
         .collect())
 }
 
-/// The output row of record `p`'s vector `e` at hidden state `layer`.
-fn embedding_row<'r>(p: &'r TokenizedRecord, layer: usize, e: &'r [f32]) -> EmbeddingRow<'r> {
-    EmbeddingRow {
+/// The output row of record `p`'s vector `e` at hidden state `layer`; an error where the vector
+/// is not finite (weights that overflow in fp32 give NaN states, no embedding).
+fn embedding_row<'r>(
+    p: &'r TokenizedRecord,
+    layer: usize,
+    e: &'r [f32],
+) -> Result<EmbeddingRow<'r>> {
+    if let Some(i) = e.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Invalid(format!(
+            "record '{}': its embedding (layer {layer}) holds {} at dimension {i}: the model's \
+             hidden states are not finite (do its weights overflow in fp32?); nothing was written",
+            p.id, e[i]
+        )));
+    }
+    Ok(EmbeddingRow {
         id: &p.id,
         description: &p.description,
         source: &p.source,
@@ -200,7 +212,7 @@ fn embedding_row<'r>(p: &'r TokenizedRecord, layer: usize, e: &'r [f32]) -> Embe
         n_tokens: p.tokens.len() as u64,
         layer: layer as i32,
         embedding: e,
-    }
+    })
 }
 
 /// Records are embedded in groups of about this many windows per batch slot.
@@ -299,7 +311,7 @@ impl Pipeline<'_> {
             unreachable!("batched pooling writes pooled rows")
         };
         for (p, e) in self.pending.iter().zip(&embs) {
-            w.push(&embedding_row(p, layer, e))?;
+            w.push(&embedding_row(p, layer, e)?)?;
             self.tokens += p.tokens.len() as u64;
         }
         self.bar.inc(self.pending.len() as u64);
@@ -345,7 +357,7 @@ impl Pipeline<'_> {
                     Pool::Last => std::mem::take(&mut last[li]),
                     _ => sums[li].iter().map(|v| (v / n as f64) as f32).collect(),
                 };
-                pw.push(&embedding_row(p, layer, &e))?;
+                pw.push(&embedding_row(p, layer, &e)?)?;
             }
         }
         Ok(())

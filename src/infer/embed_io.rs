@@ -309,10 +309,24 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
                 ))
             })?);
         }
-        if layer.is_none() && batch.num_rows() > 0 {
-            layer = batch
-                .column_by_name("layer")
-                .and_then(|c| c.as_primitive_opt::<Int32Type>().map(|a| a.value(0)));
+        // Several layers in one file (`embed --layers`) would share one projection whose first
+        // component only tells the layers apart: refused, as `embed --plot` refuses them.
+        if let Some(col) = batch
+            .column_by_name("layer")
+            .and_then(|c| c.as_primitive_opt::<Int32Type>())
+        {
+            for &l in col.values().iter() {
+                match layer {
+                    None => layer = Some(l),
+                    Some(first) if first != l => {
+                        return Err(derr(format!(
+                            "holds embeddings of layer {first} and layer {l}: a projection \
+                             takes one layer (write one with `genslm embed --layer L`)"
+                        )))
+                    }
+                    Some(_) => {}
+                }
+            }
         }
     }
     let n = values.len() / dim.max(1);

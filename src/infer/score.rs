@@ -229,6 +229,14 @@ pub fn score_fasta(
         let mut held: Vec<Vec<TokenScore>> = vec![Vec::new(); toks.len()];
         let streaming = toks.len() == 1;
         let mut each = |r: usize, scores: Vec<TokenScore>| -> Result<()> {
+            // Weights that overflow in fp32 give NaN logits: no score, not a NaN row.
+            if let Some(s) = scores.iter().find(|s| !s.log_prob.is_finite()) {
+                return Err(Error::Invalid(format!(
+                    "record '{}': token {}'s log-probability is {} (the model's outputs are not \
+                     finite: do its weights overflow in fp32?)",
+                    ids[r], s.index, s.log_prob
+                )));
+            }
             sums[r].0 += scores.iter().map(|x| -x.log_prob).sum::<f64>();
             sums[r].1 += scores.len();
             match writer.as_mut() {

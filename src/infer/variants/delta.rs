@@ -69,11 +69,20 @@ fn log_probs(tokens: &[u32], logits: &[f32], vocab: usize) -> Vec<f64> {
     out
 }
 
-fn delta(job: &Job, ref_lp: &[f64], alt_lp: &[f64]) -> Delta {
+/// Δ of `job` from REF's and ALT's per-token log-probabilities; an error where they are not
+/// finite (weights that overflow in fp32 give NaN logits, and a NaN Δ is no answer).
+fn delta(job: &Job, ref_lp: &[f64], alt_lp: &[f64]) -> Result<Delta> {
     let sum = |v: &[f64]| v.iter().skip(1).sum::<f64>();
+    if !(sum(ref_lp).is_finite() && sum(alt_lp).is_finite()) {
+        return Err(Error::Invalid(format!(
+            "the model's log-probabilities in the window starting at codon {} are not finite \
+             (NaN or infinite: do its weights overflow in fp32?); no Δ was written",
+            job.start + 1
+        )));
+    }
     // A window with nothing predicted has no mean (callers do not score such windows).
     let mean = |v: &[f64]| sum(v) / v.len().saturating_sub(1) as f64;
-    Delta {
+    Ok(Delta {
         total: sum(alt_lp) - sum(ref_lp),
         mean: mean(alt_lp) - mean(ref_lp),
         codons: job
@@ -84,7 +93,7 @@ fn delta(job: &Job, ref_lp: &[f64], alt_lp: &[f64]) -> Delta {
                 _ => f64::NAN,
             })
             .collect(),
-    }
+    })
 }
 
 fn forward_log_probs(model: &GenSlm, tokens: &[u32]) -> Result<Vec<f64>> {
@@ -102,7 +111,7 @@ pub fn full_recomputation(model: &GenSlm, jobs: &[Job]) -> Result<Vec<Delta>> {
         .map(|j| {
             let r = forward_log_probs(model, &j.reference)?;
             let a = forward_log_probs(model, &j.alt)?;
-            Ok(delta(j, &r, &a))
+            delta(j, &r, &a)
         })
         .collect()
 }
@@ -175,7 +184,7 @@ pub fn prefix_reuse(model: &GenSlm, jobs: &[Job], batch: usize) -> Result<Vec<De
                         };
                         lp[t] = token_score(row, alt[t], 0, false).log_prob;
                     }
-                    out[i] = Some(delta(&jobs[i], &ref_lp, &lp));
+                    out[i] = Some(delta(&jobs[i], &ref_lp, &lp)?);
                 }
             }
         }
