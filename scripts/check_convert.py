@@ -11,7 +11,8 @@ and layer norms perturbed so nothing passes by accident) and writes it the ways 
   - a Hugging Face `pytorch_model.bin` directory (config.json beside it).
 Each is converted with `genslm convert`, scored with `genslm score` on a real genome, and the
 mean NLL per record compared with the PyTorch model's (≤ 1e-4 relative). Then the bad inputs:
-a state dict holding a non-tensor object, a tensor of the wrong shape, a pickle of a plain
+a state dict holding a non-tensor object, a tensor of the wrong shape, integer or boolean
+weights, a pickle of a plain
 object, and a truncated file must each fail with a clear message naming the problem (no panic).
 
 Usage: python3 scripts/check_convert.py GENSLM_BINARY FASTA
@@ -165,6 +166,11 @@ def main():
         sd["state_dict"]["model.gpt_neox.embed_in.weight"] = torch.zeros(68, 512)
         torch.save(sd, t / "shape.pt")
         must_fail(genslm, t / "shape.pt", t / "o2", ["model.gpt_neox.embed_in.weight", "[68, 512]", "[69, 512]"], ["--config", CONFIG_25M])
+        # Integer and boolean weights: refused by name (cast to f32 they loaded as nonsense).
+        for dtype, name in [(torch.int32, "I32"), (torch.bool, "Bool")]:
+            sd["state_dict"]["model.gpt_neox.embed_in.weight"] = torch.ones(69, 512, dtype=dtype)
+            torch.save(sd, t / f"{name}.pt")
+            must_fail(genslm, t / f"{name}.pt", t / f"o_{name}", ["model.gpt_neox.embed_in.weight", f"holds {name} values"], ["--config", CONFIG_25M])
         # A broadcast view (stride 0): 1 stored element read as 69x512. Scaled up (2^20 x 2^14
         # from a 500-byte file) it would ask for 64 GiB: refused before anything is allocated.
         sd["state_dict"]["model.gpt_neox.embed_in.weight"] = torch.zeros(1).expand(69, 512)

@@ -268,19 +268,35 @@ impl Compute {
 /// on this node (so `mpirun -np 4` on 8 cores does not run 4 × 8 threads).
 pub fn set_cpu_threads(threads: Option<usize>) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let n = match threads {
-        Some(0) => return Err(Error::Invalid("--threads 0: must be at least 1".into())),
+    // The variable goes through the same bounds as the flag (rayon would start any number of
+    // threads it names: 3,000 of them aborted the process before a word could be printed).
+    // 0 means the default, as it does for rayon.
+    let env = std::env::var("RAYON_NUM_THREADS").ok();
+    let (asked, what) = match (threads, env.as_deref().map(str::trim)) {
+        (Some(n), _) => (Some(n), format!("--threads {n}")),
+        (None, Some(v)) => {
+            let n = v.parse::<usize>().map_err(|_| {
+                Error::Invalid(format!(
+                    "RAYON_NUM_THREADS={v}: not a whole number of threads (unset it, or use \
+                     --threads)"
+                ))
+            })?;
+            ((n > 0).then_some(n), format!("RAYON_NUM_THREADS={v}"))
+        }
+        (None, None) => (None, "the CPU thread pool".to_string()),
+    };
+    let n = match asked {
+        Some(0) => return Err(Error::Invalid(format!("{what}: must be at least 1"))),
         // Each thread is a real one with its own stack: an absurd count stalls the machine
         // before any error could come.
         Some(n) if n > max_threads(cores) => {
             return Err(Error::Invalid(format!(
-                "--threads {n}: more than {} (4 × the {cores} cores this process may use); \
-                 more threads than cores only slow the CPU backend down",
+                "{what}: more than {} (4 × the {cores} cores this process may use); more \
+                 threads than cores only slow the CPU backend down",
                 max_threads(cores)
             )))
         }
         Some(n) => n,
-        None if std::env::var_os("RAYON_NUM_THREADS").is_some() => return Ok(()),
         None => {
             let local = local_size(|k| std::env::var(k).ok()).unwrap_or(1);
             (cores / local).max(1)
@@ -289,7 +305,7 @@ pub fn set_cpu_threads(threads: Option<usize>) -> Result<()> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build_global()
-        .map_err(|e| Error::Invalid(format!("--threads {n}: {e}")))
+        .map_err(|e| Error::Invalid(format!("{what}: {e}")))
 }
 
 /// The most `--threads` accepts on `cores` cores.

@@ -169,3 +169,39 @@ fn bench_train_on_ranks_behind_a_simulated_network() {
         "{out}"
     );
 }
+
+/// An attention case that cannot fit in memory is refused with the figures, not an aborted
+/// allocation of terabytes.
+#[test]
+fn an_attention_case_too_large_is_refused() {
+    let (ok, _, err) = run(&[
+        "bench",
+        "attention",
+        "--seq",
+        "1000000000",
+        "--head-dim",
+        "64",
+    ]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("--seq 1000000000") && err.contains("GiB are available"),
+        "{err}"
+    );
+    assert!(!err.contains("memory allocation"), "{err}");
+}
+
+/// `bench ingest --dir D` works in a directory of its own inside D: a user's `bench.fa` there
+/// keeps its bytes, and nothing is left behind.
+#[test]
+fn bench_ingest_leaves_the_users_directory_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir.path().join("bench.fa");
+    std::fs::write(&mine, b">mine\nACGT\n").unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (ok, out, err) = run(&["bench", "ingest", "--mb", "1", "--dir", d]);
+    assert!(ok, "{err}");
+    assert!(out.contains("plain") && out.contains("gzip"), "{out}");
+    assert_eq!(std::fs::read(&mine).unwrap(), b">mine\nACGT\n");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+}

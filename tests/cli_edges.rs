@@ -234,6 +234,29 @@ fn run_directories_are_claimed_cleaned_and_pruned() {
         .collect();
     assert!(hidden.is_empty(), "stale temporaries left: {hidden:?}");
 
+    // A directory that holds a run's files but no run (the --config kept there, a dataset):
+    // refused, nothing changed; --overwrite replaces them.
+    let mine = dir.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    let cfg = std::fs::read_to_string(repo().join("configs/tiny.toml")).unwrap() + "# mine\n";
+    std::fs::write(mine.join("config.toml"), &cfg).unwrap();
+    std::fs::write(mine.join("data.parquet"), b"not yours").unwrap();
+    let (ok, err) = train(&mine, &["--steps", "1"]);
+    assert!(
+        !ok && err.contains("holds config.toml, data.parquet but no run"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(mine.join("config.toml")).unwrap(),
+        cfg
+    );
+    assert_eq!(
+        std::fs::read(mine.join("data.parquet")).unwrap(),
+        b"not yours"
+    );
+    let (ok, err) = train(&mine, &["--steps", "1", "--overwrite"]);
+    assert!(ok, "{err}");
+
     // A run that fails validation leaves no directory behind.
     let bad = dir.path().join("never");
     let (ok, err) = train(&bad, &["--steps", "2", "--seq-len", "1"]);

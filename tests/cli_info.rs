@@ -126,3 +126,32 @@ fn a_full_stdout_is_a_clear_error() {
         );
     }
 }
+
+/// RAYON_NUM_THREADS goes through --threads' bounds: an absurd or malformed value is a clear
+/// error before any thread starts (3,000 threads aborted the process), a sane one works.
+#[test]
+fn the_thread_variable_is_checked_like_the_flag() {
+    let cfg = repo().join("configs/tiny.toml");
+    let go = |v: &str| {
+        let out = common::bin()
+            .args(["info", "--config", cfg.to_str().unwrap()])
+            .env("RAYON_NUM_THREADS", v)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), err)
+    };
+    let (code, err) = go("100000");
+    assert!(code == Some(2) || code == Some(1), "exit {code:?}: {err}");
+    assert!(err.contains("RAYON_NUM_THREADS=100000: more than"), "{err}");
+    let (code, err) = go("many");
+    assert!(code == Some(2) || code == Some(1), "exit {code:?}: {err}");
+    assert!(
+        err.contains("RAYON_NUM_THREADS=many: not a whole number"),
+        "{err}"
+    );
+    for ok in ["1", "0"] {
+        let (code, err) = go(ok);
+        assert_eq!(code, Some(0), "RAYON_NUM_THREADS={ok}: {err}");
+    }
+}

@@ -68,6 +68,26 @@ pub fn attention_op(compute: &crate::backend::Compute, c: &AttnBenchCase) -> Res
     if c.seq == 0 || c.head_dim == 0 || c.batch == 0 || c.heads == 0 || c.iters == 0 {
         return Err(Error::Invalid(format!("bench attention: empty case {c:?}")));
     }
+    // q, k, v, dO, the output and the three gradients, f32 on the host: refused up front
+    // where they cannot fit (an allocation of terabytes aborts the process without a word).
+    let elements = [c.batch, c.heads, c.seq, c.head_dim]
+        .iter()
+        .try_fold(8usize, |a, &x| a.checked_mul(x));
+    let need = elements.map_or(f64::INFINITY, |e| 4.0 * e as f64);
+    let avail = crate::train::memory::available_bytes();
+    if compute.device.backend == crate::backend::BackendKind::Cpu && avail.is_some_and(|a| need > a)
+    {
+        return Err(Error::Invalid(format!(
+            "bench attention: --seq {} × {} heads × head dim {} (batch {}) needs about {:.1} GiB \
+             for q, k, v, dO, the output and the gradients; {:.1} GiB are available",
+            c.seq,
+            c.heads,
+            c.head_dim,
+            c.batch,
+            need / f64::from(1u32 << 30),
+            avail.unwrap_or(0.0) / f64::from(1u32 << 30)
+        )));
+    }
     let device = compute.open()?;
     let shape = [c.batch, c.heads, c.seq, c.head_dim];
     let rand = || Tensor::<4>::random(shape, Distribution::Default, &device).cast(c.dtype);

@@ -175,7 +175,8 @@ pub enum BenchCmd {
         /// Megabases per record (one record of 200 shows the memory a chromosome takes).
         #[arg(long, default_value_t = 1)]
         record_mb: usize,
-        /// Scratch directory (default: a temporary directory, removed afterwards).
+        /// Where the scratch files go (a directory of their own inside it, removed afterwards;
+        /// default: the system temporary directory).
         #[arg(long)]
         dir: Option<PathBuf>,
     },
@@ -543,7 +544,15 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                 Some(d) => {
                     std::fs::create_dir_all(&d)
                         .with_context(|| format!("creating {}", d.display()))?;
-                    d
+                    // Its own directory inside: the user's files there (a `bench.fa` of
+                    // theirs) are never replaced, and nothing is left behind.
+                    tmp = tempfile::Builder::new()
+                        .prefix("genslm-bench-ingest-")
+                        .tempdir_in(&d)
+                        .with_context(|| {
+                            format!("creating a scratch directory in {}", d.display())
+                        })?;
+                    tmp.path().to_path_buf()
                 }
                 None => {
                     tmp = tempfile::tempdir().context("creating a scratch directory")?;

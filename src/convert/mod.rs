@@ -180,6 +180,14 @@ fn read_weights(
         };
         for (key, t) in pt.state_dict()? {
             if let Some(name) = keep(&key, &t.shape)? {
+                if !t.dtype.is_float() {
+                    return Err(Error::Invalid(format!(
+                        "{}: tensor '{key}' holds {:?} values; a GPT-NeoX weight is floating \
+                         point (F32, F16, BF16 or F64)",
+                        file.display(),
+                        t.dtype
+                    )));
+                }
                 let data = pt.load(&key, &t)?;
                 out.insert(
                     name.clone(),

@@ -41,6 +41,11 @@ impl DType {
             _ => return None,
         })
     }
+    /// Whether values of this type can be a model weight (integers and booleans cannot: cast,
+    /// they give a model of nonsense that loads).
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
+    }
     fn size(self) -> usize {
         match self {
             DType::F64 | DType::I64 => 8,

@@ -25,17 +25,36 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
         .map(|e| run.join(e))
         .filter(|p| p.exists())
         .collect::<Vec<_>>();
-    if !resume && !existing.is_empty() {
-        if !overwrite {
+    // Files a run writes, found where no run is: a user's own (a `--config` kept in the
+    // directory, a dataset), or what a run killed before its first step left. Replaced only
+    // with --overwrite, as a run is.
+    let files: Vec<PathBuf> = RUN_ENTRIES[2..]
+        .iter()
+        .map(|e| run.join(e))
+        .filter(|p| p.exists())
+        .collect();
+    let names = |v: &[PathBuf]| {
+        v.iter()
+            .map(|p| p.strip_prefix(run).unwrap_or(p).display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !resume && (!existing.is_empty() || !files.is_empty()) {
+        if !overwrite && !existing.is_empty() {
             return Err(Error::Invalid(format!(
                 "{} already holds a run ({}): pass --resume to continue it, --overwrite to \
                  replace it, or choose another --out",
                 run.display(),
-                existing
-                    .iter()
-                    .map(|p| p.strip_prefix(run).unwrap_or(p).display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                names(&existing)
+            )));
+        }
+        if !overwrite {
+            return Err(Error::Invalid(format!(
+                "{} holds {} but no run (no checkpoints, no metrics.jsonl): a run would \
+                 replace them. Files of yours? Choose another --out. Left by a run killed before \
+                 its first step? Pass --overwrite",
+                run.display(),
+                names(&files)
             )));
         }
         let inputs: Vec<PathBuf> = inputs
