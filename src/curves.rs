@@ -34,17 +34,24 @@ pub const MEMORY: RGBColor = RGBColor(214, 39, 40);
 pub fn read_metrics(path: &Path) -> Result<Curves> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let mut rows: std::collections::BTreeMap<u64, serde_json::Value> = Default::default();
+    // A live run appends its rows: a last line without its newline may be half written, and is
+    // left for the next plot rather than refused.
+    let last = text.lines().count();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
-            Error::Invalid(format!(
-                "{}: line {}: not a JSON object ({e})",
-                path.display(),
-                i + 1
-            ))
-        })?;
+        let v: serde_json::Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(_) if i + 1 == last && !text.ends_with('\n') => break,
+            Err(e) => {
+                return Err(Error::Invalid(format!(
+                    "{}: line {}: not a JSON object ({e})",
+                    path.display(),
+                    i + 1
+                )))
+            }
+        };
         if let Some(step) = v.get("step").and_then(|s| s.as_u64()) {
             rows.insert(step, v);
         }
@@ -230,6 +237,11 @@ mod tests {
         std::fs::write(&p, "{\"step\":1,\"loss\":1}\nnot json\n").unwrap();
         let e = read_metrics(&p).unwrap_err().to_string();
         assert!(e.contains("line 2: not a JSON object"), "{e}");
+        // A live run's half-written last row is left out; the same row complete is refused.
+        std::fs::write(&p, "{\"step\":1,\"loss\":1}\n{\"step\":2,\"lo").unwrap();
+        assert_eq!(read_metrics(&p).unwrap().steps, [1.0]);
+        std::fs::write(&p, "{\"step\":1,\"loss\":1}\n{\"step\":2,\"lo\n").unwrap();
+        assert!(read_metrics(&p).is_err());
         std::fs::write(&p, "{\"event\":\"start\"}\n").unwrap();
         let e = read_metrics(&p).unwrap_err().to_string();
         assert!(e.contains("no training steps recorded yet"), "{e}");

@@ -371,3 +371,39 @@ fn a_duplicate_record_id_is_refused() {
     let (ok, _, err) = variants(&sat);
     assert!(!ok && err.contains("appears twice"), "{err}");
 }
+
+/// A VCF with nothing to score names itself (and the CHROM asked for); `--heatmap` without
+/// `--saturate` is refused before anything is computed or written.
+#[test]
+fn nothing_to_score_and_a_heatmap_without_saturate_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let out = dir.path().join("out.tsv");
+    let empty = write(
+        dir.path(),
+        "empty.vcf",
+        b"##fileformat=VCFv4.2\n#CHROM\tPOS\n",
+    );
+    let (ok, _, err) = variants(&["--fasta", &fa, "--vcf", &arg(&empty), "--out", &arg(&out)]);
+    assert!(
+        !ok && err.contains("empty.vcf: no variants to score"),
+        "{err}"
+    );
+    let one = write(dir.path(), "one.vcf", b"#header\ngene\t5\t.\tC\tT\n");
+    let png = dir.path().join("h.png");
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--vcf",
+        &arg(&one),
+        "--out",
+        &arg(&out),
+        "--heatmap",
+        &arg(&png),
+    ]);
+    assert!(
+        !ok && err.contains("--heatmap draws --saturate's variants"),
+        "{err}"
+    );
+    assert!(!out.exists() && !png.exists(), "written before the refusal");
+}

@@ -597,3 +597,24 @@ fn context_parallel_splits_every_region_and_zero_spans_it() {
         3072
     );
 }
+
+/// `plan --seq-len 0` is refused (it printed the memory "at 0 tokens").
+#[test]
+fn plan_refuses_a_sequence_of_no_tokens() {
+    let cfg = repo().join("configs/genslm-25m.toml");
+    let (ok, _, err) = run(&[
+        "plan",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--seq-len",
+        "0",
+        "--gpus",
+        "8",
+        "--gpu-mem-gib",
+        "40",
+    ]);
+    assert!(
+        !ok && err.contains("--seq-len 0: a sequence holds at least one token"),
+        "{err}"
+    );
+}

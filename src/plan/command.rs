@@ -50,6 +50,11 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     if a.batch_size == 0 {
         return Err(Error::Invalid("--batch-size must be at least 1".into()));
     }
+    if a.seq_len == Some(0) {
+        return Err(Error::Invalid(
+            "--seq-len 0: a sequence holds at least one token".into(),
+        ));
+    }
     let max = crate::config::MAX_TOKENS;
     for (flag, v) in [
         ("--batch-size", Some(a.batch_size)),

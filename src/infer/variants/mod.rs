@@ -282,6 +282,12 @@ pub fn run_variants(
     if opts.batch_size == 0 {
         return Err(Error::Invalid("--batch-size 0: must be at least 1".into()));
     }
+    // Before any work, and before --out is written.
+    if opts.heatmap.is_some() && !matches!(opts.source, VariantSource::Saturate { .. }) {
+        return Err(Error::Invalid(
+            "--heatmap draws --saturate's variants".into(),
+        ));
+    }
     let model =
         load_model_dir(model_dir, &opts.compute.open()?)?.with_precision(opts.compute.precision);
     if let Some(w) = opts.window.filter(|&w| w < 2) {
@@ -408,7 +414,21 @@ pub fn run_variants(
         }
     }
     if rows.is_empty() {
-        return Err(Error::Invalid("no variants to score".into()));
+        return Err(Error::Invalid(match &opts.source {
+            VariantSource::Vcf(path) => format!(
+                "{}: no variants to score (no variant lines{}{})",
+                path.display(),
+                opts.chrom
+                    .as_ref()
+                    .map_or(String::new(), |c| format!(" on CHROM '{c}'")),
+                if skipped > 0 {
+                    ", or every one skipped"
+                } else {
+                    ""
+                }
+            ),
+            VariantSource::Saturate { .. } => "no variants to score".into(),
+        }));
     }
     let (idx, job_list): (Vec<usize>, Vec<Job>) = jobs.into_iter().unzip();
     // The windows as they are (clipped at the CDS ends), not as asked.
