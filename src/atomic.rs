@@ -61,7 +61,11 @@ fn check_not_input(target: &Path) -> Result<()> {
         return Ok(());
     };
     let inputs = INPUTS.lock().unwrap_or_else(|p| p.into_inner());
-    match inputs.iter().find(|&&(d, i, _)| (d, i) == id) {
+    // The recorded path must still be that file: an input deleted since (a finished run's
+    // temporary directory) frees its inode for a new file, which is no input.
+    let same =
+        |&&(d, i, ref path): &&(u64, u64, PathBuf)| (d, i) == id && identity(path) == Some(id);
+    match inputs.iter().find(same) {
         None => Ok(()),
         Some((_, _, input)) => Err(Error::Invalid(format!(
             "{}: this output is {}, an input of this command; nothing was written. Choose \
