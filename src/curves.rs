@@ -29,47 +29,102 @@ pub const LR: RGBColor = RGBColor(44, 160, 44);
 pub const SPEED: RGBColor = RGBColor(148, 103, 189);
 pub const MEMORY: RGBColor = RGBColor(214, 39, 40);
 
+/// One row's fields that the curves use; the rest of the row is skipped unread (serde ignores
+/// unknown fields without building them), so memory follows the steps, not the file.
+#[derive(serde::Deserialize)]
+struct Row {
+    step: Option<serde_json::Value>,
+    loss: Option<serde_json::Value>,
+    lr: Option<serde_json::Value>,
+    tokens_per_s: Option<serde_json::Value>,
+    peak_rss_mib: Option<serde_json::Value>,
+    val_loss: Option<serde_json::Value>,
+}
+
+/// What a step keeps: [loss, lr, tokens/s, peak MiB, validation loss] (NaN where absent).
+type Kept = [f64; 5];
+
+/// No metrics row comes near this; a longer line is not one (and is not read whole).
+const MAX_LINE: u64 = 1 << 20;
+
 /// Reads the step rows of `path` (rows without a step, such as events, are skipped); a resumed
-/// run's repeated steps keep their last row.
+/// run's repeated steps keep their last row. Streamed line by line: a long run's file is read
+/// in memory proportional to its steps (reading it whole into JSON values took 6.6× its size).
 pub fn read_metrics(path: &Path) -> Result<Curves> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let mut rows: std::collections::BTreeMap<u64, serde_json::Value> = Default::default();
-    // A live run appends its rows: a last line without its newline may be half written, and is
-    // left for the next plot rather than refused.
-    let last = text.lines().count();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
+    use std::io::{BufRead, Read};
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
+    let mut rows: std::collections::BTreeMap<u64, Kept> = Default::default();
+    let mut line = Vec::new();
+    for n in 1.. {
+        line.clear();
+        let got = (&mut reader)
+            .take(MAX_LINE + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| Error::io(path, e))?;
+        if got == 0 {
+            break;
+        }
+        let complete = line.last() == Some(&b'\n');
+        if !complete && got as u64 > MAX_LINE {
+            return Err(Error::Invalid(format!(
+                "{}: line {n} is longer than {} KiB: not a metrics row",
+                path.display(),
+                MAX_LINE >> 10
+            )));
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let v: serde_json::Value = match serde_json::from_str(line) {
-            Ok(v) => v,
-            Err(_) if i + 1 == last && !text.ends_with('\n') => break,
+        // An object, not an array that serde would read into the fields by position.
+        let object = line.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+        let row: Row = match serde_json::from_slice(&line)
+            .map_err(|e| e.to_string())
+            .and_then(|r| {
+                if object {
+                    Ok(r)
+                } else {
+                    Err("not an object".into())
+                }
+            }) {
+            Ok(r) => r,
+            // A live run appends its rows: a last line without its newline may be half
+            // written, and is left for the next plot rather than refused.
+            Err(_) if !complete => break,
             Err(e) => {
                 return Err(Error::Invalid(format!(
-                    "{}: line {}: not a JSON object ({e})",
-                    path.display(),
-                    i + 1
+                    "{}: line {n}: not a JSON object ({e})",
+                    path.display()
                 )))
             }
         };
-        if let Some(step) = v.get("step").and_then(|s| s.as_u64()) {
-            rows.insert(step, v);
+        let num =
+            |v: &Option<serde_json::Value>| v.as_ref().and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
+        if let Some(step) = row.step.as_ref().and_then(|s| s.as_u64()) {
+            rows.insert(
+                step,
+                [
+                    num(&row.loss),
+                    num(&row.lr),
+                    num(&row.tokens_per_s),
+                    num(&row.peak_rss_mib),
+                    num(&row.val_loss),
+                ],
+            );
         }
     }
     let mut c = Curves::default();
-    let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64());
-    for (step, v) in &rows {
-        let Some(loss) = num(v, "loss") else {
+    for (step, [loss, lr, speed, peak, val]) in rows {
+        if loss.is_nan() {
             continue;
-        };
-        c.steps.push(*step as f64);
+        }
+        c.steps.push(step as f64);
         c.loss.push(loss);
-        c.lr.push(num(v, "lr").unwrap_or(f64::NAN));
-        c.tokens_per_s
-            .push(num(v, "tokens_per_s").unwrap_or(f64::NAN));
-        c.peak_mib.push(num(v, "peak_rss_mib").unwrap_or(f64::NAN));
-        if let Some(val) = num(v, "val_loss") {
-            c.val.push((*step as f64, val));
+        c.lr.push(lr);
+        c.tokens_per_s.push(speed);
+        c.peak_mib.push(peak);
+        if !val.is_nan() {
+            c.val.push((step as f64, val));
         }
     }
     if c.steps.is_empty() {
@@ -242,6 +297,23 @@ mod tests {
         assert_eq!(read_metrics(&p).unwrap().steps, [1.0]);
         std::fs::write(&p, "{\"step\":1,\"loss\":1}\n{\"step\":2,\"lo\n").unwrap();
         assert!(read_metrics(&p).is_err());
+        // A line no metrics row could be is refused by its number, not read whole.
+        let mut long = b"{\"step\":1,\"loss\":1}\n{\"note\":\"".to_vec();
+        long.extend(std::iter::repeat_n(b'x', 3 << 20));
+        long.extend(b"\"}\n");
+        std::fs::write(&p, &long).unwrap();
+        let e = read_metrics(&p).unwrap_err().to_string();
+        assert!(e.contains("line 2 is longer than 1024 KiB"), "{e}");
+        // Each field of each row is read: a row whose loss is not a number is not a step.
+        std::fs::write(
+            &p,
+            "{\"step\":1,\"loss\":null}\n{\"step\":3,\"loss\":0.5,\"extra\":[1,{\"a\":2}]}\n",
+        )
+        .unwrap();
+        assert_eq!(read_metrics(&p).unwrap().steps, [3.0]);
+        std::fs::write(&p, "{\"step\":1,\"loss\":1}\n[2, 0.5, 0.1, 9, 9, 9]\n").unwrap();
+        let e = read_metrics(&p).unwrap_err().to_string();
+        assert!(e.contains("line 2: not a JSON object"), "{e}");
         std::fs::write(&p, "{\"event\":\"start\"}\n").unwrap();
         let e = read_metrics(&p).unwrap_err().to_string();
         assert!(e.contains("no training steps recorded yet"), "{e}");

@@ -205,3 +205,36 @@ fn bench_ingest_leaves_the_users_directory_as_it_was() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
     assert_eq!(left.len(), 1, "{left:?}");
 }
+
+/// `bench embed` measures real batches: with none of a size (0 sequences, batch 0, 0 codons)
+/// there is nothing to time, and a throughput would be invented (a batch of 0 printed one).
+#[test]
+fn bench_embed_refuses_an_empty_measurement_and_runs_a_real_one() {
+    let cfg = repo().join("configs/tiny.toml");
+    let cfg = cfg.to_str().unwrap();
+    let base = ["bench", "embed", "--config", cfg];
+    for bad in ["--batch-size", "--sequences", "--seq-len"] {
+        let mut a = base.to_vec();
+        for f in ["--batch-size", "--sequences", "--seq-len"] {
+            a.extend([f, if f == bad { "0" } else { "2" }]);
+        }
+        let (ok, out, err) = run(&a);
+        assert!(
+            !ok && err.contains(bad) && !out.contains("tokens/s"),
+            "{bad}: {out}{err}"
+        );
+    }
+    let mut a = base.to_vec();
+    a.extend(["--seq-len", "16", "--sequences", "3", "--batch-size", "2"]);
+    let (ok, out, err) = run(&a);
+    assert!(ok, "{err}");
+    // model seq_len sequences batch seconds sequences/s tokens/s
+    let row: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("tiny "))
+        .unwrap_or_else(|| panic!("no row in {out}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(&row[1..4], ["16", "3", "2"], "{out}");
+    assert!(row[6].parse::<f64>().unwrap() > 0.0, "{out}");
+}

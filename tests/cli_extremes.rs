@@ -266,7 +266,7 @@ fn every_numeric_flag_at_u64_max() {
         "--seq-len",
         MAX,
     ]);
-    for f in ["--seq-len", "--sequences"] {
+    for f in ["--seq-len", "--sequences", "--batch-size"] {
         check(&["bench", "embed", "--config", &tiny, f, MAX, "--quiet"]);
     }
     for f in ["--codons", "--samples"] {

@@ -175,6 +175,22 @@ fn overwrite_refuses_to_delete_the_dataset_it_reads() {
     assert!(data.is_file() && out.join("checkpoints/latest").is_file());
 }
 
+#[test]
+fn an_out_that_is_a_file_is_named_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("notes.txt");
+    std::fs::write(&out, "mine\n").unwrap();
+    for extra in [&[][..], &["--overwrite"], &["--resume"]] {
+        let (ok, err) = train(&out, "2", extra);
+        assert!(
+            !ok && err.contains("notes.txt") && err.contains("not a directory"),
+            "{extra:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine\n");
+}
+
 /// A finished 2-step run whose checkpoint the test then tampers with.
 fn finished_run(dir: &Path) -> (PathBuf, PathBuf) {
     let out = dir.join("run");

@@ -407,3 +407,43 @@ fn nothing_to_score_and_a_heatmap_without_saturate_are_clear() {
     );
     assert!(!out.exists() && !png.exists(), "written before the refusal");
 }
+
+/// A one-codon deletion in a 2-codon window leaves ALT 1 codon: nothing to predict, so it is not
+/// scored, and the note says the window is why (it blamed the CDS), beside a variant that is
+/// outside the CDS, counted on its own line.
+#[test]
+fn unscored_variants_are_counted_by_their_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let vcf = write(
+        dir.path(),
+        "v.vcf",
+        b"#CHROM\tPOS\tID\tREF\tALT\ngene\t48\tdel\tTAAA\tT\ngene\t2\tbefore\tT\tC\n",
+    );
+    let out = dir.path().join("out.tsv");
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--vcf",
+        &arg(&vcf),
+        "--out",
+        &arg(&out),
+        "--window",
+        "2",
+        "--cds",
+        "4..90",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("1 variant(s) not scored: REF's or ALT's window holds fewer than 2 codons")
+            && err.contains("a larger --window"),
+        "{err}"
+    );
+    assert!(err.contains("1 variant(s) outside the CDS"), "{err}");
+    assert!(!err.contains("incomplete last codon"), "{err}");
+    let t = table(&out);
+    let col = |name: &str| t[0].iter().position(|c| c == name).unwrap();
+    let del = t.iter().find(|r| r[col("id")] == "del").unwrap();
+    assert_eq!(del[col("delta_ll")], "NA", "{t:?}");
+    assert_ne!(del[col("consequence")], "outside_cds", "{t:?}");
+}

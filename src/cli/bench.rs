@@ -233,10 +233,18 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             at_most("--iters", *iters, 1 << 16)?;
         }
         BenchCmd::Embed {
-            seq_len, sequences, ..
+            seq_len,
+            sequences,
+            batch_size,
+            ..
         } => {
             at_most("--seq-len", *seq_len, max)?;
             at_most("--sequences", *sequences, max)?;
+            at_most("--batch-size", *batch_size, max)?;
+            // A batch of 0 embedded nothing and still printed a throughput.
+            if *seq_len == 0 || *sequences == 0 || *batch_size == 0 {
+                anyhow::bail!("--seq-len, --sequences and --batch-size must each be at least 1");
+            }
         }
         BenchCmd::Variants {
             window,

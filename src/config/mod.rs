@@ -296,11 +296,12 @@ impl TrainConfig {
                 return Err(format!("field `{field}` must be in [0, 1)"));
             }
         }
-        if self.eps.is_nan() || self.eps <= 0.0 {
-            return Err("field `eps` must be positive".into());
-        }
-        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
-            return Err("field `weight_decay` must be ≥ 0".into());
+        positive_in_f32("eps", self.eps)?;
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return Err(format!(
+                "field `weight_decay` ({}) must be finite and ≥ 0",
+                self.weight_decay
+            ));
         }
         if self.prefetch_layers > MAX_PREFETCH_LAYERS {
             return Err(format!(
@@ -440,12 +441,19 @@ impl ModelConfig {
                 self.head_dim()
             ));
         }
-        if self.rotary_base.is_nan() || self.rotary_base <= 0.0 {
-            return Err("field `rotary_base` must be positive".into());
+        if self.position == Position::Rotary && self.rotary_dims() == 0 {
+            // int(head_dim · rotary_pct) = 0 rotates nothing: the model would train with no
+            // position information at all, silently.
+            return Err(format!(
+                "field `rotary_pct` ({}) gives 0 rotary dims per head (head dim {}): the model \
+                 would have no position information; use at least {:.4}",
+                self.rotary_pct,
+                self.head_dim(),
+                2.0 / self.head_dim() as f64
+            ));
         }
-        if self.layer_norm_eps.is_nan() || self.layer_norm_eps <= 0.0 {
-            return Err("field `layer_norm_eps` must be positive".into());
-        }
+        positive_in_f32("rotary_base", self.rotary_base)?;
+        positive_in_f32("layer_norm_eps", self.layer_norm_eps)?;
         Ok(())
     }
 
@@ -504,6 +512,21 @@ impl TrainingMemory {
     }
 }
 
+/// A positive constant the f32 kernels use: finite, and neither 0 nor inf once rounded to f32
+/// (an `eps` of 1e-50 is 0 in f32 and divides by zero; `inf` passed a bare "> 0" check).
+fn positive_in_f32(field: &str, v: f64) -> std::result::Result<(), String> {
+    let f = v as f32;
+    if v > 0.0 && f > 0.0 && f.is_finite() {
+        Ok(())
+    } else {
+        Err(format!(
+            "field `{field}` ({v}) must be positive and finite in f32 (between {:e} and {:e})",
+            f32::MIN_POSITIVE,
+            f32::MAX
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -531,6 +554,54 @@ mod tests {
         // Counts printed by `sum(p.numel() for p in GPTNeoXForCausalLM(cfg).parameters())`.
         assert_eq!(shape(8, 512, 8, 2048).param_count(), 25_290_752);
         assert_eq!(shape(28, 3840, 32, 4096).param_count(), 2_533_931_008);
+    }
+
+    #[test]
+    fn rejects_constants_that_are_not_usable_in_f32() {
+        for (field, set) in [
+            (
+                "rotary_base",
+                (|c: &mut ModelConfig, v| c.rotary_base = v) as fn(&mut _, f64),
+            ),
+            ("layer_norm_eps", |c, v| c.layer_norm_eps = v),
+        ] {
+            for v in [f64::INFINITY, f64::NAN, 0.0, -1.0, 1e-50, 1e39] {
+                let mut c = shape(2, 64, 4, 128);
+                set(&mut c, v);
+                let err = c.validate().unwrap_err();
+                assert!(err.contains(field), "{field} = {v}: {err}");
+            }
+        }
+        for eps in [f64::INFINITY, 1e-50] {
+            let t = TrainConfig {
+                eps,
+                ..Default::default()
+            };
+            assert!(t.validate().unwrap_err().contains("`eps`"), "{eps}");
+        }
+        let t = TrainConfig {
+            weight_decay: f64::INFINITY,
+            ..Default::default()
+        };
+        assert!(t.validate().unwrap_err().contains("weight_decay"));
+        assert!(TrainConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn rejects_a_rotary_pct_that_rotates_nothing() {
+        // head dim 16: int(16 · 0.05) = 0 rotary dims; 0.125 gives 2.
+        let mut c = shape(2, 64, 4, 128);
+        c.rotary_pct = 0.05;
+        let err = c.validate().unwrap_err();
+        assert!(
+            err.contains("0 rotary dims") && err.contains("0.125"),
+            "{err}"
+        );
+        c.rotary_pct = 0.125;
+        assert!(c.validate().is_ok());
+        c.rotary_pct = 0.05;
+        c.position = Position::Alibi;
+        assert!(c.validate().is_ok(), "rotary_pct is unused without rotary");
     }
 
     #[test]

@@ -131,11 +131,17 @@ pub fn open(
         in_header: false,
         overflow: overflow.clone(),
     };
+    // Not `read_exact`: it reports a decoder's own error of kind UnexpectedEof (a bzip2 or
+    // zstd stream cut before its first block ends) as the end of an empty file.
     let mut first = [0u8; 1];
-    limited.read_exact(&mut first).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => ParseError::new_empty_file(),
-        _ => e.into(),
-    })?;
+    loop {
+        match limited.read(&mut first) {
+            Ok(0) => return Err(ParseError::new_empty_file()),
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
     let text = Cursor::new(first).chain(limited);
     match first[0] {
         b'>' => Ok(Box::new(FastaReader::new(text))),
@@ -195,5 +201,62 @@ mod tests {
         let o = through(&bomb, 50_000, 4096).unwrap();
         assert_eq!(o.header, "chr1 huge");
         assert!(o.read > 50_000 && o.read <= 50_000 + 4096, "{}", o.read);
+    }
+
+    /// Each compression's stream, whole and cut short of its first block's end. The cut one
+    /// must be a read error (the file is damaged), never "empty file": bzip2 and zstd report
+    /// the cut as an error of kind UnexpectedEof, which `read_exact` took for the end of an
+    /// empty file.
+    #[test]
+    fn a_stream_cut_before_its_first_record_is_a_read_error_not_an_empty_file() {
+        use std::io::Write;
+        let mut fasta = Vec::new();
+        for i in 0..200 {
+            writeln!(fasta, ">r{i}\n{}", "ACGTTGCAAC".repeat(50 + i)).unwrap();
+        }
+        let gz = {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(&fasta).unwrap();
+            e.finish().unwrap()
+        };
+        let bz = {
+            let mut e = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::fast());
+            e.write_all(&fasta).unwrap();
+            e.finish().unwrap()
+        };
+        let xz = {
+            let mut e = liblzma::write::XzEncoder::new(Vec::new(), 1);
+            e.write_all(&fasta).unwrap();
+            e.finish().unwrap()
+        };
+        let zst = zstd::encode_all(&fasta[..], 1).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in [("gz", gz), ("bz2", bz), ("xz", xz), ("zst", zst)] {
+            let whole = dir.path().join(format!("whole.{name}"));
+            std::fs::write(&whole, &bytes).unwrap();
+            let mut r = open(
+                std::fs::File::open(&whole).unwrap(),
+                1 << 30,
+                &Default::default(),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut n = 0;
+            while let Some(rec) = r.next() {
+                rec.unwrap_or_else(|e| panic!("{name}: {e}"));
+                n += 1;
+            }
+            assert_eq!(n, 200, "{name}");
+            let cut = dir.path().join(format!("cut.{name}"));
+            std::fs::write(&cut, &bytes[..bytes.len() / 3]).unwrap();
+            let err = open(
+                std::fs::File::open(&cut).unwrap(),
+                1 << 30,
+                &Default::default(),
+            )
+            .err()
+            .and_then(|e| (e.kind != needletail::errors::ParseErrorKind::Io).then_some(e));
+            // Either it opened (the first records were readable) or the error is the read's.
+            assert!(err.is_none(), "{name}: {err:?}");
+        }
     }
 }

@@ -6,14 +6,10 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::train::checkpoint::checkpoints_dir;
 
-/// What a run writes into its directory (removed by `--overwrite`).
-const RUN_ENTRIES: [&str; 5] = [
-    "checkpoints",
-    "metrics.jsonl",
-    "config.toml",
-    "data.parquet",
-    "data.sources.json",
-];
+/// What marks a directory as holding a run (its progress).
+const RUN_MARKERS: [&str; 2] = ["checkpoints", "metrics.jsonl"];
+/// The other files a run writes, from its first moments (before any step).
+const RUN_FILES: [&str; 3] = ["config.toml", "data.parquet", "data.sources.json"];
 
 /// Makes `run` (which exists and is locked) ready for a run: refuses a fresh run into a
 /// directory that already holds one unless `overwrite`, which removes that run first — but
@@ -28,7 +24,7 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
     // Files a run writes, found where no run is: a user's own (a `--config` kept in the
     // directory, a dataset), or what a run killed before its first step left. Replaced only
     // with --overwrite, as a run is.
-    let files: Vec<PathBuf> = RUN_ENTRIES[2..]
+    let files: Vec<PathBuf> = RUN_FILES
         .iter()
         .map(|e| run.join(e))
         .filter(|p| p.exists())
@@ -61,7 +57,12 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
             .iter()
             .filter_map(|p| p.canonicalize().ok())
             .collect();
-        let entries: Vec<PathBuf> = RUN_ENTRIES.iter().map(|e| run.join(e)).collect();
+        // Everything a run writes is removed by --overwrite.
+        let entries: Vec<PathBuf> = RUN_MARKERS
+            .iter()
+            .chain(&RUN_FILES)
+            .map(|e| run.join(e))
+            .collect();
         // Checked for all entries before anything is removed.
         for p in entries.iter().filter(|p| p.exists()) {
             let Ok(canon) = p.canonicalize() else {

@@ -179,6 +179,13 @@ pub fn prepare_run(
 ) -> Result<(Corpus, RunLock)> {
     cfg.model.validate().map_err(Error::Invalid)?;
     cfg.train.validate().map_err(Error::Invalid)?;
+    if run.exists() && !run.is_dir() {
+        return Err(Error::Invalid(format!(
+            "--out {} is a file, not a directory: a run writes a directory (checkpoints, \
+             metrics.jsonl, config.toml); choose another --out",
+            run.display()
+        )));
+    }
     if opts.resume && !run.is_dir() {
         return Err(Error::Invalid(format!(
             "cannot resume: {} does not exist (start a run there without --resume)",

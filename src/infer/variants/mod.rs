@@ -270,6 +270,41 @@ fn place(
     Ok((Some(ann), Some(job)))
 }
 
+/// Why the rows without a Δ have none, one line per reason present: outside the CDS, in its
+/// incomplete last codon, or a window of fewer than 2 codons (a deletion that leaves nothing
+/// to predict, which a small --window makes likely: not the CDS's doing).
+fn unscored_notes(rows: &[VariantRow]) -> Vec<String> {
+    let (mut outside, mut incomplete, mut short) = (0, 0, 0);
+    for r in rows.iter().filter(|r| r.delta.is_none()) {
+        match &r.annotation {
+            None => outside += 1,
+            Some(a) if a.consequence == Consequence::Incomplete => incomplete += 1,
+            Some(_) => short += 1,
+        }
+    }
+    let mut notes = Vec::new();
+    if outside > 0 {
+        notes.push(format!(
+            "{outside} variant(s) outside the CDS: annotated {}, not scored",
+            Consequence::OutsideCds.name()
+        ));
+    }
+    if incomplete > 0 {
+        notes.push(format!(
+            "{incomplete} variant(s) in the CDS's incomplete last codon: annotated {}, not scored",
+            Consequence::Incomplete.name()
+        ));
+    }
+    if short > 0 {
+        notes.push(format!(
+            "{short} variant(s) not scored: REF's or ALT's window holds fewer than 2 codons \
+             (a deletion as long as the window, or a CDS that short); a larger --window \
+             scores them"
+        ));
+    }
+    notes
+}
+
 /// Scores the variants of `opts.source` on the records of `inputs`, writing TSV to `out`
 /// (and the heatmap when asked).
 pub fn run_variants(
@@ -475,14 +510,8 @@ pub fn run_variants(
             &model_dir.display().to_string(),
         )?;
     }
-    let unscored = rows.len() - idx.len();
-    if unscored > 0 {
-        eprintln!(
-            "note: {unscored} variant(s) outside the CDS or in its incomplete last codon: \
-             annotated {} / {}, not scored",
-            Consequence::OutsideCds.name(),
-            Consequence::Incomplete.name()
-        );
+    for note in unscored_notes(&rows) {
+        eprintln!("note: {note}");
     }
     Ok(VariantSummary {
         variants: rows.len(),
