@@ -15,6 +15,7 @@ use crate::ops::attention::decode::cached_attention;
 use crate::ops::attention::options::AttnOptions;
 use crate::ops::attention::qkv::qkv_attention;
 use crate::ops::gelu::gelu_fast;
+use crate::ops::linear::{linear_part, WeightParts};
 use crate::ops::rotary::apply_rotary;
 
 /// New tokens per cached decoding call up to which attention over the cache is the decoding
@@ -119,9 +120,17 @@ impl GenSlm {
         let h = self.norm(x.clone(), l.ln2_w, l.ln2_b);
         let kind = self.cfg.attention;
         let local = |q, k, v, o: &AttnOptions| attention(q, k, v, o, kind);
+        // The MLP's weights once for all parts (one tensor each, so autodiff gives each weight
+        // the gradient its parts gathered: `ops::linear::linear_part`).
+        let [w1, w2] = [l.fc1_w, l.fc2_w].map(|w| self.compute(self.mat(w)));
+        let [b1, b2] = [l.fc1_b, l.fc2_b].map(|b| self.compute(self.vec(b)));
+        let mut gathered: Option<[WeightParts; 2]> = None;
         let mut rows = |part: usize, parts: usize, tie: &dyn Fn(Tensor<3>) -> Tensor<3>| {
             let (first, end) = (part * s / parts, (part + 1) * s / parts);
-            self.mlp_block(l, tie(h.clone().narrow(1, first, end - first)))
+            let [g1, g2] = gathered.get_or_insert_with(|| [0; 2].map(|_| WeightParts::new(parts)));
+            let h = self.compute(tie(h.clone().narrow(1, first, end - first)));
+            let m = gelu_fast(linear_part(h, w1.clone(), Some(b1.clone()), g1.part(part)));
+            linear_part(m, w2.clone(), Some(b2.clone()), g2.part(part))
         };
         let (o, mlp) = sp.attention_beside(q, k, v, &ctx.attn, &local, &mut rows);
         let o = o

@@ -28,8 +28,10 @@
 //! the passes pair up on every rank.
 //!
 //! The ring computes what `ring::ring_forward`/`ring_backward` compute (the same steps in the
-//! same order); the MLP in parts adds its parts' weight gradients, so curves agree with
-//! `--no-overlap` within 1e-6, not bit for bit, as under Ulysses.
+//! same order). The MLP's weight gradients are gathered from the parts into the whole layer's
+//! product (`ops::linear::linear_part`), but the biases' gradients and the input's still add
+//! up part by part, so curves agree with `--no-overlap` within 1e-6, not bit for bit, as under
+//! Ulysses.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};

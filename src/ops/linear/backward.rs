@@ -1,6 +1,7 @@
 //! Linear layers under autodiff: one node (`ops::autodiff::differentiable`) that saves the
 //! input and the weight and runs the inner backend's kernels for the inputs that need a
-//! gradient; with a [`DeferTo`], the weight's product is queued for later instead.
+//! gradient; with a [`DeferTo`], the weight's product is queued for later instead, and with a
+//! [`PartOf`], gathered with the other parts' into one product.
 
 use burn::backend::autodiff::{checkpoint::strategy::CheckpointStrategy, Autodiff};
 use burn::backend::{tensor::FloatTensor, DispatchKindConversion, DispatchTensor};
@@ -10,7 +11,7 @@ use crate::ops::autodiff::{differentiable, HandBackward};
 
 /// The op as a [`HandBackward`] one; its argument is where a deferred weight gradient goes.
 #[derive(Debug, Clone)]
-struct Linear(Option<DeferTo>);
+struct Linear(Option<WeightRoute>);
 
 impl<B: LinearKernels> HandBackward<B, 3> for Linear
 where
@@ -45,13 +46,14 @@ where
         let db = need_b.then(|| B::linear_bwd_bias(dy.clone()));
         let dx = need_x.then(|| B::linear_bwd_input(w, dy.clone()));
         let dw = match (&self.0, need_w) {
+            (Some(WeightRoute::Part(part)), true) => part.gather::<B>(x, dy),
             (_, true) => Some(B::linear_bwd_weight(x, dy)),
-            (Some(to), false) => {
+            (Some(WeightRoute::Defer(to)), false) => {
                 let product = move || Tensor::from_primitive::<B>(B::linear_bwd_weight(x, dy));
                 to.sink.push(to.param, Box::new(product));
                 None
             }
-            (None, false) => None,
+            (None | Some(WeightRoute::Part(_)), false) => None,
         };
         [dx, dw, db]
     }
@@ -65,8 +67,8 @@ where
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
-        defer: Option<DeferTo>,
+        route: Option<WeightRoute>,
     ) -> FloatTensor<Self> {
-        differentiable::<B, Ck, _, 3>([x, w, b], Linear(defer))
+        differentiable::<B, Ck, _, 3>([x, w, b], Linear(route))
     }
 }

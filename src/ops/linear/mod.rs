@@ -14,6 +14,14 @@
 //! product to [`WeightGrads`], run later in the schedule's W pass, while the backward computes
 //! only what the previous stage waits for.
 //!
+//! For a layer whose rows run in parts (the MLP between the ring's or Ulysses' exchanges,
+//! `parallel::ring_overlap`), [`linear_part`] gathers the parts' inputs and output gradients
+//! ([`WeightParts`]) and computes the weight's gradient once, over all rows, when the last
+//! part's backward runs: one product of full depth, where each part's own (a product of a
+//! fifth of the rows, summed by autodiff into the weight) cost five output-sized writes and
+//! four output-sized sums per weight, and the result is the whole layer's, summed in the same
+//! order.
+//!
 //! Same extension pattern as `gelu.rs`, one role per file: the traits, the public function and
 //! the composed backward here; the loops for f32 `Flex` tensors in `cpu.rs`, the autodiff node
 //! in `backward.rs`, burn's own linear ops for CubeCL backends in `cube.rs`, the tests in
@@ -41,8 +49,18 @@ pub trait LinearOps: Backend {
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
-        defer: Option<DeferTo>,
+        route: Option<WeightRoute>,
     ) -> FloatTensor<Self>;
+}
+
+/// Where a linear op's weight gradient goes when not straight back to the weight.
+#[derive(Clone, Debug)]
+pub enum WeightRoute {
+    /// Queued for later (the weight untracked).
+    Defer(DeferTo),
+    /// One part of the rows: the weight (tracked, the same tensor in every part) gets the
+    /// gradient of all parts from the part whose backward completes the set.
+    Part(PartOf),
 }
 
 /// The op's kernels, on the backends that compute.
@@ -76,7 +94,7 @@ impl<B: LinearKernels> LinearOps for B {
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
-        _defer: Option<DeferTo>,
+        _route: Option<WeightRoute>,
     ) -> FloatTensor<Self> {
         B::linear_fwd(x, w, b)
     }
@@ -138,6 +156,82 @@ pub struct DeferTo {
     sink: WeightGrads,
 }
 
+/// The parts of one layer's rows that share a weight: each part's backward leaves its input
+/// and output gradient here, and the one that completes the set computes the weight's gradient
+/// over all rows (in part order, so the sum runs as over the whole).
+#[derive(Clone)]
+pub struct WeightParts(Arc<Mutex<Gathered>>);
+
+struct Gathered {
+    parts: usize,
+    /// (part, its `(x, dy)` as the inner backend's primitives).
+    got: Vec<(usize, Box<dyn std::any::Any + Send>)>,
+}
+
+impl WeightParts {
+    /// A weight used by `parts` parts of the rows, each exactly once.
+    pub fn new(parts: usize) -> Self {
+        WeightParts(Arc::new(Mutex::new(Gathered {
+            parts,
+            got: Vec::new(),
+        })))
+    }
+
+    /// Where part `index` (counted from 0 in row order) sends its weight gradient.
+    pub fn part(&self, index: usize) -> WeightRoute {
+        WeightRoute::Part(PartOf {
+            index,
+            group: self.clone(),
+        })
+    }
+}
+
+impl std::fmt::Debug for WeightParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        write!(f, "WeightParts({} of {} in)", g.got.len(), g.parts)
+    }
+}
+
+/// One part of a [`WeightParts`] set.
+#[derive(Clone, Debug)]
+pub struct PartOf {
+    index: usize,
+    group: WeightParts,
+}
+
+impl PartOf {
+    /// Leaves this part's `x` and `dy`; the weight's gradient over all parts' rows once every
+    /// part has left its own, else `None` (the weight gets nothing from this part).
+    fn gather<B: LinearKernels>(
+        &self,
+        x: FloatTensor<B>,
+        dy: FloatTensor<B>,
+    ) -> Option<FloatTensor<B>> {
+        let mut g = self.group.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.got.push((self.index, Box::new((x, dy))));
+        if g.got.len() < g.parts {
+            return None;
+        }
+        let mut got = std::mem::take(&mut g.got);
+        drop(g);
+        got.sort_by_key(|(i, _)| *i);
+        let (xs, dys): (Vec<_>, Vec<_>) = got
+            .into_iter()
+            .map(|(_, pair)| {
+                *pair
+                    .downcast::<(FloatTensor<B>, FloatTensor<B>)>()
+                    .expect("a weight's parts run on one backend")
+            })
+            .unzip();
+        // `[b, s_k, n]` parts: rows joined along the sequence, batch by batch as in the whole.
+        Some(B::linear_bwd_weight(
+            B::float_cat(xs, 1),
+            B::float_cat(dys, 1),
+        ))
+    }
+}
+
 /// `x·w (+ b)` for `x: [b, s, n]`, `w: [n, m]`, `b: [m]`, differentiable on an autodiff device.
 pub fn linear(x: Tensor<3>, w: Tensor<2>, b: Option<Tensor<1>>) -> Tensor<3> {
     match b {
@@ -161,7 +255,24 @@ pub fn linear_deferred(x: Tensor<3>, w: Tensor<2>, b: Option<Tensor<1>>, to: Def
         // `detach` alone keeps a leaf that requires a gradient tracked (as a new leaf).
         w.detach().set_require_grad(false).into_dispatch(),
         b.into_dispatch(),
-        Some(to),
+        Some(WeightRoute::Defer(to)),
+    ))
+}
+
+/// [`linear`] on one part of a layer's rows, `part` from a [`WeightParts`] that every part
+/// shares, as they share `w` (one tensor: autodiff gives it only the gathered gradient).
+pub fn linear_part(
+    x: Tensor<3>,
+    w: Tensor<2>,
+    b: Option<Tensor<1>>,
+    part: WeightRoute,
+) -> Tensor<3> {
+    let b = b.unwrap_or_else(|| Tensor::zeros([w.dims()[1]], (&x.device(), w.dtype())));
+    Tensor::from_dispatch(<Dispatch as LinearOps>::linear(
+        x.into_dispatch(),
+        w.into_dispatch(),
+        b.into_dispatch(),
+        Some(part),
     ))
 }
 

@@ -211,3 +211,74 @@ fn deferred_weight_gradient_equals_burn_linear() {
         close(&v(dw), &dw_ref, 1.0, "dw");
     }
 }
+
+/// A layer's rows in three parts sharing one weight (a reshaped parameter, as the model's are):
+/// the weight's gradient, gathered from the parts and computed once, is the whole layer's bit
+/// for bit (the same product over the same rows), and the input's and the bias's gradients are
+/// burn's `linear`'s on the whole; the gradient reaches the parameter through the reshape,
+/// which gets one gradient, from the part that completed the set.
+#[test]
+fn parts_gather_the_whole_weight_gradient() {
+    let ad = burn::tensor::Device::flex().autodiff();
+    let ([bs, s, n], m) = ([2, 7, 5], 3);
+    let leaf = |v: Vec<f32>| {
+        let len = v.len();
+        Tensor::<1>::from_data(TensorData::new(v, [len]), &ad).require_grad()
+    };
+    let (xp, wp, bp) = (
+        leaf(data(bs * s * n, 0.2)),
+        leaf(data(n * m, 0.5)),
+        leaf(data(m, 0.8)),
+    );
+    let weights = Tensor::<1>::from_data(TensorData::new(data(bs * s * m, 0.3), [bs * s * m]), &ad)
+        .reshape([bs, s, m]);
+    let grads_of = |parted: bool| {
+        let x = xp.clone().reshape([bs, s, n]);
+        let w = wp.clone().reshape([n, m]);
+        let y = if parted {
+            let set = WeightParts::new(3);
+            let cuts = [(0, 2), (2, 2), (4, 3)];
+            let ys = cuts
+                .iter()
+                .enumerate()
+                .map(|(i, &(at, len))| {
+                    let xi = x.clone().narrow(1, at, len);
+                    linear_part(xi, w.clone(), Some(bp.clone()), set.part(i))
+                })
+                .collect();
+            Tensor::cat(ys, 1)
+        } else {
+            linear(x, w, Some(bp.clone()))
+        };
+        let grads = (y * weights.clone()).sum().backward();
+        let v = |t: Option<Tensor<1>>| t.unwrap().into_data().try_into_vec::<f32>().unwrap();
+        (v(xp.grad(&grads)), v(wp.grad(&grads)), v(bp.grad(&grads)))
+    };
+    let (dx, dw, db) = grads_of(true);
+    let (dx_whole, dw_whole, db_whole) = grads_of(false);
+    assert_eq!(
+        dw, dw_whole,
+        "the gathered weight gradient is the whole product's"
+    );
+    let close = |a: &[f32], b: &[f32], what: &str| {
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() < 1e-5 * (1.0 + y.abs()),
+                "{what} at {i}: {x} vs {y}"
+            );
+        }
+    };
+    close(&dx, &dx_whole, "dx");
+    close(&db, &db_whole, "db");
+    // And both against burn's own linear, an independent implementation.
+    let x = xp.clone().reshape([bs, s, n]);
+    let y = burn::tensor::module::linear(x, wp.clone().reshape([n, m]), Some(bp.clone()));
+    let grads = (y * weights).sum().backward();
+    let dw_burn = wp
+        .grad(&grads)
+        .unwrap()
+        .into_data()
+        .try_into_vec::<f32>()
+        .unwrap();
+    close(&dw, &dw_burn, "dw against burn");
+}
