@@ -1,6 +1,8 @@
 //! Helpers shared by the CLI tests.
 #![allow(dead_code)]
 
+pub mod train_cli;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

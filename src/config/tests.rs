@@ -1,0 +1,84 @@
+//! The config checks against hand-computed shapes and the values each field refuses.
+use super::*;
+
+fn shape(l: usize, h: usize, heads: usize, i: usize) -> ModelConfig {
+    ModelConfig {
+        name: "t".into(),
+        num_layers: l,
+        hidden_size: h,
+        num_heads: heads,
+        intermediate_size: i,
+        vocab: VocabKind::Genslm69,
+        vocab_size: 69,
+        max_position_embeddings: 2048,
+        position: Position::Rotary,
+        rotary_pct: 0.25,
+        rotary_base: 10000.0,
+        layer_norm_eps: 1e-5,
+        attention: AttentionKind::Flash,
+    }
+}
+
+#[test]
+fn hf_param_counts() {
+    // Counts printed by `sum(p.numel() for p in GPTNeoXForCausalLM(cfg).parameters())`.
+    assert_eq!(shape(8, 512, 8, 2048).param_count(), 25_290_752);
+    assert_eq!(shape(28, 3840, 32, 4096).param_count(), 2_533_931_008);
+}
+
+#[test]
+fn rejects_constants_that_are_not_usable_in_f32() {
+    for (field, set) in [
+        (
+            "rotary_base",
+            (|c: &mut ModelConfig, v| c.rotary_base = v) as fn(&mut _, f64),
+        ),
+        ("layer_norm_eps", |c, v| c.layer_norm_eps = v),
+    ] {
+        for v in [f64::INFINITY, f64::NAN, 0.0, -1.0, 1e-50, 1e39] {
+            let mut c = shape(2, 64, 4, 128);
+            set(&mut c, v);
+            let err = c.validate().unwrap_err();
+            assert!(err.contains(field), "{field} = {v}: {err}");
+        }
+    }
+    for eps in [f64::INFINITY, 1e-50] {
+        let t = TrainConfig {
+            eps,
+            ..Default::default()
+        };
+        assert!(t.validate().unwrap_err().contains("`eps`"), "{eps}");
+    }
+    let t = TrainConfig {
+        weight_decay: f64::INFINITY,
+        ..Default::default()
+    };
+    assert!(t.validate().unwrap_err().contains("weight_decay"));
+    assert!(TrainConfig::default().validate().is_ok());
+}
+
+#[test]
+fn rejects_a_rotary_pct_that_rotates_nothing() {
+    // head dim 16: int(16 · 0.05) = 0 rotary dims; 0.125 gives 2.
+    let mut c = shape(2, 64, 4, 128);
+    c.rotary_pct = 0.05;
+    let err = c.validate().unwrap_err();
+    assert!(
+        err.contains("0 rotary dims") && err.contains("0.125"),
+        "{err}"
+    );
+    c.rotary_pct = 0.125;
+    assert!(c.validate().is_ok());
+    c.rotary_pct = 0.05;
+    c.position = Position::Alibi;
+    assert!(c.validate().is_ok(), "rotary_pct is unused without rotary");
+}
+
+#[test]
+fn rejects_indivisible_heads() {
+    let err = shape(2, 100, 3, 64).validate().unwrap_err();
+    assert!(
+        err.contains("hidden_size") && err.contains("num_heads"),
+        "{err}"
+    );
+}
