@@ -140,7 +140,7 @@ pub fn run(a: &PlanRequest) -> Result<String> {
             "total_bytes_at_max": at_max.total().round() as u64,
             "at_seq_len": at_len,
             "rank_states_at_seq_len": a.seq_len.map(|n| {
-                let [p, g, o] = super::terms::rank_states(&model, &best.strategy, &best.hardware, n);
+                let [p, g, o] = super::state_terms::rank_states(&model, &best.strategy, &best.hardware, n);
                 serde_json::json!({"parameters": p as u64, "gradients": g as u64, "optimizer_states": o as u64})
             }),
             "notes": notes,

@@ -34,6 +34,7 @@ mod report;
 pub mod request;
 pub mod search;
 pub mod stages;
+mod state_terms;
 mod terms;
 
 use serde::Serialize;
@@ -44,7 +45,7 @@ pub use crate::parallel::Degrees;
 
 pub use counts::{layer_params, model_params, stage_params};
 pub use stages::{PipePlan, StageView};
-pub use terms::rank_states;
+pub use state_terms::rank_states;
 
 /// Serialises a byte count as a whole number.
 fn whole_bytes<S: serde::Serializer>(v: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {

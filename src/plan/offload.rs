@@ -2,7 +2,8 @@
 //! layer inputs) and the host bytes it costs: what the device terms of [`super::terms`] hold
 //! without the offload and no longer hold with it.
 
-use super::terms::{kept_layer_inputs, state_parts};
+use super::state_terms::state_parts;
+use super::terms::kept_layer_inputs;
 use super::{Hardware, Offload, Strategy};
 use crate::config::ModelConfig;
 
