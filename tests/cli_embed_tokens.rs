@@ -84,6 +84,27 @@ fn per_token_rows_pool_to_the_record_vectors() {
     go(&["--pool", "mean", "--layers", "2,0", "--out", &arg(&multi)]);
     let t = read(&tok);
     assert_eq!(t.num_rows(), 2 * (23 + 10), "one row per token and layer");
+    // The summary counts records as records (it said "66 records": the rows).
+    let out = arg(&dir.path().join("again.parquet"));
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &fa,
+        "--seq-len",
+        "8",
+        "--pool",
+        "none",
+        "--layers",
+        "0,-1",
+        "--out",
+        &out,
+    ]);
+    assert!(
+        ok && err.contains("embedded 2 records (33 tokens") && err.contains("66 rows"),
+        "{err}"
+    );
     let codon = t.column_by_name("codon").unwrap().as_string::<i32>();
     let ci = t
         .column_by_name("codon_index")

@@ -180,3 +180,29 @@ fn per_token_rows_without_top_k() {
         sum / n as f64
     );
 }
+
+/// A record of one codon has nothing to predict: its row says NA (it printed NaN, a mean of
+/// nothing) and a note counts it; the records beside it keep their scores.
+#[test]
+fn a_record_too_short_to_score_is_na_not_nan() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = write(
+        dir.path(),
+        "a.fa",
+        format!(">short\nATG\n>long\n{SEQ}\n>two\nAT\n").as_bytes(),
+    );
+    let (model, f) = (arg(trained_tiny()), arg(&fa));
+    let (ok, tsv, err) = run(&["score", "--model", &model, "--fasta", &f, "--quiet"]);
+    assert!(ok, "{err}");
+    let rows: Vec<Vec<&str>> = tsv
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').collect())
+        .collect();
+    assert_eq!(rows[0], ["short", "0", "NA", "NA"], "{tsv}");
+    assert_eq!(rows[2], ["two", "0", "NA", "NA"], "{tsv}");
+    assert_eq!(rows[1][1], (SEQ.len() / 3 - 1).to_string(), "{tsv}");
+    assert!(rows[1][2].parse::<f64>().unwrap().is_finite(), "{tsv}");
+    assert!(!tsv.contains("NaN"), "{tsv}");
+    assert!(err.contains("2 record(s) shorter than 2 codons"), "{err}");
+}

@@ -172,7 +172,7 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
     let s = embed_to_parquet(&a.model, &input, &a.out, &opts)?;
     if !quiet {
         eprintln!(
-            "embedded {} records ({} tokens, layer {}, dim {}, window {}) in {:.1} s: {}",
+            "embedded {} records ({} tokens, layer {}, dim {}, window {}) in {:.1} s: {} rows in {}",
             s.records,
             s.tokens,
             s.layers
@@ -183,6 +183,7 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
             s.dim,
             s.window.map_or("whole records".into(), |w| w.to_string()),
             s.elapsed.as_secs_f64(),
+            s.rows,
             a.out.display()
         );
     }

@@ -101,7 +101,10 @@ pub enum EmbedInput {
 /// What an embed run did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EmbedSummary {
+    /// Records read.
     pub records: u64,
+    /// Rows written: one per record pooled, one per token and layer with `--pool none`.
+    pub rows: u64,
     pub tokens: u64,
     pub dim: usize,
     pub layers: Vec<usize>,
@@ -468,6 +471,7 @@ pub fn embed_to_parquet(
             ),
         },
     };
+    let mut records = 0u64;
     if let (Some(reader), EmbedInput::Parquet(path)) = (dataset, input) {
         for rec in reader {
             let r = rec?;
@@ -485,12 +489,14 @@ pub fn embed_to_parquet(
                 )));
             }
             pipe.push(r)?;
+            records += 1;
         }
     } else if let EmbedInput::Fasta(paths) = input {
         for f in fasta::discover(paths)? {
             let source = f.display().to_string();
             let mut warn = |w: String| eprintln!("warning: {w}");
             fasta::read_file(&f, OnInvalid::Error, &mut warn, &mut |rec, _| {
+                records += 1;
                 pipe.push(TokenizedRecord {
                     id: rec.id.to_string(),
                     description: rec.description.to_string(),
@@ -505,8 +511,8 @@ pub fn embed_to_parquet(
         }
     }
     pipe.flush()?;
-    let records = pipe.writer.rows();
-    if records == 0 {
+    let rows = pipe.writer.rows();
+    if rows == 0 {
         return Err(Error::Invalid(format!(
             "no records to embed; nothing written to {}",
             out.display()
@@ -517,6 +523,7 @@ pub fn embed_to_parquet(
     pipe.writer.finish()?;
     Ok(EmbedSummary {
         records,
+        rows,
         tokens,
         dim: model.cfg.hidden_size,
         layers,

@@ -269,12 +269,18 @@ pub fn score_fasta(
                 mean_nll: nll,
                 perplexity: nll.exp(),
             };
-            writeln!(
-                out,
-                "{}\t{}\t{:.6}\t{:.4}",
-                row.id, row.n_tokens, row.mean_nll, row.perplexity
-            )
-            .map_err(werr)?;
+            // A record of fewer than 2 codons has no token to predict: no score (NA, as pandas
+            // and R read a missing value), not a NaN computed from nothing.
+            if n == 0 {
+                writeln!(out, "{}\t0\tNA\tNA", row.id).map_err(werr)?;
+            } else {
+                writeln!(
+                    out,
+                    "{}\t{}\t{:.6}\t{:.4}",
+                    row.id, row.n_tokens, row.mean_nll, row.perplexity
+                )
+                .map_err(werr)?;
+            }
             rows.push(row);
         }
         pending.clear();
@@ -303,6 +309,13 @@ pub fn score_fasta(
     flush(&mut pending, &mut rows, out)?;
     if rows.is_empty() {
         return Err(Error::Invalid("no records to score".into()));
+    }
+    let unscored = rows.iter().filter(|r| r.n_tokens == 0).count();
+    if unscored > 0 {
+        eprintln!(
+            "note: {unscored} record(s) shorter than 2 codons have no token to predict: \
+             mean_nll and perplexity NA"
+        );
     }
     if let Some(w) = writer {
         w.finish()?;
