@@ -206,3 +206,35 @@ fn a_record_too_short_to_score_is_na_not_nan() {
     assert!(!tsv.contains("NaN"), "{tsv}");
     assert!(err.contains("2 record(s) shorter than 2 codons"), "{err}");
 }
+
+/// A model whose config gives a default window of one codon (max_position_embeddings 1)
+/// predicts nothing in any record: refused, naming the field, where every record scored NaN;
+/// an explicit --seq-len (rotary extends past the table) scores.
+#[test]
+fn a_default_window_of_one_codon_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let trained = trained_tiny();
+    let step = std::fs::read_to_string(trained.join("checkpoints/latest")).unwrap();
+    let from = trained.join("checkpoints").join(step.trim());
+    std::fs::copy(
+        from.join("model.safetensors"),
+        model.join("model.safetensors"),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(from.join("config.json")).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
+    cfg["max_position_embeddings"] = 1.into();
+    std::fs::write(model.join("config.json"), cfg.to_string()).unwrap();
+    let fa = write(dir.path(), "a.fa", format!(">a\n{SEQ}\n").as_bytes());
+    let (m, f) = (arg(&model), arg(&fa));
+    let (ok, _, err) = run(&["score", "--model", &m, "--fasta", &f, "--quiet"]);
+    assert!(
+        !ok && err.contains("max_position_embeddings 1") && err.contains("--seq-len"),
+        "{err}"
+    );
+    let (ok, tsv, err) = run(&["score", "--model", &m, "--fasta", &f, "--seq-len", "8"]);
+    assert!(ok, "{err}");
+    assert!(tsv.lines().nth(1).unwrap().starts_with("a\t"), "{tsv}");
+}

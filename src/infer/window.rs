@@ -29,11 +29,24 @@ pub fn resolve_window(model: &GenSlm, seq_len: Option<usize>, model_dir: &Path) 
             let w = trained_window(model_dir)?
                 .filter(|&t| t >= 2)
                 .unwrap_or(max);
-            Ok(if model.cfg.position == Position::Alibi {
+            let w = if model.cfg.position == Position::Alibi {
                 w
             } else {
                 w.min(max)
-            })
+            };
+            if w < 2 {
+                // One codon a window predicts nothing: every record would score NA.
+                return Err(Error::Invalid(format!(
+                    "the model's default window is {w} codon(s) (max_position_embeddings {max}): \
+                     nothing to predict; pass --seq-len of at least 2{}",
+                    if model.cfg.position == Position::Learned {
+                        " (a learned-position model knows no more positions than its table)"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+            Ok(w)
         }
     }
 }
