@@ -399,6 +399,23 @@ fn lengths_no_degree_divides_train_exactly() {
     }
 }
 
+/// A short sequence over many ranks: a rank holds fewer rows than the MLP has parts beside
+/// the ring (n + 1) or the all-to-alls (2), so some parts are empty (burn cannot narrow to no
+/// rows: CP 64 or SP 64 on 64 codons failed inside a rank).
+#[test]
+fn ranks_with_fewer_rows_than_mlp_parts_match_one_rank() {
+    run_layouts(
+        Position::Rotary,
+        6,
+        &[
+            (1, 4, 1, 0, false),
+            (1, 4, 1, 1, true),
+            (1, 1, 4, 0, false),
+            (1, 2, 2, 0, false),
+        ],
+    );
+}
+
 /// 3 heads on SP 2: Ulysses pads to 4 heads (one empty) so each rank takes 2; with CP too.
 #[test]
 fn head_counts_sp_does_not_divide_train_exactly() {

@@ -113,7 +113,7 @@ impl GenSlm {
         ctx: &LayerContext,
         sp: &dyn SequenceParallel,
     ) -> Tensor<3> {
-        let [b, s, _] = x.dims();
+        let [b, s, hidden] = x.dims();
         let heads = self.layer_heads(l);
         let qkv = self.col_dense(self.norm(x.clone(), l.ln1_w, l.ln1_b), l.qkv_w, l.qkv_b);
         let (q, k, v) = self.split_heads(qkv, heads, ctx);
@@ -125,9 +125,20 @@ impl GenSlm {
         let [w1, w2] = [l.fc1_w, l.fc2_w].map(|w| self.compute(self.mat(w)));
         let [b1, b2] = [l.fc1_b, l.fc2_b].map(|b| self.compute(self.vec(b)));
         let mut gathered: Option<[WeightParts; 2]> = None;
+        let cut = |part: usize, parts: usize| (part * s / parts, (part + 1) * s / parts);
         let mut rows = |part: usize, parts: usize, tie: &dyn Fn(Tensor<3>) -> Tensor<3>| {
-            let (first, end) = (part * s / parts, (part + 1) * s / parts);
-            let [g1, g2] = gathered.get_or_insert_with(|| [0; 2].map(|_| WeightParts::new(parts)));
+            let (first, end) = cut(part, parts);
+            if first == end {
+                // A rank holding fewer rows than there are parts (a short sequence over many
+                // ranks) leaves some parts empty: no rows, no work, no weight gradient (burn
+                // narrows to no rows nowhere). Every rank still takes the same path, so the
+                // ring's or the exchanges' ops pair up across ranks.
+                return self.compute(Tensor::zeros([b, 0, hidden], &x.device()));
+            }
+            let [g1, g2] = gathered.get_or_insert_with(|| {
+                let filled = (0..parts).filter(|&p| cut(p, parts).0 < cut(p, parts).1);
+                [0; 2].map(|_| WeightParts::new(filled.clone().count()))
+            });
             let h = self.compute(tie(h.clone().narrow(1, first, end - first)));
             let m = gelu_fast(linear_part(h, w1.clone(), Some(b1.clone()), g1.part(part)));
             linear_part(m, w2.clone(), Some(b2.clone()), g2.part(part))
@@ -136,6 +147,7 @@ impl GenSlm {
         let o = o
             .swap_dims(1, 2)
             .reshape([b, s, heads * self.cfg.head_dim()]);
+        let mlp = mlp.into_iter().filter(|m| m.dims()[1] > 0).collect();
         x + self.dense_out(o, l.dense_w, l.dense_b) + Tensor::cat(mlp, 1)
     }
 
