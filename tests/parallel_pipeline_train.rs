@@ -99,6 +99,10 @@ fn impossible_pipelines_are_refused_before_any_work() {
     assert!(run(&few, pp(2, 1, 1, 1, 1)).contains("needs at least 2 micro-batches"));
     let gpipe = config(Position::Rotary, ScheduleKind::GPipe, 1);
     assert!(run(&gpipe, pp(8, 1, 1, 1, 1)).contains("every chunk needs at least one"));
+    // More stages than layers is named first: no --grad-accum or schedule would make it work
+    // (it asked for more micro-batches, then for GPipe, which then refused the layers).
+    let e = run(&few, pp(8, 1, 1, 1, 1));
+    assert!(e.contains("every chunk needs at least one"), "{e}");
     let mut zero3 = cfg.clone();
     zero3.train.zero = 3;
     assert!(run(&zero3, pp(2, 1, 1, 1, 1)).contains("--zero 3"));

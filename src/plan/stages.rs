@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::Parallelism;
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::parallel::pipeline::cut_and_schedule;
 use crate::parallel::pipeline::schedule::{simulate, Pass, Schedule, ScheduleKind};
 use crate::parallel::pipeline::stages::Stages;
 
@@ -79,14 +80,14 @@ fn cost(kind: ScheduleKind) -> impl Fn(Pass) -> u64 {
 /// balanced one.
 fn schedule(m: &ModelConfig, l: &Parallelism, cut: Option<&[usize]>) -> Result<(Schedule, Stages)> {
     let p = &l.pipeline;
-    // The settings, then the cut (more chunks than layers), before anything is built.
-    Schedule::check(p.schedule, l.pp, p.micro_batches, p.virtual_stages)?;
-    let stages = match cut {
-        Some(counts) => Stages::from_counts(counts, m.num_layers, l.pp, p.virtual_stages)?,
-        None => Stages::balanced(m.num_layers, l.pp, p.virtual_stages)?,
-    };
-    let sched = Schedule::build(p.schedule, l.pp, p.micro_batches, p.virtual_stages)?;
-    Ok((sched, stages))
+    cut_and_schedule(
+        m.num_layers,
+        cut,
+        p.schedule,
+        l.pp,
+        p.micro_batches,
+        p.virtual_stages,
+    )
 }
 
 /// Every stage's view of layout `l` with the layers cut by `cut` (`--pp-layers`; `None`:

@@ -34,6 +34,7 @@ use crate::model::GenSlm;
 use crate::ops::linear::WeightGrads;
 use crate::ops::primitive::{host_to_param, tensor_to_vec, tokens_tensor};
 use crate::parallel::comm::Communicator;
+use crate::parallel::pipeline::cut_and_schedule;
 use crate::parallel::pipeline::mailroom::{Mailroom, Msg};
 use crate::parallel::pipeline::schedule::{Op, Pass, Schedule};
 use crate::parallel::pipeline::stages::Stages;
@@ -59,14 +60,14 @@ impl Pipe {
             return Ok(None);
         }
         let t = &cfg.train;
-        // The settings, then the cut (more chunks than layers), before anything is built.
-        Schedule::check(t.pp_schedule, pp, t.grad_accum, t.pp_virtual)?;
-        let layers = cfg.model.num_layers;
-        let stages = match &t.pp_layers {
-            Some(counts) => Stages::from_counts(counts, layers, pp, t.pp_virtual)?,
-            None => Stages::balanced(layers, pp, t.pp_virtual)?,
-        };
-        let schedule = Schedule::build(t.pp_schedule, pp, t.grad_accum, t.pp_virtual)?;
+        let (schedule, stages) = cut_and_schedule(
+            cfg.model.num_layers,
+            t.pp_layers.as_deref(),
+            t.pp_schedule,
+            pp,
+            t.grad_accum,
+            t.pp_virtual,
+        )?;
         Ok(Some(Self { schedule, stages }))
     }
 

@@ -8,3 +8,29 @@
 pub mod mailroom;
 pub mod schedule;
 pub mod stages;
+
+use crate::error::Result;
+use schedule::{Schedule, ScheduleKind};
+use stages::Stages;
+
+/// The cut of `layers` into `pp × virtual_stages` chunks (`counts` from `--pp-layers`, else
+/// balanced) and the schedule of `micros` micro-batches over them, or why they cannot run. The
+/// cut is checked first: more chunks than layers is wrong whatever the schedule, so naming the
+/// micro-batches first sent users from one refusal to the next. Training and the planner both
+/// build their pipelines here.
+pub fn cut_and_schedule(
+    layers: usize,
+    counts: Option<&[usize]>,
+    kind: ScheduleKind,
+    pp: usize,
+    micros: usize,
+    virtual_stages: usize,
+) -> Result<(Schedule, Stages)> {
+    let stages = match counts {
+        Some(counts) => Stages::from_counts(counts, layers, pp, virtual_stages)?,
+        None => Stages::balanced(layers, pp, virtual_stages)?,
+    };
+    Schedule::check(kind, pp, micros, virtual_stages)?;
+    let schedule = Schedule::build(kind, pp, micros, virtual_stages)?;
+    Ok((schedule, stages))
+}
