@@ -76,10 +76,37 @@ fn check_not_input(target: &Path) -> Result<()> {
     }
 }
 
+/// Refuses a `target` that exists as something other than a file, itself or through links:
+/// the rename would replace it, and `--out /dev/full` (or `/dev/stdout`, a link to the
+/// terminal or a pipe; a named pipe; a socket) is no place for a file: as root, the device
+/// itself was replaced by the output. A link to a file is replaced by the new file (the file
+/// it pointed to is kept).
+fn check_replaceable(target: &Path) -> Result<()> {
+    // `metadata` follows links; a dangling link (no metadata) is replaced like a file.
+    let Ok(meta) = std::fs::metadata(target) else {
+        return Ok(());
+    };
+    let kind = meta.file_type();
+    if kind.is_file() {
+        return Ok(());
+    }
+    let what = if kind.is_dir() {
+        "a directory"
+    } else {
+        "a device, named pipe or socket"
+    };
+    Err(Error::Invalid(format!(
+        "{}: is {what}, not a file; an output is written as a new file and renamed over its \
+         path, which would replace it. Nothing was written: choose a file path",
+        target.display()
+    )))
+}
+
 impl AtomicFile {
     /// Creates `.NAME.tmp-PID` in the target's directory and returns it with its handle.
     pub fn create(target: &Path) -> Result<(Self, File)> {
         check_not_input(target)?;
+        check_replaceable(target)?;
         let dir = match target.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -122,6 +149,7 @@ impl AtomicFile {
     /// is closed only after the rename, so no other writer takes it for a dead one's.
     pub fn commit(mut self, file: File) -> Result<()> {
         check_not_input(&self.target)?;
+        check_replaceable(&self.target)?;
         file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
         std::fs::rename(&self.tmp, &self.target).map_err(|e| Error::io(&self.target, e))?;
         drop(file);
@@ -216,6 +244,55 @@ mod tests {
         assert!(
             leftovers
                 .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+                .count()
+                == 0
+        );
+    }
+
+    /// A target that exists as a socket (as a device or a named pipe would) or a directory is
+    /// refused and left as it was (`--out /dev/full` replaced the device with the output).
+    #[cfg(unix)]
+    #[test]
+    fn only_a_file_is_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let err = write_bytes(&socket, b"x").unwrap_err().to_string();
+        assert!(
+            err.contains("not a file") && err.contains("Nothing was written"),
+            "{err}"
+        );
+        assert!(std::fs::symlink_metadata(&socket)
+            .unwrap()
+            .file_type()
+            .is_socket());
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let err = write_bytes(&sub, b"x").unwrap_err().to_string();
+        assert!(err.contains("is a directory"), "{err}");
+        assert!(sub.is_dir());
+        // A file and a link are replaced as ever (the link by the new file, its target kept).
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"old").unwrap();
+        write_bytes(&file, b"new").unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        write_bytes(&link, b"via").unwrap();
+        assert_eq!(std::fs::read(&link).unwrap(), b"via");
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        // A link to something that is not a file is refused like it (`/dev/stdout`).
+        let to_socket = dir.path().join("to_sock");
+        std::os::unix::fs::symlink(&socket, &to_socket).unwrap();
+        assert!(write_bytes(&to_socket, b"x").is_err());
+        assert!(std::fs::symlink_metadata(&to_socket)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let tmp = std::fs::read_dir(dir.path()).unwrap().flatten();
+        assert!(
+            tmp.filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
                 .count()
                 == 0
         );
