@@ -1,6 +1,6 @@
-//! `genslm plan`: the memory terms against their closed forms, and the CLI (the CPU
-//! calibration: tests/plan_calibration.rs; the published comparison and the logged GPU peaks:
-//! tests/plan_published.rs).
+//! `genslm plan`: the memory terms against their closed forms (the command line:
+//! tests/plan_cli.rs; the CPU calibration: tests/plan_calibration.rs; the published comparison
+//! and the logged GPU peaks: tests/plan_published.rs).
 
 mod common;
 
@@ -358,106 +358,6 @@ fn search_brackets_the_capacity() {
     assert_eq!(max_seq_len(&shape(96, 12288, 96, 49152), &st, &gpu(8.0)), 0);
 }
 
-#[test]
-fn cli_plans_sweeps_and_compares() {
-    let cfg = repo().join("configs/genslm-25m.toml");
-    let cfg = cfg.to_str().unwrap();
-    let (ok, out, err) = run(&[
-        "plan",
-        "--config",
-        cfg,
-        "--gpus",
-        "8",
-        "--gpu-mem-gib",
-        "80",
-        "--sp",
-        "8",
-        "--zero",
-        "1",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["layout"]["sp"], 8);
-    assert_eq!(v["layout"]["dp"], 1);
-    assert!(v["max_seq_len"].as_u64().unwrap() > 100_000);
-    for k in [
-        "parameters",
-        "gradients",
-        "optimizer_states",
-        "activations",
-        "attention",
-        "position_table",
-        "logits",
-        "communication",
-        "workspace",
-    ] {
-        assert!(v["at_max_seq_len"]["memory"][k].is_number(), "{k}");
-    }
-
-    let (ok, out, err) = run(&[
-        "plan",
-        "--config",
-        cfg,
-        "--gpus",
-        "64",
-        "--gpu-mem-gib",
-        "40",
-        "--sweep",
-    ]);
-    assert!(ok, "{err}");
-    for count in ["1", "2", "4", "8", "16", "32", "64"] {
-        assert!(
-            out.lines()
-                .any(|l| l.split_whitespace().next() == Some(count)),
-            "{out}"
-        );
-    }
-
-    let (ok, out, err) = run(&["plan", "--compare-published"]);
-    assert!(ok, "{err}");
-    assert!(
-        out.contains("(c) new Megatron-DS") && out.contains("128 / "),
-        "{out}"
-    );
-    assert!(
-        out.contains("10143818") && out.contains("The cells that miss"),
-        "{out}"
-    );
-    let (ok, out, _) = run(&["plan", "--compare-published", "--json"]);
-    assert!(ok);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["published_cells"], 18);
-    assert_eq!(v["logged_runs"].as_array().map(Vec::len), Some(14));
-    assert_eq!(v["misses"].as_array().map(Vec::len), Some(3));
-
-    // Errors name the problem and exit non-zero.
-    let (ok, _, err) = run(&[
-        "plan",
-        "--config",
-        cfg,
-        "--gpus",
-        "8",
-        "--gpu-mem-gib",
-        "80",
-        "--sp",
-        "3",
-    ]);
-    assert!(!ok && err.contains("heads"), "{err}");
-    let (ok, _, err) = run(&["plan", "--config", cfg, "--gpus", "8", "--gpu-mem-gib", "0"]);
-    assert!(!ok && err.contains("gpu-mem-gib"), "{err}");
-    let (ok, _, err) = run(&[
-        "plan",
-        "--config",
-        "/nonexistent.toml",
-        "--gpus",
-        "1",
-        "--gpu-mem-gib",
-        "8",
-    ]);
-    assert!(!ok && err.contains("nonexistent"), "{err}");
-}
-
 /// Under full checkpointing the logits peak in their own phase (end of the forward), on top of
 /// every layer's kept input, and are gone when the first layer is recomputed.
 #[test]
@@ -595,26 +495,5 @@ fn context_parallel_splits_every_region_and_zero_spans_it() {
             ..st.clone()
         }),
         3072
-    );
-}
-
-/// `plan --seq-len 0` is refused (it printed the memory "at 0 tokens").
-#[test]
-fn plan_refuses_a_sequence_of_no_tokens() {
-    let cfg = repo().join("configs/genslm-25m.toml");
-    let (ok, _, err) = run(&[
-        "plan",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--seq-len",
-        "0",
-        "--gpus",
-        "8",
-        "--gpu-mem-gib",
-        "40",
-    ]);
-    assert!(
-        !ok && err.contains("--seq-len 0: a sequence holds at least one token"),
-        "{err}"
     );
 }

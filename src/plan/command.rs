@@ -50,10 +50,23 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     if a.batch_size == 0 {
         return Err(Error::Invalid("--batch-size must be at least 1".into()));
     }
-    if a.seq_len == Some(0) {
-        return Err(Error::Invalid(
-            "--seq-len 0: a sequence holds at least one token".into(),
-        ));
+    if let Some(n) = a.seq_len.filter(|&n| n < 2) {
+        // As train refuses it: a sequence of one token predicts nothing.
+        return Err(Error::Invalid(format!(
+            "--seq-len {n}: a training sequence holds at least 2 tokens (each predicts the next)"
+        )));
+    }
+    for (flag, v) in [
+        ("--tp", a.tp),
+        ("--sp", a.sp),
+        ("--cp", a.cp),
+        ("--dp", a.dp),
+        ("--pp", a.pp),
+        ("--grad-accum", a.grad_accum),
+    ] {
+        if v == Some(0) {
+            return Err(Error::Invalid(format!("{flag} 0: must be at least 1")));
+        }
     }
     let max = crate::config::MAX_TOKENS;
     for (flag, v) in [
@@ -111,7 +124,9 @@ pub fn run(a: &PlanRequest) -> Result<String> {
         Some(Err(e)) => e,
         _ => Error::Invalid("no layout to evaluate".into()),
     })?;
-    let at_max = estimate(&model, &best.strategy, &best.hardware, best.max_seq_len);
+    // Where nothing fits, the breakdown at the shortest length searched says why.
+    let shown = best.max_seq_len.max(granule(&best.strategy));
+    let at_max = estimate(&model, &best.strategy, &best.hardware, shown);
     let at_len = a
         .seq_len
         .map(|n| estimate(&model, &best.strategy, &best.hardware, n));

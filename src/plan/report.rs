@@ -150,14 +150,24 @@ pub(super) fn single_report(
         }
     );
     let _ = writeln!(s, "settings            {}", describe(&best.strategy));
-    let _ = writeln!(
-        s,
-        "longest sequence    {} tokens ({} codons ≈ {} bases; searched in steps of {})",
-        tokens(best.max_seq_len),
-        tokens(best.max_seq_len),
-        tokens(3 * best.max_seq_len),
-        tokens(granule(&best.strategy))
-    );
+    if best.max_seq_len == 0 {
+        // "0 tokens" read as a sequence length; say that nothing fits, and why below.
+        let _ = writeln!(
+            s,
+            "longest sequence    none: not even {} tokens fit in {mem} GiB (the memory at \
+             that length below)",
+            tokens(granule(&best.strategy))
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "longest sequence    {} tokens ({} codons ≈ {} bases; searched in steps of {})",
+            tokens(best.max_seq_len),
+            tokens(best.max_seq_len),
+            tokens(3 * best.max_seq_len),
+            tokens(granule(&best.strategy))
+        );
+    }
     if let Some(b) = super::stages::bubble(model, &best.strategy.layout) {
         let _ = writeln!(
             s,
