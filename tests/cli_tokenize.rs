@@ -480,3 +480,17 @@ fn non_utf8_headers_are_kept_with_a_warning() {
     let rows = read_dataset(&out).unwrap().1;
     assert_eq!(rows[1].id, "caf\u{FFFD}");
 }
+
+/// `--fasta -` (standard input, by the Unix convention) is named for what it is, with the way
+/// that works (a named pipe), where it said "-: No such file or directory".
+#[test]
+fn standard_input_is_refused_with_the_alternative() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.parquet");
+    let (ok, _, err) = run(&["tokenize", "--fasta", "-", "--out", out.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("standard input") && err.contains("<(zcat"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

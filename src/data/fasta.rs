@@ -48,6 +48,15 @@ pub fn has_fasta_extension(path: &Path) -> bool {
 pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for p in paths {
+        if p.as_os_str() == "-" && !p.exists() {
+            // The Unix convention for standard input: inputs here are named files (their names
+            // go into the dataset's sources); a named pipe works, so point to one.
+            return Err(Error::Invalid(
+                "-: standard input is not read as FASTA; give the file, or a process \
+                 substitution such as <(zcat genome.fa.gz)"
+                    .into(),
+            ));
+        }
         let meta = std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
         if meta.is_dir() {
             let mut found = Vec::new();
