@@ -413,8 +413,9 @@ fn pipeline_flags_train_and_log_the_bubble() {
         ),
         (&["--zero", "2"][..], "--zero 2"),
         (
+            // The cut is named before the schedule's size: 2·10⁹ chunks of a 2-layer model.
             &["--pp-schedule", "interleaved", "--pp-virtual", "1000000000"][..],
-            "passes per step",
+            "2000000000 chunks of layers",
         ),
     ] {
         let bad = dir.path().join("bad");

@@ -14,10 +14,10 @@ use schedule::{Schedule, ScheduleKind};
 use stages::Stages;
 
 /// The cut of `layers` into `pp × virtual_stages` chunks (`counts` from `--pp-layers`, else
-/// balanced) and the schedule of `micros` micro-batches over them, or why they cannot run. The
-/// cut is checked first: more chunks than layers is wrong whatever the schedule, so naming the
-/// micro-batches first sent users from one refusal to the next. Training and the planner both
-/// build their pipelines here.
+/// balanced) and the schedule of `micros` micro-batches over them, or why they cannot run: the
+/// flags among themselves first, then the cut (more chunks than layers is wrong whatever the
+/// micro-batches), then the micro-batches (naming them first sent users from one refusal to
+/// the next). Training and the planner both build their pipelines here.
 pub fn cut_and_schedule(
     layers: usize,
     counts: Option<&[usize]>,
@@ -26,6 +26,7 @@ pub fn cut_and_schedule(
     micros: usize,
     virtual_stages: usize,
 ) -> Result<(Schedule, Stages)> {
+    Schedule::check_flags(kind, pp, virtual_stages)?;
     let stages = match counts {
         Some(counts) => Stages::from_counts(counts, layers, pp, virtual_stages)?,
         None => Stages::balanced(layers, pp, virtual_stages)?,

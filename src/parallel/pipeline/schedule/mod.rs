@@ -134,6 +134,23 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// Whether the flags agree among themselves, whatever the model and the micro-batches:
+    /// every count at least 1, and virtual stages only with the schedule that has them.
+    pub fn check_flags(kind: ScheduleKind, stages: usize, virtual_stages: usize) -> Result<()> {
+        let (p, v) = (stages, virtual_stages);
+        if p == 0 || v == 0 {
+            return Err(Error::Invalid(format!(
+                "pipeline of {p} stages, {v} virtual stages: each must be at least 1"
+            )));
+        }
+        if v > 1 && kind != ScheduleKind::Interleaved {
+            return Err(Error::Invalid(format!(
+                "--pp-virtual {v} needs --pp-schedule interleaved ({kind} runs one chunk per stage)"
+            )));
+        }
+        Ok(())
+    }
+
     /// Why `kind` cannot run on `stages` stages, `micros` micro-batches and `virtual` chunks
     /// per stage, if it cannot (without building anything).
     pub fn check(
@@ -143,16 +160,12 @@ impl Schedule {
         virtual_stages: usize,
     ) -> Result<()> {
         let (p, m, v) = (stages, micros, virtual_stages);
-        if p == 0 || m == 0 || v == 0 {
+        if m == 0 {
             return Err(Error::Invalid(format!(
                 "pipeline of {p} stages, {m} micro-batches, {v} virtual stages: each must be at least 1"
             )));
         }
-        if v > 1 && kind != ScheduleKind::Interleaved {
-            return Err(Error::Invalid(format!(
-                "--pp-virtual {v} needs --pp-schedule interleaved ({kind} runs one chunk per stage)"
-            )));
-        }
+        Self::check_flags(kind, p, v)?;
         if matches!(
             kind,
             ScheduleKind::OneFOneB | ScheduleKind::Interleaved | ScheduleKind::ZeroBubble
