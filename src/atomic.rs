@@ -107,6 +107,7 @@ impl AtomicFile {
     pub fn create(target: &Path) -> Result<(Self, File)> {
         check_not_input(target)?;
         check_replaceable(target)?;
+        crate::run_lock::check_not_a_runs_file(target)?;
         let dir = match target.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -201,6 +202,38 @@ fn sweep(dir: &Path, prefix: &str, own: &Path, target: &Path) -> Result<()> {
             path.display()
         ))),
     }
+}
+
+/// Refuses a command's outputs where two are one file (`embed --out X --plot X` wrote the
+/// embeddings, then replaced them with the picture): compared by their directory's real path
+/// and their name, before any work.
+pub fn distinct_outputs(outputs: &[(&str, &Path)]) -> Result<()> {
+    let real = |p: &Path| {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        p.file_name().map(|n| dir.join(n))
+    };
+    for (i, (a, pa)) in outputs.iter().enumerate() {
+        for (b, pb) in &outputs[i + 1..] {
+            let same = match (real(pa), real(pb)) {
+                (Some(x), Some(y)) => {
+                    x == y || identity(&x).is_some_and(|id| identity(&y) == Some(id))
+                }
+                _ => false,
+            };
+            if same {
+                return Err(Error::Invalid(format!(
+                    "{a} and {b} are the same file ({}): the second would replace the first. \
+                     Nothing was written: give them different paths",
+                    pa.display()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes `bytes` to `target` atomically.

@@ -12,17 +12,112 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 
 /// The lock file's name inside a run directory.
 pub const LOCK_FILE: &str = ".genslm.lock";
 
+/// What marks a directory as holding a run (its progress).
+pub const RUN_MARKERS: [&str; 2] = ["checkpoints", "metrics.jsonl"];
+/// The other files a run writes, from its first moments (before any step).
+pub const RUN_FILES: [&str; 3] = ["config.toml", "data.parquet", "data.sources.json"];
+
 /// A held lock; dropping it (or the process ending) releases it.
 #[derive(Debug)]
 pub struct RunLock {
     _file: Option<File>,
     pub path: PathBuf,
+    _owner: RunOwner,
+}
+
+/// The run directories this process writes for (canonical paths; one entry per claim).
+static OWNED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// This process's claim to write a run directory's own files: the lock's holder has one, and
+/// so do the other ranks of a run (under MPI only rank 0 locks, the others write their
+/// optimizer shards). Dropped, the claim ends.
+#[derive(Debug)]
+pub struct RunOwner(PathBuf);
+
+impl RunOwner {
+    pub fn register(dir: &Path) -> RunOwner {
+        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        OWNED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(dir.clone());
+        RunOwner(dir)
+    }
+}
+
+impl Drop for RunOwner {
+    fn drop(&mut self) {
+        let mut owned = OWNED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = owned.iter().position(|d| *d == self.0) {
+            owned.remove(i);
+        }
+    }
+}
+
+/// Whether `dir` holds a run: its lock file, or a checkpoint.
+fn is_run(dir: &Path) -> bool {
+    dir.join(LOCK_FILE).is_file() || dir.join("checkpoints").join("latest").is_file()
+}
+
+/// The run directory `target` is one of the own files of: a run's markers, files or lock in
+/// its directory, or anything under its `checkpoints/`.
+fn run_of(target: &Path) -> Option<PathBuf> {
+    let parent = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = target.file_name()?.to_str().unwrap_or("");
+    let own = RUN_MARKERS.contains(&name) || RUN_FILES.contains(&name) || name == LOCK_FILE;
+    if own && is_run(parent) {
+        return Some(parent.to_path_buf());
+    }
+    let mut dir = parent;
+    loop {
+        let up = match dir.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if dir.file_name().is_some_and(|n| n == "checkpoints") && is_run(up) {
+            return Some(up.to_path_buf());
+        }
+        if up == dir || dir == Path::new(".") {
+            return None;
+        }
+        dir = up;
+    }
+}
+
+/// Refuses `target` where it is one of a run's own files (checkpoints, metrics, config,
+/// dataset, lock) and this process does not write for that run: `embed --out RUN/metrics.jsonl`
+/// or `score --per-token RUN/checkpoints/step-4/optimizer-….safetensors` replaced a run's
+/// history or checkpoint, even while its `train` held the lock.
+pub fn check_not_a_runs_file(target: &Path) -> Result<()> {
+    let Some(run) = run_of(target) else {
+        return Ok(());
+    };
+    let canon = run.canonicalize().unwrap_or_else(|_| run.clone());
+    if OWNED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&canon)
+    {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "{}: a file of the run in {} (its checkpoints, metrics, config, dataset or lock), \
+         which only that run's train writes; nothing was written. Choose another output path \
+         (other names inside {} are fine)",
+        target.display(),
+        run.display(),
+        run.display()
+    )))
 }
 
 impl RunLock {
@@ -61,7 +156,11 @@ impl RunLock {
                      stops a second run from writing into this directory at the same time",
                     path.display()
                 );
-                return Ok(RunLock { _file: None, path });
+                return Ok(RunLock {
+                    _file: None,
+                    path,
+                    _owner: RunOwner::register(dir),
+                });
             }
             Err(TryLockError::Error(e)) => return Err(Error::io(&path, e)),
         }
@@ -74,6 +173,7 @@ impl RunLock {
         Ok(RunLock {
             _file: Some(file),
             path,
+            _owner: RunOwner::register(dir),
         })
     }
 }

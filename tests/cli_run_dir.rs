@@ -106,6 +106,28 @@ fn a_live_run_directory_refuses_a_second_train_a_resume_and_an_overwrite() {
         err.contains("in use by another genslm") && err.contains(&pid),
         "{err}"
     );
+    // Nor may any other command's output replace a file of the run: its history, config or
+    // checkpoint (embed, generate and score --per-token did, exit 0, lock or not).
+    let fa = arg(&repo().join("data/lambda_virus.fa"));
+    let model = arg(common::trained_tiny());
+    for (args, file) in [
+        (
+            vec!["embed", "--model", &model, "--fasta", &fa],
+            "metrics.jsonl",
+        ),
+        (
+            vec!["generate", "--model", &model, "--max-codons", "4"],
+            "config.toml",
+        ),
+        (
+            vec!["generate", "--model", &model, "--max-codons", "4"],
+            "checkpoints/latest",
+        ),
+    ] {
+        let target = arg(&out.join(file));
+        let (ok, _, err) = run(&[&args[..], &["--out", &target, "--quiet"]].concat());
+        assert!(!ok && err.contains("a file of the run in"), "{file}: {err}");
+    }
     // The live run's files are untouched: still its own config (seed 11), still running.
     let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
     assert!(config.contains("seed = 11"), "{config}");
@@ -173,6 +195,43 @@ fn overwrite_refuses_to_delete_the_dataset_it_reads() {
         "{err}"
     );
     assert!(data.is_file() && out.join("checkpoints/latest").is_file());
+}
+
+/// A finished run's files are its own too (score --per-token over a checkpoint's optimizer
+/// state made the next resume fail on a corrupt checkpoint), while other names inside the run
+/// directory are anyone's.
+#[test]
+fn a_finished_runs_files_are_not_outputs_of_other_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, step) = finished_run(dir.path());
+    let fa = arg(&repo().join("data/lambda_virus.fa"));
+    let shard = step.join("optimizer-rank00000-of-00001.safetensors");
+    assert!(shard.is_file());
+    let before = std::fs::read(&shard).unwrap();
+    let (ok, _, err) = run(&[
+        "score",
+        "--model",
+        &arg(&out),
+        "--fasta",
+        &fa,
+        "--per-token",
+        &arg(&shard),
+    ]);
+    assert!(!ok && err.contains("a file of the run in"), "{err}");
+    assert_eq!(std::fs::read(&shard).unwrap(), before);
+    let mine = out.join("scores.parquet");
+    let (ok, _, err) = run(&[
+        "score",
+        "--model",
+        &arg(&out),
+        "--fasta",
+        &fa,
+        "--per-token",
+        &arg(&mine),
+    ]);
+    assert!(ok && mine.is_file(), "{err}");
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(ok, "{err}");
 }
 
 #[test]

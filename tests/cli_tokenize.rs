@@ -494,3 +494,32 @@ fn standard_input_is_refused_with_the_alternative() {
     );
     assert!(!out.exists());
 }
+
+/// One file reached twice (named twice, or within a directory also given) is refused: its
+/// records would count twice (and in training fall on both sides of the validation split).
+#[test]
+fn a_file_given_twice_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = write(dir.path(), "a.fa", b">a\nATGAAACCC\n");
+    let out = dir.path().join("x.parquet");
+    let spelled = dir.path().join(".").join("a.fa");
+    for inputs in [
+        [fa.to_str().unwrap(), fa.to_str().unwrap()],
+        [fa.to_str().unwrap(), spelled.to_str().unwrap()],
+        [dir.path().to_str().unwrap(), fa.to_str().unwrap()],
+    ] {
+        let (ok, _, err) = run(&[
+            "tokenize",
+            "--fasta",
+            inputs[0],
+            inputs[1],
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(
+            !ok && err.contains("are the same file, given twice"),
+            "{inputs:?}: {err}"
+        );
+        assert!(!out.exists());
+    }
+}

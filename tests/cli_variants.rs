@@ -447,3 +447,46 @@ fn unscored_variants_are_counted_by_their_reason() {
     assert_eq!(del[col("delta_ll")], "NA", "{t:?}");
     assert_ne!(del[col("consequence")], "outside_cds", "{t:?}");
 }
+
+/// Two outputs of one command at one path: refused before any work (the heatmap replaced the
+/// table, and `embed --plot` the embeddings, exit 0), under another spelling too.
+#[test]
+fn two_outputs_at_one_path_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let out = dir.path().join("sat.tsv");
+    let again = dir.path().join(".").join("sat.tsv");
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--saturate",
+        "4..9",
+        "--out",
+        &arg(&out),
+        "--heatmap",
+        &arg(&again),
+    ]);
+    assert!(
+        !ok && err.contains("--out and --heatmap are the same file"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let emb = dir.path().join("e.parquet");
+    let model = arg(trained_tiny());
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &fa,
+        "--out",
+        &arg(&emb),
+        "--plot",
+        &arg(&emb),
+    ]);
+    assert!(
+        !ok && err.contains("--out and --plot are the same file"),
+        "{err}"
+    );
+    assert!(!emb.exists());
+}

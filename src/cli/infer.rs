@@ -151,6 +151,9 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
         Some(p) => EmbedInput::Parquet(p),
         None => EmbedInput::Fasta(a.fasta),
     };
+    if let Some(png) = &a.plot {
+        genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--plot", png)])?;
+    }
     if a.plot.is_some() && (a.pool == PoolArg::None || a.layers.len() > 1) {
         anyhow::bail!(
             "--plot draws one pooled vector per record: it takes one layer and --pool mean|last"

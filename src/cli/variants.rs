@@ -82,6 +82,9 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
         heatmap: a.heatmap.clone(),
         compute: a.device.compute(),
     };
+    if let Some(png) = &a.heatmap {
+        genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--heatmap", png)])?;
+    }
     let s = run_variants(&a.model, &a.fasta, &opts, &a.out)?;
     if !quiet {
         // The windows actually scored, where they differ from the one asked for.

@@ -6,10 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::train::checkpoint::checkpoints_dir;
 
-/// What marks a directory as holding a run (its progress).
-const RUN_MARKERS: [&str; 2] = ["checkpoints", "metrics.jsonl"];
-/// The other files a run writes, from its first moments (before any step).
-const RUN_FILES: [&str; 3] = ["config.toml", "data.parquet", "data.sources.json"];
+use crate::run_lock::{RUN_FILES, RUN_MARKERS};
 
 /// Makes `run` (which exists and is locked) ready for a run: refuses a fresh run into a
 /// directory that already holds one unless `overwrite`, which removes that run first — but

@@ -18,6 +18,7 @@ use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{read_saved, Saved};
 use crate::train::memory::{
     available_bytes, check_fits, check_fits_device, check_fits_host, check_largest_buffer,
+    check_step_batches, step_batch_bytes,
 };
 use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint};
 use crate::train::run_dir::claim;
@@ -69,13 +70,18 @@ pub fn check_memory(
     if opts.skip_memory_check {
         return Ok(());
     }
+    // The step's micro-batches are host memory on every backend.
+    let batches = step_batch_bytes(cfg) * in_process.max(1) as f64;
+    if let Some(avail) = available_bytes() {
+        check_step_batches(cfg, in_process, avail)?;
+    }
     // The CPU backend: the planner's host peak against this machine's available memory. A GPU
     // backend: its device peak against what the device's runtime says it holds.
     use crate::backend::BackendKind;
     let backend = opts.device.backend;
     if backend == BackendKind::Cpu {
         return match available_bytes() {
-            Some(avail) => check_fits(cfg, (dp, sp, pp), in_process, avail),
+            Some(avail) => check_fits(cfg, (dp, sp, pp), in_process, avail - batches),
             None => Ok(()),
         };
     }

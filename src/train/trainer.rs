@@ -148,18 +148,21 @@ pub fn train_with_ranks(
         check_memory(cfg, (t.dp, t.seq_degree(), t.pp), 1, opts)?;
         // Rank 0 may tokenize for a long time: the others wait without a deadline. It holds
         // the run directory's lock until the run ends.
-        let (corpus, _lock) = if ranks.is_root() {
+        let (corpus, _lock, _owner) = if ranks.is_root() {
             let c = prepare_run(cfg, data, run, opts);
             ranks.world.barrier_unbounded()?;
             let (c, lock) = c?;
-            (c, Some(lock))
+            (c, Some(lock), None)
         } else {
             ranks.world.barrier_unbounded()?;
+            // The other ranks write their own files of the run (optimizer shards) without the
+            // lock; the directory exists from here on.
+            let owner = crate::run_lock::RunOwner::register(run);
             let data = match data {
                 DataSource::Fasta(_) => DataSource::Parquet(run.join("data.parquet")),
                 other => other.clone(),
             };
-            (load_corpus(cfg, &data, run, None)?, None)
+            (load_corpus(cfg, &data, run, None)?, None, Some(owner))
         };
         train_rank(cfg, &corpus, run, opts, ranks)
     })
