@@ -32,7 +32,7 @@ pub struct AtomicFile {
 static INPUTS: Mutex<Vec<(u64, u64, PathBuf)>> = Mutex::new(Vec::new());
 
 /// The (device, inode) of an existing file; `None` where there is none (or off Unix).
-fn identity(path: &Path) -> Option<(u64, u64)> {
+pub(crate) fn identity(path: &Path) -> Option<(u64, u64)> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;

@@ -78,20 +78,13 @@ fn run_of(target: &Path) -> Option<PathBuf> {
     if own && is_run(parent) {
         return Some(parent.to_path_buf());
     }
-    let mut dir = parent;
-    loop {
-        let up = match dir.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        if dir.file_name().is_some_and(|n| n == "checkpoints") && is_run(up) {
-            return Some(up.to_path_buf());
-        }
-        if up == dir || dir == Path::new(".") {
-            return None;
-        }
-        dir = up;
-    }
+    // Anything under a run's `checkpoints/`, however deep.
+    let mut dirs = parent.ancestors().filter(|d| !d.as_os_str().is_empty());
+    dirs.find_map(|d| {
+        let up = d.parent().filter(|u| !u.as_os_str().is_empty());
+        let up = up.unwrap_or(Path::new("."));
+        (d.file_name()? == "checkpoints" && is_run(up)).then(|| up.to_path_buf())
+    })
 }
 
 /// Refuses `target` where it is one of a run's own files (checkpoints, metrics, config,

@@ -411,13 +411,6 @@ fn a_garbage_genslm_toml_is_reported() {
     assert!(ok, "{err}");
 }
 
-/// The trained tiny model's latest checkpoint directory (config.json, model.safetensors).
-fn tiny_checkpoint() -> std::path::PathBuf {
-    let trained = common::trained_tiny();
-    let step = std::fs::read_to_string(trained.join("checkpoints/latest")).unwrap();
-    trained.join("checkpoints").join(step.trim())
-}
-
 /// No command writes its output over one of its own inputs (the output path given as the
 /// FASTA, the VCF, or a file of the model it loads): each is refused, naming the input, and
 /// the input keeps its bytes.
@@ -430,7 +423,7 @@ fn an_output_that_is_an_input_is_refused() {
     std::fs::copy(repo().join("examples/lambda_cro.vcf"), &vcf).unwrap();
     let model = dir.path().join("model");
     std::fs::create_dir(&model).unwrap();
-    let from = tiny_checkpoint();
+    let from = common::tiny_checkpoint();
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(from.join(f), model.join(f)).unwrap();
     }
@@ -477,7 +470,7 @@ fn weights_the_config_does_not_describe_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model");
     std::fs::create_dir(&model).unwrap();
-    let from = tiny_checkpoint();
+    let from = common::tiny_checkpoint();
     std::fs::copy(
         from.join("model.safetensors"),
         model.join("model.safetensors"),
@@ -507,7 +500,7 @@ fn outputs_that_overflow_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model");
     std::fs::create_dir(&model).unwrap();
-    let from = tiny_checkpoint();
+    let from = common::tiny_checkpoint();
     std::fs::copy(from.join("config.json"), model.join("config.json")).unwrap();
     let (tensors, _) = read_safetensors(&from.join("model.safetensors")).unwrap();
     let mut names: Vec<&String> = tensors.keys().collect();

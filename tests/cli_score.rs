@@ -215,9 +215,7 @@ fn a_default_window_of_one_codon_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model");
     std::fs::create_dir(&model).unwrap();
-    let trained = trained_tiny();
-    let step = std::fs::read_to_string(trained.join("checkpoints/latest")).unwrap();
-    let from = trained.join("checkpoints").join(step.trim());
+    let from = common::tiny_checkpoint();
     std::fs::copy(
         from.join("model.safetensors"),
         model.join("model.safetensors"),

@@ -91,28 +91,21 @@ pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 /// also given): its records would count twice, and in training land in both the training
 /// and the validation split.
 fn refuse_repeats(files: &[PathBuf]) -> Result<()> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        let mut seen: Vec<((u64, u64), &PathBuf)> = Vec::with_capacity(files.len());
-        for f in files {
-            let Ok(m) = std::fs::metadata(f) else {
-                continue;
-            };
-            let id = (m.dev(), m.ino());
-            if let Some((_, first)) = seen.iter().find(|(i, _)| *i == id) {
-                return Err(Error::Invalid(format!(
-                    "{} and {} are the same file, given twice (directly, or within a directory \
-                     also given): its records would count twice; give it once",
-                    first.display(),
-                    f.display()
-                )));
-            }
-            seen.push((id, f));
+    let mut seen: Vec<((u64, u64), &PathBuf)> = Vec::with_capacity(files.len());
+    for f in files {
+        let Some(id) = crate::atomic::identity(f) else {
+            continue;
+        };
+        if let Some((_, first)) = seen.iter().find(|(i, _)| *i == id) {
+            return Err(Error::Invalid(format!(
+                "{} and {} are the same file, given twice (directly, or within a directory \
+                 also given): its records would count twice; give it once",
+                first.display(),
+                f.display()
+            )));
         }
+        seen.push((id, f));
     }
-    #[cfg(not(unix))]
-    let _ = files;
     Ok(())
 }
 

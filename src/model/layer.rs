@@ -125,9 +125,8 @@ impl GenSlm {
         let [w1, w2] = [l.fc1_w, l.fc2_w].map(|w| self.compute(self.mat(w)));
         let [b1, b2] = [l.fc1_b, l.fc2_b].map(|b| self.compute(self.vec(b)));
         let mut gathered: Option<[WeightParts; 2]> = None;
-        let cut = |part: usize, parts: usize| (part * s / parts, (part + 1) * s / parts);
         let mut rows = |part: usize, parts: usize, tie: &dyn Fn(Tensor<3>) -> Tensor<3>| {
-            let (first, end) = cut(part, parts);
+            let (first, end) = (part * s / parts, (part + 1) * s / parts);
             if first == end {
                 // A rank holding fewer rows than there are parts (a short sequence over many
                 // ranks) leaves some parts empty: no rows, no work, no weight gradient (burn
@@ -135,10 +134,10 @@ impl GenSlm {
                 // ring's or the exchanges' ops pair up across ranks.
                 return self.compute(Tensor::zeros([b, 0, hidden], &x.device()));
             }
-            let [g1, g2] = gathered.get_or_insert_with(|| {
-                let filled = (0..parts).filter(|&p| cut(p, parts).0 < cut(p, parts).1);
-                [0; 2].map(|_| WeightParts::new(filled.clone().count()))
-            });
+            // Cut at ⌊p·s/parts⌋, the parts' lengths are 0 or more and sum to s: min(s, parts)
+            // of them hold rows.
+            let [g1, g2] =
+                gathered.get_or_insert_with(|| [0; 2].map(|_| WeightParts::new(parts.min(s))));
             let h = self.compute(tie(h.clone().narrow(1, first, end - first)));
             let m = gelu_fast(linear_part(h, w1.clone(), Some(b1.clone()), g1.part(part)));
             linear_part(m, w2.clone(), Some(b2.clone()), g2.part(part))

@@ -118,12 +118,13 @@ pub fn step_batch_bytes(cfg: &Config) -> f64 {
     t.grad_accum as f64 * (t.batch_size as f64 * (t.seq_len as f64 + 1.0) * 5.0 + 96.0)
 }
 
-/// Refuses a step whose micro-batches alone would take more than half of `available` bytes
-/// (`--grad-accum 10000000` grew to 7 GB reading them, before any step and unchecked).
-pub fn check_step_batches(cfg: &Config, in_process: usize, available: f64) -> Result<()> {
+/// The bytes of the micro-batches `in_process` ranks read per step, or a refusal where they
+/// alone would take more than half of `available` bytes (`--grad-accum 10000000` grew to 7 GB
+/// reading them, before any step and unchecked).
+pub fn check_step_batches(cfg: &Config, in_process: usize, available: f64) -> Result<f64> {
     let need = step_batch_bytes(cfg) * in_process.max(1) as f64;
     if need <= available / 2.0 {
-        return Ok(());
+        return Ok(need);
     }
     let t = &cfg.train;
     Err(Error::Invalid(format!(

@@ -18,7 +18,7 @@ use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{read_saved, Saved};
 use crate::train::memory::{
     available_bytes, check_fits, check_fits_device, check_fits_host, check_largest_buffer,
-    check_step_batches, step_batch_bytes,
+    check_step_batches,
 };
 use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint};
 use crate::train::run_dir::claim;
@@ -71,16 +71,17 @@ pub fn check_memory(
         return Ok(());
     }
     // The step's micro-batches are host memory on every backend.
-    let batches = step_batch_bytes(cfg) * in_process.max(1) as f64;
-    if let Some(avail) = available_bytes() {
-        check_step_batches(cfg, in_process, avail)?;
-    }
+    let host = available_bytes();
+    let batches = match host {
+        Some(avail) => check_step_batches(cfg, in_process, avail)?,
+        None => 0.0,
+    };
     // The CPU backend: the planner's host peak against this machine's available memory. A GPU
     // backend: its device peak against what the device's runtime says it holds.
     use crate::backend::BackendKind;
     let backend = opts.device.backend;
     if backend == BackendKind::Cpu {
-        return match available_bytes() {
+        return match host {
             Some(avail) => check_fits(cfg, (dp, sp, pp), in_process, avail - batches),
             None => Ok(()),
         };

@@ -52,6 +52,13 @@ pub fn arg(p: &Path) -> String {
     p.display().to_string()
 }
 
+/// The trained tiny model's latest checkpoint directory (config.json, model.safetensors).
+pub fn tiny_checkpoint() -> PathBuf {
+    let trained = trained_tiny();
+    let step = std::fs::read_to_string(trained.join("checkpoints/latest")).unwrap();
+    trained.join("checkpoints").join(step.trim())
+}
+
 /// A tiny model trained briefly (30 steps) on the bundled genomes, once per test process, in
 /// the target's scratch directory.
 pub fn trained_tiny() -> &'static Path {

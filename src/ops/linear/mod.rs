@@ -249,14 +249,9 @@ pub fn linear(x: Tensor<3>, w: Tensor<2>, b: Option<Tensor<1>>) -> Tensor<3> {
 /// untracked (detached here), so autodiff sends it no gradient; without a bias, a zero bias
 /// that needs none.
 pub fn linear_deferred(x: Tensor<3>, w: Tensor<2>, b: Option<Tensor<1>>, to: DeferTo) -> Tensor<3> {
-    let b = b.unwrap_or_else(|| Tensor::zeros([w.dims()[1]], (&x.device(), w.dtype())));
-    Tensor::from_dispatch(<Dispatch as LinearOps>::linear(
-        x.into_dispatch(),
-        // `detach` alone keeps a leaf that requires a gradient tracked (as a new leaf).
-        w.detach().set_require_grad(false).into_dispatch(),
-        b.into_dispatch(),
-        Some(WeightRoute::Defer(to)),
-    ))
+    // `detach` alone keeps a leaf that requires a gradient tracked (as a new leaf).
+    let w = w.detach().set_require_grad(false);
+    linear_routed(x, w, b, WeightRoute::Defer(to))
 }
 
 /// [`linear`] on one part of a layer's rows, `part` from a [`WeightParts`] that every part
@@ -267,12 +262,23 @@ pub fn linear_part(
     b: Option<Tensor<1>>,
     part: WeightRoute,
 ) -> Tensor<3> {
+    linear_routed(x, w, b, part)
+}
+
+/// The op with its weight gradient sent along `route`; without a bias, a zero bias that needs
+/// no gradient.
+fn linear_routed(
+    x: Tensor<3>,
+    w: Tensor<2>,
+    b: Option<Tensor<1>>,
+    route: WeightRoute,
+) -> Tensor<3> {
     let b = b.unwrap_or_else(|| Tensor::zeros([w.dims()[1]], (&x.device(), w.dtype())));
     Tensor::from_dispatch(<Dispatch as LinearOps>::linear(
         x.into_dispatch(),
         w.into_dispatch(),
         b.into_dispatch(),
-        Some(part),
+        Some(route),
     ))
 }
 
