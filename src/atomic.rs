@@ -108,10 +108,7 @@ impl AtomicFile {
         check_not_input(target)?;
         check_replaceable(target)?;
         crate::run_lock::check_not_a_runs_file(target)?;
-        let dir = match target.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let dir = crate::run_lock::parent_dir(target).to_path_buf();
         if !dir.is_dir() {
             return Err(Error::Invalid(format!(
                 "{}: output directory {} does not exist",
@@ -204,15 +201,57 @@ fn sweep(dir: &Path, prefix: &str, own: &Path, target: &Path) -> Result<()> {
     }
 }
 
+/// Names that say another format than parquet: a table written as `emb.csv` fails (or is
+/// misread) in whatever opens it by its name.
+const NOT_PARQUET: &[&str] = &[
+    "csv",
+    "tsv",
+    "txt",
+    "json",
+    "jsonl",
+    "npy",
+    "npz",
+    "h5",
+    "hdf5",
+    "pt",
+    "pth",
+    "bin",
+    "safetensors",
+    "png",
+    "pdf",
+    "svg",
+    "fa",
+    "fasta",
+    "fna",
+    "vcf",
+    "gz",
+    "zst",
+    "xz",
+    "bz2",
+    "toml",
+];
+
+/// Refuses a parquet output (`flag` names it) whose extension names another format.
+pub fn check_parquet_name(flag: &str, path: &Path) -> Result<()> {
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    match ext {
+        Some(e) if NOT_PARQUET.contains(&e.as_str()) => Err(Error::Invalid(format!(
+            "{flag} {}: this file is written as parquet, and its .{e} name says otherwise; \
+             name it .parquet (pandas.read_parquet and pyarrow read it)",
+            path.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses a command's outputs where two are one file (`embed --out X --plot X` wrote the
 /// embeddings, then replaced them with the picture): compared by their directory's real path
 /// and their name, before any work.
 pub fn distinct_outputs(outputs: &[(&str, &Path)]) -> Result<()> {
     let real = |p: &Path| {
-        let dir = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
+        let dir = crate::run_lock::parent_dir(p);
         let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
         p.file_name().map(|n| dir.join(n))
     };

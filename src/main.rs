@@ -154,6 +154,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 progress: !cli.quiet,
                 digest: digest.into(),
             };
+            genslm::atomic::check_parquet_name("--out", &out)?;
             let _run = genslm::run_lock::if_in_run_dir(&out, "tokenize")?;
             let summary = tokenize_to_parquet(&fasta, &out, &opts)?;
             if !cli.quiet {

@@ -66,13 +66,18 @@ fn is_run(dir: &Path) -> bool {
     dir.join(LOCK_FILE).is_file() || dir.join("checkpoints").join("latest").is_file()
 }
 
+/// The directory holding `path`: its parent, or `.` for a bare file name (whose parent is "").
+pub fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
 /// The run directory `target` is one of the own files of: a run's markers, files or lock in
 /// its directory, or anything under its `checkpoints/`.
 fn run_of(target: &Path) -> Option<PathBuf> {
-    let parent = match target.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let parent = parent_dir(target);
     let name = target.file_name()?.to_str().unwrap_or("");
     let own = RUN_MARKERS.contains(&name) || RUN_FILES.contains(&name) || name == LOCK_FILE;
     if own && is_run(parent) {
@@ -174,10 +179,7 @@ impl RunLock {
 /// Locks the directory that will hold `file` for `what` when it is a run directory (it holds
 /// [`LOCK_FILE`]): `tokenize --out RUN/data.parquet` must not race a live `train` in RUN.
 pub fn if_in_run_dir(file: &Path, what: &str) -> Result<Option<RunLock>> {
-    let dir = match file.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = parent_dir(file);
     if !dir.join(LOCK_FILE).is_file() {
         return Ok(None);
     }

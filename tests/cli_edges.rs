@@ -417,7 +417,9 @@ fn a_garbage_genslm_toml_is_reported() {
 #[test]
 fn an_output_that_is_an_input_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let fasta = dir.path().join("lambda.fa");
+    // Names without a format's extension: parquet outputs named .fa or .safetensors are
+    // refused by their name first (below), before the input check this test is about.
+    let fasta = dir.path().join("lambda_sequence");
     std::fs::copy(repo().join("data/lambda_virus.fa"), &fasta).unwrap();
     let vcf = dir.path().join("cro.vcf");
     std::fs::copy(repo().join("examples/lambda_cro.vcf"), &vcf).unwrap();
@@ -432,7 +434,10 @@ fn an_output_that_is_an_input_is_refused() {
         .iter()
         .map(|p| std::fs::read(p).unwrap())
         .collect();
-    let (fa, vc, m, w) = (arg(&fasta), arg(&vcf), arg(&model), arg(&weights));
+    // The weights through a link: caught by the file they are, not by the name.
+    let link = dir.path().join("weights_link");
+    std::os::unix::fs::symlink(&weights, &link).unwrap();
+    let (fa, vc, m, w) = (arg(&fasta), arg(&vcf), arg(&model), arg(&link));
     let cases: [&[&str]; 5] = [
         &["tokenize", "--fasta", &fa, "--out", &fa],
         &["score", "--model", &m, "--fasta", &fa, "--per-token", &fa],
@@ -454,6 +459,23 @@ fn an_output_that_is_an_input_is_refused() {
         assert!(!ok, "{args:?} succeeded");
         assert!(err.contains("an input of this command"), "{args:?}: {err}");
     }
+    // A parquet output named as another format.
+    for (flag, name) in [("--out", "emb.csv"), ("--out", "weights.safetensors")] {
+        let out = arg(&dir.path().join(name));
+        let (ok, _, err) = run(&["embed", "--model", &m, "--fasta", &fa, flag, &out]);
+        assert!(
+            !ok && err.contains("is written as parquet"),
+            "{name}: {err}"
+        );
+    }
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        &fa,
+        "--out",
+        &arg(&dir.path().join("t.tsv")),
+    ]);
+    assert!(!ok && err.contains("is written as parquet"), "{err}");
     for (p, bytes) in [&fasta, &vcf, &weights].iter().zip(before) {
         assert!(
             std::fs::read(p).unwrap() == bytes,
@@ -461,6 +483,7 @@ fn an_output_that_is_an_input_is_refused() {
             p.display()
         );
     }
+    assert!(!dir.path().join("emb.csv").exists() && !dir.path().join("t.tsv").exists());
 }
 
 /// A model directory whose weights hold tensors its config.json has no place for (the config

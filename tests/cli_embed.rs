@@ -283,7 +283,7 @@ fn embed_bad_input_gives_clear_errors() {
                 "--layer",
                 "7",
             ],
-            "--layer 7",
+            "layer 7 (--layer/--layers)",
         ),
         (
             vec![
@@ -297,7 +297,7 @@ fn embed_bad_input_gives_clear_errors() {
                 "--layer",
                 "-4",
             ],
-            "--layer -4",
+            "layer -4 (--layer/--layers)",
         ),
     ] {
         let (ok, _, err) = run(&args);

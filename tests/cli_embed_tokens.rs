@@ -184,7 +184,7 @@ fn bad_embed_flags_are_clear_errors() {
         ),
         (
             vec!["--layers", "0,7"],
-            "--layer 7: this model has 2 layers",
+            "layer 7 (--layer/--layers): this model has 2 layers",
         ),
         (
             vec!["--pool", "none", "--plot", "x.png"],

@@ -125,6 +125,7 @@ fn bad_score_flags_are_clear_errors() {
     ));
     let model = arg(trained_tiny());
     let out = arg(&dir.path().join("t.parquet"));
+    let tsv_name = arg(&dir.path().join("t.tsv"));
     for (extra, want) in [
         (
             vec!["--stride", "0"],
@@ -141,6 +142,14 @@ fn bad_score_flags_are_clear_errors() {
         (
             vec!["--full-distribution"],
             "--full-distribution adds a column to the --per-token file",
+        ),
+        (
+            vec!["--top-k", "4"],
+            "--top-k lists the most likely codons in the --per-token file",
+        ),
+        (
+            vec!["--per-token", &tsv_name],
+            "this file is written as parquet, and its .tsv name says otherwise",
         ),
     ] {
         let mut a = vec!["score", "--model", &model, "--fasta", &fa, "--seq-len", "8"];
@@ -235,4 +244,53 @@ fn a_default_window_of_one_codon_is_refused() {
     let (ok, tsv, err) = run(&["score", "--model", &m, "--fasta", &f, "--seq-len", "8"]);
     assert!(ok, "{err}");
     assert!(tsv.lines().nth(1).unwrap().starts_with("a\t"), "{tsv}");
+}
+
+/// A record of only N is [UNK] predicting [UNK]: NA with its own note, not a score; a repeated
+/// id is warned about (the rows are told apart only by their order), and both copies of one
+/// sequence score alike.
+#[test]
+fn unknown_only_records_and_repeated_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = write(
+        dir.path(),
+        "a.fa",
+        format!(">n\n{}\n>b\n{SEQ}\n>b\n{SEQ}\n", "N".repeat(30)).as_bytes(),
+    );
+    let (model, f) = (arg(trained_tiny()), arg(&fa));
+    let (ok, tsv, err) = run(&["score", "--model", &model, "--fasta", &f, "--quiet"]);
+    assert!(ok, "{err}");
+    let rows: Vec<Vec<&str>> = tsv
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').collect())
+        .collect();
+    assert_eq!(rows[0], ["n", "0", "NA", "NA"], "{tsv}");
+    assert_eq!(rows[1], rows[2], "{tsv}");
+    assert!(rows[1][2].parse::<f64>().unwrap().is_finite(), "{tsv}");
+    assert!(err.contains("1 record(s) hold no A/C/G/T codon"), "{err}");
+    assert!(!err.contains("shorter than 2 codons"), "{err}");
+    assert!(
+        err.contains("1 record(s) repeat an id seen before (the first: 'b')"),
+        "{err}"
+    );
+}
+
+/// A record without an id cannot be told apart in the output: refused naming its line, and
+/// nothing (not even the TSV header) is printed before the error.
+#[test]
+fn a_record_without_an_id_is_refused_before_any_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = write(
+        dir.path(),
+        "a.fa",
+        format!(">\n{SEQ}\n>b\n{SEQ}\n").as_bytes(),
+    );
+    let (model, f) = (arg(trained_tiny()), arg(&fa));
+    let (ok, tsv, err) = run(&["score", "--model", &model, "--fasta", &f, "--quiet"]);
+    assert!(
+        !ok && err.contains("the record at line 1 has an empty header"),
+        "{err}"
+    );
+    assert_eq!(tsv, "", "stdout holds nothing");
 }

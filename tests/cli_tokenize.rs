@@ -290,6 +290,15 @@ fn nul_byte() {
 }
 
 #[test]
+fn record_without_an_id() {
+    expect_failure(
+        "noid.fa",
+        b">r1\nACGT\n> \nACGT\n",
+        &["line 3, after record 'r1', has an empty header"],
+    );
+}
+
+#[test]
 fn empty_file() {
     expect_failure("empty.fa", b"", &["empty"]);
 }
@@ -338,6 +347,8 @@ fn skip_mode_skips_bad_records_with_warnings() {
     );
     write(dir.path(), "b.fasta", b"not fasta at all\n");
     write(dir.path(), "notes.txt", b"ignored: not a FASTA extension\n");
+    // A link whose target is gone: skipped like an unreadable file (it stopped the walk).
+    std::os::unix::fs::symlink(dir.path().join("moved.fa"), dir.path().join("gone.fa")).unwrap();
     let out = dir.path().join("out.parquet");
     let (ok, _, err) = run(&[
         "tokenize",
@@ -354,6 +365,10 @@ fn skip_mode_skips_bad_records_with_warnings() {
         "{err}"
     );
     assert!(err.contains("'empty'") && err.contains("b.fasta"), "{err}");
+    assert!(
+        err.contains("warning: skipping: ") && err.contains("gone.fa"),
+        "{err}"
+    );
     let ids: Vec<String> = read_dataset(&out)
         .unwrap()
         .1

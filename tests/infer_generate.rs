@@ -255,6 +255,10 @@ fn generate_bad_input_gives_clear_errors() {
             "--top-p 0",
         ),
         (
+            vec!["generate", "--model", &model, "--top-k", "70"],
+            "--top-k 70: the model has only 69 tokens",
+        ),
+        (
             vec![
                 "generate",
                 "--model",

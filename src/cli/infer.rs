@@ -35,9 +35,9 @@ pub struct ScoreArgs {
     /// the top-k codons with their probabilities.
     #[arg(long)]
     per_token: Option<PathBuf>,
-    /// Most likely codons listed per position in the --per-token file.
-    #[arg(long, default_value_t = 5)]
-    top_k: usize,
+    /// Most likely codons listed per position in the --per-token file [default: 5].
+    #[arg(long)]
+    top_k: Option<usize>,
     /// Add every vocabulary id's log-probability (a list indexed by token id) to the
     /// --per-token file.
     #[arg(long)]
@@ -131,12 +131,22 @@ pub struct GenerateArgs {
 
 pub fn run_score(a: ScoreArgs) -> anyhow::Result<()> {
     use genslm::infer::score::{score_fasta, ScoreOptions};
+    if let Some(p) = &a.per_token {
+        genslm::atomic::check_parquet_name("--per-token", p)?;
+    }
     let opts = ScoreOptions {
         seq_len: a.seq_len,
         stride: a.stride,
         batch_size: a.batch_size,
+        top_k: match (a.top_k, &a.per_token) {
+            (Some(k), Some(_)) => k,
+            (Some(_), None) => anyhow::bail!(
+                "--top-k lists the most likely codons in the --per-token file: give --per-token \
+                 FILE"
+            ),
+            (None, _) => 5,
+        },
         per_token: a.per_token,
-        top_k: a.top_k,
         full_distribution: a.full_distribution,
         compute: a.device.compute(),
     };
@@ -151,6 +161,7 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
         Some(p) => EmbedInput::Parquet(p),
         None => EmbedInput::Fasta(a.fasta),
     };
+    genslm::atomic::check_parquet_name("--out", &a.out)?;
     if let Some(png) = &a.plot {
         genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--plot", png)])?;
     }

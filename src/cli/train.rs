@@ -21,7 +21,8 @@ pub struct DegreeArgs {
     pub cp: usize,
     /// Tensor-parallel degree T (Megatron): each layer's heads and MLP columns, the embedding
     /// and the output head's vocabulary are split over T ranks, which see the same tokens. T
-    /// must divide the heads and the intermediate size; ZeRO 0 or 1 only.
+    /// must divide the heads and the intermediate size; any ZeRO stage (under ZeRO-2/3 each TP
+    /// rank's slices are sharded over its data group, DP × CP × SP).
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
     /// Data-parallel degree D: the global batch is split over D replicas. D × C × P × T ranks

@@ -214,15 +214,26 @@ fn read_weights(
         }
         return Ok(("safetensors", dropped));
     }
-    let why = if head.starts_with(b"PK\x03\x04") {
+    Err(Error::Invalid(format!(
+        "{}: {}",
+        file.display(),
+        not_weights(&head)
+    )))
+}
+
+/// Why a file whose first bytes are `head` (at most 9) is neither format read.
+fn not_weights(head: &[u8]) -> &'static str {
+    // A legacy pickle opens with PROTO (0x80) and a protocol number, 2 to 5 in PyTorch's files.
+    if head.starts_with(b"PK\x03\x04") {
         "a ZIP archive whose central directory is missing (truncated or still being copied?)"
-    } else if head.first() == Some(&0x80) {
+    } else if head.len() < 9 {
+        "too short to be a torch.save archive or a safetensors file (truncated?)"
+    } else if head[0] == 0x80 && (2..=5).contains(&head[1]) {
         "a pickle without the ZIP container: PyTorch < 1.6's legacy torch.save format is not \
          read; load and re-save it with torch.save in a current PyTorch"
     } else {
         "neither a torch.save archive nor a safetensors file"
-    };
-    Err(Error::Invalid(format!("{}: {why}", file.display())))
+    }
 }
 
 /// Converts `input` into a new model directory `out` (written whole or not at all).
@@ -332,6 +343,18 @@ mod tests {
             "gpt_neox.layers.3.attention.query_key_value.bias"
         ));
         assert!(!is_buffer("gpt_neox.layers.3.attention.dense.bias"));
+    }
+
+    #[test]
+    fn files_of_neither_format_are_told_apart() {
+        // A safetensors file cut after 4 bytes (its header length starts with 0x80).
+        assert!(not_weights(&[0x80, 0x01, 0, 0]).contains("too short"));
+        assert!(not_weights(b"").contains("too short"));
+        // torch.save before 1.6: PROTO 2, then the magic number's LONG1.
+        let legacy = [0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9];
+        assert!(not_weights(&legacy).contains("a pickle without the ZIP container"));
+        assert!(not_weights(b"PK\x03\x04abcde").contains("ZIP archive"));
+        assert!(not_weights(&[0x80, 0x01, 0, 0, 0, 0, 0, 0, b'[']).contains("neither"));
     }
 
     #[test]

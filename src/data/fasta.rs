@@ -46,6 +46,17 @@ pub fn has_fasta_extension(path: &Path) -> bool {
 /// Expands the user's paths: files are taken as given, directories are walked recursively for
 /// FASTA files (sorted, so runs are reproducible).
 pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    discover_or_skip(paths, OnInvalid::Error, &mut |_| {})
+}
+
+/// [`discover`], where with [`OnInvalid::Skip`] an entry of a directory that cannot be read
+/// (a dangling link, a subdirectory without permission) is reported through `warn` and
+/// skipped, as an unreadable file is by [`read_file`]. The paths given are always required.
+pub fn discover_or_skip(
+    paths: &[PathBuf],
+    on_invalid: OnInvalid,
+    warn: &mut dyn FnMut(String),
+) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for p in paths {
         if p.as_os_str() == "-" && !p.exists() {
@@ -61,10 +72,20 @@ pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         if meta.is_dir() {
             let mut found = Vec::new();
             for entry in walkdir::WalkDir::new(p).follow_links(true) {
-                let entry = entry.map_err(|e| {
-                    let path = e.path().unwrap_or(p).to_path_buf();
-                    Error::io(path, e.into())
-                })?;
+                let entry = match entry {
+                    Ok(entry) => entry,
+                    Err(e) => {
+                        let path = e.path().unwrap_or(p).to_path_buf();
+                        let err = Error::io(path, e.into());
+                        match on_invalid {
+                            OnInvalid::Error => return Err(err),
+                            OnInvalid::Skip => {
+                                warn(format!("skipping: {err}"));
+                                continue;
+                            }
+                        }
+                    }
+                };
                 if entry.file_type().is_file() && has_fasta_extension(entry.path()) {
                     found.push(entry.into_path());
                 }
@@ -147,6 +168,36 @@ impl RawRecord<'_> {
 
 /// What a [`read_raw`] callback found in a record's sequence.
 pub type Cleaning = std::result::Result<Cleaned, SeqProblem>;
+
+/// Record ids seen more than once across the inputs, for one warning at the end. Each id is
+/// kept as a 64-bit hash (8 bytes per record, whatever the ids' length).
+#[derive(Default)]
+pub struct DuplicateIds {
+    seen: std::collections::HashSet<u64>,
+    hasher: std::hash::RandomState,
+    count: u64,
+    first: Option<String>,
+}
+
+impl DuplicateIds {
+    pub fn see(&mut self, id: &str) {
+        use std::hash::BuildHasher;
+        if !self.seen.insert(self.hasher.hash_one(id)) {
+            self.count += 1;
+            self.first.get_or_insert_with(|| id.to_string());
+        }
+    }
+
+    /// The warning to print, if any id repeated; `rows` says what the output holds per record.
+    pub fn warning(&self, rows: &str) -> Option<String> {
+        let first = self.first.as_ref()?;
+        Some(format!(
+            "{} record(s) repeat an id seen before (the first: '{first}'); {rows} in input \
+             order, so rows of one id are told apart only by their position",
+            self.count
+        ))
+    }
+}
 
 /// Per-file outcome.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -257,6 +308,28 @@ pub fn read_raw(
             Some((id, rest)) => (id, rest.trim()),
             None => (header, ""),
         };
+        if id.is_empty() {
+            // Every output (the dataset, score's and embed's rows, variants' CHROM) is keyed by
+            // the id; a record without one could not be told apart from another.
+            let line = rec.start_line_number();
+            let after = if last_id.is_empty() {
+                String::new()
+            } else {
+                format!(", after record '{last_id}'")
+            };
+            let err = file_err(format!(
+                "the record at line {line}{after} has an empty header (no id after '>'); \
+                 give it a name"
+            ));
+            match on_invalid {
+                OnInvalid::Error => return Err(err),
+                OnInvalid::Skip => {
+                    warn(format!("skipping record: {err}"));
+                    stats.skipped += 1;
+                    continue;
+                }
+            }
+        }
         last_id.clear();
         last_id.push_str(id);
         let raw = RawRecord {
@@ -432,6 +505,35 @@ mod tests {
         assert!(e.contains("file is empty"), "{e}");
         let e = problem(b"hello\n");
         assert!(e.contains("does not start with '>'"), "{e}");
+    }
+
+    #[test]
+    fn a_record_without_an_id_is_invalid() {
+        let e = problem(b">\nACGT\n");
+        assert!(e.contains("line 1 has an empty header"), "{e}");
+        let e = problem(b">a\nACGT\n>  \t\nACGT\n");
+        assert!(
+            e.contains("line 3, after record 'a', has an empty header"),
+            "{e}"
+        );
+        // Skipped with --on-invalid skip: the named records are read, the other counted.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.fa");
+        std::fs::write(&p, b">a\nACGT\n>\nACGT\n>b\nACGT\n").unwrap();
+        let (mut ids, mut warnings) = (Vec::new(), Vec::new());
+        let stats = read_file(
+            &p,
+            OnInvalid::Skip,
+            &mut |w| warnings.push(w),
+            &mut |r, _| {
+                ids.push(r.id.to_string());
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(ids, ["a", "b"]);
+        assert_eq!((stats.records, stats.skipped), (2, 1));
+        assert!(warnings[0].contains("line 3"), "{warnings:?}");
     }
 
     #[test]

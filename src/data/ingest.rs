@@ -38,6 +38,8 @@ pub struct IngestSummary {
     pub unk: u64,
     /// Bytes of the input files as stored on disk.
     pub input_bytes: u64,
+    /// Inputs whose size is unknown (named pipes): no MB/s of input is reported then.
+    pub unsized_inputs: u64,
     pub elapsed: Duration,
     pub warnings: Vec<String>,
 }
@@ -75,6 +77,13 @@ impl std::fmt::Display for IngestSummary {
         writeln!(f, "codons     {}", self.codons)?;
         writeln!(f, "[UNK]      {:.4}%", 100.0 * self.unk_share())?;
         writeln!(f, "time       {:.3} s", self.elapsed.as_secs_f64())?;
+        if self.unsized_inputs > 0 {
+            return write!(
+                f,
+                "throughput {:.1} Mbases/s (MB/s of input unknown: read from a pipe)",
+                self.mbases_per_s()
+            );
+        }
         write!(
             f,
             "throughput {:.1} MB/s of input, {:.1} Mbases/s",
@@ -97,7 +106,11 @@ pub fn tokenize_to_parquet(
     opts: &IngestOptions,
 ) -> Result<IngestSummary> {
     let start = Instant::now();
-    let files = fasta::discover(inputs)?;
+    let mut skipped = Vec::new();
+    let files = fasta::discover_or_skip(inputs, opts.on_invalid, &mut |w| {
+        eprintln!("warning: {w}");
+        skipped.push(w);
+    })?;
     let tokenizer = CodonTokenizer::new(opts.vocab)?.with_trailing(opts.trailing);
     let specials = [tokenizer.bos_id(), tokenizer.eos_id()]
         .iter()
@@ -108,7 +121,9 @@ pub fn tokenize_to_parquet(
         ..Default::default()
     };
     for f in &files {
-        summary.input_bytes += std::fs::metadata(f).map_err(|e| Error::io(f, e))?.len();
+        let meta = std::fs::metadata(f).map_err(|e| Error::io(f, e))?;
+        summary.input_bytes += meta.len();
+        summary.unsized_inputs += u64::from(!meta.is_file());
     }
     // Small inputs finish before a bar would be readable.
     let bar = crate::progress::bar(
@@ -170,6 +185,8 @@ pub fn tokenize_to_parquet(
         let writer = writer?;
         hashed??;
         read?;
+        summary.skipped += skipped.len() as u64;
+        summary.warnings.splice(0..0, skipped.drain(..));
         if summary.records == 0 {
             return Err(Error::Invalid(format!(
                 "no usable FASTA records in {} file(s); nothing written to {}",

@@ -118,8 +118,8 @@ pub fn resolve_layer(layer: i64, num_layers: usize) -> Result<usize> {
     let idx = if layer < 0 { n + 1 + layer } else { layer };
     if !(0..=n).contains(&idx) {
         return Err(Error::Invalid(format!(
-            "--layer {layer}: this model has {num_layers} layers, so the layer is 0 (embeddings) \
-             to {num_layers} (after the final LayerNorm), or -1 to -{}",
+            "layer {layer} (--layer/--layers): this model has {num_layers} layers, so a layer is \
+             0 (embeddings) to {num_layers} (after the final LayerNorm), or -1 to -{}",
             n + 1
         )));
     }
@@ -492,10 +492,12 @@ pub fn embed_to_parquet(
             records += 1;
         }
     } else if let EmbedInput::Fasta(paths) = input {
+        let mut duplicates = fasta::DuplicateIds::default();
         for f in fasta::discover(paths)? {
             let source = f.display().to_string();
             let mut warn = |w: String| eprintln!("warning: {w}");
             fasta::read_file(&f, OnInvalid::Error, &mut warn, &mut |rec, _| {
+                duplicates.see(rec.id);
                 records += 1;
                 pipe.push(TokenizedRecord {
                     id: rec.id.to_string(),
@@ -508,6 +510,9 @@ pub fn embed_to_parquet(
                     tokens: tok.encode(rec.seq),
                 })
             })?;
+        }
+        if let Some(w) = duplicates.warning("the rows (with their source file) are written") {
+            eprintln!("warning: {w}");
         }
     }
     pipe.flush()?;

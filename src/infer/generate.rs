@@ -199,6 +199,12 @@ pub fn generate(
     on_sample: &mut dyn FnMut(&Generated) -> Result<()>,
 ) -> Result<()> {
     opts.sampling.validate()?;
+    if opts.sampling.top_k > model.cfg.vocab_size {
+        return Err(Error::Invalid(format!(
+            "--top-k {}: the model has only {} tokens (0 turns top-k filtering off)",
+            opts.sampling.top_k, model.cfg.vocab_size
+        )));
+    }
     if opts.num == 0 || opts.batch_size == 0 {
         return Err(Error::Invalid(
             "--num and --batch-size must be at least 1".into(),

@@ -211,7 +211,6 @@ pub fn score_fasta(
         None => (0, false),
     };
     let werr = |e| Error::Invalid(format!("writing scores: {e}"));
-    writeln!(out, "id\tn_tokens\tmean_nll\tperplexity").map_err(werr)?;
     let mut rows = Vec::new();
     let mut pending: Vec<(String, Vec<u32>)> = Vec::new();
     let mut pending_tokens = 0usize;
@@ -269,6 +268,11 @@ pub fn score_fasta(
                 mean_nll: nll,
                 perplexity: nll.exp(),
             };
+            // The header comes with the first row, so that an error in the first record
+            // leaves nothing on stdout.
+            if rows.is_empty() {
+                writeln!(out, "id\tn_tokens\tmean_nll\tperplexity").map_err(werr)?;
+            }
             // A record of fewer than 2 codons has no token to predict: no score (NA, as pandas
             // and R read a missing value), not a NaN computed from nothing.
             if n == 0 {
@@ -286,10 +290,20 @@ pub fn score_fasta(
         pending.clear();
         Ok(())
     };
+    let (unk, specials) = (tok.unk_id(), [tok.bos_id(), tok.eos_id()]);
+    let (mut unknown, mut duplicates) = (0usize, fasta::DuplicateIds::default());
     for f in &files {
         let mut warn = |w: String| eprintln!("warning: {w}");
         fasta::read_file(f, OnInvalid::Error, &mut warn, &mut |rec, _| {
-            let tokens = tok.encode(rec.seq);
+            duplicates.see(rec.id);
+            let mut tokens = tok.encode(rec.seq);
+            // A record with no A/C/G/T codon (all N) is [UNK] predicting [UNK]: nothing of the
+            // record is scored, so it gets NA like a record too short to predict.
+            let codons = tokens.iter().filter(|&&t| !specials.contains(&Some(t)));
+            if codons.clone().next().is_some() && codons.into_iter().all(|&t| t == unk) {
+                unknown += 1;
+                tokens.clear();
+            }
             if tokens.len() >= GROUP_TOKENS && !pending.is_empty() {
                 flush(&mut pending, &mut rows, out)?;
                 pending_tokens = 0;
@@ -310,12 +324,21 @@ pub fn score_fasta(
     if rows.is_empty() {
         return Err(Error::Invalid("no records to score".into()));
     }
-    let unscored = rows.iter().filter(|r| r.n_tokens == 0).count();
+    let unscored = rows.iter().filter(|r| r.n_tokens == 0).count() - unknown;
     if unscored > 0 {
         eprintln!(
             "note: {unscored} record(s) shorter than 2 codons have no token to predict: \
              mean_nll and perplexity NA"
         );
+    }
+    if unknown > 0 {
+        eprintln!(
+            "note: {unknown} record(s) hold no A/C/G/T codon (only N or other symbols): not \
+             scored, mean_nll and perplexity NA"
+        );
+    }
+    if let Some(w) = duplicates.warning("the scores are listed") {
+        eprintln!("warning: {w}");
     }
     if let Some(w) = writer {
         w.finish()?;

@@ -136,6 +136,32 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig> {
     config_from_hf(&text).map_err(|msg| Error::Config { file: path, msg })
 }
 
+/// The most of a `checkpoints/latest` file that is read: genslm writes a `step-N` name of at
+/// most 25 bytes, so a longer file is not one of its own and is refused without being read
+/// whole (a multi-gigabyte file there would otherwise be loaded, then echoed in the error).
+const LATEST_MAX_BYTES: u64 = 4096;
+
+/// Reads a `checkpoints/latest` file and returns the step name it holds (trimmed) and the
+/// checkpoint directory it names ([`latest_step_dir`]).
+pub fn read_latest(latest: &Path) -> Result<(String, PathBuf)> {
+    use std::io::Read;
+    let file = std::fs::File::open(latest).map_err(|e| Error::io(latest, e))?;
+    let mut bytes = Vec::new();
+    file.take(LATEST_MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(latest, e))?;
+    if bytes.len() as u64 > LATEST_MAX_BYTES {
+        return Err(Error::Invalid(format!(
+            "{}: more than {LATEST_MAX_BYTES} bytes, not a step-N name genslm writes \
+             (a file of another program?)",
+            latest.display()
+        )));
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let dir = latest_step_dir(latest, &text)?;
+    Ok((text.trim().to_string(), dir))
+}
+
 /// The checkpoint a `checkpoints/latest` file (at `latest`, holding `text`) names: one
 /// `step-N` directory beside it. Anything else — a path, `..`, another run's directory — is
 /// refused, so a run never resumes from (or prunes around) another run's state.
@@ -143,13 +169,16 @@ pub fn latest_step_dir(latest: &Path, text: &str) -> Result<PathBuf> {
     let name = text.trim();
     let ok = name
         .strip_prefix("step-")
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        .is_some_and(|n| !n.is_empty() && n.len() <= 20 && n.bytes().all(|b| b.is_ascii_digit()));
     if !ok {
+        // The echoed name is cut short: the file is arbitrary bytes of arbitrary length.
+        let shown: String = name.chars().take(64).collect();
+        let more = if shown.len() < name.len() { "…" } else { "" };
         return Err(Error::Invalid(format!(
-            "{}: names '{}', not a step-N checkpoint of this run (genslm writes only such \
-             names; a path elsewhere is refused)",
+            "{}: names '{}{more}', not a step-N checkpoint of this run (genslm writes only \
+             such names; a path elsewhere is refused)",
             latest.display(),
-            name.escape_debug()
+            shown.escape_debug()
         )));
     }
     Ok(latest.with_file_name(name))
@@ -171,8 +200,7 @@ pub fn resolve_model_dir(path: &Path) -> Result<PathBuf> {
             )));
         }
         if latest.is_file() {
-            let name = std::fs::read_to_string(&latest).map_err(|e| Error::io(&latest, e))?;
-            let dir = latest_step_dir(&latest, &name)?;
+            let (_, dir) = read_latest(&latest)?;
             if dir.join(CONFIG_FILE).is_file() {
                 return Ok(dir);
             }
@@ -233,4 +261,35 @@ pub fn load_model_dir(path: &Path, device: &Device) -> Result<GenSlm> {
         )));
     }
     GenSlm::from_host(cfg, values, device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_latest_file_is_read_only_as_far_as_a_step_name_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let latest = dir.path().join("latest");
+        std::fs::write(&latest, "step-12\n").unwrap();
+        let (name, step) = read_latest(&latest).unwrap();
+        assert_eq!(name, "step-12");
+        assert_eq!(step, dir.path().join("step-12"));
+
+        // 32 MiB of one line: refused by its size, and the error stays short.
+        std::fs::write(&latest, "x".repeat(32 << 20)).unwrap();
+        let e = read_latest(&latest).unwrap_err().to_string();
+        assert!(e.contains("more than 4096 bytes") && e.len() < 400, "{e}");
+
+        // A long name under the cap: echoed cut short.
+        std::fs::write(&latest, format!("step-{}", "9".repeat(3000))).unwrap();
+        let e = read_latest(&latest).unwrap_err().to_string();
+        assert!(
+            e.contains("not a step-N checkpoint") && e.len() < 400,
+            "{e}"
+        );
+        // Bytes that are not UTF-8: refused, not a panic.
+        std::fs::write(&latest, [0xff, 0xfe, b's']).unwrap();
+        assert!(read_latest(&latest).is_err());
+    }
 }

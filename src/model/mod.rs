@@ -13,6 +13,7 @@ pub mod neox;
 pub mod params;
 pub mod position;
 pub mod sharded;
+pub mod tensor_header;
 pub mod tensor_parallel;
 pub mod tensors;
 

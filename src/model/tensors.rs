@@ -9,6 +9,7 @@ use std::path::Path;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{Error, Result};
+use crate::model::tensor_header as header;
 
 /// A named host tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,7 +97,18 @@ pub fn read_safetensors(
     crate::checksum::verify_read(path, &bytes)?;
     let corrupt =
         |msg: String| Error::Invalid(format!("{}: corrupt checkpoint: {msg}", path.display()));
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    // The header's length is checked first (bounded; inside the file), and a header the crate
+    // refuses is explained naming the tensor.
+    let Some(n8) = bytes.get(..8) else {
+        return Err(corrupt(format!(
+            "{} bytes: too short to hold a header",
+            bytes.len()
+        )));
+    };
+    let n = header::header_len(path, n8.try_into().unwrap_or_default(), bytes.len() as u64)?;
+    let head = &bytes[8..8 + n as usize];
+    let st =
+        SafeTensors::deserialize(&bytes).map_err(|e| header::explain(path, head, e.to_string()))?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
     let mut out = HashMap::new();
@@ -169,18 +181,14 @@ impl TensorFile {
         crate::atomic::note_input(path);
         let size = f.metadata().map_err(|e| Error::io(path, e))?.len();
         let mut n = [0u8; 8];
-        f.read_exact(&mut n).map_err(|e| corrupt(e.to_string()))?;
-        let n = u64::from_le_bytes(n);
-        if n.saturating_add(8) > size {
-            return Err(corrupt(format!(
-                "header of {n} bytes in a {size}-byte file"
-            )));
-        }
+        f.read_exact(&mut n)
+            .map_err(|_| corrupt(format!("{size} bytes: too short to hold a header")))?;
+        let n = header::header_len(path, n, size)?;
         let mut head = vec![0u8; n as usize];
         f.read_exact(&mut head)
             .map_err(|e| corrupt(e.to_string()))?;
-        let header: safetensors::tensor::Metadata =
-            serde_json::from_slice(&head).map_err(|e| corrupt(e.to_string()))?;
+        let header: safetensors::tensor::Metadata = serde_json::from_slice(&head)
+            .map_err(|e| header::explain(path, &head, e.to_string()))?;
         if header.data_len() as u64 != size - 8 - n {
             return Err(corrupt(format!(
                 "the header describes {} bytes of tensors, the file holds {}",

@@ -87,9 +87,13 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     if a.gpus_per_node == 0 {
         return Err(Error::Invalid("--gpus-per-node must be at least 1".into()));
     }
-    if let Some(h) = a.host_mem_gib.filter(|h| !(h.is_finite() && *h > 0.0)) {
+    if let Some(h) = a
+        .host_mem_gib
+        .filter(|h| !(h.is_finite() && *h > 0.0 && *h <= 1e9))
+    {
         return Err(Error::Invalid(format!(
-            "--host-mem-gib {h}: give the host memory of a node in GiB (a positive number)"
+            "--host-mem-gib {h}: give the host memory of a node in GiB (a positive number, at \
+             most 1e9)"
         )));
     }
     if a.device == PlanDevice::Cpu && (a.tp.is_some_and(|t| t > 1) || a.cp.is_some_and(|c| c > 1)) {

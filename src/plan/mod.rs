@@ -24,6 +24,7 @@
 //! materialised attention mask, and (with genslm's own recipe) the optimizer step.
 
 pub mod balance;
+mod check;
 pub mod command;
 mod counts;
 pub mod cpu;
@@ -40,9 +41,9 @@ mod terms;
 use serde::Serialize;
 
 use crate::config::{AttentionKind, ModelConfig, Position};
-use crate::error::{Error, Result};
 pub use crate::parallel::Degrees;
 
+pub use check::check;
 pub use counts::{layer_params, model_params, stage_params};
 pub use stages::{PipePlan, StageView};
 pub use state_terms::rank_states;
@@ -377,52 +378,6 @@ impl Estimate {
     pub fn total(&self) -> f64 {
         self.memory.total()
     }
-}
-
-/// Checks that the layout fits the model and the options make sense.
-pub fn check(model: &ModelConfig, st: &Strategy) -> Result<()> {
-    let l = &st.layout;
-    if l.tp == 0 || l.sp == 0 || l.cp == 0 || l.dp == 0 {
-        return Err(Error::Invalid(format!(
-            "parallel degrees must be at least 1 (tp {}, sp {}, cp {}, dp {})",
-            l.tp, l.sp, l.cp, l.dp
-        )));
-    }
-    if l.cp > 1 && (st.attention == AttentionKind::Naive || st.mask == Mask::Materialised) {
-        return Err(Error::Invalid(format!(
-            "cp {}: ring attention runs FlashAttention on K/V blocks (no score matrix, no \
-             materialised mask)",
-            l.cp
-        )));
-    }
-    if l.zero > 3 {
-        return Err(Error::Invalid(format!(
-            "ZeRO stage {} does not exist (0, 1, 2 or 3)",
-            l.zero
-        )));
-    }
-    let split = l.tp * l.sp;
-    if !model.num_heads.is_multiple_of(split) {
-        return Err(Error::Invalid(format!(
-            "{} heads do not divide over tp {} × sp {} = {split} ranks (each rank needs whole \
-             heads)",
-            model.num_heads, l.tp, l.sp
-        )));
-    }
-    if st.batch_size == 0 {
-        return Err(Error::Invalid("batch size must be at least 1".into()));
-    }
-    if l.pp > 1 && l.zero >= 2 {
-        return Err(Error::Invalid(format!(
-            "pp {} with ZeRO-{}: genslm's trainer runs pipeline stages with ZeRO 0 or 1",
-            l.pp, l.zero
-        )));
-    }
-    stages::stage_views(model, l, st.pp_layers.as_deref())?;
-    if st.vocab_size == 0 {
-        return Err(Error::Invalid("vocabulary size must be at least 1".into()));
-    }
-    Ok(())
 }
 
 /// Sequence lengths are searched in multiples of this: 1024 tokens, rounded up to a multiple of

@@ -186,7 +186,8 @@ pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<
         .join(" ");
         return Err(Error::Invalid(format!(
             "no layout of {gpus} GPUs fits {}{}: tp × sp × cp × pp × dp must equal --gpus, and \
-             tp × sp must divide the {} heads",
+             tp × sp must divide the {} heads (genslm train also runs an sp that does not, \
+             padding empty heads in, which the planner does not model)",
             if fixed.is_empty() {
                 "the model"
             } else {

@@ -165,8 +165,7 @@ pub fn read_saved(run: &Path) -> Result<Saved> {
             )))
         }
     }
-    let name = std::fs::read_to_string(&latest).map_err(|e| Error::io(&latest, e))?;
-    let dir = crate::model::io::latest_step_dir(&latest, &name)?;
+    let (name, dir) = crate::model::io::read_latest(&latest)?;
     crate::checksum::verify(&dir, &[STATE_FILE, GENSLM_CONFIG_FILE])?;
     let state_path = dir.join(STATE_FILE);
     let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;

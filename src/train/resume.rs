@@ -172,8 +172,10 @@ pub fn check_state(s: &TrainerState, t: &TrainConfig, dir: &Path) -> Result<()> 
 }
 
 /// Refuses a resume whose training data is not the checkpoint's.
-/// `source` says where the data came from, for the message.
-pub fn check_data(saved: &Saved, fingerprint: &str, source: &str) -> Result<()> {
+/// `source` says where the data came from, for the message. A checkpoint that records no
+/// fingerprint (written before genslm kept one, or edited) cannot be checked: the resume goes
+/// on, with the warning returned here.
+pub fn check_data(saved: &Saved, fingerprint: &str, source: &str) -> Result<Option<String>> {
     match &saved.state.data_fingerprint {
         Some(f) if f != fingerprint => Err(Error::Invalid(format!(
             "cannot resume from {}: the training data differs from the checkpoint's ({source} \
@@ -181,7 +183,12 @@ pub fn check_data(saved: &Saved, fingerprint: &str, source: &str) -> Result<()> 
              the same FASTA/parquet input, or start a new run directory",
             saved.dir.display(),
         ))),
-        _ => Ok(()),
+        Some(_) => Ok(None),
+        None => Ok(Some(format!(
+            "{}: the checkpoint records no fingerprint of its training data, so {source} cannot \
+             be checked against it; the resume is exact only if the data is the same",
+            saved.dir.display()
+        ))),
     }
 }
 
@@ -224,5 +231,30 @@ mod tests {
         assert_eq!(a, fingerprint(&[vec![5, 6], vec![7]]));
         assert_ne!(a, fingerprint(&[vec![5], vec![6, 7]]));
         assert_ne!(a, fingerprint(&[vec![7], vec![5, 6]]));
+    }
+
+    #[test]
+    fn data_is_checked_against_the_checkpoints_fingerprint() {
+        let mut saved = Saved {
+            dir: "run/checkpoints/step-2".into(),
+            state: TrainerState {
+                step: 2,
+                optimizer_step: 2,
+                loader_cursor: 2,
+                train: Default::default(),
+                adamw: Default::default(),
+                data_fingerprint: Some("aa".into()),
+            },
+            config: None,
+        };
+        assert_eq!(check_data(&saved, "aa", "x.fa").unwrap(), None);
+        let e = check_data(&saved, "bb", "x.fa").unwrap_err().to_string();
+        assert!(e.contains("training data differs"), "{e}");
+        saved.state.data_fingerprint = None;
+        let w = check_data(&saved, "bb", "x.fa").unwrap().unwrap();
+        assert!(
+            w.contains("records no fingerprint") && w.contains("x.fa"),
+            "{w}"
+        );
     }
 }

@@ -125,10 +125,9 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
     }
     let root = checkpoints_dir(run);
     let latest = root.join("latest");
-    let text = std::fs::read_to_string(&latest).map_err(|e| Error::io(&latest, e))?;
     // Validated (a step-N of this run) before its number is read.
-    crate::model::io::latest_step_dir(&latest, &text)?;
-    let Some(newest) = step_of(text.trim()) else {
+    let (text, _) = crate::model::io::read_latest(&latest)?;
+    let Some(newest) = step_of(&text) else {
         return Ok(());
     };
     let mut older: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)

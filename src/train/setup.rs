@@ -308,7 +308,7 @@ pub fn load_corpus(
         ),
         _ => path.display().to_string(),
     };
-    let checked = saved.map_or(Ok(()), |s| check_data(s, &fp, &source));
+    let checked = saved.map_or(Ok(None), |s| check_data(s, &fp, &source));
     if let Some((out, stamp_path, stamp)) = fresh {
         if checked.is_err() {
             let _ = std::fs::remove_file(&path);
@@ -317,7 +317,9 @@ pub fn load_corpus(
             crate::atomic::write_bytes(&stamp_path, stamp.as_bytes())?;
         }
     }
-    checked?;
+    if let Some(w) = checked? {
+        eprintln!("warning: {w}");
+    }
     let t = &cfg.train;
     let mut corpus = Corpus::new(tokens, t.seq_len, tok.pad_id(), t.val_fraction, t.seed)
         .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;

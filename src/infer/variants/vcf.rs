@@ -1,7 +1,8 @@
 //! VCF input for `genslm variants`: plain or gzip/bgzip text, one [`Variant`] per ALT allele.
 //!
 //! Only the first five columns are read (CHROM, POS, ID, REF, ALT; the rest may be absent, as
-//! in the minimal files people write by hand). REF and ALT are bases (A/C/G/T/N, any case);
+//! in the minimal files people write by hand). REF and ALT are bases (A/C/G/T, any case; N in
+//! REF where the reference has it, never in ALT: an unknown base has no effect to score);
 //! symbolic alleles (`<DEL>`), the missing allele `*`/`.` and breakends cannot be scored and
 //! are refused by name. Every problem names the file and line.
 
@@ -91,6 +92,14 @@ fn parse_line(text: &str, line: usize) -> std::result::Result<Vec<Variant>, Stri
             return Err(format!("ALT '{alt}' is not bases (A, C, G, T, N)"));
         }
         let alt = alt.to_ascii_uppercase();
+        if alt.contains('N') {
+            // The model reads a codon holding N as [UNK]: a Δ against it scores the unknown
+            // token, not a base change.
+            return Err(format!(
+                "ALT '{alt}' holds N (an unknown base): the model has no codon for it, so there \
+                 is no effect to score; give the base"
+            ));
+        }
         if alt == reference {
             return Err(format!("ALT '{alt}' equals REF: not a variant"));
         }
@@ -179,6 +188,8 @@ mod tests {
             ("chr1\t5\t.\tA\t*", "symbolic"),
             ("chr1\t5\t.\tA\t.", "no alternate"),
             ("chr1\t5\t.\tA\tA", "equals REF"),
+            ("chr1\t5\t.\tA\tn", "ALT 'N' holds N"),
+            ("chr1\t5\t.\tA\tG,AN", "ALT 'AN' holds N"),
             ("chr1\t5\t.\tR\tA", "REF 'R'"),
             ("chr1\t5\t.\tA\tG]chr2:5]", "breakend"),
         ] {
