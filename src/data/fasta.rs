@@ -315,7 +315,7 @@ pub fn read_raw(
             let after = if last_id.is_empty() {
                 String::new()
             } else {
-                format!(", after record '{last_id}'")
+                format!(", after record '{last_id}',")
             };
             let err = file_err(format!(
                 "the record at line {line}{after} has an empty header (no id after '>'); \

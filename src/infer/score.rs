@@ -298,9 +298,10 @@ pub fn score_fasta(
             duplicates.see(rec.id);
             let mut tokens = tok.encode(rec.seq);
             // A record with no A/C/G/T codon (all N) is [UNK] predicting [UNK]: nothing of the
-            // record is scored, so it gets NA like a record too short to predict.
-            let codons = tokens.iter().filter(|&&t| !specials.contains(&Some(t)));
-            if codons.clone().next().is_some() && codons.into_iter().all(|&t| t == unk) {
+            // record is scored, so it gets NA like a record too short to predict (which one
+            // of fewer than 2 codons stays, in the note's count).
+            let mut codons = tokens.iter().filter(|&&t| !specials.contains(&Some(t)));
+            if codons.clone().nth(1).is_some() && codons.all(|&t| t == unk) {
                 unknown += 1;
                 tokens.clear();
             }
