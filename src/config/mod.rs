@@ -342,13 +342,47 @@ pub struct Config {
     pub train: TrainConfig,
 }
 
+/// The largest config file read (TOML or config.json): real ones take a few KB, so a larger
+/// file is not one and is refused without being read whole.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// A config file's text, refused past [`MAX_CONFIG_BYTES`].
+pub fn read_config_text(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| Error::io(path, e))?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(Error::Config {
+            file: path.to_path_buf(),
+            msg: format!("more than {MAX_CONFIG_BYTES} bytes: not a model or training config"),
+        });
+    }
+    Ok(text)
+}
+
+/// A parser's message with each line cut to 200 characters: it quotes the offending line,
+/// which in a hostile file can be megabytes long.
+pub fn short_lines(msg: &str) -> String {
+    msg.trim_end()
+        .lines()
+        .map(|l| match l.char_indices().nth(200) {
+            Some((i, _)) => format!("{}…", &l[..i]),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 impl Config {
     /// Reads and validates a TOML config; errors name the file and the field.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = read_config_text(path)?;
         let cfg: Config = toml::from_str(&text).map_err(|e| Error::Config {
             file: path.to_path_buf(),
-            msg: e.to_string().trim_end().to_string(),
+            msg: short_lines(&e.to_string()),
         })?;
         cfg.model
             .validate()

@@ -82,3 +82,31 @@ fn rejects_indivisible_heads() {
         "{err}"
     );
 }
+
+#[test]
+fn hostile_config_files_give_short_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    // One line of 200,000 nested brackets: the parser's message quotes it, cut short.
+    let deep = dir.path().join("deep.toml");
+    std::fs::write(
+        &deep,
+        format!("a={}{}", "[".repeat(100_000), "]".repeat(100_000)),
+    )
+    .unwrap();
+    let e = Config::load(&deep).unwrap_err().to_string();
+    assert!(
+        e.contains("deep.toml") && e.len() < 2000,
+        "{} bytes",
+        e.len()
+    );
+    // A file past the size bound is refused unread.
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, "#".repeat((MAX_CONFIG_BYTES + 1) as usize)).unwrap();
+    let e = Config::load(&big).unwrap_err().to_string();
+    assert!(e.contains("more than 1048576 bytes"), "{e}");
+    assert_eq!(short_lines("ab\ncd"), "ab\ncd");
+    assert_eq!(
+        short_lines(&"x".repeat(300)),
+        format!("{}…", "x".repeat(200))
+    );
+}

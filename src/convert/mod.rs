@@ -64,7 +64,7 @@ fn hf_name(key: &str) -> &str {
 fn model_config(input: &Path, config: Option<&Path>) -> Result<ModelConfig> {
     if let Some(c) = config {
         if c.extension().is_some_and(|e| e == "json") {
-            let text = std::fs::read_to_string(c).map_err(|e| Error::io(c, e))?;
+            let text = crate::config::read_config_text(c)?;
             return config_from_hf(&text).map_err(|msg| Error::Config {
                 file: c.to_path_buf(),
                 msg,

@@ -131,7 +131,7 @@ pub fn model_files(cfg: &ModelConfig) -> Vec<&'static str> {
 /// Reads a model config from `dir/config.json`.
 pub fn load_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let text = crate::config::read_config_text(&path)?;
     crate::atomic::note_input(&path);
     config_from_hf(&text).map_err(|msg| Error::Config { file: path, msg })
 }
