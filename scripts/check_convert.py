@@ -12,8 +12,9 @@ and layer norms perturbed so nothing passes by accident) and writes it the ways 
 Each is converted with `genslm convert`, scored with `genslm score` on a real genome, and the
 mean NLL per record compared with the PyTorch model's (≤ 1e-4 relative). Then the bad inputs:
 a state dict holding a non-tensor object, a tensor of the wrong shape, integer or boolean
-weights, a pickle of a plain
-object, and a truncated file must each fail with a clear message naming the problem (no panic).
+weights, NaN or out-of-range values, one weight under two keys or in two shards, size tuples
+shared by memo to exhaust memory, a pickle of a plain object, and a truncated file must each
+fail with a clear message naming the problem (no panic).
 
 Usage: python3 scripts/check_convert.py GENSLM_BINARY FASTA
 """
@@ -176,6 +177,49 @@ def main():
         sd["state_dict"]["model.gpt_neox.embed_in.weight"] = torch.zeros(1).expand(69, 512)
         torch.save(sd, t / "broadcast.pt")
         must_fail(genslm, t / "broadcast.pt", t / "o6", ["model.gpt_neox.embed_in.weight", "35328 elements", "holds 1"], ["--config", CONFIG_25M])
+        # Values that are not finite as f32 (NaN; an F64 beyond f32's range): refused naming the
+        # tensor, where the converted model failed later as "corrupt" in every command.
+        for fill, dtype, name in [(float("nan"), torch.float32, "nan"), (1e300, torch.float64, "f64big")]:
+            sd["state_dict"]["model.gpt_neox.embed_in.weight"] = torch.full((69, 512), fill, dtype=dtype)
+            torch.save(sd, t / f"{name}.pt")
+            must_fail(genslm, t / f"{name}.pt", t / f"o_{name}", ["model.gpt_neox.embed_in.weight", "not finite as f32"], ["--config", CONFIG_25M])
+        # One weight under two keys (with and without Lightning's prefix): one copy would
+        # silently replace the other.
+        good = released_names(model)
+        sd["state_dict"]["model.gpt_neox.embed_in.weight"] = good["gpt_neox.embed_in.weight"]
+        sd["state_dict"]["gpt_neox.embed_in.weight"] = torch.zeros(69, 512)
+        torch.save(sd, t / "twice.pt")
+        must_fail(genslm, t / "twice.pt", t / "o_twice", ["gpt_neox.embed_in.weight", "two copies of one weight"], ["--config", CONFIG_25M])
+        del sd["state_dict"]["gpt_neox.embed_in.weight"]
+        # ... or in two shards of a sharded safetensors directory.
+        from safetensors.torch import save_file
+        shards = t / "shards"
+        shards.mkdir()
+        model.config.to_json_file(shards / "config.json")
+        save_file({k: v.contiguous() for k, v in good.items()}, shards / "a.safetensors")
+        save_file({"embed_out.weight": torch.zeros_like(good["embed_out.weight"])}, shards / "b.safetensors")
+        (shards / "model.safetensors.index.json").write_text(
+            '{"weight_map": {"embed_out.weight": "a.safetensors", "gpt_neox.embed_in.weight": "b.safetensors"}}')
+        must_fail(genslm, shards, t / "o_shards", ["embed_out.weight", "two copies of one weight"])
+        # A size tuple of 200,000 entries shared (by memo) by 20,000 tensors: 1.1 MB of pickle
+        # that asked for ~64 GB as each tensor copied the tuple; refused at the first tensor.
+        def x(s):
+            b = s.encode()
+            return b"X" + len(b).to_bytes(4, "little") + b
+        def get(i):
+            return b"j" + i.to_bytes(4, "little")
+        p = b"\x80\x02}" + x("state_dict")
+        p += b"(" + b"K\x01" * 200_000 + b"tr\x00\x00\x00\x000"
+        p += b"ctorch._utils\n_rebuild_tensor_v2\nr\x01\x00\x00\x000"
+        p += b"(" + x("storage") + b"ctorch\nFloatStorage\n" + x("0") + x("cpu") + b"K\x01tQr\x02\x00\x00\x000"
+        p += b"}("
+        for i in range(20_000):
+            p += x(f"k{i}") + get(1) + b"(" + get(2) + b"K\x00" + get(0) + get(0) + b"tR"
+        p += b"us."
+        with zipfile.ZipFile(t / "shapes.pt", "w", zipfile.ZIP_STORED) as z:
+            z.writestr("archive/data.pkl", p)
+            z.writestr("archive/data/0", b"\0" * 4)
+        must_fail(genslm, t / "shapes.pt", t / "o_shapes", ["k0", "at most 8"], ["--config", CONFIG_25M])
         # Two million nested tuples (a 2 MB pickle): a clear refusal, not a stack overflow.
         with zipfile.ZipFile(t / "nested.pt", "w", zipfile.ZIP_STORED) as z:
             z.writestr("archive/data.pkl", b"\x80\x02)" + b"\x85" * 2_000_000 + b".")

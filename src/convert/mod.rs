@@ -180,6 +180,7 @@ fn read_weights(
         };
         for (key, t) in pt.state_dict()? {
             if let Some(name) = keep(&key, &t.shape)? {
+                once(file, &key, &name, out)?;
                 if !t.dtype.is_float() {
                     return Err(Error::Invalid(format!(
                         "{}: tensor '{key}' holds {:?} values; a GPT-NeoX weight is floating \
@@ -209,6 +210,7 @@ fn read_weights(
         let (tensors, _) = read_safetensors(file)?;
         for (key, t) in tensors {
             if let Some(name) = keep(&key, &t.shape)? {
+                once(file, &key, &name, out)?;
                 out.insert(name.clone(), HostTensor { name, ..t });
             }
         }
@@ -219,6 +221,24 @@ fn read_weights(
         file.display(),
         not_weights(&head)
     )))
+}
+
+/// Refuses a weight given twice (`model.embed_out.weight` beside `embed_out.weight`, or one
+/// tensor in two shards): one copy would silently replace the other.
+fn once(file: &Path, key: &str, name: &str, out: &HashMap<String, HostTensor>) -> Result<()> {
+    if out.contains_key(name) {
+        let named = if key == name {
+            String::new()
+        } else {
+            format!(" (that is, {name})")
+        };
+        return Err(Error::Invalid(format!(
+            "{}: tensor '{key}'{named} was already given by an earlier key or weight file: two \
+             copies of one weight, and which one is meant is unknown",
+            file.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Why a file whose first bytes are `head` (at most 9) is neither format read.

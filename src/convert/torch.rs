@@ -79,6 +79,9 @@ pub struct TensorRef {
     pub stride: Vec<usize>,
 }
 
+/// Dimensions a tensor record may have: GPT-NeoX's weights have one or two.
+const MAX_DIMS: usize = 8;
+
 pub struct TorchFile {
     path: PathBuf,
     zip: ZipReader,
@@ -209,6 +212,17 @@ impl TorchFile {
         };
         let dtype = DType::from_storage(&class.1)
             .ok_or_else(|| format!("a tensor of storage type {}.{}", class.0, class.1))?;
+        // Checked before the tuple is copied: a pickle can give a million-entry size tuple to
+        // every tensor for the cost of one (memo references), 16 bytes an entry each time.
+        if [size, stride]
+            .iter()
+            .any(|v| v.item_count().is_none_or(|n| n > MAX_DIMS))
+        {
+            return Err(format!(
+                "a tensor record whose size or stride is not a tuple of at most {MAX_DIMS} \
+                 dimensions"
+            ));
+        }
         let ints = |v: &Value| -> Option<Vec<usize>> {
             v.items()?
                 .iter()
@@ -266,6 +280,19 @@ impl TorchFile {
                 bytes.len() / es
             )));
         }
+        let values = self.values(t, &bytes, numel)?;
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(self.bad(format!(
+                "tensor '{name}' holds a value that is not finite as f32 at element {i} (NaN, \
+                 infinite, or an F64 beyond f32's range): not a usable weight"
+            )));
+        }
+        Ok(values)
+    }
+
+    /// `t`'s `numel` values from its storage's `bytes` (bounds checked by the caller).
+    fn values(&self, t: &TensorRef, bytes: &[u8], numel: usize) -> Result<Vec<f32>> {
+        let es = t.dtype.size();
         let contiguous = (0..t.shape.len())
             .all(|d| t.shape[d] == 1 || t.stride[d] == t.shape[d + 1..].iter().product::<usize>());
         if contiguous {

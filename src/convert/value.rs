@@ -128,6 +128,14 @@ impl Value {
             _ => None,
         }
     }
+    /// How many items a tuple or list holds (without copying them).
+    pub fn item_count(&self) -> Option<usize> {
+        match self {
+            Value::Tuple(t) => Some(t.len()),
+            Value::List(l) => Some(l.borrow().len()),
+            _ => None,
+        }
+    }
     /// Items of a tuple or list.
     pub fn items(&self) -> Option<Vec<Value>> {
         match self {
