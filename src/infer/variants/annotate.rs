@@ -183,6 +183,37 @@ pub struct Annotation {
     pub codons: std::ops::Range<usize>,
 }
 
+/// What an in-frame indel does beyond adding or removing codons, read from the codons it
+/// touches (`ref_span`, from codon `first`) and the same stretch of the edited CDS: a stop
+/// codon gained (an inserted TAA: `Nonsense`, VEP's stop_gained) or lost (the stop deleted),
+/// or the start codon lost. `None` for a plain in-frame indel, or when a span is not whole
+/// codons (the CDS's end).
+fn inframe_protein_change(
+    cds: &[u8],
+    edit: &Edit,
+    ref_span: &[u8],
+    first: usize,
+    diff: i64,
+) -> Option<Consequence> {
+    let edited = edit.apply(cds);
+    let alt_len = usize::try_from(ref_span.len() as i64 + diff).ok()?;
+    let alt_span = edited.get(3 * first..3 * first + alt_len)?;
+    if !ref_span.len().is_multiple_of(3) || !alt_span.len().is_multiple_of(3) {
+        return None;
+    }
+    let stops = |c: &[u8]| c.chunks(3).filter(|c| translate(c) == b'*').count();
+    let (before, after) = (stops(ref_span), stops(alt_span));
+    if after > before {
+        Some(Consequence::Nonsense)
+    } else if before > after {
+        Some(Consequence::StopLost)
+    } else if first == 0 && ref_span.starts_with(b"ATG") && !alt_span.starts_with(b"ATG") {
+        Some(Consequence::StartLost)
+    } else {
+        None
+    }
+}
+
 /// Annotates `edit` on `cds` (upper-case bases, read from its first base).
 pub fn annotate(cds: &[u8], edit: &Edit) -> Annotation {
     let first = edit.codon();
@@ -198,6 +229,8 @@ pub fn annotate(cds: &[u8], edit: &Edit) -> Annotation {
         let r = translate(ref_codon) as char;
         let (consequence, what) = if diff % 3 != 0 {
             (Consequence::Frameshift, "fs")
+        } else if let Some(c) = inframe_protein_change(cds, edit, ref_span, first, diff) {
+            (c, if diff > 0 { "ins" } else { "del" })
         } else if diff > 0 {
             (Consequence::InframeInsertion, "ins")
         } else {
@@ -330,6 +363,18 @@ mod tests {
             annotate(cds, &Edit::trimmed(5, b"A", b"ATTT")).consequence,
             Consequence::InframeInsertion
         );
+        // In-frame indels that gain or lose a stop codon, or lose the start codon (by hand:
+        // ATG AAA CCC GGG TAA).
+        for (at, reference, alt, want) in [
+            (5, &b"A"[..], &b"ATAA"[..], Consequence::Nonsense), // AAA TAA CCC
+            (4, b"A", b"ATAG", Consequence::InframeInsertion),   // AAT AGA: no stop in frame
+            (11, b"GTAA", b"G", Consequence::StopLost),          // the stop deleted
+            (0, b"ATGA", b"A", Consequence::StartLost),          // ATG deleted: AAA first
+            (2, b"GAAA", b"G", Consequence::InframeDeletion),    // ATG kept, AAA deleted
+        ] {
+            let got = annotate(cds, &Edit::trimmed(at, reference, alt)).consequence;
+            assert_eq!(got, want, "{at} {reference:?} {alt:?}");
+        }
         // An MNV over two codons: AAA CCC -> AAG GCC (K2K, P3A).
         let mnv = annotate(cds, &Edit::trimmed(5, b"AC", b"GG"));
         assert_eq!(
