@@ -355,6 +355,43 @@ fn embed_refuses_foreign_datasets() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(!out.exists());
 
+    // A record without an id (which tokenize no longer writes): its rows could not be told
+    // apart from another's.
+    let noid = dir.path().join("noid.parquet");
+    let mut w = DatasetWriter::create(
+        &noid,
+        genslm::tokenizer::VocabKind::Genslm69,
+        genslm::data::digest::DigestKind::Xxh3,
+    )
+    .unwrap();
+    for id in ["fine", ""] {
+        w.push(&Row {
+            id,
+            description: "",
+            source: "test",
+            length: 9,
+            gc_content: 0.5,
+            digest: "",
+            tokens: &[5, 6, 7],
+        })
+        .unwrap();
+    }
+    w.finish().unwrap();
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &s(trained()),
+        "--data",
+        &s(&noid),
+        "--out",
+        &s(&out),
+    ]);
+    assert!(
+        !ok && err.contains("noid.parquet: row 1 has an empty id"),
+        "{err}"
+    );
+    assert!(!out.exists());
+
     // The same file without genslm's vocabulary metadata (rewritten by pyarrow).
     let bare = dir.path().join("bare.parquet");
     let o = std::process::Command::new("python3")

@@ -475,6 +475,14 @@ pub fn embed_to_parquet(
     if let (Some(reader), EmbedInput::Parquet(path)) = (dataset, input) {
         for rec in reader {
             let r = rec?;
+            if r.id.is_empty() {
+                // As a FASTA record without an id: the rows could not be told apart.
+                return Err(Error::Invalid(format!(
+                    "{}: row {records} has an empty id (genslm tokenize refuses such records); \
+                     give every record an id",
+                    path.display()
+                )));
+            }
             if let Some(&t) = r
                 .tokens
                 .iter()
