@@ -442,3 +442,58 @@ fn odd_files_in_a_checkpoint_are_named_for_what_they_are() {
         "{err}"
     );
 }
+
+/// The user's own hidden files in --out survive a run, whatever they are called (a
+/// `.thesis.tmp/` directory, `.vimrc.new` and `.x.tmp-1` were removed as stale temporaries,
+/// and so was an input under `.stage.tmp/`, before it was read); the temporaries a killed
+/// save leaves are still removed by the next run.
+#[test]
+fn only_genslms_own_temporaries_are_cleaned() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("u");
+    std::fs::create_dir_all(out.join(".thesis.tmp")).unwrap();
+    std::fs::write(out.join(".thesis.tmp/ch1.txt"), "precious").unwrap();
+    std::fs::write(out.join(".vimrc.new"), "k").unwrap();
+    std::fs::write(out.join(".x.tmp-1"), "k").unwrap();
+    std::fs::create_dir(out.join(".stage.tmp")).unwrap();
+    let fa = out.join(".stage.tmp/lambda.fa");
+    std::fs::copy(repo().join("data/lambda_virus.fa"), &fa).unwrap();
+    let train_on = |steps: &str, extra: &[&str]| {
+        let mut a = tiny_args(&out, steps, "3");
+        a[2] = arg(&fa);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        let (ok, _, err) = run(&refs);
+        assert!(ok, "{err}");
+    };
+    let mine = [
+        ".thesis.tmp/ch1.txt",
+        ".vimrc.new",
+        ".x.tmp-1",
+        ".stage.tmp/lambda.fa",
+    ];
+    train_on("2", &[]);
+    for f in mine {
+        assert!(out.join(f).is_file(), "{f} removed");
+    }
+    // What a save killed part-way leaves: removed by the resume.
+    let ck = out.join("checkpoints");
+    std::fs::create_dir(ck.join(".step-9.tmp")).unwrap();
+    let stale = [
+        ck.join(".step-9.tmp/model.safetensors"),
+        ck.join(".latest.tmp-4242"),
+        out.join(".config.toml.tmp-4242"),
+        out.join(".data.parquet.new"),
+    ];
+    for f in &stale {
+        std::fs::write(f, "half").unwrap();
+    }
+    train_on("4", &["--resume"]);
+    assert!(!ck.join(".step-9.tmp").exists());
+    for f in &stale {
+        assert!(!f.exists(), "{} left", f.display());
+    }
+    for f in mine {
+        assert!(out.join(f).is_file(), "{f} removed");
+    }
+}

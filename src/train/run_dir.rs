@@ -85,30 +85,60 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
             r.map_err(|e| Error::io(&p, e))?;
         }
     }
-    clean_stale(run)
+    clean_stale(run, inputs)
 }
 
-/// Removes the temporary entries (`.NAME.tmp-PID`, `.step-N.tmp/`, `.data.parquet.new`)
-/// that a killed save leaves in the run and checkpoint directories. Only the process that
-/// prepares the run calls it, before any rank writes.
-pub fn clean_stale(run: &Path) -> Result<()> {
-    for dir in [run.to_path_buf(), checkpoints_dir(run)] {
+/// Removes the temporary entries a killed save leaves: in the run directory, `.NAME.tmp-PID`
+/// of the files a run writes and `.data.parquet.new`; in `checkpoints/`, `.step-N.tmp/` and
+/// `.latest.tmp-PID`. Only those names: the directory may hold the user's own files, whatever
+/// they are called (a `.thesis.tmp/` of the user's was removed whole when every dot-name
+/// ending in `.tmp` or `.new` counted as ours), and nothing that holds one of this run's
+/// `inputs` is removed. Only the process that prepares the run calls it, before any rank
+/// writes.
+pub fn clean_stale(run: &Path, inputs: &[PathBuf]) -> Result<()> {
+    let inputs: Vec<PathBuf> = inputs
+        .iter()
+        .filter_map(|p| p.canonicalize().ok())
+        .collect();
+    let pid = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let atomic_of = |name: &str, targets: &[&str]| {
+        targets
+            .iter()
+            .any(|t| name.strip_prefix(&format!(".{t}.tmp-")).is_some_and(pid))
+    };
+    let in_run = |name: &str| {
+        name == ".data.parquet.new" || atomic_of(name, &RUN_FILES) || atomic_of(name, &RUN_MARKERS)
+    };
+    let in_checkpoints = |name: &str| {
+        atomic_of(name, &["latest"])
+            || name
+                .strip_prefix(".step-")
+                .and_then(|n| n.strip_suffix(".tmp"))
+                .is_some_and(pid)
+    };
+    for (dir, ours) in [
+        (run.to_path_buf(), &in_run as &dyn Fn(&str) -> bool),
+        (checkpoints_dir(run), &in_checkpoints),
+    ] {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
         for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let temporary =
-                name.contains(".tmp-") || name.ends_with(".tmp") || name.ends_with(".new");
-            if name.starts_with('.') && temporary {
-                let p = e.path();
-                let r = if p.is_dir() {
-                    std::fs::remove_dir_all(&p)
-                } else {
-                    std::fs::remove_file(&p)
-                };
-                r.map_err(|e| Error::io(&p, e))?;
+            let p = e.path();
+            if !ours(&e.file_name().to_string_lossy()) {
+                continue;
             }
+            if let Ok(canon) = p.canonicalize() {
+                if inputs.iter().any(|i| i.starts_with(&canon)) {
+                    continue;
+                }
+            }
+            let r = if p.is_dir() && !p.is_symlink() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            r.map_err(|e| Error::io(&p, e))?;
         }
     }
     Ok(())
