@@ -202,8 +202,11 @@ fn draw(
             .margin(14)
             .x_label_area_size(40)
             .y_label_area_size(80)
-            .build_cartesian_2d(xr, yr)
+            .build_cartesian_2d(xr, yr.clone())
             .map_err(|x| e(&x))?;
+        // Values past the axis (which `range` bounds) are drawn at its edge: a point at 1e308
+        // mapped to a pixel beyond i32.
+        let clip = |&(x, y): &(f64, f64)| (x, y.clamp(yr.start, yr.end));
         chart
             .configure_mesh()
             .x_label_formatter(&xf)
@@ -219,7 +222,7 @@ fn draw(
             .iter()
             .zip(ys)
             .filter(|(_, y)| y.is_finite())
-            .map(|(&x, &y)| (x, y))
+            .map(|(&x, &y)| clip(&(x, y)))
             .collect();
         chart
             .draw_series(std::iter::once(PathElement::new(
@@ -230,12 +233,12 @@ fn draw(
         if !points.is_empty() {
             chart
                 .draw_series(std::iter::once(PathElement::new(
-                    points.to_vec(),
+                    points.iter().map(clip).collect::<Vec<_>>(),
                     VAL.stroke_width(2),
                 )))
                 .map_err(|x| e(&x))?;
             chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 5, VAL.filled())))
+                .draw_series(points.iter().map(|p| Circle::new(clip(p), 5, VAL.filled())))
                 .map_err(|x| e(&x))?;
         }
         Ok(())

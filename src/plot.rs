@@ -78,9 +78,24 @@ pub(crate) fn range(v: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     if !lo.is_finite() || !hi.is_finite() {
         return -1.0..1.0;
     }
-    let pad = if hi > lo { 0.06 * (hi - lo) } else { 1.0 };
+    // Bounded so that the span and its padding stay finite: values near f64's limits (a
+    // hand-made metrics file with a loss of 1e308) made the axis infinite, and the plotting
+    // library's tick loop never ended. Points past the bound are drawn clipped.
+    let (lo, hi) = (lo.max(-AXIS_LIMIT), hi.min(AXIS_LIMIT));
+    // A constant series (a fixed learning rate of 1e-3) is centred in a tenth of its value
+    // either way, not in ±1 where it read as 0.
+    let pad = if hi > lo {
+        0.06 * (hi - lo)
+    } else if lo != 0.0 {
+        0.1 * lo.abs()
+    } else {
+        1.0
+    };
     lo - pad..hi + pad
 }
+
+/// The largest magnitude an axis or a colour scale spans.
+const AXIS_LIMIT: f64 = 1e300;
 
 /// Reads `embeddings`, projects them on their first two principal components and writes a
 /// scatter plot coloured by `opts.color` to `out` (PNG, atomically).
@@ -201,6 +216,9 @@ fn draw(
         201..=2000 => 4,
         _ => 2,
     };
+    // Inside the bound `range` puts on an axis, so that every point maps to a pixel.
+    let bound = |v: f64| v.clamp(-AXIS_LIMIT, AXIS_LIMIT);
+    let points: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (bound(x), bound(y))).collect();
     let (xr, yr) = (
         range(points.iter().map(|p| p.0)),
         range(points.iter().map(|p| p.1)),
@@ -313,6 +331,10 @@ pub(crate) fn tick_format(span: f64) -> impl Fn(&f64) -> String {
         2
     };
     move |v: &f64| {
+        // Past a million the digits outgrow the label area: scientific notation.
+        if span.is_finite() && span >= 1e6 && *v != 0.0 {
+            return format!("{v:.2e}");
+        }
         let t = format!("{v:.decimals$}");
         if t.trim_start_matches('-')
             .chars()
@@ -332,6 +354,9 @@ fn finite_range(v: &[f64]) -> (f64, f64) {
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
             (a.min(x), b.max(x))
         });
+    // As `range`: a span of 2e308 is infinite, and the colour of every point NaN (the
+    // colormap panicked on it).
+    let (lo, hi) = (lo.max(-AXIS_LIMIT), hi.min(AXIS_LIMIT));
     if !lo.is_finite() {
         (0.0, 1.0)
     } else if hi > lo {

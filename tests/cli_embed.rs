@@ -233,6 +233,33 @@ fn embed_and_plot_on_the_bundled_genomes() {
         assert!(ok, "plot --color {color}: {err}");
         assert!(err.contains("plotted 29 points"), "{err}");
     }
+    // A colour column spanning f64's range (rewritten by pyarrow): the colour scale's span
+    // overflowed, and the colormap panicked on NaN.
+    let wide = dir.path().join("wide.parquet");
+    let o = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, pyarrow as pa, pyarrow.parquet as pq; t = pq.read_table(sys.argv[1]); \
+             g = [1e308 if i % 2 else -1e308 for i in range(t.num_rows)]; \
+             i = t.schema.get_field_index('gc_content'); \
+             pq.write_table(t.set_column(i, 'gc_content', pa.array(g)), sys.argv[2])",
+            &s(&emb),
+            &s(&wide),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let png = dir.path().join("wide.png");
+    let (ok, _, err) = run(&[
+        "plot",
+        "--embeddings",
+        &s(&wide),
+        "--out",
+        &s(&png),
+        "--color",
+        "gc_content",
+    ]);
+    assert!(ok && png.is_file(), "{err}");
     let out = dir.path().join("bad.png");
     let (ok, _, err) = run(&[
         "plot",
@@ -533,6 +560,20 @@ fn plot_run_draws_each_curve_in_its_panel() {
             }
         }
     }
+    // Values near f64's limits (a hand-made metrics file): the axis's span overflowed to
+    // infinity and the plot never finished.
+    let run_dir = dir.path().join("end_only");
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    let mut huge = String::new();
+    for (i, line) in metrics.lines().enumerate() {
+        let mut m: serde_json::Value = serde_json::from_str(line).unwrap();
+        m["loss"] = serde_json::json!(if i % 2 == 0 { 1e308 } else { -1e308 });
+        huge.push_str(&format!("{m}\n"));
+    }
+    std::fs::write(run_dir.join("metrics.jsonl"), huge).unwrap();
+    let png = dir.path().join("huge.png");
+    let (ok, _, err) = run(&["plot", "--run", &s(&run_dir), "--out", &s(&png)]);
+    assert!(ok && png.is_file(), "{err}");
     let (ok, _, err) = run(&[
         "plot",
         "--run",
