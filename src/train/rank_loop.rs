@@ -33,7 +33,7 @@ use crate::train::optim::AdamWConfig;
 use crate::train::optim_shards::write_shard;
 use crate::train::param_source::ParamSource;
 use crate::train::pipeline::{gather_stages, Pipe, StageTimes};
-use crate::train::resume::{check_resume, check_state};
+use crate::train::resume::{check_resume, check_state, check_weights_config};
 use crate::train::run_dir::prune_checkpoints;
 use crate::train::schedule::lr_at;
 use crate::train::setup::validate_layout;
@@ -265,6 +265,7 @@ fn starting_point(
     let mut model_cfg = load_config(&saved.dir)?;
     // Applied changes take effect: the optimizer's weight decay, the attention kernel.
     model_cfg.attention = cfg.model.attention;
+    check_weights_config(&model_cfg, &cfg.model, &saved.dir)?;
     // Rank 0 checks every file against the manifest; the others read only their pieces.
     let source = ParamSource::checkpoint(&saved.dir, &model_cfg, ranks.is_root())?;
     let mut state = saved.state;

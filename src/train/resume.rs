@@ -221,6 +221,38 @@ pub fn fasta_stamp(files: &[PathBuf], vocab: &str) -> Result<String> {
     Ok(out)
 }
 
+/// Refuses a checkpoint whose `config.json` (the shape its weights are loaded with) describes
+/// another model than the run's settings, which `check_resume` compared with `genslm.toml`:
+/// an edit to one file that the manifest was recomputed for went on training with, say,
+/// `layer_norm_eps` 1.0 under a genslm.toml saying 1e-5.
+pub fn check_weights_config(saved: &ModelConfig, run: &ModelConfig, dir: &Path) -> Result<()> {
+    let (Ok(a), Ok(b)) = (serde_json::to_value(saved), serde_json::to_value(run)) else {
+        return Ok(());
+    };
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return Ok(());
+    };
+    let differ: Vec<String> = a
+        .iter()
+        .filter(|(k, v)| k.as_str() != "name" && b.get(k.as_str()) != Some(v))
+        .map(|(k, v)| {
+            format!(
+                "{k} {v} against {}",
+                b.get(k.as_str()).unwrap_or(&serde_json::Value::Null)
+            )
+        })
+        .collect();
+    if differ.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "cannot resume from {}: its config.json describes another model than the run's \
+         config ({}); the checkpoint's files disagree (edited?)",
+        dir.display(),
+        differ.join(", ")
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +263,24 @@ mod tests {
         assert_eq!(a, fingerprint(&[vec![5, 6], vec![7]]));
         assert_ne!(a, fingerprint(&[vec![5], vec![6, 7]]));
         assert_ne!(a, fingerprint(&[vec![7], vec![5, 6]]));
+    }
+
+    #[test]
+    fn a_weights_config_that_disagrees_with_the_run_is_refused() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let run = Config::load(&path).unwrap().model;
+        let mut saved = run.clone();
+        saved.name = "hf-gpt-neox".into(); // config.json need not carry genslm's name
+        let dir = Path::new("run/checkpoints/step-4");
+        check_weights_config(&saved, &run, dir).unwrap();
+        saved.layer_norm_eps = 1.0;
+        let e = check_weights_config(&saved, &run, dir)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("layer_norm_eps 1.0 against 0.00001") && e.contains("step-4"),
+            "{e}"
+        );
     }
 
     #[test]
