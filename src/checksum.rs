@@ -39,6 +39,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// Hex sha256 of a file, read in 1 MiB pieces.
 pub fn sha256_file(path: &Path) -> Result<String> {
+    crate::error::file_or_missing(path, "a checkpoint file")?;
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut hasher = Sha256::new();
     let mut reader = std::io::BufReader::with_capacity(1 << 20, f);

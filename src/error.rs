@@ -45,6 +45,19 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
         .or_else(|| payload.downcast_ref::<&str>().copied())
 }
 
+/// Refuses `path` when it exists as anything but a regular file (itself or through a link):
+/// opening a named pipe to read waits for a writer that may never come, and a directory or a
+/// device is no file of ours. `what` says what the file is for, in the message.
+pub fn file_or_missing(path: &Path, what: &str) -> Result<()> {
+    match not_a_file(path) {
+        "missing" | "a file" => Ok(()),
+        kind => Err(Error::Invalid(format!(
+            "{}: {kind}; genslm reads it as {what}",
+            path.display()
+        ))),
+    }
+}
+
 /// What `path` is, when a regular file was expected there: for messages that would otherwise
 /// call a named pipe, a directory or a symbolic-link loop "missing".
 pub fn not_a_file(path: &Path) -> &'static str {

@@ -497,3 +497,35 @@ fn only_genslms_own_temporaries_are_cleaned() {
         assert!(out.join(f).is_file(), "{f} removed");
     }
 }
+
+/// A run's files replaced by named pipes: refused, naming the file, where reading them waited
+/// for a writer forever (metrics.jsonl on resume, data.sources.json, a parquet dataset).
+#[test]
+fn named_pipes_among_a_runs_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let (ok, err) = train(&out, "2", &[]);
+    assert!(ok, "{err}");
+    let fifo = |p: &Path| {
+        std::fs::remove_file(p).unwrap();
+        assert!(std::process::Command::new("mkfifo")
+            .arg(p)
+            .status()
+            .unwrap()
+            .success());
+    };
+    fifo(&out.join("metrics.jsonl"));
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(!ok && err.contains("metrics.jsonl: a named pipe"), "{err}");
+    fifo(&out.join("data.parquet"));
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &arg(&out),
+        "--data",
+        &arg(&out.join("data.parquet")),
+        "--out",
+        &arg(&dir.path().join("e.parquet")),
+    ]);
+    assert!(!ok && err.contains("data.parquet: a named pipe"), "{err}");
+}

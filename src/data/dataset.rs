@@ -247,6 +247,8 @@ pub struct DatasetReader {
 
 /// Opens a parquet file for reading; errors name the file.
 pub fn open_parquet(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    // A parquet file is read from its end: a named pipe would block the open, then fail.
+    crate::error::file_or_missing(path, "a parquet file")?;
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::Dataset {
         path: path.to_path_buf(),

@@ -91,6 +91,7 @@ pub fn write_safetensors_streamed(
 pub fn read_safetensors(
     path: &Path,
 ) -> Result<(HashMap<String, HostTensor>, HashMap<String, String>)> {
+    crate::error::file_or_missing(path, "a safetensors file")?;
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     crate::atomic::note_input(path);
     // A genslm checkpoint's manifest catches what parses but changed (a flipped data byte).
@@ -177,6 +178,7 @@ impl TensorFile {
         use std::io::Read;
         let corrupt =
             |msg: String| Error::Invalid(format!("{}: corrupt checkpoint: {msg}", path.display()));
+        crate::error::file_or_missing(path, "a safetensors file")?;
         let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         crate::atomic::note_input(path);
         let size = f.metadata().map_err(|e| Error::io(path, e))?.len();

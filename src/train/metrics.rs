@@ -173,6 +173,7 @@ impl MetricsLog {
     /// Opens the log; when resuming at `keep_through`, drops lines of later steps first (they
     /// belong to the interrupted run and will be produced again).
     pub fn open(path: &Path, keep_through: Option<u64>) -> Result<Self> {
+        crate::error::file_or_missing(path, "the run's metrics log")?;
         if let Some(last) = keep_through {
             if path.exists() {
                 let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;

@@ -256,6 +256,7 @@ pub fn load_corpus(
             let out = run.join("data.parquet");
             let stamp_path = run.join(SOURCES_FILE);
             let stamp = fasta_stamp(&discover(paths)?, cfg.model.vocab.name())?;
+            crate::error::file_or_missing(&stamp_path, "the list of the run's FASTA inputs")?;
             let unchanged = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
             if saved.is_some() && unchanged && out.exists() {
                 (out, None)
