@@ -92,6 +92,41 @@ pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
              supported: genslm implements the default (unscaled) rotary embedding only"
         ));
     }
+    // Both spellings present and different: which one transformers uses depends on its
+    // version, so no choice here would be safe.
+    for (old, old_name, new, new_name) in [
+        (
+            c.rotary_pct,
+            "rotary_pct",
+            rope.and_then(|r| r.partial_rotary_factor),
+            "rope_parameters.partial_rotary_factor",
+        ),
+        (
+            c.rotary_emb_base,
+            "rotary_emb_base",
+            rope.and_then(|r| r.rope_theta),
+            "rope_parameters.rope_theta",
+        ),
+    ] {
+        if let (Some(a), Some(b)) = (old, new) {
+            if a != b {
+                return Err(format!(
+                    "{old_name} {a} and {new_name} {b} disagree: which one a reader uses \
+                     depends on its transformers version; keep one"
+                ));
+            }
+        }
+    }
+    if c.model_type.as_deref() == Some("gpt_neox")
+        && c.genslm_position.is_some_and(|p| p != Position::Rotary)
+    {
+        return Err(format!(
+            "model_type 'gpt_neox' with genslm_position '{}': transformers runs every gpt_neox \
+             model with rotary positions, so this file would mean two models; genslm writes \
+             learned and ALiBi models as model_type '{REMOTE_MODEL_TYPE}'",
+            c.genslm_position.map(|p| p.to_string()).unwrap_or_default()
+        ));
+    }
     let rotary_pct = c
         .rotary_pct
         .or_else(|| rope.and_then(|r| r.partial_rotary_factor))
@@ -314,6 +349,48 @@ mod tests {
         // The default type (what genslm writes) and a null rope_scaling still load.
         v["rope_scaling"] = Value::Null;
         v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 10000.0});
+        config_from_hf(&v.to_string()).unwrap();
+    }
+
+    /// A file that says two things: both rotary spellings with different values, or the
+    /// rotary model type with genslm's learned/ALiBi positions. Each reading gave different
+    /// logits, and one was picked without a word.
+    #[test]
+    fn contradicting_fields_are_refused() {
+        let tiny = include_str!("../../tests/fixtures/hf_neox_tiny/config.json");
+        let base: Value = serde_json::from_str(tiny).unwrap();
+        let check = |edit: &dyn Fn(&mut Value), want: &str| {
+            let mut v = base.clone();
+            edit(&mut v);
+            let e = config_from_hf(&v.to_string()).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        };
+        check(
+            &|v| {
+                v["rotary_pct"] = json!(0.5);
+                v["rope_parameters"] =
+                    json!({"rope_type": "default", "partial_rotary_factor": 0.25});
+            },
+            "rotary_pct 0.5 and rope_parameters.partial_rotary_factor 0.25 disagree",
+        );
+        check(
+            &|v| {
+                v["rotary_emb_base"] = json!(10000.0);
+                v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 500.0});
+            },
+            "rotary_emb_base 10000 and rope_parameters.rope_theta 500 disagree",
+        );
+        check(
+            &|v| {
+                v["model_type"] = json!("gpt_neox");
+                v["genslm_position"] = json!("alibi");
+            },
+            "model_type 'gpt_neox' with genslm_position 'alibi'",
+        );
+        // Agreeing spellings load.
+        let mut v = base.clone();
+        v["rotary_pct"] = json!(0.25);
+        v["rope_parameters"] = json!({"rope_type": "default", "partial_rotary_factor": 0.25});
         config_from_hf(&v.to_string()).unwrap();
     }
 }
