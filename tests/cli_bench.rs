@@ -238,3 +238,27 @@ fn bench_embed_refuses_an_empty_measurement_and_runs_a_real_one() {
     assert_eq!(&row[1..4], ["16", "3", "2"], "{out}");
     assert!(row[6].parse::<f64>().unwrap() > 0.0, "{out}");
 }
+
+/// `bench variants` with nothing to measure (0 codons, 0 rounds, batch 0, a window of one
+/// codon) is refused by flag, where --codons 0 printed a speed-up of 0.50x (0/0).
+#[test]
+fn bench_variants_refuses_an_empty_measurement() {
+    let cfg = repo().join("configs/tiny.toml");
+    let cfg = cfg.to_str().unwrap();
+    for (flag, v) in [
+        ("--codons", "0"),
+        ("--rounds", "0"),
+        ("--batch-size", "0"),
+        ("--window", "1"),
+    ] {
+        let mut a = vec!["bench", "variants", "--config", cfg, flag, v];
+        if flag != "--window" {
+            a.extend(["--window", "8"]);
+        }
+        let (ok, out, err) = run(&a);
+        assert!(
+            !ok && err.contains(flag) && !out.contains("speedup"),
+            "{flag} {v}: {out}{err}"
+        );
+    }
+}

@@ -6,7 +6,7 @@ use std::time::Instant;
 use burn::tensor::Device;
 
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::infer::embed::{embed_tokens, Pool};
 use crate::infer::generate::{generate, GenerateOptions};
 use crate::model::GenSlm;
@@ -131,6 +131,21 @@ pub fn variants(
     rounds: usize,
 ) -> Result<VariantsBench> {
     use crate::infer::variants::delta::{full_recomputation, prefix_reuse, window_start, Job};
+    // A bench of nothing printed a speed-up of 0/0 (as 0.50x); none of these can be 0.
+    for (flag, v) in [
+        ("--codons", codons),
+        ("--rounds", rounds),
+        ("--batch-size", batch),
+    ] {
+        if v == 0 {
+            return Err(Error::Invalid(format!("{flag} 0: must be at least 1")));
+        }
+    }
+    if window < 2 {
+        return Err(Error::Invalid(format!(
+            "--window {window}: a window holds at least 2 codons (one predicts the next)"
+        )));
+    }
     let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
     let mut rng = SplitMix64::new(3);
     let n = 2 * window + codons;
