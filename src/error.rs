@@ -45,6 +45,18 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
         .or_else(|| payload.downcast_ref::<&str>().copied())
 }
 
+/// The bytes of `path` when it holds at most `max`; `None` when it holds more, found without
+/// reading the rest (a file that should be small may be a multi-gigabyte stranger).
+pub fn read_capped(path: &Path, max: u64) -> Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    Ok((bytes.len() as u64 <= max).then_some(bytes))
+}
+
 /// Refuses `path` when it exists as anything but a regular file (itself or through a link):
 /// opening a named pipe to read waits for a writer that may never come, and a directory or a
 /// device is no file of ours. `what` says what the file is for, in the message.

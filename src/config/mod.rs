@@ -348,19 +348,19 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// A config file's text, refused past [`MAX_CONFIG_BYTES`].
 pub fn read_config_text(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut text = String::new();
-    file.take(MAX_CONFIG_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| Error::io(path, e))?;
-    if text.len() as u64 > MAX_CONFIG_BYTES {
+    let Some(bytes) = crate::error::read_capped(path, MAX_CONFIG_BYTES)? else {
         return Err(Error::Config {
             file: path.to_path_buf(),
             msg: format!("more than {MAX_CONFIG_BYTES} bytes: not a model or training config"),
         });
-    }
-    Ok(text)
+    };
+    String::from_utf8(bytes).map_err(|_| {
+        let e = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        );
+        Error::io(path, e)
+    })
 }
 
 /// A parser's message with each line cut to 200 characters: it quotes the offending line,

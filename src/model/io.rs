@@ -144,19 +144,13 @@ const LATEST_MAX_BYTES: u64 = 4096;
 /// Reads a `checkpoints/latest` file and returns the step name it holds (trimmed) and the
 /// checkpoint directory it names ([`latest_step_dir`]).
 pub fn read_latest(latest: &Path) -> Result<(String, PathBuf)> {
-    use std::io::Read;
-    let file = std::fs::File::open(latest).map_err(|e| Error::io(latest, e))?;
-    let mut bytes = Vec::new();
-    file.take(LATEST_MAX_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(latest, e))?;
-    if bytes.len() as u64 > LATEST_MAX_BYTES {
+    let Some(bytes) = crate::error::read_capped(latest, LATEST_MAX_BYTES)? else {
         return Err(Error::Invalid(format!(
             "{}: more than {LATEST_MAX_BYTES} bytes, not a step-N name genslm writes \
              (a file of another program?)",
             latest.display()
         )));
-    }
+    };
     let text = String::from_utf8_lossy(&bytes);
     let dir = latest_step_dir(latest, &text)?;
     Ok((text.trim().to_string(), dir))
