@@ -176,15 +176,12 @@ impl MetricsLog {
         crate::error::file_or_missing(path, "the run's metrics log")?;
         if let Some(last) = keep_through {
             if path.exists() {
-                let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-                let kept: String = text
-                    .lines()
-                    .filter(|l| {
-                        serde_json::from_str::<StepMetrics>(l).is_ok_and(|m| m.step <= last)
-                    })
-                    .map(|l| format!("{l}\n"))
-                    .collect();
-                crate::atomic::write_bytes(path, kept.as_bytes())?;
+                let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+                let (kept, dropped) = rows_through(&text, last);
+                if let Some(note) = dropped {
+                    eprintln!("warning: {}: {note}", path.display());
+                }
+                crate::atomic::write_bytes(path, &kept)?;
             }
         } else if path.exists() {
             std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
@@ -204,6 +201,43 @@ impl MetricsLog {
         let line = serde_json::to_string(m).map_err(|e| Error::Invalid(e.to_string()))?;
         writeln!(self.file, "{line}").map_err(|e| Error::io(&self.path, e))
     }
+}
+
+/// The rows of a metrics log up to step `last` (the rest are the interrupted run's, made
+/// again), and a note naming the lines dropped because they are no metrics row. A last line
+/// without its newline is a write the kill cut short and goes without a note; any other line
+/// that does not parse was damaged or written by someone else, and the user hears which.
+fn rows_through(text: &[u8], last: u64) -> (Vec<u8>, Option<String>) {
+    let mut kept = Vec::with_capacity(text.len());
+    let mut bad = Vec::new();
+    let lines: Vec<&[u8]> = text.split_inclusive(|&b| b == b'\n').collect();
+    for (i, line) in lines.iter().enumerate() {
+        let complete = line.ends_with(b"\n");
+        let body = line.strip_suffix(b"\n").unwrap_or(line);
+        let body = body.strip_suffix(b"\r").unwrap_or(body);
+        if body.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match serde_json::from_slice::<StepMetrics>(body) {
+            Ok(m) if m.step <= last => {
+                kept.extend_from_slice(body);
+                kept.push(b'\n');
+            }
+            Ok(_) => {}
+            Err(_) if !complete && i + 1 == lines.len() => {}
+            Err(_) => bad.push(i + 1),
+        }
+    }
+    let note = (!bad.is_empty()).then(|| {
+        let shown: Vec<String> = bad.iter().take(5).map(|n| n.to_string()).collect();
+        let more = if bad.len() > 5 { ", …" } else { "" };
+        format!(
+            "{} line(s) are not metrics rows and were dropped on resume (line {}{more})",
+            bad.len(),
+            shown.join(", ")
+        )
+    });
+    (kept, note)
 }
 
 /// Reads a metrics file back (tests, tools).
@@ -236,6 +270,49 @@ mod tests {
         let expect = 6.0 * n * s + 12.0 * l * h * s * s;
         let got = train_flops_per_sequence(&m, 2048);
         assert!((got - expect).abs() / expect < 1e-12, "{got} vs {expect}");
+    }
+
+    /// A JSON row as the trainer writes it, at `step`.
+    fn row(step: u64) -> String {
+        let m = StepMetrics {
+            step,
+            loss: 1.5,
+            ..serde_json::from_str(
+                r#"{"step":0,"loss":0,"lr":0,"grad_norm":0,"tokens":0,"tokens_per_s":0,
+                "tflops":0,"peak_rss_mib":0,"elapsed_s":0}"#,
+            )
+            .unwrap()
+        };
+        serde_json::to_string(&m).unwrap()
+    }
+
+    #[test]
+    fn resume_keeps_rows_through_its_step_and_names_the_lines_it_drops() {
+        let (r1, r2, r3) = (row(1), row(2), row(3));
+        // Complete: nothing dropped but the later step, and no note.
+        let text = format!("{r1}\n{r2}\n{r3}\n");
+        let (kept, note) = rows_through(text.as_bytes(), 2);
+        assert_eq!(String::from_utf8(kept).unwrap(), format!("{r1}\n{r2}\n"));
+        assert_eq!(note, None);
+        // A half-written last line (killed mid-write) goes quietly.
+        let text = format!("{r1}\n{r2}\n{{\"step\":3,\"lo");
+        let (kept, note) = rows_through(text.as_bytes(), 3);
+        assert_eq!(String::from_utf8(kept).unwrap(), format!("{r1}\n{r2}\n"));
+        assert_eq!(note, None);
+        // Damage in the middle (and bytes that are not UTF-8) is named by line.
+        let text = [
+            format!("{r1}\n").into_bytes(),
+            b"garbage\n\xff\xfe\n".to_vec(),
+            format!("{r2}\r\n").into_bytes(),
+        ]
+        .concat();
+        let (kept, note) = rows_through(&text, 2);
+        assert_eq!(String::from_utf8(kept).unwrap(), format!("{r1}\n{r2}\n"));
+        let note = note.expect("a note");
+        assert!(
+            note.contains("2 line(s)") && note.contains("line 2, 3"),
+            "{note}"
+        );
     }
 
     #[test]
