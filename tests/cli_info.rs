@@ -155,3 +155,70 @@ fn the_thread_variable_is_checked_like_the_flag() {
         assert_eq!(code, Some(0), "RAYON_NUM_THREADS={ok}: {err}");
     }
 }
+
+/// Every flag of every command says what it does in `--help`: the help text under a flag's
+/// line is not empty (eleven `train` flags, --steps and --lr among them, had none).
+#[test]
+fn every_flag_is_described_in_help() {
+    let (ok, top, err) = run(&["--help"]);
+    assert!(ok, "{err}");
+    let commands: Vec<&str> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(
+        commands.contains(&"train") && commands.contains(&"bench"),
+        "{top}"
+    );
+    let mut undocumented = Vec::new();
+    let mut check = |path: Vec<&str>| -> String {
+        let mut args = path.clone();
+        args.push("--help");
+        let (ok, out, err) = run(&args);
+        assert!(ok, "{args:?}: {err}");
+        let lines: Vec<&str> = out.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            // A flag's line: `  -x, --name <V>` or `      --name <V>` (clap's two layouts).
+            let t = l.trim_start();
+            let indent = l.len() - t.len();
+            let flag = (2..=6).contains(&indent)
+                && (t.starts_with("--") || (t.starts_with('-') && t.get(2..4) == Some(", ")));
+            if !flag {
+                continue;
+            }
+            // Described on the same line (after two spaces) or on the next, indented deeper.
+            let same_line = t.contains("  ");
+            let next = lines.get(i + 1).copied().unwrap_or("");
+            let below =
+                next.len() - next.trim_start().len() > indent + 2 && !next.trim().is_empty();
+            if !same_line && !below {
+                undocumented.push(format!("{}: {}", path.join(" "), t));
+            }
+        }
+        out
+    };
+    for c in &commands {
+        let out = check(vec![c]);
+        // Subcommands (bench's) are checked too.
+        let subs: Vec<&str> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|s| *s != "help")
+            .collect();
+        for s in subs {
+            check(vec![c, s]);
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "flags without help:\n{}",
+        undocumented.join("\n")
+    );
+}

@@ -78,29 +78,43 @@ pub struct TrainArgs {
     /// only while it runs).
     #[arg(long)]
     zero: Option<u8>,
+    /// Optimizer steps in the whole run (with --resume: the run's new total).
     #[arg(long)]
     steps: Option<u64>,
     /// Codons per sample.
     #[arg(long)]
     seq_len: Option<usize>,
+    /// Samples (windows of --seq-len codons) per micro-batch.
     #[arg(long)]
     batch_size: Option<usize>,
+    /// Micro-batches per optimizer step (their gradients accumulate into one update); under --pp, the
+    /// pipeline's micro-batches.
     #[arg(long)]
     grad_accum: Option<usize>,
+    /// Peak learning rate (AdamW), reached after the warm-up and decayed by a cosine to
+    /// min_lr_ratio · lr.
     #[arg(long)]
     lr: Option<f64>,
+    /// Steps of linear learning-rate warm-up from lr/warmup to lr.
     #[arg(long)]
     warmup: Option<u64>,
+    /// Seed of the weights' initialisation, the data's shuffle and the validation split (the
+    /// same seed and data give the same run, on any layout).
     #[arg(long)]
     seed: Option<u64>,
+    /// Share of the windows held out for validation (0 = none).
     #[arg(long)]
     val_fraction: Option<f64>,
+    /// Validate every N steps (and at the end); 0 = only at the end.
     #[arg(long)]
     val_every: Option<u64>,
+    /// Write a checkpoint every N steps (and at the end); 0 = only at the end.
     #[arg(long)]
     checkpoint_every: Option<u64>,
+    /// Clip the global gradient norm to this value; 0 disables clipping.
     #[arg(long)]
     max_grad_norm: Option<f64>,
+    /// AdamW's decoupled weight decay (not applied to biases and LayerNorm weights).
     #[arg(long)]
     weight_decay: Option<f64>,
     /// Skip steps whose loss or gradient is NaN/Inf instead of stopping.
