@@ -166,11 +166,15 @@ impl ThreadComm {
         st.deposits[self.rank] = Some(Arc::new(data));
         st.arrived += 1;
         if st.arrived == sh.n {
-            let all: Vec<Deposit> = st
-                .deposits
-                .iter_mut()
-                .map(|d| d.take().expect("deposited"))
-                .collect();
+            let all: Option<Vec<Deposit>> = st.deposits.iter_mut().map(Option::take).collect();
+            let Some(all) = all else {
+                // Every rank withdraws what a failed wait left, so this means a rank counted
+                // twice: stop the group rather than mix rounds.
+                return Err(Error::Invalid(format!(
+                    "rank {}: a collective round lost count of its ranks",
+                    self.rank
+                )));
+            };
             st.ready = Some(Arc::new(all));
             st.ready_round = my_round;
             st.readers_left = sh.n;
@@ -179,7 +183,13 @@ impl ThreadComm {
             sh.cv.notify_all();
         }
         while !(st.ready.is_some() && st.ready_round == my_round) {
-            st = self.wait(st, &mut start)?;
+            st = match self.wait(st, &mut start) {
+                Ok(st) => st,
+                Err(e) => {
+                    self.withdraw(my_round);
+                    return Err(e);
+                }
+            };
         }
         let out = st.ready.clone().expect("checked above");
         st.readers_left -= 1;
@@ -188,6 +198,25 @@ impl ThreadComm {
             sh.cv.notify_all();
         }
         Ok(out)
+    }
+
+    /// Takes back this rank's part in round `round` after its wait failed (a timeout, or
+    /// another rank's abort): its deposit, if the round is still filling, or its read, if the
+    /// round completed meanwhile. A later collective of this rank (the error path may still
+    /// call one) then starts a round of its own instead of being counted twice in this one.
+    fn withdraw(&self, round: u64) {
+        let mut st = self.lock();
+        if st.round == round {
+            if st.deposits[self.rank].take().is_some() {
+                st.arrived -= 1;
+            }
+        } else if st.ready.is_some() && st.ready_round == round {
+            st.readers_left -= 1;
+            if st.readers_left == 0 {
+                st.ready = None;
+            }
+        }
+        self.shared.cv.notify_all();
     }
 
     fn wait<'a>(

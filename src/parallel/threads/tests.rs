@@ -209,3 +209,36 @@ fn point_to_point_delivers_in_order_and_reports_misuse() {
     });
     assert!(stopped[1].contains("out of memory"), "{}", stopped[1]);
 }
+
+/// A rank whose wait timed out (the others late) takes its deposit back: its next collective,
+/// which the others do join, is a round of its own with everyone's data. Before, the stale
+/// deposit counted the rank twice and the round panicked ("deposited").
+#[test]
+fn a_timed_out_rank_joins_the_next_round_cleanly() {
+    let comms = thread_group(2, Duration::from_millis(500));
+    // Rank 1 joins only once rank 0 has timed out on its own.
+    let (timed_out, go) = std::sync::mpsc::channel::<()>();
+    let go = std::sync::Mutex::new(Some(go));
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let tx = timed_out.clone();
+            let rx = (c.rank() == 1).then(|| go.lock().unwrap().take()).flatten();
+            std::thread::spawn(move || {
+                if c.rank() == 0 {
+                    let mut x = vec![1.0f32];
+                    let e = c.all_reduce_sum(&mut x).unwrap_err().to_string();
+                    assert!(e.contains("no answer from the other ranks"), "{e}");
+                    tx.send(()).unwrap();
+                } else {
+                    rx.expect("rank 1 waits").recv().unwrap();
+                }
+                let mut y = vec![10.0 * (c.rank() + 1) as f32];
+                c.all_reduce_sum(&mut y).map(|()| y)
+            })
+        })
+        .collect();
+    for h in hs {
+        assert_eq!(h.join().unwrap().unwrap(), vec![30.0]);
+    }
+}
