@@ -334,11 +334,29 @@ fn a_frozen_rank_ends_the_process() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("no answer from the other ranks"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{err}"
+    );
+    assert!(
+        err.contains("rank 2 will hang without end at step 2 (a test hook)"),
+        "{err}"
+    );
     assert!(
         start.elapsed().as_secs() < 3 + 10,
         "took {:?}",
         start.elapsed()
+    );
+    // A mistyped hook is refused by name instead of running without its fault.
+    let o = tiny_ranks(&dir.path().join("typo"), "5")
+        .env("GENSLM_FAULT_RANK", "2-2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("GENSLM_FAULT_RANK=2-2: a test hook takes RANK:STEP"),
+        "{err}"
     );
 }
 

@@ -24,6 +24,29 @@ pub(crate) fn injected_fault(rank: usize, step: u64) -> Result<()> {
     Ok(())
 }
 
+/// Checks the hooks' variables before a run starts: a value that is not `R:S` is refused
+/// naming it (it was ignored, so a mistyped test ran without its fault), and a set hook is
+/// announced, since it stops or hangs the run on purpose.
+pub(crate) fn check_hooks() -> Result<()> {
+    for (var, what) in [
+        ("GENSLM_FAULT_RANK", "fail"),
+        ("GENSLM_FREEZE_RANK", "hang without end"),
+    ] {
+        let Some(value) = std::env::var_os(var) else {
+            continue;
+        };
+        let text = value.to_string_lossy();
+        let Some((r, s)) = value.to_str().and_then(rank_step) else {
+            return Err(Error::Invalid(format!(
+                "{var}={text}: a test hook takes RANK:STEP (two whole numbers, e.g. 1:3); unset \
+                 it for a normal run"
+            )));
+        };
+        eprintln!("warning: {var}={text} is set: rank {r} will {what} at step {s} (a test hook)");
+    }
+    Ok(())
+}
+
 /// `R:S` of a test hook.
 fn rank_step(spec: &str) -> Option<(u64, u64)> {
     let (r, s) = spec.split_once(':')?;

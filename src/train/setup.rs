@@ -186,6 +186,7 @@ pub fn prepare_run(
 ) -> Result<(Corpus, RunLock)> {
     cfg.model.validate().map_err(Error::Invalid)?;
     cfg.train.validate().map_err(Error::Invalid)?;
+    crate::train::fault::check_hooks()?;
     if run.exists() && !run.is_dir() {
         return Err(Error::Invalid(format!(
             "--out {} is a file, not a directory: a run writes a directory (checkpoints, \
