@@ -147,3 +147,27 @@ fn plan_refuses_a_sequence_of_no_tokens() {
         );
     }
 }
+
+/// A memory that holds any length is reported at the longest sequence `--seq-len` takes
+/// (2³¹ tokens), said to be genslm's limit, and that length is one `plan --seq-len` accepts
+/// (the search's ceiling, 2⁴⁰, was printed as the answer before).
+#[test]
+fn a_boundless_memory_reports_the_longest_sequence_genslm_trains() {
+    let cfg = repo().join("configs/tiny.toml");
+    let cfg = cfg.to_str().unwrap();
+    let base = ["plan", "--config", cfg, "--gpus", "1", "--gpu-mem-gib"];
+    let (ok, out, err) = run(&[&base[..], &["1000000000"]].concat());
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("longest sequence"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("2,147,483,648 tokens"), "{line}");
+    assert!(line.contains("the most genslm trains"), "{line}");
+    let (ok, _, err) = run(&[&base[..], &["1000000000", "--seq-len", "2147483648"]].concat());
+    assert!(ok, "{err}");
+    // An ordinary memory's answer is below the limit and says nothing of it.
+    let (ok, out, err) = run(&[&base[..], &["1"]].concat());
+    assert!(ok, "{err}");
+    assert!(!out.contains("the most genslm trains"), "{out}");
+}

@@ -496,8 +496,9 @@ fn estimate_stage(model: &ModelConfig, st: &Strategy, hw: &Hardware, seq_len: us
     }
 }
 
-/// Upper end of the search: no plan reaches 2⁴⁰ tokens.
-const MAX_SEARCH: usize = 1 << 40;
+/// Upper end of the search: the longest sequence genslm trains (`--seq-len` refuses more).
+/// A memory that holds more is reported as reaching this limit, not as a length no run takes.
+pub const MAX_SEARCH: usize = crate::config::MAX_TOKENS;
 
 /// The longest sequence (a multiple of [`granule`]) whose step fits in `hw.mem_bytes`, by
 /// doubling then bisection on the predicted total (which never decreases with the length).
@@ -529,16 +530,21 @@ pub fn max_seq_len_with_host(
         let e = at(k * g);
         e.total() <= hw.mem_bytes && e.host_bytes <= host_bytes
     };
-    if !fits(1) {
+    // The most granules a run may take.
+    let cap = MAX_SEARCH / g;
+    if cap == 0 || !fits(1) {
         return 0;
     }
     let (mut lo, mut hi) = (1usize, 2usize);
-    while fits(hi) {
+    while hi <= cap && fits(hi) {
         lo = hi;
-        if hi * g >= MAX_SEARCH {
-            return lo * g;
-        }
         hi *= 2;
+    }
+    if hi > cap {
+        if fits(cap) {
+            return cap * g;
+        }
+        hi = cap;
     }
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;

@@ -159,13 +159,19 @@ pub(super) fn single_report(
             tokens(granule(&best.strategy))
         );
     } else {
+        let g = granule(&best.strategy);
+        let limit = if best.max_seq_len + g > super::MAX_SEARCH {
+            "; the most genslm trains (--seq-len), the memory holds more"
+        } else {
+            ""
+        };
         let _ = writeln!(
             s,
-            "longest sequence    {} tokens ({} codons ≈ {} bases; searched in steps of {})",
+            "longest sequence    {} tokens ({} codons ≈ {} bases; searched in steps of {}{limit})",
             tokens(best.max_seq_len),
             tokens(best.max_seq_len),
             tokens(3 * best.max_seq_len),
-            tokens(granule(&best.strategy))
+            tokens(g)
         );
     }
     if let Some(b) = super::stages::bubble(model, &best.strategy.layout) {
