@@ -262,3 +262,49 @@ fn bench_variants_refuses_an_empty_measurement() {
         );
     }
 }
+
+/// Sizes with nothing to measure are refused naming their flag (`bench attention --seq 0`
+/// printed a debug dump, `bench generate --codons 0` named --max-codons, `bench ingest --mb 0`
+/// an internal temporary file), `bench attention` whose every case failed exits 1 (it exited
+/// 0), and `bench ingest --dir` does not create a missing directory (it made and left one).
+#[test]
+fn benchmarks_refuse_empty_sizes_by_flag() {
+    let cfg = repo().join("configs/tiny.toml");
+    let cfg = cfg.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("not/made");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["attention", "--config", cfg, "--seq", "0"],
+            "--seq, --head-dim",
+        ),
+        (
+            vec!["attention", "--config", cfg, "--seq", "8", "--heads", "0"],
+            "--heads",
+        ),
+        (
+            vec!["attention", "--config", cfg, "--seq-lens", "0"],
+            "--seq-lens 0",
+        ),
+        (
+            vec!["generate", "--config", cfg, "--codons", "0"],
+            "--codons and --samples",
+        ),
+        (
+            vec!["generate", "--config", cfg, "--samples", "0"],
+            "--codons and --samples",
+        ),
+        (vec!["ingest", "--mb", "0"], "--mb and --record-mb"),
+        (
+            vec!["ingest", "--mb", "1", "--dir", missing.to_str().unwrap()],
+            "give an existing directory",
+        ),
+    ];
+    for (args, words) in cases {
+        let a = [&["bench"][..], &args].concat();
+        let (ok, out, err) = run(&a);
+        assert!(!ok && err.contains(words), "{a:?}: {out}{err}");
+        assert!(!err.contains("AttnBenchCase"), "{a:?}: {err}");
+    }
+    assert!(!missing.exists() && !dir.path().join("not").exists());
+}

@@ -231,6 +231,15 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             at_most("--heads", *heads, 1 << 16)?;
             at_most("--batch", *batch, 1 << 16)?;
             at_most("--iters", *iters, 1 << 16)?;
+            if *seq == Some(0) || *head_dim == 0 || *heads == 0 || *batch == 0 || *iters == 0 {
+                anyhow::bail!(
+                    "--seq, --head-dim, --heads, --batch and --iters must each be at least 1"
+                );
+            }
+            // A step needs two codons (one predicted); shorter lengths failed every case.
+            if let Some(s) = seq_lens.iter().find(|&&s| s < 2) {
+                anyhow::bail!("--seq-lens {s}: each length must be at least 2 codons");
+            }
         }
         BenchCmd::Embed {
             seq_len,
@@ -265,12 +274,27 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
         } => {
             at_most("--codons", *codons, max)?;
             at_most("--samples", *samples, max)?;
+            if *codons == 0 || *samples == 0 {
+                anyhow::bail!("--codons and --samples must each be at least 1");
+            }
         }
-        BenchCmd::Ingest { mb, record_mb, .. } => {
+        BenchCmd::Ingest {
+            mb, record_mb, dir, ..
+        } => {
             at_most("--mb", *mb, 1 << 20)?;
             at_most("--record-mb", *record_mb, 1 << 16)?;
-            if *record_mb == 0 {
-                anyhow::bail!("--record-mb must be at least 1");
+            if *record_mb == 0 || *mb == 0 {
+                anyhow::bail!("--mb and --record-mb must each be at least 1");
+            }
+            // A benchmark makes no directories of the user's (a mistyped path was created and
+            // left behind): its scratch directory goes inside one that exists.
+            if let Some(d) = dir.as_ref().filter(|d| !d.is_dir()) {
+                anyhow::bail!(
+                    "--dir {}: {}; give an existing directory (the benchmark writes its scratch \
+                     files in a directory of its own inside it, removed at the end)",
+                    d.display(),
+                    genslm::error::not_a_file(d)
+                );
             }
         }
     }
@@ -439,6 +463,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             } else {
                 &["flash", "naive"]
             };
+            let (mut ran, mut failed) = (0, 0);
             for &s in &seq_lens {
                 for &case in cases {
                     if case == "naive" && s > naive_max {
@@ -462,7 +487,9 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                         .split_whitespace()
                         .filter_map(|x| x.parse().ok())
                         .collect();
+                    ran += 1;
                     if !out.status.success() || v.len() != 2 {
+                        failed += 1;
                         println!(
                             "{s:>7}  {case:<10}  failed: {}",
                             String::from_utf8_lossy(&out.stderr).trim()
@@ -477,6 +504,11 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                         v[1]
                     );
                 }
+            }
+            // Naive attention running out of memory at long lengths is a finding; every case
+            // failing is not a measurement.
+            if ran > 0 && failed == ran {
+                anyhow::bail!("bench attention: every case failed (the reasons above)");
             }
         }
         BenchCmd::Embed {
@@ -550,8 +582,6 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             let tmp;
             let dir = match dir {
                 Some(d) => {
-                    std::fs::create_dir_all(&d)
-                        .with_context(|| format!("creating {}", d.display()))?;
                     // Its own directory inside: the user's files there (a `bench.fa` of
                     // theirs) are never replaced, and nothing is left behind.
                     tmp = tempfile::Builder::new()
