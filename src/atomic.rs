@@ -81,7 +81,7 @@ fn check_not_input(target: &Path) -> Result<()> {
 /// terminal or a pipe; a named pipe; a socket) is no place for a file: as root, the device
 /// itself was replaced by the output. A link to a file is replaced by the new file (the file
 /// it pointed to is kept).
-fn check_replaceable(target: &Path) -> Result<()> {
+pub fn check_replaceable(target: &Path) -> Result<()> {
     // `metadata` follows links; a dangling link (no metadata) is replaced like a file.
     let Ok(meta) = std::fs::metadata(target) else {
         return Ok(());

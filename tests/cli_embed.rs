@@ -583,3 +583,52 @@ fn plot_run_draws_each_curve_in_its_panel() {
     ]);
     assert!(!ok && err.contains("metrics.jsonl: missing; is"), "{err}");
 }
+
+/// `--plot` is checked before any work: a directory there is refused with nothing written
+/// (it failed after the embeddings were written, saying "Nothing was written"); a plot that
+/// cannot be drawn (one record) names --plot and says where the embeddings are.
+#[test]
+fn a_plot_that_cannot_be_written_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("e.parquet");
+    let fasta = s(&repo().join("data/vdv1.fasta.gz"));
+    let model = s(trained());
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &fasta,
+        "--out",
+        &s(&out),
+        "--plot",
+        &s(dir.path()),
+        "--quiet",
+    ]);
+    assert!(
+        !ok && err.contains("is a directory") && err.contains("Nothing was written"),
+        "{err}"
+    );
+    assert!(
+        !out.exists(),
+        "the embeddings were written before the refusal"
+    );
+    let png = dir.path().join("p.png");
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &fasta,
+        "--out",
+        &s(&out),
+        "--plot",
+        &s(&png),
+        "--quiet",
+    ]);
+    assert!(
+        !ok && err.contains("--plot") && err.contains("the embeddings are written"),
+        "{err}"
+    );
+    assert!(out.exists() && !png.exists());
+}

@@ -164,6 +164,9 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
     genslm::atomic::check_parquet_name("--out", &a.out)?;
     if let Some(png) = &a.plot {
         genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--plot", png)])?;
+        // Before any work: a --plot that is a directory failed after the embeddings were
+        // written, saying "Nothing was written".
+        genslm::atomic::check_replaceable(png)?;
     }
     if a.plot.is_some() && (a.pool == PoolArg::None || a.layers.len() > 1) {
         anyhow::bail!(
@@ -202,7 +205,13 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
         );
     }
     if let Some(png) = a.plot {
-        let p = genslm::plot::plot_embeddings(&a.out, &png, &Default::default())?;
+        let p = genslm::plot::plot_embeddings(&a.out, &png, &Default::default()).map_err(|e| {
+            anyhow::anyhow!(
+                "--plot {}: {e} (the embeddings are written: {})",
+                png.display(),
+                a.out.display()
+            )
+        })?;
         if !quiet {
             eprintln!("plotted {} points: {}", p.points, png.display());
         }

@@ -84,6 +84,7 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
     };
     if let Some(png) = &a.heatmap {
         genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--heatmap", png)])?;
+        genslm::atomic::check_replaceable(png)?;
     }
     let s = run_variants(&a.model, &a.fasta, &opts, &a.out)?;
     if !quiet {
