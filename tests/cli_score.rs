@@ -294,3 +294,21 @@ fn a_record_without_an_id_is_refused_before_any_output() {
     );
     assert_eq!(tsv, "", "stdout holds nothing");
 }
+
+/// A window past a rotary model's max_position_embeddings (2048 here) is taken with a warning
+/// as `generate` gives for --max-codons (it was taken without a word); within it, none.
+#[test]
+fn a_window_past_a_rotary_models_positions_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = write(dir.path(), "a.fa", format!(">long\n{SEQ}\n").as_bytes());
+    let (model, f) = (arg(trained_tiny()), arg(&fa));
+    for (len, warned) in [("2049", true), ("2048", false)] {
+        let (ok, _, err) = run(&["score", "--model", &model, "--fasta", &f, "--seq-len", len]);
+        assert!(ok, "{err}");
+        assert_eq!(
+            err.contains("goes past the model's max_position_embeddings (2048)"),
+            warned,
+            "--seq-len {len}: {err}"
+        );
+    }
+}

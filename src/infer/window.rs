@@ -24,7 +24,16 @@ pub fn resolve_window(model: &GenSlm, seq_len: Option<usize>, model_dir: &Path) 
                  (ALiBi models can take longer windows)"
             )))
         }
-        Some(s) => Ok(s),
+        Some(s) => {
+            if s > max && model.cfg.position == Position::Rotary {
+                // As `generate` says for --max-codons: the window is taken, not hidden.
+                eprintln!(
+                    "warning: --seq-len {s} goes past the model's max_position_embeddings \
+                     ({max}); rotary models are untested beyond their training length"
+                );
+            }
+            Ok(s)
+        }
         None => {
             let w = trained_window(model_dir)?
                 .filter(|&t| t >= 2)
