@@ -61,7 +61,9 @@ pub struct EmbedArgs {
     /// Output parquet (written atomically).
     #[arg(long)]
     out: PathBuf,
-    /// Hidden state: 0 = embeddings, i = output of layer i, -1 = after the final LayerNorm.
+    /// Hidden state: 0 = embeddings, i = output of layer i (1..num_layers−1), num_layers or
+    /// -1 = the last layer's output after the final LayerNorm (transformers'
+    /// output_hidden_states numbers them so).
     #[arg(long, default_value_t = -1, allow_negative_numbers = true, conflicts_with = "layers")]
     layer: i64,
     /// Several hidden states from one pass (comma-separated, e.g. 0,4,-1): one row per record
