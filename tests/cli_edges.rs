@@ -358,6 +358,18 @@ fn a_frozen_rank_ends_the_process() {
         err.contains("GENSLM_FAULT_RANK=2-2: a test hook takes RANK:STEP"),
         "{err}"
     );
+    for bad in ["0", "abc", "4294967296"] {
+        let o = tiny_ranks(&dir.path().join("count"), "5")
+            .env("GENSLM_MPI_MAX_COUNT", bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&format!("GENSLM_MPI_MAX_COUNT={bad}:")),
+            "{err}"
+        );
+    }
 }
 
 /// A job stopped (SIGSTOP, as Ctrl-Z or a Slurm suspend do) for 20 s, four times the rank
