@@ -63,7 +63,8 @@ pub struct TrainArgs {
     /// Run directory: config.toml, metrics.jsonl, checkpoints/.
     #[arg(long)]
     out: PathBuf,
-    /// Continue from OUT/checkpoints/latest.
+    /// Continue from OUT/checkpoints/latest. Give the run's --config, data and flags again: a
+    /// setting that differs from the checkpoint's is refused, or noted where it can change.
     #[arg(long)]
     resume: bool,
     /// Stop after this many steps in this invocation (with a checkpoint); --resume continues.

@@ -148,7 +148,7 @@ pub fn check_length(
     let prompt_codons = prompt.len() - bos;
     if max_codons <= prompt_codons {
         return Err(Error::Invalid(format!(
-            "--max-codons {max_codons}: must be larger than the prompt's {prompt_codons} codons"
+            "--max-codons {max_codons}: must be larger than the prompt's {prompt_codons} codon(s)"
         )));
     }
     let tokens = bos + max_codons;
