@@ -235,7 +235,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Generate(args) => cli::infer::run_generate(*args, cli.quiet)?,
         Command::Plan(args) => print_all(&genslm::plan::command::run(&(*args).into())?)?,
-        Command::Bench { which } => cli::bench::run(which)?,
+        Command::Bench { which } => {
+            cli::bench_sizes::check_sizes(&which)?;
+            cli::bench::run(which)?
+        }
     }
     Ok(())
 }

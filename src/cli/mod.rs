@@ -1,6 +1,7 @@
 //! The subcommands whose arguments and output need more than a few lines.
 
 pub mod bench;
+pub mod bench_sizes;
 pub mod device;
 pub mod infer;
 pub mod plan;
