@@ -18,7 +18,7 @@ mod cli;
     about = "Genome-scale language models over long DNA sequences"
 )]
 struct Cli {
-    /// No progress bars or summaries, only errors.
+    /// No progress bars or summaries: only errors and warnings.
     #[arg(long, global = true)]
     quiet: bool,
     /// CPU threads for the compute (default: all cores, divided among the processes a
