@@ -46,7 +46,8 @@ enum Command {
         /// Codon vocabulary (GenSLM's 69-token, or 71-token with [BOS]/[EOS]).
         #[arg(long, value_enum, default_value = "genslm69")]
         vocab: VocabArg,
-        /// What to do with an invalid record or unreadable file: `error` stops with its name, `skip` skips it with a warning.
+        /// What to do with an invalid record or unreadable file: `error` stops with its name,
+        /// `skip` skips it with a warning.
         #[arg(long, value_enum, default_value = "error")]
         on_invalid: OnInvalidArg,
         /// Drop a trailing partial codon instead of emitting [UNK] (GenSLM emits [UNK]).

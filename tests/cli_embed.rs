@@ -593,18 +593,21 @@ fn a_plot_that_cannot_be_written_is_named() {
     let out = dir.path().join("e.parquet");
     let fasta = s(&repo().join("data/vdv1.fasta.gz"));
     let model = s(trained());
-    let (ok, _, err) = run(&[
-        "embed",
-        "--model",
-        &model,
-        "--fasta",
-        &fasta,
-        "--out",
-        &s(&out),
-        "--plot",
-        &s(dir.path()),
-        "--quiet",
-    ]);
+    let embed = |plot: &Path| {
+        run(&[
+            "embed",
+            "--model",
+            &model,
+            "--fasta",
+            &fasta,
+            "--out",
+            &s(&out),
+            "--plot",
+            &s(plot),
+            "--quiet",
+        ])
+    };
+    let (ok, _, err) = embed(dir.path());
     assert!(
         !ok && err.contains("is a directory") && err.contains("Nothing was written"),
         "{err}"
@@ -614,18 +617,7 @@ fn a_plot_that_cannot_be_written_is_named() {
         "the embeddings were written before the refusal"
     );
     let png = dir.path().join("p.png");
-    let (ok, _, err) = run(&[
-        "embed",
-        "--model",
-        &model,
-        "--fasta",
-        &fasta,
-        "--out",
-        &s(&out),
-        "--plot",
-        &s(&png),
-        "--quiet",
-    ]);
+    let (ok, _, err) = embed(&png);
     assert!(
         !ok && err.contains("--plot") && err.contains("the embeddings are written"),
         "{err}"

@@ -156,20 +156,24 @@ fn the_thread_variable_is_checked_like_the_flag() {
     }
 }
 
+/// The subcommands a `--help` lists under "Commands:", without `help` itself.
+fn subcommands(help: &str) -> Vec<&str> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect()
+}
+
 /// Every flag of every command says what it does in `--help`: the help text under a flag's
 /// line is not empty (eleven `train` flags, --steps and --lr among them, had none).
 #[test]
 fn every_flag_is_described_in_help() {
     let (ok, top, err) = run(&["--help"]);
     assert!(ok, "{err}");
-    let commands: Vec<&str> = top
-        .lines()
-        .skip_while(|l| !l.starts_with("Commands:"))
-        .skip(1)
-        .take_while(|l| l.starts_with("  "))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|c| *c != "help")
-        .collect();
+    let commands = subcommands(&top);
     assert!(
         commands.contains(&"train") && commands.contains(&"bench"),
         "{top}"
@@ -204,15 +208,7 @@ fn every_flag_is_described_in_help() {
     for c in &commands {
         let out = check(vec![c]);
         // Subcommands (bench's) are checked too.
-        let subs: Vec<&str> = out
-            .lines()
-            .skip_while(|l| !l.starts_with("Commands:"))
-            .skip(1)
-            .take_while(|l| l.starts_with("  "))
-            .filter_map(|l| l.split_whitespace().next())
-            .filter(|s| *s != "help")
-            .collect();
-        for s in subs {
+        for s in subcommands(&out) {
             check(vec![c, s]);
         }
     }

@@ -88,8 +88,8 @@ pub struct TrainArgs {
     /// Samples (windows of --seq-len codons) per micro-batch.
     #[arg(long)]
     batch_size: Option<usize>,
-    /// Micro-batches per optimizer step (their gradients accumulate into one update); under --pp, the
-    /// pipeline's micro-batches.
+    /// Micro-batches per optimizer step (their gradients accumulate into one update); under
+    /// --pp, the pipeline's micro-batches.
     #[arg(long)]
     grad_accum: Option<usize>,
     /// Peak learning rate (AdamW), reached after the warm-up and decayed by a cosine to

@@ -309,6 +309,25 @@ pub fn host_all_gather_tensor<C: Communicator + ?Sized>(
     Ok(flat_tensor(out, &device, dtype))
 }
 
+/// The most elements one MPI call carries: `GENSLM_MPI_MAX_COUNT` when set (lowered by
+/// scripts/check_mpi.sh so that the pieced path is tested at small sizes), else MPI's own
+/// limit, `i32::MAX`. A value that is not a whole number from 1 to `i32::MAX` is refused,
+/// naming it: junk was ignored and 0 taken as 1 (every collective cut into one-element calls).
+pub fn mpi_max_count() -> Result<usize> {
+    let limit = i32::MAX as usize;
+    let Some(value) = std::env::var_os("GENSLM_MPI_MAX_COUNT") else {
+        return Ok(limit);
+    };
+    match value.to_str().and_then(|v| v.parse::<usize>().ok()) {
+        Some(n) if (1..=limit).contains(&n) => Ok(n),
+        _ => Err(Error::Invalid(format!(
+            "GENSLM_MPI_MAX_COUNT={}: the most elements per MPI call must be a whole number \
+             from 1 to {limit} (a test setting; unset it for a normal run)",
+            value.to_string_lossy()
+        ))),
+    }
+}
+
 /// Checks `total == size · block` (reduce-scatter, all-gather shapes).
 pub fn check_blocks(op: &str, total: usize, block: usize, size: usize) -> Result<()> {
     if block.checked_mul(size) != Some(total) {

@@ -107,10 +107,9 @@ impl std::fmt::Debug for MpiComm {
 impl MpiComm {
     fn new(comm: SimpleCommunicator) -> Self {
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
-        let max_count = std::env::var("GENSLM_MPI_MAX_COUNT")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(i32::MAX as usize, |n| n.clamp(1, i32::MAX as usize));
+        // A bad value is refused before a run starts (train::fault::check_hooks); here, where
+        // no error can be returned, it falls back to MPI's own limit.
+        let max_count = crate::parallel::comm::mpi_max_count().unwrap_or(i32::MAX as usize);
         Self {
             comm: Mutex::new(comm),
             outbox: Mutex::new(Outbox::default()),

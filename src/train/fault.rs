@@ -44,19 +44,8 @@ pub(crate) fn check_hooks() -> Result<()> {
         };
         eprintln!("warning: {var}={text} is set: rank {r} will {what} at step {s} (a test hook)");
     }
-    // The MPI communicator's piece size (src/parallel/mpi.rs), lowered by scripts/check_mpi.sh:
-    // junk was ignored and 0 taken as 1 (every collective cut into one-element messages).
-    if let Some(value) = std::env::var_os("GENSLM_MPI_MAX_COUNT") {
-        let n = value.to_str().and_then(|v| v.parse::<u64>().ok());
-        if !n.is_some_and(|n| (1..=i32::MAX as u64).contains(&n)) {
-            return Err(Error::Invalid(format!(
-                "GENSLM_MPI_MAX_COUNT={}: the most elements per MPI call must be a whole number \
-                 from 1 to {} (a test setting; unset it for a normal run)",
-                value.to_string_lossy(),
-                i32::MAX
-            )));
-        }
-    }
+    // The MPI communicator's piece size, lowered by scripts/check_mpi.sh.
+    crate::parallel::comm::mpi_max_count()?;
     Ok(())
 }
 
