@@ -246,6 +246,23 @@ pub fn check_parquet_name(flag: &str, path: &Path) -> Result<()> {
     }
 }
 
+/// Refuses a PNG output (`flag` names it) whose extension names another format: image viewers
+/// and notebooks go by the name, so `--plot x.txt` wrote a picture nothing would open as one.
+/// A name without an extension is taken as given.
+pub fn check_png_name(flag: &str, path: &Path) -> Result<()> {
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    match ext {
+        Some(e) if e != "png" => Err(Error::Invalid(format!(
+            "{flag} {}: this file is written as PNG, and its .{e} name says otherwise; name \
+             it .png",
+            path.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses a command's outputs where two are one file (`embed --out X --plot X` wrote the
 /// embeddings, then replaced them with the picture): compared by their directory's real path
 /// and their name, before any work.

@@ -135,6 +135,9 @@ fn print_all(text: &str) -> anyhow::Result<()> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     genslm::backend::set_cpu_threads(cli.threads)?;
+    if let Command::Plot { out, .. } = &cli.command {
+        genslm::atomic::check_png_name("--out", out)?;
+    }
     match cli.command {
         Command::Tokenize {
             fasta,

@@ -506,6 +506,35 @@ fn an_output_that_is_an_input_is_refused() {
         &arg(&dir.path().join("t.tsv")),
     ]);
     assert!(!ok && err.contains("is written as parquet"), "{err}");
+    // A picture named as another format, refused before any work (embed ran, then wrote it).
+    let png = arg(&dir.path().join("pca.txt"));
+    let emb = arg(&dir.path().join("e.parquet"));
+    let cases: [&[&str]; 3] = [
+        &[
+            "embed", "--model", &m, "--fasta", &fa, "--out", &emb, "--plot", &png,
+        ],
+        &["plot", "--run", &arg(dir.path()), "--out", &png],
+        &[
+            "variants",
+            "--model",
+            &m,
+            "--fasta",
+            &fa,
+            "--vcf",
+            &vc,
+            "--cds",
+            "38041..38241",
+            "--out",
+            &emb,
+            "--heatmap",
+            &png,
+        ],
+    ];
+    for args in cases {
+        let (ok, _, err) = run(args);
+        assert!(!ok && err.contains("is written as PNG"), "{args:?}: {err}");
+    }
+    assert!(!dir.path().join("pca.txt").exists() && !dir.path().join("e.parquet").exists());
     for (p, bytes) in [&fasta, &vcf, &weights].iter().zip(before) {
         assert!(
             std::fs::read(p).unwrap() == bytes,

@@ -83,6 +83,7 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
         compute: a.device.compute(),
     };
     if let Some(png) = &a.heatmap {
+        genslm::atomic::check_png_name("--heatmap", png)?;
         genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--heatmap", png)])?;
         genslm::atomic::check_replaceable(png)?;
     }

@@ -31,6 +31,7 @@ use crate::train::checkpoint::{Saved, TrainerState, GENSLM_CONFIG_FILE, STATE_FI
 /// Compares the settings of a resume with the checkpoint's. Returns the notes for the changes
 /// that are applied; refuses (naming every refused setting) otherwise.
 pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
+    check_saved_settings(&saved.state, &saved.dir)?;
     let (mut refused, mut applied) = (Vec::new(), Vec::new());
     let old = &saved.state.train;
     let new = &cfg.train;
@@ -131,6 +132,41 @@ pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
         .into_iter()
         .map(|a| format!("resume: {a}: the new value applies from the next step"))
         .collect())
+}
+
+/// Refuses saved settings no run can have: the file was edited. (They are compared with the
+/// run's by `check_resume` and then replaced by them, so without this the comparison's notes
+/// would report impossible values as if they had trained.)
+fn check_saved_settings(s: &TrainerState, dir: &Path) -> Result<()> {
+    let file = dir.join(STATE_FILE);
+    let bad = |why: String| Err(Error::Invalid(format!("{}: {why}", file.display())));
+    if let Err(why) = s.train.validate() {
+        return bad(format!("saved `train` settings: {why} (edited?)"));
+    }
+    let a = &s.adamw;
+    let t_saved = &s.train;
+    if (a.beta1, a.beta2, a.eps, a.weight_decay)
+        != (
+            t_saved.beta1,
+            t_saved.beta2,
+            t_saved.eps,
+            t_saved.weight_decay,
+        )
+    {
+        return bad(format!(
+            "saved `adamw` (beta1 {}, beta2 {}, eps {}, weight_decay {}) differs from its own \
+             `train` settings (beta1 {}, beta2 {}, eps {}, weight_decay {}) (edited?)",
+            a.beta1,
+            a.beta2,
+            a.eps,
+            a.weight_decay,
+            t_saved.beta1,
+            t_saved.beta2,
+            t_saved.eps,
+            t_saved.weight_decay
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a trainer state that cannot belong to this run (hand-edited or foreign): its step
@@ -281,6 +317,44 @@ mod tests {
             e.contains("layer_norm_eps 1.0 against 0.00001") && e.contains("step-4"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn impossible_saved_settings_are_refused_before_any_comparison() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let cfg = Config::load(&path).unwrap();
+        let t = cfg.train.clone();
+        let adamw = crate::train::optim::AdamWConfig {
+            beta1: t.beta1,
+            beta2: t.beta2,
+            eps: t.eps,
+            weight_decay: t.weight_decay,
+        };
+        let windows = (t.batch_size * t.grad_accum) as u64;
+        let mut saved = Saved {
+            dir: "run/checkpoints/step-1".into(),
+            state: TrainerState {
+                step: 1,
+                optimizer_step: 1,
+                loader_cursor: windows,
+                train: t.clone(),
+                adamw,
+                data_fingerprint: None,
+            },
+            config: Some(cfg.clone()),
+        };
+        // The run's own state resumes with no notes.
+        assert!(check_resume(&saved, &cfg).unwrap().is_empty());
+        saved.state.train.zero = 7;
+        let e = check_resume(&saved, &cfg).unwrap_err().to_string();
+        assert!(
+            e.contains("trainer_state.json") && e.contains("`zero` (7)"),
+            "{e}"
+        );
+        saved.state.train.zero = t.zero;
+        saved.state.adamw.eps = 0.0;
+        let e = check_resume(&saved, &cfg).unwrap_err().to_string();
+        assert!(e.contains("saved `adamw`") && e.contains("eps 0"), "{e}");
     }
 
     #[test]
