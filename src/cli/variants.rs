@@ -16,7 +16,7 @@ pub struct VariantsArgs {
     /// The reference FASTA (files or directories); VCF CHROM names its records.
     #[arg(long, num_args = 1.., required = true)]
     fasta: Vec<PathBuf>,
-    /// Variants to score: a VCF, plain or gzip/bgzip (SNVs, MNVs, indels; one row per ALT allele).
+    /// Variants to score: a VCF, plain or compressed: gzip/bgzip, bzip2, xz, zstd (SNVs, MNVs, indels; one row per ALT allele).
     #[arg(
         long,
         required_unless_present = "saturate",

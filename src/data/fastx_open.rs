@@ -102,6 +102,25 @@ const BZ_MAGIC: [u8; 2] = *b"BZ";
 const XZ_MAGIC: [u8; 2] = [0xFD, 0x37];
 const ZST_MAGIC: [u8; 2] = [0x28, 0xB5];
 
+/// The text of a file whose first two bytes are `magic`, decompressed by what they say
+/// (gzip, bzip2, xz, zstd; anything else is read as it is), whatever the file's name.
+pub fn decoder<R: Read + Send + 'static>(
+    magic: [u8; 2],
+    raw: R,
+) -> io::Result<Box<dyn Read + Send>> {
+    Ok(match magic {
+        GZ_MAGIC => Box::new(flate2::read::MultiGzDecoder::new(raw)),
+        // Every stream of the file, as `bzip2 -dc` and `xz -dc` read it: pbzip2, lbzip2,
+        // `xz -T` and `cat a.bz2 b.bz2` write several, and the single-stream decoders stopped
+        // after the first without a word (the rest of the records lost). Bytes after the last
+        // stream that start no new one are an error, as for gzip and zstd.
+        BZ_MAGIC => Box::new(bzip2::read::MultiBzDecoder::new(raw)),
+        XZ_MAGIC => Box::new(liblzma::read::XzDecoder::new_multi_decoder(raw)),
+        ZST_MAGIC => Box::new(zstd::stream::read::Decoder::new(raw)?),
+        _ => Box::new(raw),
+    })
+}
+
 /// needletail's reader over `file` (compressed or not, FASTA or FASTQ: the caller refuses
 /// FASTQ), whose records may not pass `limit` bytes; an overflow is recorded in `overflow`.
 /// The errors are needletail's own, for the same files, as `parse_fastx_reader` gives.
@@ -115,13 +134,7 @@ pub fn open(
     raw.read_exact(&mut magic)
         .map_err(|_| ParseError::new_empty_file())?;
     let raw = Cursor::new(magic).chain(raw);
-    let text: Box<dyn Read + Send> = match magic {
-        GZ_MAGIC => Box::new(flate2::read::MultiGzDecoder::new(raw)),
-        BZ_MAGIC => Box::new(bzip2::read::BzDecoder::new(raw)),
-        XZ_MAGIC => Box::new(liblzma::read::XzDecoder::new(raw)),
-        ZST_MAGIC => Box::new(zstd::stream::read::Decoder::new(raw)?),
-        _ => Box::new(raw),
-    };
+    let text = decoder(magic, raw)?;
     let mut limited = RecordLimit {
         inner: text,
         limit,
@@ -201,6 +214,66 @@ mod tests {
         let o = through(&bomb, 50_000, 4096).unwrap();
         assert_eq!(o.header, "chr1 huge");
         assert!(o.read > 50_000 && o.read <= 50_000 + 4096, "{}", o.read);
+    }
+
+    /// Every compression's file of two streams (parallel compressors, `cat a.bz2 b.bz2`) is
+    /// read whole, and bytes after the last stream that begin no stream are an error, as
+    /// `gzip -dc`, `bzip2 -dc`, `xz -dc` and `zstd -dc` treat them.
+    #[test]
+    fn every_stream_of_a_concatenated_file_is_read() {
+        use std::io::Write;
+        let part = |from: usize| {
+            let mut fasta = Vec::new();
+            for i in from..from + 50 {
+                writeln!(fasta, ">r{i}\n{}", "ACGTTGCAAC".repeat(20 + i)).unwrap();
+            }
+            fasta
+        };
+        let compress = |name: &str, text: &[u8]| -> Vec<u8> {
+            match name {
+                "gz" => {
+                    let mut e = flate2::write::GzEncoder::new(Vec::new(), Default::default());
+                    e.write_all(text).unwrap();
+                    e.finish().unwrap()
+                }
+                "bz2" => {
+                    let mut e = bzip2::write::BzEncoder::new(Vec::new(), Default::default());
+                    e.write_all(text).unwrap();
+                    e.finish().unwrap()
+                }
+                "xz" => {
+                    let mut e = liblzma::write::XzEncoder::new(Vec::new(), 1);
+                    e.write_all(text).unwrap();
+                    e.finish().unwrap()
+                }
+                _ => zstd::encode_all(text, 1).unwrap(),
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["gz", "bz2", "xz", "zst"] {
+            let mut two = compress(name, &part(0));
+            two.extend(compress(name, &part(50)));
+            let path = dir.path().join(format!("two.{name}"));
+            std::fs::write(&path, &two).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let mut r = open(file, 1 << 30, &Default::default()).unwrap();
+            let mut ids = Vec::new();
+            while let Some(rec) = r.next() {
+                let rec = rec.unwrap_or_else(|e| panic!("{name}: {e}"));
+                ids.push(String::from_utf8(rec.id().to_vec()).unwrap());
+            }
+            let want: Vec<String> = (0..100).map(|i| format!("r{i}")).collect();
+            assert_eq!(ids, want, "{name}");
+            two.extend(b"trailing garbage, not a stream");
+            std::fs::write(&path, &two).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let mut r = open(file, 1 << 30, &Default::default()).unwrap();
+            let mut failed = false;
+            while let Some(rec) = r.next() {
+                failed |= rec.is_err();
+            }
+            assert!(failed, "{name}: trailing bytes read without an error");
+        }
     }
 
     /// Each compression's stream, whole and cut short of its first block's end. The cut one

@@ -4,7 +4,7 @@ mod clean;
 pub mod dataset;
 pub mod digest;
 pub mod fasta;
-mod fastx_open;
+pub mod fastx_open;
 pub mod ingest;
 mod ingest_queue;
 pub mod loader;

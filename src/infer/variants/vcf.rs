@@ -1,4 +1,5 @@
-//! VCF input for `genslm variants`: plain or gzip/bgzip text, one [`Variant`] per ALT allele.
+//! VCF input for `genslm variants`: plain or compressed text (gzip/bgzip, bzip2, xz, zstd),
+//! one [`Variant`] per ALT allele.
 //!
 //! Only the first five columns are read (CHROM, POS, ID, REF, ALT; the rest may be absent, as
 //! in the minimal files people write by hand). REF and ALT are bases (A/C/G/T, any case; N in
@@ -36,19 +37,19 @@ pub struct BadLine {
     pub msg: String,
 }
 
-/// Opens `path`, decompressing gzip/bgzip (recognised by its magic bytes, whatever the name).
+/// Opens `path`, decompressing gzip/bgzip, bzip2, xz or zstd (recognised by their magic
+/// bytes, whatever the name; every stream of a multi-stream file, as bgzip writes them).
 fn open(path: &Path) -> Result<Box<dyn BufRead>> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     crate::atomic::note_input(path);
     let mut magic = [0u8; 2];
     let n = f.read(&mut magic).map_err(|e| Error::io(path, e))?;
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    Ok(if n == 2 && magic == [0x1f, 0x8b] {
-        // bgzip is a series of gzip members.
-        Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(f)))
-    } else {
-        Box::new(BufReader::new(f))
-    })
+    if n < 2 {
+        return Ok(Box::new(BufReader::new(f)));
+    }
+    let text = crate::data::fastx_open::decoder(magic, f).map_err(|e| Error::io(path, e))?;
+    Ok(Box::new(BufReader::new(text)))
 }
 
 fn bases(s: &str) -> bool {
@@ -195,6 +196,55 @@ mod tests {
         ] {
             let e = parse_line(line, 1).unwrap_err();
             assert!(e.contains(want), "{line}: {e}");
+        }
+    }
+
+    /// A VCF compressed by any of the tools bioinformatics uses (bgzip writes gzip members;
+    /// bzip2, xz, zstd in two streams each) gives the plain file's variants.
+    #[test]
+    fn compressed_vcfs_are_read_whole() {
+        use std::io::Write;
+        let head = "##fileformat=VCFv4.2\n#CHROM\tPOS\tID\tREF\tALT\n";
+        let first = format!("{head}c\t3\ta\tA\tG\n");
+        let second = "c\t9\tb\tT\tC,TA\n";
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("v.vcf");
+        std::fs::write(&plain, format!("{first}{second}")).unwrap();
+        let (want, _) = read_vcf(&plain, false).unwrap();
+        assert_eq!(want.len(), 3);
+        type Packer = fn(&[u8]) -> Vec<u8>;
+        let packers: [(&str, Packer); 4] = [
+            ("gz", |t| {
+                let mut e = flate2::write::GzEncoder::new(Vec::new(), Default::default());
+                e.write_all(t).unwrap();
+                e.finish().unwrap()
+            }),
+            ("bz2", |t| {
+                let mut e = bzip2::write::BzEncoder::new(Vec::new(), Default::default());
+                e.write_all(t).unwrap();
+                e.finish().unwrap()
+            }),
+            ("xz", |t| {
+                let mut e = liblzma::write::XzEncoder::new(Vec::new(), 1);
+                e.write_all(t).unwrap();
+                e.finish().unwrap()
+            }),
+            ("zst", |t| zstd::encode_all(t, 1).unwrap()),
+        ];
+        for (name, pack) in packers {
+            let mut bytes = pack(first.as_bytes());
+            bytes.extend(pack(second.as_bytes()));
+            // Named .vcf: the bytes say what they are.
+            let path = dir.path().join(format!("{name}.vcf"));
+            std::fs::write(&path, bytes).unwrap();
+            let (got, bad) = read_vcf(&path, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(bad.is_empty(), "{name}");
+            let key = |v: &Variant| (v.pos, v.id.clone(), v.alt.clone());
+            assert_eq!(
+                got.iter().map(key).collect::<Vec<_>>(),
+                want.iter().map(key).collect::<Vec<_>>(),
+                "{name}"
+            );
         }
     }
 }
