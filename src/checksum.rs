@@ -88,6 +88,21 @@ fn manifest(dir: &Path) -> Result<Option<HashMap<String, String>>> {
     Ok(Some(listed))
 }
 
+/// The entries of `dir` that are neither its manifest nor listed in it (sorted); `None` when
+/// `dir` has no readable manifest. A checkpoint genslm wrote has none: anything else in it
+/// is somebody else's, which pruning must not delete.
+pub fn unlisted_entries(dir: &Path) -> Option<Vec<String>> {
+    let listed = manifest(dir).ok()??;
+    let mut other: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != MANIFEST_FILE && !listed.contains_key(n))
+        .collect();
+    other.sort();
+    Some(other)
+}
+
 fn mismatch(path: &Path, got: &str, want: &str) -> Error {
     Error::Invalid(format!(
         "{}: corrupt checkpoint: its sha256 is {got}, but {MANIFEST_FILE} (written with the \

@@ -122,13 +122,29 @@ impl RunLock {
     /// Locks `dir` (which must exist) for `what` (e.g. "train"), or says who holds it.
     pub fn acquire(dir: &Path, what: &str) -> Result<RunLock> {
         let path = dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
+        // The lock file is written (who holds it): a symbolic link planted in its place would
+        // have its target overwritten (a user's file, anything the user may write), and a
+        // named pipe or directory gave a bare "Invalid argument". Only a plain file, or none.
+        if let Ok(m) = std::fs::symlink_metadata(&path) {
+            if !m.file_type().is_file() {
+                let what = if m.file_type().is_symlink() {
+                    "a symbolic link"
+                } else {
+                    crate::error::not_a_file(&path)
+                };
+                return Err(Error::Invalid(format!(
+                    "{}: {what}, where genslm keeps its lock file (a plain file); nothing was \
+                     changed. Remove it, or choose another --out",
+                    path.display()
+                )));
+            }
+        }
+        let mut open = OpenOptions::new();
+        open.read(true).write(true).create(true).truncate(false);
+        // Closes the window between the check and the open: a link made meanwhile fails.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NOFOLLOW);
+        let file = open.open(&path).map_err(|e| Error::io(&path, e))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -241,5 +257,33 @@ mod tests {
         // What a killed run leaves: the file, with its holder line, and no lock on it.
         std::fs::write(dir.path().join(LOCK_FILE), "genslm train, process 1 on x\n").unwrap();
         RunLock::acquire(dir.path(), "train").unwrap();
+    }
+
+    /// A link planted where the lock goes would have had its target overwritten with the
+    /// holder line (a user's file); a named pipe there gave "Invalid argument".
+    #[test]
+    fn a_lock_path_that_is_no_plain_file_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("notes.txt");
+        std::fs::write(&victim, "precious").unwrap();
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        std::os::unix::fs::symlink(&victim, run.join(LOCK_FILE)).unwrap();
+        let e = RunLock::acquire(&run, "train").unwrap_err().to_string();
+        assert!(
+            e.contains("a symbolic link") && e.contains(LOCK_FILE),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        // A dangling link: no file is created at its target either.
+        let gone = dir.path().join("gone");
+        std::fs::remove_file(run.join(LOCK_FILE)).unwrap();
+        std::os::unix::fs::symlink(&gone, run.join(LOCK_FILE)).unwrap();
+        assert!(RunLock::acquire(&run, "train").is_err());
+        assert!(!gone.exists());
+        std::fs::remove_file(run.join(LOCK_FILE)).unwrap();
+        std::fs::create_dir(run.join(LOCK_FILE)).unwrap();
+        let e = RunLock::acquire(&run, "train").unwrap_err().to_string();
+        assert!(e.contains("a directory"), "{e}");
     }
 }

@@ -255,6 +255,35 @@ fn an_out_that_is_a_file_is_named_and_kept() {
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine\n");
 }
 
+/// A run trained into another run's `checkpoints/` was deleted whole when that run pruned its
+/// checkpoints; a `step-N` holding the user's files went the same way.
+#[test]
+fn pruning_and_nesting_leave_what_is_not_genslms() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) = finished_run(dir.path());
+    let nested = out.join("checkpoints/step-9");
+    let (ok, err) = train(&nested, "2", &[]);
+    assert!(!ok && err.contains("a file of the run"), "{err}");
+    assert!(!nested.exists());
+    let mine = out.join("checkpoints/step-1");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("notes.txt"), "mine").unwrap();
+    let extra = [
+        "--resume",
+        "--keep-checkpoints",
+        "1",
+        "--checkpoint-every",
+        "1",
+    ];
+    let (ok, err) = train(&out, "4", &extra);
+    assert!(ok, "{err}");
+    assert!(err.contains("step-1: not pruned"), "{err}");
+    assert!(mine.join("notes.txt").exists());
+    // What genslm wrote is pruned as before (step-2, the resume point, stays).
+    assert!(!out.join("checkpoints/step-3").exists());
+    assert!(out.join("checkpoints/step-4").exists());
+}
+
 /// A finished 2-step run whose checkpoint the test then tampers with.
 fn finished_run(dir: &Path) -> (PathBuf, PathBuf) {
     let out = dir.join("run");

@@ -101,8 +101,22 @@ pub fn commit_checkpoint(
         files.extend([STATE_FILE, GENSLM_CONFIG_FILE]);
         crate::checksum::write_manifest(staging, &files)?;
         if final_dir.exists() {
-            // Left by an interrupted run that got further than the checkpoint we resumed from.
-            std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
+            // Left by an interrupted run that got further than the checkpoint we resumed
+            // from: replaced. Anything else of that name is not ours to delete.
+            match crate::checksum::unlisted_entries(&final_dir) {
+                Some(other) if other.is_empty() => {
+                    std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?
+                }
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "{}: exists and is not a checkpoint genslm wrote (files its manifest \
+                         does not list, or no manifest), so step {} cannot be saved there. \
+                         Move it out of the run directory and resume",
+                        final_dir.display(),
+                        state.step
+                    )))
+                }
+            }
         }
         std::fs::rename(staging, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
         crate::atomic::write_bytes(&root.join("latest"), format!("{name}\n").as_bytes())

@@ -163,7 +163,7 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
     let mut older: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)
         .map_err(|e| Error::io(&root, e))?
         .flatten()
-        .filter(|e| e.path().is_dir())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| Some((step_of(&e.file_name().to_string_lossy())?, e.path())))
         .filter(|&(n, _)| n < newest && Some(n) != resumed_from)
         .collect();
@@ -171,14 +171,34 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
     // `latest` itself is one of the kept ones.
     let removable = older.len().saturating_sub(keep - 1);
     for (_, p) in older.into_iter().take(removable) {
-        std::fs::remove_dir_all(&p).map_err(|e| Error::io(&p, e))?;
+        // Only what genslm wrote: a checkpoint whose manifest lists every file in it. A
+        // `step-N` directory holding anything else (the user's notes, another run trained
+        // into it) was removed whole; it is kept, and said so.
+        match crate::checksum::unlisted_entries(&p) {
+            Some(other) if other.is_empty() => {
+                std::fs::remove_dir_all(&p).map_err(|e| Error::io(&p, e))?
+            }
+            other => eprintln!(
+                "warning: {}: not pruned (--keep-checkpoints): {}; remove it yourself if it \
+                 is not needed",
+                p.display(),
+                match other {
+                    Some(names) => format!(
+                        "it holds files no genslm checkpoint writes ({})",
+                        names.join(", ")
+                    ),
+                    None => format!("it has no {}", crate::checksum::MANIFEST_FILE),
+                }
+            ),
+        }
     }
     Ok(())
 }
 
-/// N of a `step-N` directory name.
+/// N of a `step-N` directory name, as genslm writes it (`step-03` or `step-+3` are not).
 fn step_of(name: &str) -> Option<u64> {
-    name.strip_prefix("step-")?.parse().ok()
+    let n: u64 = name.strip_prefix("step-")?.parse().ok()?;
+    (name == format!("step-{n}")).then_some(n)
 }
 
 #[cfg(test)]
@@ -196,13 +216,47 @@ mod tests {
         v
     }
 
+    /// A checkpoint as genslm writes one: its files and the manifest listing them.
+    fn checkpoint(dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("model.safetensors"), b"w").unwrap();
+        // Written directly: once `latest` exists, atomic writes refuse a run's files.
+        let hash = crate::checksum::sha256_file(&dir.join("model.safetensors")).unwrap();
+        let line = format!("{hash}  model.safetensors\n");
+        std::fs::write(dir.join(crate::checksum::MANIFEST_FILE), line).unwrap();
+    }
+
+    /// Only a checkpoint whose manifest lists all it holds is pruned: a `step-N` of the
+    /// user's (notes in it, a run trained into it) was removed whole, and so were `step-03`
+    /// and `step-+3`, names genslm never writes.
+    #[test]
+    fn pruning_removes_only_what_genslm_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        let root = checkpoints_dir(run);
+        for n in [1, 2, 3, 4] {
+            checkpoint(&root.join(format!("step-{n}")));
+        }
+        std::fs::write(root.join("step-2/notes.txt"), "mine").unwrap();
+        std::fs::create_dir_all(root.join("step-1/checkpoints")).unwrap();
+        for odd in ["step-03", "step-+3"] {
+            checkpoint(&root.join(odd));
+        }
+        std::fs::write(root.join("latest"), "step-4\n").unwrap();
+        prune_checkpoints(run, 1, None).unwrap();
+        let mut left = steps(run);
+        left.sort();
+        assert_eq!(left, ["step-+3", "step-03", "step-1", "step-2", "step-4"]);
+        assert!(root.join("step-2/notes.txt").exists());
+    }
+
     #[test]
     fn pruning_spares_latest_the_resume_point_and_later_steps() {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path();
         let root = checkpoints_dir(run);
         for n in [2, 4, 6, 8, 10] {
-            std::fs::create_dir_all(root.join(format!("step-{n}"))).unwrap();
+            checkpoint(&root.join(format!("step-{n}")));
         }
         // A rollback: `latest` moved back to step-6, the run resumed from step-4 (its own
         // earlier rollback) and then wrote step-6 again.
@@ -210,7 +264,7 @@ mod tests {
         prune_checkpoints(run, 1, Some(4)).unwrap();
         assert_eq!(steps(run), ["step-4", "step-6", "step-8", "step-10"]);
         // keep 2: latest and the one before it; step-2 went already.
-        std::fs::create_dir_all(root.join("step-2")).unwrap();
+        checkpoint(&root.join("step-2"));
         prune_checkpoints(run, 2, None).unwrap();
         assert_eq!(steps(run), ["step-4", "step-6", "step-8", "step-10"]);
         prune_checkpoints(run, 1, None).unwrap();

@@ -194,6 +194,18 @@ pub fn prepare_run(
             run.display()
         )));
     }
+    // The file system's root is nobody's run directory (a run's files and checkpoints would
+    // land among the system's).
+    if run.canonicalize().is_ok_and(|c| c.parent().is_none()) {
+        return Err(Error::Invalid(format!(
+            "--out {}: the file system's root; a run writes a directory of its own \
+             (checkpoints, metrics.jsonl, config.toml): choose one, e.g. runs/demo",
+            run.display()
+        )));
+    }
+    // A run inside another run's checkpoints/ is pruned with them, or replaced when that run
+    // saves a step of the same name.
+    crate::run_lock::check_not_a_runs_file(run)?;
     if opts.resume && !run.is_dir() {
         return Err(Error::Invalid(format!(
             "cannot resume: {} does not exist (start a run there without --resume)",
