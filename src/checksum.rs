@@ -64,6 +64,8 @@ fn manifest(dir: &Path) -> Result<Option<HashMap<String, String>>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(&path, e)),
     };
+    // Read with the model's files, and needed to load them again: no output may replace it.
+    crate::atomic::note_input(&path);
     let mut listed = HashMap::new();
     for (i, line) in text.lines().enumerate() {
         // sha256sum writes "HASH  name", or "HASH *name" in binary mode.

@@ -460,7 +460,19 @@ fn an_output_that_is_an_input_is_refused() {
         std::fs::copy(from.join(f), model.join(f)).unwrap();
     }
     let weights = model.join("model.safetensors");
-    let before: Vec<Vec<u8>> = [&fasta, &vcf, &weights]
+    // The manifest is read with the weights (and needed to load them again).
+    let manifest = model.join("checksums.sha256");
+    let lines: String = ["config.json", "model.safetensors"]
+        .iter()
+        .map(|f| {
+            use sha2::Digest;
+            let hash = sha2::Sha256::digest(std::fs::read(model.join(f)).unwrap());
+            let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{hex}  {f}\n")
+        })
+        .collect();
+    std::fs::write(&manifest, lines).unwrap();
+    let before: Vec<Vec<u8>> = [&fasta, &vcf, &weights, &manifest]
         .iter()
         .map(|p| std::fs::read(p).unwrap())
         .collect();
@@ -468,8 +480,10 @@ fn an_output_that_is_an_input_is_refused() {
     let link = dir.path().join("weights_link");
     std::os::unix::fs::symlink(&weights, &link).unwrap();
     let (fa, vc, m, w) = (arg(&fasta), arg(&vcf), arg(&model), arg(&link));
-    let cases: [&[&str]; 5] = [
+    let mf = arg(&manifest);
+    let cases: [&[&str]; 6] = [
         &["tokenize", "--fasta", &fa, "--out", &fa],
+        &["generate", "--model", &m, "--max-codons", "4", "--out", &mf],
         &["score", "--model", &m, "--fasta", &fa, "--per-token", &fa],
         &["embed", "--model", &m, "--fasta", &fa, "--out", &w],
         &[
@@ -535,7 +549,7 @@ fn an_output_that_is_an_input_is_refused() {
         assert!(!ok && err.contains("is written as PNG"), "{args:?}: {err}");
     }
     assert!(!dir.path().join("pca.txt").exists() && !dir.path().join("e.parquet").exists());
-    for (p, bytes) in [&fasta, &vcf, &weights].iter().zip(before) {
+    for (p, bytes) in [&fasta, &vcf, &weights, &manifest].iter().zip(before) {
         assert!(
             std::fs::read(p).unwrap() == bytes,
             "{} changed",
