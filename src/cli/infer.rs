@@ -165,8 +165,8 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
     };
     genslm::atomic::check_parquet_name("--out", &a.out)?;
     if let Some(png) = &a.plot {
-        genslm::atomic::check_png_name("--plot", png)?;
         genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--plot", png)])?;
+        genslm::atomic::check_png_name("--plot", png)?;
         // Before any work: a --plot that is a directory failed after the embeddings were
         // written, saying "Nothing was written".
         genslm::atomic::check_replaceable(png)?;

@@ -81,10 +81,11 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
         prefix_reuse: !a.no_prefix_reuse,
         heatmap: a.heatmap.clone(),
         compute: a.device.compute(),
+        ..Default::default()
     };
     if let Some(png) = &a.heatmap {
-        genslm::atomic::check_png_name("--heatmap", png)?;
         genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--heatmap", png)])?;
+        genslm::atomic::check_png_name("--heatmap", png)?;
         genslm::atomic::check_replaceable(png)?;
     }
     let s = run_variants(&a.model, &a.fasta, &opts, &a.out)?;

@@ -60,6 +60,9 @@ pub struct VariantOptions {
     /// Draw the saturation heatmap here.
     pub heatmap: Option<PathBuf>,
     pub compute: Compute,
+    /// Tokens of REF and ALT windows built and held at once (the memory bound of a long
+    /// --saturate or VCF); the scores do not depend on it.
+    pub chunk_tokens: usize,
 }
 
 impl Default for VariantOptions {
@@ -74,6 +77,7 @@ impl Default for VariantOptions {
             prefix_reuse: true,
             heatmap: None,
             compute: Compute::default(),
+            chunk_tokens: CHUNK_TOKENS,
         }
     }
 }
@@ -305,6 +309,9 @@ fn unscored_notes(rows: &[VariantRow]) -> Vec<String> {
     notes
 }
 
+/// Tokens of REF and ALT windows held at once while scoring (4 bytes each): 64 MiB.
+pub const CHUNK_TOKENS: usize = 1 << 24;
+
 /// Scores the variants of `opts.source` on the records of `inputs`, writing TSV to `out`
 /// (and the heatmap when asked).
 pub fn run_variants(
@@ -402,7 +409,22 @@ pub fn run_variants(
         }
     }
     let mut rows = Vec::with_capacity(variants.len());
-    let mut jobs = Vec::new();
+    // Placed once to check every variant and learn its window's length, before any model
+    // work; the windows' tokens are built again a chunk at a time when scored (holding them
+    // all took 8 bytes × window per variant: 2.5 GB for --saturate over 48 kb at W 2048).
+    let mut scored = Vec::new();
+    let mut longest = 0usize;
+    let placed_on = |v: &Variant| match records.get(&v.chrom) {
+        None => Err(format!(
+            "CHROM '{}' is not a record of the FASTA input (records: {})",
+            v.chrom,
+            names.join(", ")
+        )),
+        Some(seq) => {
+            let cds = opts.cds.unwrap_or((1, seq.len() as u64));
+            place(v, seq, cds, w, &tok, &model)
+        }
+    };
     for v in variants {
         if opts.chrom.as_ref().is_some_and(|c| *c != v.chrom) {
             continue;
@@ -415,24 +437,14 @@ pub fn run_variants(
         } else {
             String::new()
         };
-        let placed = match records.get(&v.chrom) {
-            None => Err(format!(
-                "CHROM '{}' is not a record of the FASTA input (records: {})",
-                v.chrom,
-                names.join(", ")
-            )),
-            Some(seq) => {
-                let cds = opts.cds.unwrap_or((1, seq.len() as u64));
-                place(&v, seq, cds, w, &tok, &model)
-            }
-        };
-        match placed {
+        match placed_on(&v) {
             Ok((annotation, job)) => {
                 let window = job
                     .as_ref()
                     .map(|j| (j.start, j.reference.len(), j.reference.len(), j.alt.len()));
                 if let Some(j) = job {
-                    jobs.push((rows.len(), j));
+                    scored.push(rows.len());
+                    longest = longest.max(j.reference.len().max(j.alt.len()));
                 }
                 rows.push(VariantRow {
                     variant: v,
@@ -465,25 +477,38 @@ pub fn run_variants(
             VariantSource::Saturate { .. } => "no variants to score".into(),
         }));
     }
-    let (idx, job_list): (Vec<usize>, Vec<Job>) = jobs.into_iter().unzip();
     // The windows as they are (clipped at the CDS ends), not as asked.
-    let longest = job_list
-        .iter()
-        .map(|j| j.reference.len().max(j.alt.len()))
-        .max()
-        .unwrap_or(0);
     check_forward_memory(
         &model,
-        opts.batch_size.min(job_list.len()).max(1),
+        opts.batch_size.min(scored.len()).max(1),
         longest.max(1),
     )?;
-    let deltas = if opts.prefix_reuse {
-        delta::prefix_reuse(&model, &job_list, opts.batch_size)?
-    } else {
-        delta::full_recomputation(&model, &job_list)?
-    };
-    for (i, d) in idx.iter().zip(deltas) {
-        rows[*i].delta = Some(d);
+    // Chunks of consecutive variants, so that those sharing a window (the 9 substitutions of
+    // a codon, sorted VCF lines) still share its prefix; about `chunk_tokens` tokens held.
+    let mut next = 0;
+    while next < scored.len() {
+        let mut chunk = Vec::new();
+        let mut tokens = 0usize;
+        while next < scored.len() && (chunk.is_empty() || tokens < opts.chunk_tokens) {
+            let Ok((_, Some(job))) = placed_on(&rows[scored[next]].variant) else {
+                return Err(Error::Invalid(format!(
+                    "internal: variant {} was placed once and not again",
+                    scored[next]
+                )));
+            };
+            tokens += job.reference.len() + job.alt.len();
+            chunk.push(job);
+            next += 1;
+        }
+        let deltas = if opts.prefix_reuse {
+            delta::prefix_reuse(&model, &chunk, opts.batch_size)?
+        } else {
+            delta::full_recomputation(&model, &chunk)?
+        };
+        let first = next - chunk.len();
+        for (i, d) in scored[first..next].iter().zip(deltas) {
+            rows[*i].delta = Some(d);
+        }
     }
     if out
         .extension()
@@ -515,7 +540,7 @@ pub fn run_variants(
     }
     Ok(VariantSummary {
         variants: rows.len(),
-        scored: idx.len(),
+        scored: scored.len(),
         skipped,
         window: w,
         used: rows
