@@ -49,14 +49,20 @@ pub fn report(m: &ModelConfig) -> String {
     let _ = writeln!(s, "positions           {pos}");
     let _ = writeln!(s, "max positions       {}", m.max_position_embeddings);
     let _ = writeln!(s, "parameters          {} ({p})", group_digits(p));
-    let _ = writeln!(s, "memory              fp32          bf16");
-    let f = TrainingMemory::new(p, 4);
-    let b = TrainingMemory::new(p, 2);
-    let row = |name: &str, a: u64, c: u64| format!("  {name:<18}{:<14}{}\n", gib(a), gib(c));
-    s.push_str(&row("weights", f.weights, b.weights));
-    s.push_str(&row("gradients", f.gradients, b.gradients));
-    s.push_str(&row("adam states (m,v)", f.adam_states, b.adam_states));
-    s.push_str(&row("total", f.total(), b.total()));
+    let _ = writeln!(s, "memory              fp32          bf16 mixed");
+    let f = TrainingMemory::fp32(p);
+    let b = TrainingMemory::bf16_mixed(p);
+    let row = |name: &str, a: String, c: u64| format!("  {name:<18}{a:<14}{}\n", gib(c));
+    s.push_str(&row("weights", gib(f.weights), b.weights));
+    s.push_str(&row("gradients", gib(f.gradients), b.gradients));
+    s.push_str(&row("fp32 master", "-".into(), b.master));
+    s.push_str(&row("adam states (m,v)", gib(f.adam_states), b.adam_states));
+    s.push_str(&row("total", gib(f.total()), b.total()));
+    s.push_str(
+        "  (per replica, without activations; bf16 mixed: bf16 working weights, fp32 \
+         gradients, master weights and moments. ZeRO shards them, and `genslm plan` counts \
+         activations, layouts and GPUs)\n",
+    );
     s
 }
 

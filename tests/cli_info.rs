@@ -49,6 +49,14 @@ fn presets_print_hugging_face_parameter_counts() {
     // Memory in GiB for 25M: weights fp32 = 4 bytes × 25,290,752 = 0.09 GiB.
     let out = info("genslm-25m");
     assert!(out.contains("weights           0.09 GiB"), "{out}");
+    // 33B: fp32 training holds 16 bytes per parameter; bf16 mixed precision 18 (bf16 working
+    // weights 2, fp32 gradients 4, master 4, moments 8): 36,246,036,480 × 16 / 2³⁰ = 540.11
+    // and × 18 / 2³⁰ = 607.62 GiB (it said 270.05, halving the fp32 state too).
+    let out = info("genslm-33b");
+    assert!(
+        out.contains("total             540.11 GiB    607.62 GiB"),
+        "{out}"
+    );
 }
 
 #[test]
