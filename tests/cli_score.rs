@@ -311,4 +311,39 @@ fn a_window_past_a_rotary_models_positions_is_warned_of() {
             "--seq-len {len}: {err}"
         );
     }
+    // The same warning names the flag that asked (variants' --window), and --quiet keeps it
+    // (generate's was silenced by --quiet, which silences progress, not warnings).
+    let out = arg(&dir.path().join("v.tsv"));
+    let variants = [
+        "variants",
+        "--model",
+        &model,
+        "--fasta",
+        &f,
+        "--saturate",
+        "4..6",
+        "--window",
+        "2049",
+        "--out",
+        &out,
+        "--quiet",
+    ];
+    let (ok, _, err) = run(&variants);
+    assert!(
+        ok && err.contains("warning: --window 2049 goes past"),
+        "{err}"
+    );
+    let generate = [
+        "generate",
+        "--model",
+        &model,
+        "--max-codons",
+        "2049",
+        "--quiet",
+    ];
+    let (ok, _, err) = run(&generate);
+    assert!(
+        ok && err.contains("warning: --max-codons 2049 goes past"),
+        "{err}"
+    );
 }

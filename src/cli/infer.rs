@@ -240,7 +240,7 @@ pub fn run_generate(a: GenerateArgs, quiet: bool) -> anyhow::Result<()> {
         progress: !quiet,
         compute: a.device.compute(),
     };
-    let n = generate_fasta(&a.model, &opts, a.out.as_deref(), quiet)?;
+    let n = generate_fasta(&a.model, &opts, a.out.as_deref())?;
     if !quiet {
         if let Some(out) = &a.out {
             eprintln!("wrote {n} sequences to {}", out.display());

@@ -156,7 +156,7 @@ pub fn embed_tokens(
     for batch in windows.chunks(batch_size.max(1)) {
         let b = batch.len();
         let s = batch.iter().map(|w| w.2).max().unwrap_or(1);
-        crate::infer::window::check_forward_memory(model, b, s)?;
+        crate::infer::window::check_forward_memory(model, b, s, "--seq-len")?;
         let mut tokens = vec![pad; b * s];
         let mut weights = vec![0f32; b * s];
         for (i, &(r, start, len, last)) in batch.iter().enumerate() {
@@ -391,7 +391,7 @@ pub fn embed_to_parquet(
     if layers.is_empty() {
         return Err(Error::Invalid("--layers: name at least one layer".into()));
     }
-    let w = resolve_window(&model, opts.seq_len, model_dir)?;
+    let w = resolve_window(&model, opts.seq_len, model_dir, "--seq-len")?;
     if let Some(st) = opts.stride.filter(|&st| st == 0 || st > w) {
         return Err(Error::Invalid(format!(
             "--stride {st}: must be between 1 and the window ({w} tokens)"

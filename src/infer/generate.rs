@@ -342,16 +342,14 @@ pub fn generate_fasta(
     model_dir: &Path,
     opts: &GenerateOptions,
     out: Option<&Path>,
-    quiet: bool,
 ) -> Result<usize> {
     let model =
         load_model_dir(model_dir, &opts.compute.open()?)?.with_precision(opts.compute.precision);
     let tok = CodonTokenizer::new(model.cfg.vocab)?;
     let prompt = prompt_tokens(&opts.prompt, &tok)?;
+    // Printed under --quiet too: --quiet silences progress and summaries, not warnings.
     if let Some(w) = check_length(&model, &prompt, &tok, opts.max_codons)? {
-        if !quiet {
-            eprintln!("warning: {w}");
-        }
+        eprintln!("warning: {w}");
     }
     let label = model_dir
         .display()

@@ -133,7 +133,7 @@ pub fn score_records_each(
         }
     }
     let batch = batch.max(1).min(windows.len().max(1));
-    crate::infer::window::check_forward_memory(model, batch, longest.max(1))?;
+    crate::infer::window::check_forward_memory(model, batch, longest.max(1), "--seq-len")?;
     windows.sort_by_key(|&(r, x)| (std::cmp::Reverse(x.len()), r, x.start));
     for group in windows.chunks(batch) {
         // The padding sits after each window's tokens, where a causal model cannot see it.
@@ -165,7 +165,7 @@ pub fn score_fasta(
     }
     let model =
         load_model_dir(model_dir, &opts.compute.open()?)?.with_precision(opts.compute.precision);
-    let seq_len = resolve_window(&model, opts.seq_len, model_dir)?;
+    let seq_len = resolve_window(&model, opts.seq_len, model_dir, "--seq-len")?;
     let stride = match opts.stride {
         None => seq_len,
         Some(s) if s == 0 || s > seq_len => {

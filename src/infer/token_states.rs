@@ -71,7 +71,12 @@ pub fn record_states_each(
     let pad = CodonTokenizer::new(model.cfg.vocab)?.pad_id();
     let w = w.min(n.max(1));
     let windows = state_windows(n, w, stride.clamp(1, w));
-    crate::infer::window::check_forward_memory(model, batch.max(1).min(windows.len().max(1)), w)?;
+    crate::infer::window::check_forward_memory(
+        model,
+        batch.max(1).min(windows.len().max(1)),
+        w,
+        "--seq-len",
+    )?;
     for group in windows.chunks(batch.max(1)) {
         let s = group.iter().map(|x| x.1 - x.0).max().unwrap_or(1);
         let mut ids = vec![pad; group.len() * s];

@@ -13,14 +13,20 @@ use crate::config::Position;
 use crate::error::{Error, Result};
 use crate::model::GenSlm;
 
-/// The window for `model` loaded from `model_dir` (see the module docs).
-pub fn resolve_window(model: &GenSlm, seq_len: Option<usize>, model_dir: &Path) -> Result<usize> {
+/// The window for `model` loaded from `model_dir` (see the module docs), asked for by `flag`
+/// (`--seq-len`, or variants' `--window`) when `seq_len` is given.
+pub fn resolve_window(
+    model: &GenSlm,
+    seq_len: Option<usize>,
+    model_dir: &Path,
+    flag: &str,
+) -> Result<usize> {
     let max = model.cfg.max_position_embeddings;
     match seq_len {
-        Some(s) if s < 2 => Err(Error::Invalid(format!("--seq-len {s}: must be at least 2"))),
+        Some(s) if s < 2 => Err(Error::Invalid(format!("{flag} {s}: must be at least 2"))),
         Some(s) if s > max && model.cfg.position == Position::Learned => {
             Err(Error::Invalid(format!(
-                "--seq-len {s}: this model uses learned positions and knows only {max} of them \
+                "{flag} {s}: this model uses learned positions and knows only {max} of them \
                  (ALiBi models can take longer windows)"
             )))
         }
@@ -28,7 +34,7 @@ pub fn resolve_window(model: &GenSlm, seq_len: Option<usize>, model_dir: &Path) 
             if s > max && model.cfg.position == Position::Rotary {
                 // As `generate` says for --max-codons: the window is taken, not hidden.
                 eprintln!(
-                    "warning: --seq-len {s} goes past the model's max_position_embeddings \
+                    "warning: {flag} {s} goes past the model's max_position_embeddings \
                      ({max}); rotary models are untested beyond their training length"
                 );
             }
@@ -47,7 +53,7 @@ pub fn resolve_window(model: &GenSlm, seq_len: Option<usize>, model_dir: &Path) 
                 // One codon a window predicts nothing: every record would score NA.
                 return Err(Error::Invalid(format!(
                     "the model's default window is {w} codon(s) (max_position_embeddings {max}): \
-                     nothing to predict; pass --seq-len of at least 2{}",
+                     nothing to predict; pass {flag} of at least 2{}",
                     if model.cfg.position == Position::Learned {
                         " (a learned-position model knows no more positions than its table)"
                     } else {
@@ -88,7 +94,13 @@ pub fn trained_window(model_dir: &Path) -> Result<Option<usize>> {
 /// attention output and the MLP's 4h twice: ~16 floats per token and hidden unit), the logits,
 /// and with naive attention the scores and probabilities of every head (s² each). GPU memory
 /// is the device's, not read here.
-pub fn check_forward_memory(model: &GenSlm, rows: usize, tokens: usize) -> Result<()> {
+/// `window_flag` is the flag that sets `tokens` (`--seq-len`; variants' `--window`).
+pub fn check_forward_memory(
+    model: &GenSlm,
+    rows: usize,
+    tokens: usize,
+    window_flag: &str,
+) -> Result<()> {
     let Some(available) = cpu_memory_available(model) else {
         return Ok(());
     };
@@ -104,10 +116,14 @@ pub fn check_forward_memory(model: &GenSlm, rows: usize, tokens: usize) -> Resul
     let gib = |x: f64| x / f64::from(1u32 << 30);
     Err(Error::Invalid(format!(
         "a batch of {rows} window(s) of {tokens} tokens needs about {:.1} GiB, more than the \
-         {:.1} GiB available here; lower --seq-len (a record longer than it is read in several \
-         windows) or --batch-size",
+         {:.1} GiB available here; lower {window_flag}{} or --batch-size",
         gib(need),
-        gib(available)
+        gib(available),
+        if window_flag == "--seq-len" {
+            " (a record longer than it is read in several windows)"
+        } else {
+            ""
+        }
     )))
 }
 

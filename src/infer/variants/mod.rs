@@ -337,7 +337,7 @@ pub fn run_variants(
             "--window {w}: must be at least 2 codons"
         )));
     }
-    let w = resolve_window(&model, opts.window, model_dir)?;
+    let w = resolve_window(&model, opts.window, model_dir, "--window")?;
     let tok = CodonTokenizer::new(model.cfg.vocab)?;
     let mut skipped = 0usize;
     let warn_skip = |msg: String| eprintln!("warning: {msg}; skipped (--on-invalid skip)");
@@ -482,6 +482,7 @@ pub fn run_variants(
         &model,
         opts.batch_size.min(scored.len()).max(1),
         longest.max(1),
+        "--window",
     )?;
     // Chunks of consecutive variants, so that those sharing a window (the 9 substitutions of
     // a codon, sorted VCF lines) still share its prefix; about `chunk_tokens` tokens held.
