@@ -79,6 +79,10 @@ impl DeviceChoice {
         match self.backend {
             BackendKind::Cpu => Ok(Device::flex()),
             BackendKind::Cuda => {
+                if self.index.is_none() {
+                    crate::parallel::launch::check_local_rank(|k| std::env::var(k).ok())
+                        .map_err(Error::Invalid)?;
+                }
                 let (index, from) = self.gpu_index(thread_rank, |k| std::env::var(k).ok());
                 open_cuda(index, &from)
             }

@@ -138,6 +138,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Plot { out, .. } = &cli.command {
         genslm::atomic::check_png_name("--out", out)?;
     }
+    let single = match &cli.command {
+        Command::Tokenize { .. } => Some("tokenize"),
+        Command::Score(_) => Some("score"),
+        Command::Embed(_) => Some("embed"),
+        Command::Generate(_) => Some("generate"),
+        Command::Variants(_) => Some("variants"),
+        _ => None,
+    };
+    // Only train splits its work over a launcher's processes; the others each do all of it.
+    if let (Some(cmd), Ok(Some(l))) = (single, genslm::parallel::launch::launched()) {
+        if l.rank == 0 {
+            eprintln!(
+                "warning: started as {} processes by {}: `genslm {cmd}` does not split its work \
+                 over processes, so each does all of it and writes the same output; run it as \
+                 one process",
+                l.world, l.launcher
+            );
+        }
+    }
     match cli.command {
         Command::Tokenize {
             fasta,

@@ -372,6 +372,57 @@ fn slurm_batch_variables_are_not_an_mpi_launch() {
     assert_eq!(losses(&out).len(), 2);
 }
 
+/// A launcher's variables that are no launch are named (they were ignored: the process
+/// trained alone); torchrun's processes are refused together, not left to race for the run
+/// directory's lock; a command that does not split its work says so under a launcher.
+#[test]
+fn launcher_variables_are_read_or_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("launched");
+    let out_s = out.to_str().unwrap().to_string();
+    let (data, tiny) = (data(), tiny());
+    let args = [
+        "train", "--fasta", &data, "--config", &tiny, "--out", &out_s, "--quiet", "--steps", "1",
+    ];
+    for (vars, says) in [
+        (
+            &[("OMPI_COMM_WORLD_RANK", "5"), ("OMPI_COMM_WORLD_SIZE", "1")][..],
+            "OMPI_COMM_WORLD_RANK=5 with OMPI_COMM_WORLD_SIZE=1",
+        ),
+        (
+            &[("PMI_RANK", "0"), ("PMI_SIZE", "abc")],
+            "PMI_SIZE=\"abc\"",
+        ),
+        (
+            &[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")],
+            "not torchrun's rendezvous",
+        ),
+    ] {
+        let o = common::bin()
+            .args(args)
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{vars:?}: {err}");
+        assert!(!out.exists(), "{vars:?}");
+    }
+    let fa = repo().join("data/lambda_virus.fa");
+    let model = common::trained_tiny();
+    let o = common::bin()
+        .args(["score", "--model", model.to_str().unwrap(), "--fasta"])
+        .arg(&fa)
+        .args(["--quiet"])
+        .envs([("PMI_RANK", "0"), ("PMI_SIZE", "2")])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && err.contains("`genslm score` does not split its work"),
+        "{err}"
+    );
+}
+
 /// `--pp` and its settings from the command line: every step logs each stage's busy and idle
 /// time and the bubble; bad settings are refused by name before anything is written.
 #[test]

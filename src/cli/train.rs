@@ -234,7 +234,7 @@ pub fn train_launched(
     _d: Degrees,
 ) -> anyhow::Result<genslm::train::trainer::TrainSummary> {
     anyhow::bail!(
-        "started by an MPI launcher with {n} processes, but this build has no MPI support \
+        "started by a parallel launcher with {n} processes, but this build has no MPI support \
          (rebuild with --features mpi), or run one process with --dp/--pp/--cp/--sp/--tp (ranks as \
          threads)"
     )
@@ -318,8 +318,17 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         network: None,
     };
     let degrees = a.degrees.degrees();
-    let s = match genslm::parallel::launch::launched_world_size() {
-        Some((n, _)) => train_launched(&cfg, &data, &a.out, &opts, n, degrees)?,
+    let launch = genslm::parallel::launch::launched().map_err(anyhow::Error::msg)?;
+    let s = match launch {
+        Some(l) if l.launcher == genslm::parallel::launch::TORCHRUN => anyhow::bail!(
+            "started as rank {} of {} by {} (RANK/WORLD_SIZE): genslm's processes meet through \
+             MPI, not torchrun's rendezvous. Start them with mpirun or srun (a build with \
+             --features mpi), or run one process with --dp/--pp/--cp/--sp/--tp (ranks as threads)",
+            l.rank,
+            l.world,
+            l.launcher
+        ),
+        Some(l) => train_launched(&cfg, &data, &a.out, &opts, l.world, degrees)?,
         None => train_grid(&cfg, &data, &a.out, &opts, degrees)?,
     };
     if !quiet {

@@ -4,15 +4,28 @@
 //! threads of one process. Also where a process sits on its node (local rank, processes per
 //! node), which picks its GPU and sizes its CPU thread pool.
 
-/// `(world size, launcher)` when started as one of several ranks by a launcher.
-pub fn launched_world_size() -> Option<(usize, &'static str)> {
+/// A launch: this process's rank among `world` processes, and the launcher that says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    pub rank: usize,
+    pub world: usize,
+    pub launcher: &'static str,
+}
+
+/// The launcher genslm cannot join: torchrun's ranks meet through its rendezvous (a TCP
+/// store), not MPI.
+pub const TORCHRUN: &str = "torchrun";
+
+/// The launch this process is part of, when started as one of several ranks; an error naming
+/// the variables when a launcher's are malformed or contradict each other.
+pub fn launched() -> Result<Option<Launch>, String> {
     detect(|k| std::env::var(k).ok())
 }
 
-/// [`launched_world_size`] over any environment (`get` looks a variable up).
-pub fn detect(get: impl Fn(&str) -> Option<String>) -> Option<(usize, &'static str)> {
+/// [`launched`] over any environment (`get` looks a variable up).
+pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>, String> {
     // (per-process rank variable, world size variable, launcher)
-    const LAUNCHERS: [(&str, &str, &str); 4] = [
+    const LAUNCHERS: [(&str, &str, &str); 5] = [
         (
             "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_SIZE",
@@ -21,12 +34,44 @@ pub fn detect(get: impl Fn(&str) -> Option<String>) -> Option<(usize, &'static s
         ("PMI_RANK", "PMI_SIZE", "an MPICH/PMI launcher"),
         ("PMIX_RANK", "PMIX_SIZE", "a PMIx launcher"),
         ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "srun"),
+        // torchrun, and the launchers that copy it (deepspeed, accelerate): recognised so that
+        // its processes are refused together instead of racing for one run directory.
+        ("RANK", "WORLD_SIZE", TORCHRUN),
     ];
-    LAUNCHERS.iter().find_map(|&(rank, size, by)| {
-        get(rank)?;
-        let n = get(size)?.trim().parse::<usize>().ok()?;
-        (n > 1).then_some((n, by))
-    })
+    for (rank_var, size_var, launcher) in LAUNCHERS {
+        let Some(rank) = get(rank_var) else {
+            continue;
+        };
+        // `sbatch` sets SLURM_PROCID=0 for the batch script, with no step size: no launch.
+        let Some(size) = get(size_var) else {
+            continue;
+        };
+        let number = |var: &str, v: &str| {
+            v.trim().parse::<usize>().map_err(|_| {
+                format!(
+                    "{var}={v:?} ({launcher}): not a number; genslm reads it to know its rank \
+                     (unset it, or start genslm with the launcher that sets it)"
+                )
+            })
+        };
+        let (rank, world) = (number(rank_var, &rank)?, number(size_var, &size)?);
+        if world == 0 || rank >= world {
+            return Err(format!(
+                "{rank_var}={rank} with {size_var}={world} ({launcher}): a rank must be below \
+                 the number of processes; unset them, or start genslm with the launcher that \
+                 sets them"
+            ));
+        }
+        if world > 1 {
+            return Ok(Some(Launch {
+                rank,
+                world,
+                launcher,
+            }));
+        }
+        return Ok(None);
+    }
+    Ok(None)
 }
 
 /// Per-process local-rank variables of the launchers (Open MPI, MPICH/Intel MPI, Slurm,
@@ -52,6 +97,22 @@ pub fn local_rank(get: impl Fn(&str) -> Option<String>) -> Option<(usize, &'stat
         .find_map(|&k| Some((get(k)?.trim().parse().ok()?, k)))
 }
 
+/// Refuses a local-rank variable that is set but no number: the GPU would silently come from
+/// the next variable, or be GPU 0 for every process of the node.
+pub fn check_local_rank(get: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+    for var in LOCAL_RANK_VARS {
+        if let Some(v) = get(var) {
+            if v.trim().parse::<usize>().is_err() {
+                return Err(format!(
+                    "{var}={v:?}: not a local rank (a number from 0); it picks this process's \
+                     GPU. Unset it, or pass --device"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// How many processes the launcher started on this node, when it says.
 pub fn local_size(get: impl Fn(&str) -> Option<String>) -> Option<usize> {
     LOCAL_SIZE_VARS
@@ -75,9 +136,14 @@ pub(crate) mod tests {
 
     #[test]
     fn batch_scripts_are_not_launches_but_ranks_are() {
-        // Inside `sbatch -n 4`, before any srun: threads.
+        let world = |vars: &[(&str, &str)]| detect(env(vars)).unwrap().map(|l| l.world);
+        // Inside `sbatch -n 4`, before any srun: threads. (The batch step sets SLURM_PROCID.)
         assert_eq!(
-            detect(env(&[("SLURM_NTASKS", "4"), ("SLURM_NPROCS", "4")])),
+            world(&[
+                ("SLURM_NTASKS", "4"),
+                ("SLURM_NPROCS", "4"),
+                ("SLURM_PROCID", "0")
+            ]),
             None
         );
         // One task of `srun -n 4`.
@@ -87,27 +153,56 @@ pub(crate) mod tests {
                 ("SLURM_PROCID", "2"),
                 ("SLURM_STEP_NUM_TASKS", "4")
             ])),
-            Some((4, "srun"))
+            Ok(Some(Launch {
+                rank: 2,
+                world: 4,
+                launcher: "srun"
+            }))
         );
         assert_eq!(
-            detect(env(&[
-                ("OMPI_COMM_WORLD_RANK", "0"),
-                ("OMPI_COMM_WORLD_SIZE", "3")
-            ])),
-            Some((3, "Open MPI's mpirun"))
+            world(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "3")]),
+            Some(3)
         );
-        assert_eq!(
-            detect(env(&[("PMI_RANK", "1"), ("PMI_SIZE", "2")])).map(|x| x.0),
-            Some(2)
-        );
+        assert_eq!(world(&[("PMI_RANK", "1"), ("PMI_SIZE", "2")]), Some(2));
+        let torch = detect(env(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "1"),
+        ]));
+        assert_eq!(torch.unwrap().unwrap().launcher, TORCHRUN);
         // A single-process launch is not a parallel one.
         assert_eq!(
-            detect(env(&[
-                ("OMPI_COMM_WORLD_RANK", "0"),
-                ("OMPI_COMM_WORLD_SIZE", "1")
-            ])),
+            world(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")]),
             None
         );
+    }
+
+    /// A launcher's variables that cannot be a launch were ignored: the process trained alone,
+    /// as if it were the only one.
+    #[test]
+    fn malformed_or_contradicting_launch_variables_are_named() {
+        for (vars, want) in [
+            (
+                &[
+                    ("OMPI_COMM_WORLD_RANK", "0"),
+                    ("OMPI_COMM_WORLD_SIZE", "-2"),
+                ][..],
+                "OMPI_COMM_WORLD_SIZE=\"-2\"",
+            ),
+            (
+                &[("PMI_RANK", "0"), ("PMI_SIZE", "abc")],
+                "PMI_SIZE=\"abc\"",
+            ),
+            (
+                &[("OMPI_COMM_WORLD_RANK", "5"), ("OMPI_COMM_WORLD_SIZE", "1")],
+                "OMPI_COMM_WORLD_RANK=5 with OMPI_COMM_WORLD_SIZE=1",
+            ),
+            (&[("RANK", "x"), ("WORLD_SIZE", "4")], "RANK=\"x\""),
+            (&[("PMIX_RANK", "0"), ("PMIX_SIZE", "0")], "PMIX_SIZE=0"),
+        ] {
+            let e = detect(env(vars)).unwrap_err();
+            assert!(e.contains(want), "{vars:?}: {e}");
+        }
     }
 
     #[test]
@@ -116,8 +211,11 @@ pub(crate) mod tests {
             local_rank(env(&[("SLURM_LOCALID", "1")])),
             Some((1, "SLURM_LOCALID"))
         );
-        // Garbage is not a local rank.
+        // Garbage is not a local rank, and is named before a GPU is chosen.
         assert_eq!(local_rank(env(&[("LOCAL_RANK", "x")])), None);
+        let e = check_local_rank(env(&[("OMPI_COMM_WORLD_LOCAL_RANK", "-1")])).unwrap_err();
+        assert!(e.contains("OMPI_COMM_WORLD_LOCAL_RANK=\"-1\""), "{e}");
+        assert!(check_local_rank(env(&[("SLURM_LOCALID", "3")])).is_ok());
         assert_eq!(
             local_size(env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "4")])),
             Some(4)
