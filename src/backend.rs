@@ -77,6 +77,12 @@ impl DeviceChoice {
     /// Opens the device for thread rank `thread_rank` of this process.
     pub fn open(&self, thread_rank: usize) -> Result<Device> {
         match self.backend {
+            // Taken without a word, it read as if the run were on that GPU.
+            BackendKind::Cpu if self.index.is_some() => Err(Error::Invalid(format!(
+                "--device {}: the cpu backend has no devices to choose (it uses the cores, see \
+                 --threads); --device picks a GPU with --backend cuda or wgpu",
+                self.index.unwrap_or_default()
+            ))),
             BackendKind::Cpu => Ok(Device::flex()),
             BackendKind::Cuda => {
                 if self.index.is_none() {
@@ -415,6 +421,13 @@ mod tests {
             ..cuda
         };
         assert_eq!(pinned.gpu_index(0, env(&both)), (5, "--device".to_string()));
+        // On the CPU there is nothing to pick: --device is a mistake, named.
+        let cpu = DeviceChoice {
+            backend: BackendKind::Cpu,
+            index: Some(99999),
+        };
+        let e = cpu.check().unwrap_err().to_string();
+        assert!(e.contains("--device 99999: the cpu backend"), "{e}");
     }
 
     #[test]
