@@ -1,8 +1,10 @@
 //! `genslm info`: a model config's shape, parameter count and training memory.
 
 use std::fmt::Write;
+use std::path::Path;
 
 use crate::config::{ModelConfig, Position, TrainingMemory};
+use crate::error::{Error, Result};
 
 /// Bytes as GiB with two decimals.
 pub fn gib(bytes: u64) -> String {
@@ -20,6 +22,27 @@ pub fn group_digits(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// The model config `genslm info --config PATH` describes: a genslm TOML; a Hugging Face
+/// `config.json` (any name ending in .json), as `convert --config` takes; or a model or run
+/// directory (its `config.json`, or its latest checkpoint's).
+pub fn load_model_config(path: &Path) -> Result<ModelConfig> {
+    if path.is_dir() {
+        let dir = crate::model::io::resolve_model_dir(path)?;
+        return crate::model::io::load_config(&dir);
+    }
+    let json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    if json {
+        let text = crate::config::read_config_text(path)?;
+        return crate::model::hf::config_from_hf(&text).map_err(|msg| Error::Config {
+            file: path.to_path_buf(),
+            msg,
+        });
+    }
+    Ok(crate::config::Config::load(path)?.model)
 }
 
 /// The report `genslm info` prints.

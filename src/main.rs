@@ -82,7 +82,8 @@ enum Command {
     },
     /// Print a model config's shape, parameter count and training memory.
     Info {
-        /// Model config (TOML), e.g. configs/genslm-25m.toml.
+        /// Model config: a genslm TOML (e.g. configs/genslm-25m.toml), a Hugging Face
+        /// config.json, or a model or run directory.
         #[arg(long)]
         config: PathBuf,
     },
@@ -211,8 +212,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Info { config } => {
-            let cfg = genslm::config::Config::load(&config)?;
-            print_all(&genslm::info::report(&cfg.model))?;
+            let model = genslm::info::load_model_config(&config)?;
+            print_all(&genslm::info::report(&model))?;
         }
         Command::Embed(args) => cli::infer::run_embed(*args, cli.quiet)?,
         Command::Plot {

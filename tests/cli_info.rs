@@ -59,6 +59,33 @@ fn presets_print_hugging_face_parameter_counts() {
     );
 }
 
+/// A Hugging Face config.json (as convert takes), a model directory and a run directory give
+/// the preset's report: the parameter count of the TOML the model was trained from.
+#[test]
+fn info_reads_config_json_and_model_directories() {
+    let run = common::trained_tiny();
+    let ckpt = common::tiny_checkpoint();
+    let want = "parameters          108,928";
+    for p in [run.to_path_buf(), ckpt.clone(), ckpt.join("config.json")] {
+        let (ok, out, err) = run_info(&p);
+        assert!(ok && out.contains(want), "{}: {err}{out}", p.display());
+    }
+    // Another name ending in .json is read as Hugging Face's too; a TOML named .json is not.
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("neox.json");
+    std::fs::copy(ckpt.join("config.json"), &other).unwrap();
+    assert!(run_info(&other).1.contains(want));
+    let toml = std::fs::read(repo().join("configs/tiny.toml")).unwrap();
+    let (ok, _, err) = run_info(&write(dir.path(), "tiny.json", &toml));
+    assert!(!ok && err.contains("tiny.json"), "{err}");
+    let (ok, _, err) = run_info(dir.path());
+    assert!(!ok && !err.contains("Is a directory"), "{err}");
+}
+
+fn run_info(p: &std::path::Path) -> (bool, String, String) {
+    run(&["info", "--config", p.to_str().unwrap()])
+}
+
 #[test]
 fn bad_configs_name_the_field() {
     let dir = tempfile::tempdir().unwrap();
