@@ -253,6 +253,15 @@ fn an_out_that_is_a_file_is_named_and_kept() {
         assert!(!err.contains("panicked"), "{err}");
     }
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine\n");
+    // A link to nowhere is named as one (the lock's open said "No such file or directory").
+    let link = dir.path().join("dangling");
+    std::os::unix::fs::symlink(dir.path().join("gone"), &link).unwrap();
+    let (ok, err) = train(&link, "2", &[]);
+    assert!(
+        !ok && err.contains("a symbolic link that leads nowhere"),
+        "{err}"
+    );
+    assert!(!dir.path().join("gone").exists());
 }
 
 /// A run trained into another run's `checkpoints/` was deleted whole when that run pruned its

@@ -118,7 +118,8 @@ pub struct GenerateArgs {
     /// Random seed (sample i uses stream i of it).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// End a sample at its first stop codon (TAA, TAG, TGA; kept).
+    /// End a sample at the first stop codon it draws (TAA, TAG, TGA; kept). Stop codons in
+    /// --prompt do not end it: the prompt is given, not drawn.
     #[arg(long)]
     stop_at_stop_codon: bool,
     /// Samples decoded together.

@@ -3,7 +3,8 @@
 //! Each sample starts from the prompt (`ATG` by default; `[BOS]` is put in front with the
 //! 71-token vocabulary) and grows one codon per step until it has `max_codons` codons (prompt
 //! included, like Hugging Face's `max_length`), draws `[EOS]` (71-token vocabulary), or, with
-//! `stop_at_stop_codon`, draws TAA/TAG/TGA (kept in the output). Only codons (and `[EOS]`) can
+//! `stop_at_stop_codon`, draws TAA/TAG/TGA (kept in the output; a stop codon in the prompt
+//! was not drawn and does not end it). Only codons (and `[EOS]`) can
 //! be drawn: the other special tokens are masked out before sampling. Sample `i` draws from its
 //! own stream `SplitMix64::stream(seed, Domain::Sample, i)`, so a seed reproduces every sample.
 //!

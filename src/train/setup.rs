@@ -194,6 +194,15 @@ pub fn prepare_run(
             run.display()
         )));
     }
+    // A link whose target is gone: create_dir would fail on the link, and the lock's open
+    // said only "No such file or directory" for a file inside it.
+    if run.is_symlink() && !run.exists() {
+        return Err(Error::Invalid(format!(
+            "--out {}: {}; point it at a directory, or choose another --out",
+            run.display(),
+            crate::error::not_a_file(run)
+        )));
+    }
     // The file system's root is nobody's run directory (a run's files and checkpoints would
     // land among the system's).
     if run.canonicalize().is_ok_and(|c| c.parent().is_none()) {
