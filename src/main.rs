@@ -82,8 +82,9 @@ enum Command {
     },
     /// Print a model config's shape, parameter count and training memory.
     Info {
-        /// Model config: a genslm TOML (e.g. configs/genslm-25m.toml), a Hugging Face
-        /// config.json, or a model or run directory.
+        /// Model config: a genslm TOML (e.g. configs/genslm-25m.toml) or built-in preset name
+        /// (tiny, genslm-25m, …, genslm-33b), a Hugging Face config.json, or a model or run
+        /// directory.
         #[arg(long)]
         config: PathBuf,
     },

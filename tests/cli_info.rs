@@ -82,6 +82,43 @@ fn info_reads_config_json_and_model_directories() {
     assert!(!ok && !err.contains("Is a directory"), "{err}");
 }
 
+/// The presets are built in: a bare name works from any directory (bench's defaults were
+/// paths that existed only in the repository's root), a file of that name wins, and an
+/// unknown name lists the presets.
+#[test]
+fn presets_are_built_in_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let info_in = |name: &str| {
+        let o = common::bin()
+            .args(["info", "--config", name])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        (
+            o.status.success(),
+            text,
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let (ok, out, err) = info_in("genslm-25m");
+    assert!(
+        ok && out.contains("parameters          25,290,752"),
+        "{err}"
+    );
+    let (ok, _, err) = info_in("genslm-7b");
+    assert!(
+        !ok && err.contains("built-in presets: tiny, genslm-25m"),
+        "{err}"
+    );
+    let mine = std::fs::read_to_string(repo().join("configs/tiny.toml"))
+        .unwrap()
+        .replace("num_layers = 2", "num_layers = 3");
+    write(dir.path(), "tiny", mine.as_bytes());
+    let (ok, out, err) = info_in("tiny");
+    assert!(ok && out.contains("layers              3"), "{err}{out}");
+}
+
 fn run_info(p: &std::path::Path) -> (bool, String, String) {
     run(&["info", "--config", p.to_str().unwrap()])
 }

@@ -24,7 +24,9 @@ pub enum BenchCmd {
     /// forward and forward+backward time, TFLOPS (4·b·h·s²·d forward, 3.5× that for
     /// forward+backward as FlashAttention-2 counts, halved when causal) and peak memory.
     Attention {
-        #[arg(long, default_value = "configs/tiny.toml")]
+        /// Model config: a TOML file, or a built-in preset (tiny, genslm-25m, genslm-250m,
+        /// genslm-2.5b, genslm-25b, genslm-33b).
+        #[arg(long, default_value = "tiny")]
         config: PathBuf,
         /// Sequence lengths (codons).
         #[arg(
@@ -76,7 +78,9 @@ pub enum BenchCmd {
     /// run through the trainer on that many ranks as threads, on random codons, one sequence
     /// per DP rank, and the time in communication is reported.
     Train {
-        #[arg(long, default_value = "configs/genslm-25m.toml")]
+        /// Model config: a TOML file, or a built-in preset (tiny, genslm-25m, genslm-250m,
+        /// genslm-2.5b, genslm-25b, genslm-33b).
+        #[arg(long, default_value = "genslm-25m")]
         config: PathBuf,
         #[arg(long, default_value_t = 2048)]
         seq_len: usize,
@@ -124,7 +128,9 @@ pub enum BenchCmd {
     },
     /// Embedding throughput (sequences/s) on random sequences with a fresh model.
     Embed {
-        #[arg(long, default_value = "configs/genslm-25m.toml")]
+        /// Model config: a TOML file, or a built-in preset (tiny, genslm-25m, genslm-250m,
+        /// genslm-2.5b, genslm-25b, genslm-33b).
+        #[arg(long, default_value = "genslm-25m")]
         config: PathBuf,
         /// Codons per sequence.
         #[arg(long, default_value_t = 2048)]
@@ -139,7 +145,9 @@ pub enum BenchCmd {
     /// of a random CDS, the REF prefix's keys/values reused against full recomputation of REF
     /// and ALT (interleaved, best of --rounds), and the largest Δ difference between the two.
     Variants {
-        #[arg(long, default_value = "configs/genslm-25m.toml")]
+        /// Model config: a TOML file, or a built-in preset (tiny, genslm-25m, genslm-250m,
+        /// genslm-2.5b, genslm-25b, genslm-33b).
+        #[arg(long, default_value = "genslm-25m")]
         config: PathBuf,
         /// Window in codons around each variant.
         #[arg(long, default_value_t = 512)]
@@ -155,7 +163,9 @@ pub enum BenchCmd {
     },
     /// Generation throughput (codons/s) with and without the KV cache.
     Generate {
-        #[arg(long, default_value = "configs/genslm-25m.toml")]
+        /// Model config: a TOML file, or a built-in preset (tiny, genslm-25m, genslm-250m,
+        /// genslm-2.5b, genslm-25b, genslm-33b).
+        #[arg(long, default_value = "genslm-25m")]
         config: PathBuf,
         /// Codons to draw per sample.
         #[arg(long, default_value_t = 256)]

@@ -21,7 +21,8 @@ mirror!(DeviceArg => PlanDevice {
 /// `genslm plan`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlanArgs {
-    /// Model config (TOML), e.g. configs/genslm-33b.toml.
+    /// Model config: a TOML file (e.g. configs/genslm-33b.toml), or a built-in preset by name
+    /// (tiny, genslm-25m, genslm-250m, genslm-2.5b, genslm-25b, genslm-33b).
     #[arg(long, required_unless_present = "compare_published")]
     pub config: Option<PathBuf>,
     /// Number of GPUs (CPU processes with --device cpu).

@@ -57,7 +57,8 @@ pub struct TrainArgs {
     /// A dataset written by `genslm tokenize`.
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Model and training config (TOML), e.g. configs/tiny.toml.
+    /// Model and training config: a TOML file (e.g. configs/tiny.toml), or a built-in preset
+    /// by name (tiny, genslm-25m, genslm-250m, genslm-2.5b, genslm-25b, genslm-33b).
     #[arg(long)]
     config: PathBuf,
     /// Run directory: config.toml, metrics.jsonl, checkpoints/.

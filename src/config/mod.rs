@@ -376,10 +376,53 @@ pub fn short_lines(msg: &str) -> String {
         .join("\n")
 }
 
+/// The presets of `configs/`, built into the binary: `--config genslm-25m` works from any
+/// directory (bench's defaults were paths that only existed in the repository's root).
+pub const PRESETS: [(&str, &str); 6] = [
+    ("tiny", include_str!("../../configs/tiny.toml")),
+    ("genslm-25m", include_str!("../../configs/genslm-25m.toml")),
+    (
+        "genslm-250m",
+        include_str!("../../configs/genslm-250m.toml"),
+    ),
+    (
+        "genslm-2.5b",
+        include_str!("../../configs/genslm-2.5b.toml"),
+    ),
+    ("genslm-25b", include_str!("../../configs/genslm-25b.toml")),
+    ("genslm-33b", include_str!("../../configs/genslm-33b.toml")),
+];
+
+/// The built-in preset `path` names: a bare name (no directory, no `.toml`) of [`PRESETS`]
+/// that is not also a file here (a file of that name is read instead).
+pub fn preset(path: &Path) -> Option<&'static str> {
+    let name = path.to_str()?;
+    if name.contains('/') || path.exists() {
+        return None;
+    }
+    PRESETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, text)| *text)
+}
+
 impl Config {
-    /// Reads and validates a TOML config; errors name the file and the field.
+    /// Reads and validates a TOML config, or a built-in preset by name ([`preset`]); errors
+    /// name the file and the field.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = read_config_text(path)?;
+        let text = match preset(path) {
+            Some(text) => text.to_string(),
+            None => read_config_text(path).map_err(|e| match e {
+                // A bare name that is no file and no preset: say which names are built in.
+                Error::Io { .. } if !path.exists() && !path.to_string_lossy().contains('/') => {
+                    Error::Invalid(format!(
+                        "{e}; built-in presets: {}",
+                        PRESETS.map(|(n, _)| n).join(", ")
+                    ))
+                }
+                e => e,
+            })?,
+        };
         let cfg: Config = toml::from_str(&text).map_err(|e| Error::Config {
             file: path.to_path_buf(),
             msg: short_lines(&e.to_string()),
