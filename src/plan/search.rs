@@ -225,8 +225,10 @@ pub fn evaluate(
     mem_bytes: f64,
     layouts: Vec<Parallelism>,
 ) -> Vec<Candidate> {
+    use rayon::prelude::*;
+    // Each layout's search is independent; a sweep to 2^20 GPUs evaluates thousands.
     layouts
-        .into_iter()
+        .into_par_iter()
         .filter_map(|layout| {
             let strategy = strategy_for(model, a, layout);
             check(model, &strategy).ok()?;

@@ -242,20 +242,24 @@ impl Schedule {
 
     /// The passes `op` waits for on other stages (or earlier on its own): the previous chunk's
     /// forward, the next chunk's input gradient, its own forward, its own input gradient.
-    pub fn deps(&self, op: Op) -> Vec<Op> {
+    pub fn deps(&self, op: Op) -> impl Iterator<Item = Op> {
         let last = self.chunks() - 1;
         let at = |pass, chunk| Op {
             pass,
             micro: op.micro,
             chunk,
         };
-        match op.pass {
-            Pass::F if op.chunk > 0 => vec![at(Pass::F, op.chunk - 1)],
-            Pass::F => vec![],
-            Pass::B if op.chunk < last => vec![at(Pass::F, op.chunk), at(Pass::B, op.chunk + 1)],
-            Pass::B => vec![at(Pass::F, op.chunk)],
-            Pass::W => vec![at(Pass::B, op.chunk)],
-        }
+        // At most two, without an allocation: the simulation asks for every op's.
+        let (first, second) = match op.pass {
+            Pass::F if op.chunk > 0 => (Some(at(Pass::F, op.chunk - 1)), None),
+            Pass::F => (None, None),
+            Pass::B if op.chunk < last => {
+                (Some(at(Pass::F, op.chunk)), Some(at(Pass::B, op.chunk + 1)))
+            }
+            Pass::B => (Some(at(Pass::F, op.chunk)), None),
+            Pass::W => (Some(at(Pass::B, op.chunk)), None),
+        };
+        first.into_iter().chain(second)
     }
 }
 
@@ -382,14 +386,25 @@ impl Timeline {
 /// run (a deadlock in the given orders), or when a pass is missing, repeated or on the wrong
 /// stage.
 pub fn simulate(schedule: &Schedule, cost: impl Fn(Pass) -> u64) -> Result<Timeline> {
-    use std::collections::HashMap;
     let (p, m, chunks) = (schedule.stages, schedule.micros, schedule.chunks());
     let passes: &[Pass] = if schedule.kind.splits_backward() {
         &[Pass::F, Pass::B, Pass::W]
     } else {
         &[Pass::F, Pass::B]
     };
-    let mut seen = HashMap::new();
+    // Dense tables indexed by (pass, chunk, micro-batch): the planner simulates a schedule
+    // for every pipelined layout it weighs, and hashing each op dominated `plan --sweep`.
+    let slot = |op: &Op| {
+        let pass = match op.pass {
+            Pass::F => 0,
+            Pass::B => 1,
+            Pass::W => 2,
+        };
+        (pass * chunks + op.chunk) * m + op.micro
+    };
+    let size = 3 * chunks * m;
+    let mut seen = vec![false; size];
+    let mut count = 0usize;
     for (s, ops) in schedule.ops.iter().enumerate() {
         for op in ops {
             if op.chunk >= chunks
@@ -401,38 +416,41 @@ pub fn simulate(schedule: &Schedule, cost: impl Fn(Pass) -> u64) -> Result<Timel
                     "stage {s} runs {op:?}, which is not one of its passes"
                 )));
             }
-            if seen.insert(*op, s).is_some() {
+            if std::mem::replace(&mut seen[slot(op)], true) {
                 return Err(Error::Invalid(format!("{op:?} runs twice")));
             }
+            count += 1;
         }
     }
-    if seen.len() != passes.len() * m * chunks {
+    if count != passes.len() * m * chunks {
         return Err(Error::Invalid(format!(
             "{} passes scheduled, {} needed",
-            seen.len(),
+            count,
             passes.len() * m * chunks
         )));
     }
-    let mut end: HashMap<Op, u64> = HashMap::new();
+    // When each op ends; `None` until it has run.
+    let mut end: Vec<Option<u64>> = vec![None; size];
     let mut next = vec![0usize; p];
     let mut free = vec![0u64; p];
     let mut busy = vec![0u64; p];
     let mut alive = vec![0usize; p];
     let mut peak = vec![0usize; p];
     let frees = schedule.frees();
-    let mut left = seen.len();
+    let mut left = count;
     while left > 0 {
         let mut progressed = false;
         for s in 0..p {
             while let Some(&op) = schedule.ops[s].get(next[s]) {
-                let deps = schedule.deps(op);
-                if !deps.iter().all(|d| end.contains_key(d)) {
+                let Some(ready) = schedule
+                    .deps(op)
+                    .try_fold(0u64, |r, d| end[slot(&d)].map(|e| r.max(e)))
+                else {
                     break;
-                }
-                let ready = deps.iter().map(|d| end[d]).max().unwrap_or(0);
+                };
                 let start = ready.max(free[s]);
                 let t = cost(op.pass);
-                end.insert(op, start + t);
+                end[slot(&op)] = Some(start + t);
                 (free[s], busy[s]) = (start + t, busy[s] + t);
                 if op.pass == Pass::F {
                     alive[s] += 1;
