@@ -317,7 +317,29 @@ impl DatasetReader {
         {
             return Err(derr(format!("missing column `{}`", f.name())));
         }
-        let bad = |name: &str| derr(format!("column `{name}` has the wrong type"));
+        let want = schema(kind);
+        let bad = |name: &str| {
+            let expected = want
+                .field_with_name(name)
+                .map(|f| f.data_type().to_string())
+                .unwrap_or_default();
+            derr(format!(
+                "column `{name}` has the wrong type (genslm writes {expected})"
+            ))
+        };
+        // genslm writes no nulls: one read as its slot's value would be a made-up token,
+        // length or digest (a null token id was read as whatever the slot held).
+        for f in want.fields() {
+            if let Some(col) = batch.column_by_name(f.name()) {
+                if let Some(row) = (0..col.len()).find(|&r| col.is_null(r)) {
+                    return Err(derr(format!(
+                        "row {}: column `{}` is null; genslm writes a value in every row",
+                        self.done_rows + row,
+                        f.name()
+                    )));
+                }
+            }
+        }
         fn typed<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Option<&'a T> {
             batch.column_by_name(name)?.as_any().downcast_ref::<T>()
         }
@@ -336,6 +358,13 @@ impl DatasetReader {
                 .as_any()
                 .downcast_ref::<Int32Array>()
                 .ok_or_else(|| bad("tokens"))?;
+            if let Some(k) = (0..t.len()).find(|&k| t.is_null(k)) {
+                return Err(derr(format!(
+                    "row {}: token {k} of column `tokens` is null; genslm writes an id in every \
+                     place",
+                    self.done_rows + i
+                )));
+            }
             let mut ids = Vec::with_capacity(t.len());
             for &v in t.values().iter() {
                 let v = u32::try_from(v).map_err(|_| {
@@ -385,6 +414,70 @@ impl Iterator for DatasetReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dataset written by another tool with genslm's columns and metadata, where `null_token`
+    /// makes one token id null and `null_length` one length: refused naming the row and column
+    /// (a null token was read as whatever its slot held, and trained on).
+    fn foreign(dir: &Path, null_token: bool, null_length: bool) -> PathBuf {
+        use arrow_array::builder::{Int32Builder, ListBuilder};
+        let path = dir.join(format!("f{null_token}{null_length}.parquet"));
+        let strings = |v: [&str; 2]| Arc::new(StringArray::from(v.to_vec())) as _;
+        let mut tokens = ListBuilder::new(Int32Builder::new());
+        for row in [[5, 6, 7], [8, 9, 10]] {
+            for t in row {
+                match null_token && t == 9 {
+                    true => tokens.values().append_null(),
+                    false => tokens.values().append_value(t),
+                }
+            }
+            tokens.append(true);
+        }
+        let length = match null_length {
+            true => Int64Array::from(vec![Some(9), None]),
+            false => Int64Array::from(vec![9, 9]),
+        };
+        let batch = RecordBatch::try_from_iter(vec![
+            ("id", strings(["a", "b"])),
+            ("description", strings(["", ""])),
+            ("source", strings(["x", "x"])),
+            ("length", Arc::new(length) as _),
+            (
+                "gc_content",
+                Arc::new(Float64Array::from(vec![0.5, 0.5])) as _,
+            ),
+            ("xxh3", strings(["", ""])),
+            ("tokens", Arc::new(tokens.finish()) as _),
+        ])
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_key_value_metadata(Some(vec![KeyValue::new(
+                VOCAB_KEY.to_string(),
+                "genslm69".to_string(),
+            )]))
+            .build();
+        let file = File::create(&path).unwrap();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        path
+    }
+
+    #[test]
+    fn nulls_in_a_foreign_dataset_are_refused_by_row_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, rows) = read_dataset(&foreign(dir.path(), false, false)).unwrap();
+        assert_eq!(rows[1].tokens, [8, 9, 10]);
+        for (token, length, says) in [
+            (true, false, "row 1: token 1 of column `tokens` is null"),
+            (false, true, "row 1: column `length` is null"),
+        ] {
+            let e = read_dataset(&foreign(dir.path(), token, length))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{e}");
+        }
+    }
 
     /// Rows written through the page-cutting token encoder come back unchanged through
     /// parquet's own reader: an empty row, a row spanning several pages, ids needing 8 bits, and
