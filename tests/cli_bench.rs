@@ -308,3 +308,51 @@ fn benchmarks_refuse_empty_sizes_by_flag() {
     }
     assert!(!missing.exists() && !dir.path().join("not").exists());
 }
+
+/// Sizes whose data or passes cannot fit in memory are refused before anything is built,
+/// naming the bench's own flags: `bench embed` and `bench variants` aborted on a failed
+/// allocation or grew until the OOM killer ended them, `bench train` at --seq-len 2^31 filled
+/// the memory with its records, `bench generate` named generate's flags; `bench ingest
+/// --record-mb` past `--mb` wrote the record's size.
+#[test]
+fn benchmarks_past_the_memory_are_refused_by_flag() {
+    let big = "2147483647";
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["embed", "--seq-len", "100", "--sequences", big],
+            "bench embed: --sequences 2147483647 × --seq-len 100",
+        ),
+        (
+            &[
+                "variants", "--window", "100", "--codons", big, "--rounds", "1",
+            ],
+            "bench variants: 9 × --codons 2147483647",
+        ),
+        (
+            &["generate", "--codons", "2147483646", "--samples", big],
+            "bench generate: the KV cache of --samples 2147483647",
+        ),
+        (
+            &["generate", "--codons", "2147483648"],
+            "--codons 2147483648: must be below",
+        ),
+        (
+            &["train", "--seq-len", "2147483648", "--steps", "1"],
+            "--seq-len 2147483648: the predicted peak memory",
+        ),
+        (
+            &["ingest", "--mb", "1", "--record-mb", "1000"],
+            "--record-mb 1000 is larger than --mb 1",
+        ),
+    ];
+    for (args, says) in cases {
+        let mut a = vec!["bench", args[0]];
+        if args[0] != "ingest" {
+            a.extend(["--config", "tiny"]);
+        }
+        a.extend(&args[1..]);
+        let (ok, out, err) = run(&a);
+        assert!(!ok && err.contains(says), "{a:?}: {out}{err}");
+        assert!(!err.contains("panicked"), "{a:?}: {err}");
+    }
+}

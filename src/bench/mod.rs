@@ -109,6 +109,32 @@ pub fn ingest(dir: &Path, mb: usize, record_mb: usize) -> Result<Vec<BenchCase>>
     Ok(cases)
 }
 
+/// Refuses, before anything is built, a one-rank training step on the CPU that the trainer
+/// would refuse: more tokens than a step may take, or a predicted peak past the memory
+/// available (the allocation aborted the process, or the OOM killer ended it, minutes in).
+fn check_cpu_step(
+    model: &crate::config::ModelConfig,
+    seq_len: usize,
+    checkpoint: bool,
+    on_cpu: bool,
+) -> Result<()> {
+    let cfg = crate::config::Config {
+        model: model.clone(),
+        train: crate::config::TrainConfig {
+            seq_len,
+            batch_size: 1,
+            grad_accum: 1,
+            checkpoint_activations: checkpoint,
+            ..Default::default()
+        },
+    };
+    cfg.train.validate().map_err(Error::Invalid)?;
+    match crate::train::memory::available_bytes() {
+        Some(avail) if on_cpu => crate::train::memory::check_fits(&cfg, (1, 1, 1), 1, avail),
+        _ => Ok(()),
+    }
+}
+
 /// One training step (forward + backward, batch 1) of `model` at `seq_len` on random tokens:
 /// seconds taken and this process's peak resident memory afterwards (MiB).
 ///
@@ -124,6 +150,7 @@ pub fn train_step(
             "--seq-len {seq_len}: a training step needs at least 2 tokens"
         )));
     }
+    check_cpu_step(cfg, seq_len, checkpoint, true)?;
     let device = burn::tensor::Device::flex().autodiff();
     let model = crate::model::GenSlm::init(cfg.clone(), seed, &device)?;
     let params: Vec<_> = model
@@ -185,6 +212,8 @@ pub fn train_steps(
              one step"
         )));
     }
+    let on_cpu = compute.device.backend == crate::backend::BackendKind::Cpu;
+    check_cpu_step(cfg, seq_len, false, on_cpu)?;
     let device = compute.open()?;
     let matmul_gflops = matmul_rate(&device);
     let ad = device.autodiff();

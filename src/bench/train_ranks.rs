@@ -12,7 +12,7 @@ use crate::parallel::netsim::NetSim;
 use crate::parallel::Degrees;
 use crate::rng::SplitMix64;
 use crate::train::metrics::read_metrics;
-use crate::train::setup::{DataSource, RunOptions};
+use crate::train::setup::{check_memory, DataSource, RunOptions};
 use crate::train::trainer::train_grid;
 
 /// The trainer's settings a multi-rank benchmark varies (the rest are `TrainConfig`'s
@@ -73,22 +73,10 @@ pub fn train_ranks(
              one step"
         )));
     }
-    let dir = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
-    let fasta = dir.path().join("random.fa");
     // Pipeline stages run 4·P micro-batches a step (1F1B's bubble (P − 1)/(4P)).
     let grad_accum = if d.pp > 1 { 4 * d.pp } else { 1 };
     // Enough records of one window each for every step's batch, with some held out.
     let records = d.dp * grad_accum * (steps + 2) * 2 + 8;
-    let mut rng = SplitMix64::new(7);
-    let mut text = String::with_capacity(records * (3 * seq_len + 20));
-    for r in 0..records {
-        text.push_str(&format!(">r{r}\n"));
-        text.extend((0..3 * seq_len).map(|_| b"ACGT"[rng.below(4) as usize] as char));
-        text.push('\n');
-    }
-    std::fs::File::create(&fasta)
-        .and_then(|mut f| f.write_all(text.as_bytes()))
-        .map_err(|e| Error::io(&fasta, e))?;
     let cfg = Config {
         model: model.clone(),
         train: TrainConfig {
@@ -107,12 +95,30 @@ pub fn train_ranks(
             ..TrainConfig::default()
         },
     };
-    let run = dir.path().join("run");
     let opts = RunOptions {
         device: compute.device,
         network,
         ..RunOptions::default()
     };
+    // The trainer's own checks (tokens per step, the memory a step peaks at), before the
+    // records are written: at --seq-len 2^31 their text alone filled the memory.
+    let topo = crate::parallel::Topology::of(0, d)?;
+    check_memory(&cfg, (d.dp, topo.seq_degree(), d.pp), d.world(), &opts)?;
+    let text_bytes = (records as f64) * (3.0 * seq_len as f64 + 20.0);
+    crate::train::memory::check_held(text_bytes, "the benchmark's random records (FASTA text)")?;
+    let dir = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
+    let fasta = dir.path().join("random.fa");
+    let mut rng = SplitMix64::new(7);
+    let mut text = String::with_capacity(records * (3 * seq_len + 20));
+    for r in 0..records {
+        text.push_str(&format!(">r{r}\n"));
+        text.extend((0..3 * seq_len).map(|_| b"ACGT"[rng.below(4) as usize] as char));
+        text.push('\n');
+    }
+    std::fs::File::create(&fasta)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| Error::io(&fasta, e))?;
+    let run = dir.path().join("run");
     train_grid(&cfg, &DataSource::Fasta(vec![fasta]), &run, &opts, d)?;
     let m = read_metrics(&run.join("metrics.jsonl"))?;
     let timed = &m[1..m.len() - 1];

@@ -121,6 +121,14 @@ pub fn check_sizes(which: &BenchCmd) -> anyhow::Result<()> {
             if *record_mb == 0 || *mb == 0 {
                 anyhow::bail!("--mb and --record-mb must each be at least 1");
             }
+            // Records are written whole: a record larger than the input wrote the record's
+            // size, not --mb's (--mb 1 --record-mb 1000 wrote a 1 GB file).
+            if record_mb > mb {
+                anyhow::bail!(
+                    "--record-mb {record_mb} is larger than --mb {mb}: the input is made of \
+                     whole records, so it would be {record_mb} MB; lower --record-mb or raise --mb"
+                );
+            }
             // A benchmark makes no directories of the user's (a mistyped path was created and
             // left behind): its scratch directory goes inside one that exists.
             if let Some(d) = dir.as_ref().filter(|d| !d.is_dir()) {

@@ -6,11 +6,12 @@ use std::time::Instant;
 use burn::tensor::Device;
 
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::infer::embed::{embed_tokens, Pool};
 use crate::infer::generate::{generate, GenerateOptions};
 use crate::model::GenSlm;
 use crate::rng::SplitMix64;
+use crate::train::memory::check_held;
 
 /// Embedding throughput.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +40,15 @@ pub fn embed(
     batch_size: usize,
 ) -> Result<EmbedBench> {
     let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
+    // Before the records are made: at 2^31 sequences or tokens they alone took all memory.
+    let forward = crate::infer::window::forward_bytes(&model, batch_size.min(sequences), seq_len);
+    check_held(
+        4.0 * sequences as f64 * seq_len as f64 + forward,
+        &format!(
+            "bench embed: --sequences {sequences} × --seq-len {seq_len} token ids and a forward \
+             pass of --batch-size {batch_size}"
+        ),
+    )?;
     let mut rng = SplitMix64::new(1);
     let recs: Vec<Vec<u32>> = (0..sequences)
         .map(|_| (0..seq_len).map(|_| 5 + rng.below(64) as u32).collect())
@@ -88,6 +98,18 @@ pub fn generation(
     use_cache: bool,
 ) -> Result<GenerateBench> {
     let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
+    if new_codons >= crate::config::MAX_TOKENS {
+        return Err(Error::Invalid(format!(
+            "--codons {new_codons}: must be below {} (the prompt's codon is counted too)",
+            crate::config::MAX_TOKENS
+        )));
+    }
+    // The KV cache of every sample, by the bench's own flags (generate's check names its own).
+    let kv = 8.0 * (cfg.num_layers * cfg.hidden_size) as f64 * samples as f64;
+    check_held(
+        kv * (new_codons as f64 + 2.0),
+        &format!("bench generate: the KV cache of --samples {samples} × --codons {new_codons}"),
+    )?;
     let opts = GenerateOptions {
         num: samples,
         max_codons: 1 + new_codons,
@@ -133,6 +155,17 @@ pub fn variants(
 ) -> Result<VariantsBench> {
     use crate::infer::variants::delta::{full_recomputation, prefix_reuse, window_start, Job};
     let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
+    // Every variant's REF and ALT windows are built before timing (9 per codon), and each
+    // pass holds a batch's forward.
+    let windows = 9.0 * codons as f64 * 2.0 * 4.0 * window as f64;
+    let forward = crate::infer::window::forward_bytes(&model, batch.max(1), window);
+    check_held(
+        windows + forward,
+        &format!(
+            "bench variants: 9 × --codons {codons} variants' windows of --window {window} and a \
+             forward pass of --batch-size {batch}"
+        ),
+    )?;
     let mut rng = SplitMix64::new(3);
     let n = 2 * window + codons;
     let cds: Vec<u32> = (0..n).map(|_| 5 + rng.below(64) as u32).collect();

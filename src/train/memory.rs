@@ -110,6 +110,20 @@ pub fn available_bytes() -> Option<f64> {
     Some(avail)
 }
 
+/// Refuses to build `bytes` of host data (`what` says which, naming the flags that size it)
+/// that the memory available here cannot hold: an allocation that fails aborts the process,
+/// and one the kernel grants lazily ends in the OOM killer. No bound where none can be read.
+pub fn check_held(bytes: f64, what: &str) -> Result<()> {
+    match available_bytes() {
+        Some(avail) if bytes > avail => Err(Error::Invalid(format!(
+            "{what} need about {:.1} GiB, more than the {:.1} GiB available here",
+            bytes / GIB,
+            avail / GIB
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Host bytes of one step's micro-batches, which the trainer reads before the step runs: per
 /// micro-batch, each sequence's tokens (u32) and mask (u8), the two vectors' headers and the
 /// allocator's share (measured: 10⁷ micro-batches of 2 × 64 codons took ~7 GB).
