@@ -87,9 +87,32 @@ fn model_config(input: &Path, config: Option<&Path>) -> Result<ModelConfig> {
     )))
 }
 
-/// The weight files of a model directory, in the order to read them.
+/// The weight files of a model directory, in the order to read them. A directory holding more
+/// than one set is read as transformers' `from_pretrained` reads it — `model.safetensors`,
+/// else the sharded index, else `pytorch_model.bin` — and the others are named in a note (the
+/// shards were read before a `model.safetensors` beside them, whose weights transformers
+/// would load, without a word).
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
+    let present: Vec<&str> = [
+        WEIGHTS_FILE,
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+    ]
+    .into_iter()
+    .filter(|n| dir.join(n).is_file())
+    .collect();
+    if present.len() > 1 {
+        eprintln!(
+            "note: {} holds {}; reading {} as transformers does, the others are not read",
+            dir.display(),
+            present.join(" and "),
+            present[0]
+        );
+    }
+    if dir.join(WEIGHTS_FILE).is_file() {
+        return Ok(vec![dir.join(WEIGHTS_FILE)]);
+    }
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Config {
@@ -118,7 +141,19 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
                     ),
                 });
             }
-            files.push(dir.join(name));
+            let shard = dir.join(name);
+            if !shard.is_file() {
+                return Err(Error::Config {
+                    file: index.clone(),
+                    msg: format!(
+                        "weight_map names the shard '{name}', and {} is {} (an incomplete \
+                         download?)",
+                        shard.display(),
+                        crate::error::not_a_file(&shard)
+                    ),
+                });
+            }
+            files.push(shard);
         }
         if files.is_empty() {
             return Err(Error::Config {
@@ -392,6 +427,11 @@ mod tests {
             let e = index(&format!("{{\"w\": \"{hostile}\"}}")).unwrap_err();
             assert!(e.contains("not a file beside the index"), "{hostile}: {e}");
         }
+        let e = index(r#"{"a": "m-1.safetensors"}"#).unwrap_err();
+        assert!(e.contains("names the shard 'm-1.safetensors'") && e.contains("missing"));
+        for f in ["m-1.safetensors", "m-2.safetensors"] {
+            std::fs::write(d.join(f), b"x").unwrap();
+        }
         let files =
             index(r#"{"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-2.safetensors"}"#)
                 .unwrap();
@@ -399,5 +439,14 @@ mod tests {
             files,
             [d.join("m-1.safetensors"), d.join("m-2.safetensors")]
         );
+        // With a single model.safetensors beside the index (and a pytorch_model.bin), that
+        // file is read, as transformers' from_pretrained reads it; the shards came first.
+        std::fs::write(d.join("pytorch_model.bin"), b"x").unwrap();
+        std::fs::write(d.join(WEIGHTS_FILE), b"x").unwrap();
+        assert_eq!(weight_files(d).unwrap(), [d.join(WEIGHTS_FILE)]);
+        std::fs::remove_file(d.join(WEIGHTS_FILE)).unwrap();
+        assert_eq!(weight_files(d).unwrap().len(), 2);
+        std::fs::remove_file(d.join("model.safetensors.index.json")).unwrap();
+        assert_eq!(weight_files(d).unwrap(), [d.join("pytorch_model.bin")]);
     }
 }
