@@ -90,6 +90,13 @@ fn manifest(dir: &Path) -> Result<Option<HashMap<String, String>>> {
     Ok(Some(listed))
 }
 
+/// The file names `dir`'s manifest lists (sorted); `None` without a readable manifest.
+pub fn listed_names(dir: &Path) -> Option<Vec<String>> {
+    let mut names: Vec<String> = manifest(dir).ok()??.into_keys().collect();
+    names.sort();
+    Some(names)
+}
+
 /// The entries of `dir` that are neither its manifest nor listed in it (sorted); `None` when
 /// `dir` has no readable manifest. A checkpoint genslm wrote has none: anything else in it
 /// is somebody else's, which pruning must not delete.

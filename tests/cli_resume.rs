@@ -168,6 +168,17 @@ fn a_flipped_byte_inside_a_tensor_is_refused() {
         }
         flip(file);
     }
+    // A rank's optimizer shard that is gone is named (it said only that a parameter's moments
+    // were not all there).
+    let shard = ckpt.join("optimizer-rank00000-of-00001.safetensors");
+    let kept = std::fs::read(&shard).unwrap();
+    std::fs::remove_file(&shard).unwrap();
+    let (ok, err) = resume();
+    assert!(
+        !ok && err.contains("optimizer-rank00000-of-00001.safetensors: missing, but checksums"),
+        "{err}"
+    );
+    std::fs::write(&shard, kept).unwrap();
     // Without the manifest the checkpoint is refused: it is plainly genslm's own (optimizer
     // shards), so deleting the manifest does not switch the check off.
     flip("model.safetensors");

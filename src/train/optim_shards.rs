@@ -180,6 +180,21 @@ impl MomentShards {
     /// `layout`. Their sha256 is not checked here (see [`TensorFile`]).
     pub fn open(dir: &Path, layout: &Layout) -> Result<Self> {
         let names = shard_files(dir)?;
+        // A shard the manifest lists but that is gone is named (the coverage check below
+        // could only say that some parameter's moments were missing).
+        if let Some(listed) = crate::checksum::listed_names(dir) {
+            if let Some(gone) = listed
+                .iter()
+                .find(|n| n.starts_with(SHARD_PREFIX) && !names.contains(n))
+            {
+                return Err(Error::Invalid(format!(
+                    "{}: missing, but {} lists it (an incomplete checkpoint: a rank's optimizer \
+                     state is lost); resume from an earlier checkpoint",
+                    dir.join(gone).display(),
+                    crate::checksum::MANIFEST_FILE
+                )));
+            }
+        }
         if names.is_empty() {
             return Err(Error::Invalid(format!(
                 "{}: no optimizer state ({SHARD_PREFIX}*.safetensors); cannot resume from it",
