@@ -269,7 +269,10 @@ impl DatasetReader {
             .key_value_metadata()
             .and_then(|kv| kv.iter().find(|k| k.key == VOCAB_KEY))
             .and_then(|k| k.value.clone())
-            .map(|v| v.parse::<VocabKind>())
+            .map(|v| {
+                v.parse::<VocabKind>()
+                    .map_err(|e| derr(format!("`{VOCAB_KEY}` metadata: {e}")))
+            })
             .transpose()?
             .ok_or_else(|| {
                 derr(format!(

@@ -92,9 +92,11 @@ impl Corpus {
         }
         let mut all = windows(&records, seq_len);
         if all.is_empty() {
-            return Err(Error::Invalid(
-                "no training samples: every record is shorter than 2 codons".into(),
-            ));
+            return Err(Error::Invalid(if records.is_empty() {
+                "no training samples: the data holds no records".into()
+            } else {
+                "no training samples: every record is shorter than 2 codons".into()
+            }));
         }
         SplitMix64::stream(seed, Domain::Split, 0).shuffle(&mut all);
         let mut n_val = (val_fraction * all.len() as f64).round() as usize;
@@ -175,6 +177,17 @@ impl Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No records at all is said so (it read "every record is shorter than 2 codons").
+    #[test]
+    fn no_samples_say_why() {
+        let e = Corpus::new(vec![], 8, 0, 0.0, 1).unwrap_err().to_string();
+        assert!(e.contains("holds no records"), "{e}");
+        let e = Corpus::new(vec![vec![5]], 8, 0, 0.0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shorter than 2 codons"), "{e}");
+    }
 
     #[test]
     fn windows_cover_records() {

@@ -85,7 +85,7 @@ pub fn train_grid(
             .name(format!("{RANK_THREAD_PREFIX}{rank}"))
             .spawn(move || {
                 let r = run_rank_guarded(&ranks, || train_rank(&cfg, &corpus, &run, &opts, &ranks));
-                let _ = tx.send(r);
+                let _ = tx.send((rank, r));
             });
         if let Err(e) = spawned {
             // The ranks already running stop at their next collective.
@@ -109,15 +109,15 @@ pub const RANK_THREAD_PREFIX: &str = "genslm-rank-";
 /// is left behind: the run's error is returned and the process can exit, instead of waiting
 /// forever to join it.
 fn collect_rank_results(
-    rx: &std::sync::mpsc::Receiver<Result<TrainSummary>>,
+    rx: &std::sync::mpsc::Receiver<(usize, Result<TrainSummary>)>,
     n: usize,
     timeout: Duration,
 ) -> Result<TrainSummary> {
     use std::sync::mpsc::RecvTimeoutError;
     const GRACE: Duration = Duration::from_secs(5);
-    let mut results = Vec::with_capacity(n);
+    let mut results: Vec<(usize, Result<TrainSummary>)> = Vec::with_capacity(n);
     while results.len() < n {
-        let failed = results.iter().any(|r: &Result<TrainSummary>| r.is_err());
+        let failed = results.iter().any(|(_, r)| r.is_err());
         // A healthy run reports when it is done; a frozen rank makes its peers fail within
         // the rank timeout, which ends this wait through their results.
         let wait = if failed { GRACE } else { timeout + GRACE };
@@ -127,8 +127,11 @@ fn collect_rank_results(
             Err(_) => break,
         }
     }
-    if results.len() < n && results.iter().all(|r| r.is_ok()) {
-        results.push(Err(Error::Invalid("a rank thread never finished".into())));
+    if results.len() < n && results.iter().all(|(_, r)| r.is_ok()) {
+        results.push((
+            n,
+            Err(Error::Invalid("a rank thread never finished".into())),
+        ));
     }
     first_error_or_root(results)
 }
@@ -183,13 +186,46 @@ pub fn run_rank_guarded<T>(ranks: &Ranks, f: impl FnOnce() -> Result<T>) -> Resu
 
 /// The root cause among the ranks' results: the first error that is not another rank's
 /// "stopping" echo, else rank 0's result.
-fn first_error_or_root(mut results: Vec<Result<TrainSummary>>) -> Result<TrainSummary> {
+fn first_error_or_root(mut results: Vec<(usize, Result<TrainSummary>)>) -> Result<TrainSummary> {
     let cause = results
         .iter()
-        .position(|r| matches!(r, Err(e) if !e.to_string().contains("stopping:")));
-    let any = results.iter().position(|r| r.is_err());
-    match cause.or(any) {
-        Some(i) => results.swap_remove(i),
-        None => results.swap_remove(0),
+        .position(|(_, r)| matches!(r, Err(e) if !e.to_string().contains("stopping:")));
+    let any = results.iter().position(|(_, r)| r.is_err());
+    // Without an error, rank 0's summary: it alone writes the checkpoints, so only its names
+    // the last one (the first rank to finish, whichever it was, was reported before).
+    let root = results.iter().position(|(rank, _)| *rank == 0);
+    match cause.or(any).or(root) {
+        Some(i) => results.swap_remove(i).1,
+        None => results.swap_remove(0).1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    /// Without an error the summary is rank 0's, whatever order the ranks finished in: only
+    /// it names the last checkpoint (the first to finish was reported, so `train --tp 2`
+    /// sometimes printed no "checkpoint" line). With errors, the cause before the echoes.
+    #[test]
+    fn the_summary_is_rank_zeros_and_the_error_is_the_cause() {
+        let done = |ckpt: Option<&str>| {
+            Ok(TrainSummary {
+                last_checkpoint: ckpt.map(PathBuf::from),
+                ..Default::default()
+            })
+        };
+        let s = first_error_or_root(vec![(1, done(None)), (0, done(Some("step-4")))]).unwrap();
+        assert_eq!(s.last_checkpoint, Some(PathBuf::from("step-4")));
+        let err = |m: &str| Err(Error::Invalid(m.into()));
+        let e = first_error_or_root(vec![
+            (0, err("stopping: rank 1 failed")),
+            (1, err("rank 1: out of memory")),
+            (2, done(None)),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("out of memory"), "{e}");
     }
 }
