@@ -105,9 +105,11 @@ pub fn check_replaceable(target: &Path) -> Result<()> {
 impl AtomicFile {
     /// Creates `.NAME.tmp-PID` in the target's directory and returns it with its handle.
     pub fn create(target: &Path) -> Result<(Self, File)> {
+        // A run's own file first: its message says whose it is (a checkpoint's manifest is
+        // also an input of a command that loads that checkpoint).
+        crate::run_lock::check_not_a_runs_file(target)?;
         check_not_input(target)?;
         check_replaceable(target)?;
-        crate::run_lock::check_not_a_runs_file(target)?;
         let dir = crate::run_lock::parent_dir(target).to_path_buf();
         if !dir.is_dir() {
             return Err(Error::Invalid(format!(

@@ -213,3 +213,45 @@ fn bad_embed_flags_are_clear_errors() {
     }
     assert!(!std::path::Path::new(&out).exists());
 }
+
+/// A record of only N is embedded, as before, but said to be vectors of [UNK] states (score
+/// leaves the same record unscored with a note; embed gave a normal-looking vector silently).
+#[test]
+fn records_of_only_unknown_codons_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = "N".repeat(30);
+    let fa = write(
+        dir.path(),
+        "n.fa",
+        format!(">known\n{SEQ}\n>unknown\n{n}\n").as_bytes(),
+    );
+    let out = dir.path().join("e.parquet");
+    let model = arg(trained_tiny());
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &arg(&fa),
+        "--out",
+        &arg(&out),
+        "--quiet",
+    ]);
+    assert!(
+        ok && err.contains("warning: 1 record(s) hold no A/C/G/T codon"),
+        "{err}"
+    );
+    assert_eq!(read(&out).num_rows(), 2);
+    let fa = write(dir.path(), "k.fa", format!(">known\n{SEQ}\n").as_bytes());
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &arg(&fa),
+        "--out",
+        &arg(&out),
+        "--quiet",
+    ]);
+    assert!(ok && !err.contains("A/C/G/T"), "{err}");
+}

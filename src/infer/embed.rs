@@ -257,6 +257,10 @@ struct Pipeline<'a> {
     pending_tokens: usize,
     tokens: u64,
     bar: indicatif::ProgressBar,
+    /// The tokenizer's [UNK] and its [BOS]/[EOS] (not codons), and how many records held
+    /// codons but no A/C/G/T one (all N): their vectors are of [UNK] states, said at the end.
+    unk: (u32, [Option<u32>; 2]),
+    unknown: usize,
 }
 
 impl Pipeline<'_> {
@@ -266,6 +270,11 @@ impl Pipeline<'_> {
                 "record '{}' ({}): no tokens to embed",
                 p.id, p.source
             )));
+        }
+        let (unk, specials) = self.unk;
+        let mut codons = p.tokens.iter().filter(|&&t| !specials.contains(&Some(t)));
+        if codons.clone().next().is_some() && codons.all(|&t| t == unk) {
+            self.unknown += 1;
         }
         let w = self.window.unwrap_or(p.tokens.len());
         self.pending_windows += p.tokens.len().div_ceil(w);
@@ -458,6 +467,8 @@ pub fn embed_to_parquet(
         pending_windows: 0,
         pending_tokens: 0,
         tokens: 0,
+        unk: (tok.unk_id(), [tok.bos_id(), tok.eos_id()]),
+        unknown: 0,
         bar: match dataset.as_ref() {
             Some(d) => crate::progress::bar(
                 opts.progress,
@@ -524,6 +535,15 @@ pub fn embed_to_parquet(
         }
     }
     pipe.flush()?;
+    if pipe.unknown > 0 {
+        // As score says for the same records (which it leaves unscored): a vector of [UNK]
+        // states is the model's answer to "nothing known", not to the sequence.
+        eprintln!(
+            "warning: {} record(s) hold no A/C/G/T codon (only N or other symbols): their \
+             vectors are the model's states for [UNK] tokens, not for a sequence",
+            pipe.unknown
+        );
+    }
     let rows = pipe.writer.rows();
     if rows == 0 {
         return Err(Error::Invalid(format!(
