@@ -255,3 +255,43 @@ fn records_of_only_unknown_codons_are_named() {
     ]);
     assert!(ok && !err.contains("A/C/G/T"), "{err}");
 }
+
+/// A dataset row with no codon (tokenize --drop-partial-codon of a 1-base record) is left out
+/// with a warning naming it, instead of stopping the whole run ("no tokens to embed").
+#[test]
+fn a_record_of_no_codon_is_left_out_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = write(
+        dir.path(),
+        "a.fa",
+        format!(">known\n{SEQ}\n>tiny\nA\n").as_bytes(),
+    );
+    let data = dir.path().join("d.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        &arg(&fa),
+        "--out",
+        &arg(&data),
+        "--drop-partial-codon",
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    let out = dir.path().join("e.parquet");
+    let model = arg(trained_tiny());
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--data",
+        &arg(&data),
+        "--out",
+        &arg(&out),
+        "--quiet",
+    ]);
+    assert!(
+        ok && err.contains("1 record(s) hold no codon") && err.contains("'tiny'"),
+        "{err}"
+    );
+    assert_eq!(read(&out).num_rows(), 1);
+}

@@ -261,15 +261,18 @@ struct Pipeline<'a> {
     /// codons but no A/C/G/T one (all N): their vectors are of [UNK] states, said at the end.
     unk: (u32, [Option<u32>; 2]),
     unknown: usize,
+    /// Records with no token at all, left out (id and source).
+    empty: Vec<String>,
 }
 
 impl Pipeline<'_> {
     fn push(&mut self, p: TokenizedRecord) -> Result<()> {
         if p.tokens.is_empty() {
-            return Err(Error::Invalid(format!(
-                "record '{}' ({}): no tokens to embed",
-                p.id, p.source
-            )));
+            // A dataset row of no codon (tokenize --drop-partial-codon of a record under 3
+            // bases) has no vector: left out and named at the end, as score gives such a
+            // record NA, instead of stopping the whole run.
+            self.empty.push(format!("'{}' ({})", p.id, p.source));
+            return Ok(());
         }
         let (unk, specials) = self.unk;
         let mut codons = p.tokens.iter().filter(|&&t| !specials.contains(&Some(t)));
@@ -469,6 +472,7 @@ pub fn embed_to_parquet(
         tokens: 0,
         unk: (tok.unk_id(), [tok.bos_id(), tok.eos_id()]),
         unknown: 0,
+        empty: Vec::new(),
         bar: match dataset.as_ref() {
             Some(d) => crate::progress::bar(
                 opts.progress,
@@ -542,6 +546,16 @@ pub fn embed_to_parquet(
             "warning: {} record(s) hold no A/C/G/T codon (only N or other symbols): their \
              vectors are the model's states for [UNK] tokens, not for a sequence",
             pipe.unknown
+        );
+    }
+    if !pipe.empty.is_empty() {
+        let shown: Vec<&str> = pipe.empty.iter().take(5).map(String::as_str).collect();
+        eprintln!(
+            "warning: {} record(s) hold no codon (shorter than 3 bases, tokenized with \
+             --drop-partial-codon): no row written for {}{}",
+            pipe.empty.len(),
+            shown.join(", "),
+            if pipe.empty.len() > 5 { ", …" } else { "" }
         );
     }
     let rows = pipe.writer.rows();
