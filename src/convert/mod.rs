@@ -87,12 +87,15 @@ fn model_config(input: &Path, config: Option<&Path>) -> Result<ModelConfig> {
     )))
 }
 
-/// The weight files of a model directory, in the order to read them. A directory holding more
-/// than one set is read as transformers' `from_pretrained` reads it — `model.safetensors`,
-/// else the sharded index, else `pytorch_model.bin` — and the others are named in a note (the
-/// shards were read before a `model.safetensors` beside them, whose weights transformers
-/// would load, without a word).
-fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+/// Tensor key → shard file name, as a sharded index's `weight_map` gives it.
+type WeightMap = HashMap<String, String>;
+
+/// The weight files of a model directory, in the order to read them, with the index's
+/// `weight_map` when the shards are read. A directory holding more than one set is read as
+/// transformers' `from_pretrained` reads it — `model.safetensors`, else the sharded index,
+/// else `pytorch_model.bin` — and the others are named in a note (the shards were read before
+/// a `model.safetensors` beside them, whose weights transformers would load, without a word).
+fn weight_sources(dir: &Path) -> Result<(Vec<PathBuf>, Option<WeightMap>)> {
     let index = dir.join("model.safetensors.index.json");
     let present: Vec<&str> = [
         WEIGHTS_FILE,
@@ -111,7 +114,7 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         );
     }
     if dir.join(WEIGHTS_FILE).is_file() {
-        return Ok(vec![dir.join(WEIGHTS_FILE)]);
+        return Ok((vec![dir.join(WEIGHTS_FILE)], None));
     }
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
@@ -162,17 +165,63 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
             });
         }
         files.sort();
-        return Ok(files);
+        let weight_map = map
+            .iter()
+            .filter_map(|(k, f)| Some((k.clone(), f.as_str()?.to_string())))
+            .collect();
+        return Ok((files, Some(weight_map)));
     }
     for name in [WEIGHTS_FILE, "pytorch_model.bin"] {
         if dir.join(name).is_file() {
-            return Ok(vec![dir.join(name)]);
+            return Ok((vec![dir.join(name)], None));
         }
     }
     Err(Error::Invalid(format!(
         "{}: holds no {WEIGHTS_FILE}, model.safetensors.index.json or pytorch_model.bin",
         dir.display()
     )))
+}
+
+/// Refuses a sharded index whose `weight_map` does not describe the shards: a tensor it puts
+/// in another shard than the one holding it, or one it lists that no shard holds (the weights
+/// read were right, but an index that disagrees with its shards is a broken download or an
+/// edited file, and transformers would fail on it).
+fn check_weight_map(
+    dir: &Path,
+    map: &WeightMap,
+    read_from: &HashMap<String, String>,
+) -> Result<()> {
+    let index = dir.join("model.safetensors.index.json");
+    let bad = |msg: String| Error::Config {
+        file: index.clone(),
+        msg,
+    };
+    for (key, file) in map {
+        let name = hf_name(key);
+        if is_buffer(name) {
+            continue;
+        }
+        match read_from.get(name) {
+            None => {
+                return Err(bad(format!(
+                    "weight_map lists '{key}' in {file}, and no shard holds it"
+                )))
+            }
+            Some(held) if held != file => {
+                return Err(bad(format!(
+                    "weight_map puts '{key}' in {file}, but {held} holds it"
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    let listed: HashSet<&str> = map.keys().map(|k| hf_name(k)).collect();
+    if let Some((name, held)) = read_from.iter().find(|(n, _)| !listed.contains(n.as_str())) {
+        return Err(bad(format!(
+            "weight_map does not list '{name}', which {held} holds"
+        )));
+    }
+    Ok(())
 }
 
 /// Reads every tensor of `file` that the model needs (HF names), checking each shape against
@@ -328,17 +377,28 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
     }
     let cfg = model_config(input, config)?;
     let layout = Layout::new(&cfg);
-    let files = if input.is_dir() {
-        weight_files(input)?
+    let (files, weight_map) = if input.is_dir() {
+        weight_sources(input)?
     } else {
-        vec![input.to_path_buf()]
+        (vec![input.to_path_buf()], None)
     };
     let mut tensors = HashMap::new();
     let (mut format, mut dropped) = ("", 0);
+    // Our name → the file it was read from, for the index's cross-check.
+    let mut read_from: HashMap<String, String> = HashMap::new();
     for f in &files {
         let (fmt, d) = read_weights(f, &layout, &mut tensors)?;
         format = fmt;
         dropped += d;
+        let name = f.file_name().map(|n| n.to_string_lossy().into_owned());
+        for k in tensors.keys() {
+            read_from
+                .entry(k.clone())
+                .or_insert_with(|| name.clone().unwrap_or_default());
+        }
+    }
+    if let Some(map) = &weight_map {
+        check_weight_map(input, map, &read_from)?;
     }
     let count = tensors.len();
     let values = from_hf_tensors(&layout, &mut tensors, &files[0])?;
@@ -412,6 +472,53 @@ mod tests {
         assert!(not_weights(&[0x80, 0x01, 0, 0, 0, 0, 0, 0, b'[']).contains("neither"));
     }
 
+    /// The index must say where each tensor is: one in another shard than the index puts it,
+    /// one the index lists that no shard holds, and one a shard holds that the index omits are
+    /// refused by name; buffers (`rotary_emb.inv_freq`) it may list freely.
+    #[test]
+    fn the_weight_map_must_match_the_shards() {
+        let dir = Path::new("hf");
+        let map = |pairs: &[(&str, &str)]| -> WeightMap {
+            pairs
+                .iter()
+                .map(|(k, f)| (k.to_string(), f.to_string()))
+                .collect()
+        };
+        let read: HashMap<String, String> = [
+            ("gpt_neox.embed_in.weight", "a.safetensors"),
+            ("embed_out.weight", "b.safetensors"),
+        ]
+        .iter()
+        .map(|(k, f)| (k.to_string(), f.to_string()))
+        .collect();
+        let good = [
+            ("gpt_neox.embed_in.weight", "a.safetensors"),
+            ("embed_out.weight", "b.safetensors"),
+            (
+                "gpt_neox.layers.0.attention.rotary_emb.inv_freq",
+                "a.safetensors",
+            ),
+        ];
+        check_weight_map(dir, &map(&good), &read).unwrap();
+        let e = |m: WeightMap| check_weight_map(dir, &m, &read).unwrap_err().to_string();
+        let moved = e(map(&[good[0], ("embed_out.weight", "a.safetensors")]));
+        assert!(
+            moved.contains("puts 'embed_out.weight' in a.safetensors, but b"),
+            "{moved}"
+        );
+        let bogus = e(map(&[
+            good[0],
+            good[1],
+            ("gpt_neox.bogus.weight", "a.safetensors"),
+        ]));
+        assert!(bogus.contains("'gpt_neox.bogus.weight' in a.safetensors, and no shard"));
+        let omitted = e(map(&[good[0]]));
+        assert!(
+            omitted.contains("does not list 'embed_out.weight'"),
+            "{omitted}"
+        );
+    }
+
     #[test]
     fn an_index_names_only_files_beside_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -419,7 +526,7 @@ mod tests {
         let index = |map: &str| {
             let text = format!("{{\"weight_map\": {map}}}");
             std::fs::write(d.join("model.safetensors.index.json"), text).unwrap();
-            weight_files(d).map_err(|e| e.to_string())
+            weight_sources(d).map(|w| w.0).map_err(|e| e.to_string())
         };
         let e = index("{}").unwrap_err();
         assert!(e.contains("lists no weight files"), "{e}");
@@ -443,10 +550,16 @@ mod tests {
         // file is read, as transformers' from_pretrained reads it; the shards came first.
         std::fs::write(d.join("pytorch_model.bin"), b"x").unwrap();
         std::fs::write(d.join(WEIGHTS_FILE), b"x").unwrap();
-        assert_eq!(weight_files(d).unwrap(), [d.join(WEIGHTS_FILE)]);
+        assert_eq!(
+            weight_sources(d).map(|w| w.0).unwrap(),
+            [d.join(WEIGHTS_FILE)]
+        );
         std::fs::remove_file(d.join(WEIGHTS_FILE)).unwrap();
-        assert_eq!(weight_files(d).unwrap().len(), 2);
+        assert_eq!(weight_sources(d).map(|w| w.0).unwrap().len(), 2);
         std::fs::remove_file(d.join("model.safetensors.index.json")).unwrap();
-        assert_eq!(weight_files(d).unwrap(), [d.join("pytorch_model.bin")]);
+        assert_eq!(
+            weight_sources(d).map(|w| w.0).unwrap(),
+            [d.join("pytorch_model.bin")]
+        );
     }
 }
