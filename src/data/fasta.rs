@@ -308,19 +308,30 @@ pub fn read_raw(
             Some((id, rest)) => (id, rest.trim()),
             None => (header, ""),
         };
-        if id.is_empty() {
-            // Every output (the dataset, score's and embed's rows, variants' CHROM) is keyed by
-            // the id; a record without one could not be told apart from another.
+        // Every output (the dataset, score's and embed's rows, variants' CHROM) is keyed by
+        // the id; a record without one could not be told apart from another, and one holding
+        // control characters (NUL, a terminal's escape sequences) was written raw into TSV
+        // rows and printed to terminals.
+        let control = id.chars().find(|c| c.is_control());
+        if id.is_empty() || control.is_some() {
             let line = rec.start_line_number();
             let after = if last_id.is_empty() {
                 String::new()
             } else {
                 format!(", after record '{last_id}',")
             };
-            let err = file_err(format!(
-                "the record at line {line}{after} has an empty header (no id after '>'); \
-                 give it a name"
-            ));
+            let err = file_err(match control {
+                None => format!(
+                    "the record at line {line}{after} has an empty header (no id after '>'); \
+                     give it a name"
+                ),
+                Some(c) => format!(
+                    "the record at line {line}{after} has a control character ({}) in its id \
+                     '{}'; ids are written into tables and printed, so rename it",
+                    c.escape_unicode(),
+                    id.escape_debug()
+                ),
+            });
             match on_invalid {
                 OnInvalid::Error => return Err(err),
                 OnInvalid::Skip => {
@@ -511,6 +522,15 @@ mod tests {
     fn a_record_without_an_id_is_invalid() {
         let e = problem(b">\nACGT\n");
         assert!(e.contains("line 1 has an empty header"), "{e}");
+        // Control characters in an id: refused, and named without being printed raw.
+        let e = problem(b">a\x1b[31mred\nACGT\n");
+        assert!(
+            e.contains("a control character (\\u{1b}) in its id 'a\\u{1b}[31mred'"),
+            "{e}"
+        );
+        assert!(!e.contains('\x1b'), "{e}");
+        let e = problem(b">nul\x00id\nACGT\n");
+        assert!(e.contains("control character (\\u{0})"), "{e}");
         let e = problem(b">a\nACGT\n>  \t\nACGT\n");
         assert!(
             e.contains("line 3, after record 'a', has an empty header"),
