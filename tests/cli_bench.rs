@@ -354,5 +354,7 @@ fn benchmarks_past_the_memory_are_refused_by_flag() {
         let (ok, out, err) = run(&a);
         assert!(!ok && err.contains(says), "{a:?}: {out}{err}");
         assert!(!err.contains("panicked"), "{a:?}: {err}");
+        // train's way past its memory check is no flag of bench's.
+        assert!(!err.contains("--skip-memory-check"), "{a:?}: {err}");
     }
 }

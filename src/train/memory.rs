@@ -153,6 +153,10 @@ pub fn check_step_batches(cfg: &Config, in_process: usize, available: f64) -> Re
     )))
 }
 
+/// The end of [`check_fits`]'s message: train's way past the check (benchmarks have none and
+/// leave it out).
+pub const SKIP_HINT: &str = ", or pass --skip-memory-check if you know better";
+
 /// Refuses a run whose predicted peak exceeds `available` bytes, naming both and the longest
 /// `--seq-len` that fits.
 pub fn check_fits(
@@ -168,8 +172,7 @@ pub fn check_fits(
     };
     Err(Error::Invalid(format!(
         "--seq-len {}: the predicted peak memory is {:.1} GiB, but this machine has {:.1} GiB \
-         available; {fits} (or use more ranks, --checkpoint-activations, or pass \
-         --skip-memory-check if you know better)",
+         available; {fits} (or use more ranks, --checkpoint-activations{SKIP_HINT})",
         cfg.train.seq_len,
         need / GIB,
         available / GIB
