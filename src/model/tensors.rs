@@ -1,6 +1,6 @@
 //! Named f32 tensors to and from safetensors files (atomic writes, checked reads).
 //!
-//! Reads accept F32, F16 and BF16 (GenSLM's published weights are half precision) and always
+//! Reads accept F32, F16, BF16 and F64 (GenSLM's published weights are half precision) and always
 //! return f32. Every failure names the file and, where there is one, the tensor.
 
 use std::collections::HashMap;
@@ -146,17 +146,27 @@ fn decode(path: &Path, name: &str, dtype: Dtype, raw: &[u8]) -> Result<Vec<f32>>
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
+        // As convert reads F64 from torch.save files (safetensors refused the same weights).
+        Dtype::F64 => raw
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
+            .collect(),
         other => {
             return Err(Error::Invalid(format!(
-                "{}: tensor {name} has dtype {other:?}; genslm reads F32, F16 and BF16",
+                "{}: tensor {name} has dtype {other:?}; genslm reads F32, F16, BF16 and F64",
                 path.display()
             )))
         }
     };
     if data.iter().any(|v| !v.is_finite()) {
         return Err(Error::Invalid(format!(
-            "{}: corrupt checkpoint: tensor {name} holds NaN or infinite values",
-            path.display()
+            "{}: corrupt checkpoint: tensor {name} holds NaN or infinite values{}",
+            path.display(),
+            if dtype == Dtype::F64 {
+                " (or F64 values beyond f32's range)"
+            } else {
+                ""
+            }
         )));
     }
     Ok(data)
@@ -265,6 +275,24 @@ mod tests {
             e.contains("corrupt checkpoint") && e.contains("t.safetensors"),
             "{e}"
         );
+        // F64 (numpy's default, which some exporters keep) is read as f32, as convert reads
+        // it from torch.save files; a value past f32's range is refused.
+        let f64_file = |values: &[f64]| {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let view = safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F64,
+                vec![values.len()],
+                &bytes,
+            )
+            .unwrap();
+            safetensors::serialize_to_file([("w", view)], None, &p).unwrap();
+        };
+        f64_file(&[0.25, -1.5e-3, 3.0]);
+        let (back, _) = read_safetensors(&p).unwrap();
+        assert_eq!(back["w"].data, [0.25f32, -1.5e-3, 3.0]);
+        f64_file(&[1e300]);
+        let e = read_safetensors(&p).unwrap_err().to_string();
+        assert!(e.contains("beyond f32's range"), "{e}");
         std::fs::write(&p, b"garbage").unwrap();
         assert!(read_safetensors(&p)
             .unwrap_err()
