@@ -226,34 +226,31 @@ fn records_of_only_unknown_codons_are_named() {
         format!(">known\n{SEQ}\n>unknown\n{n}\n").as_bytes(),
     );
     let out = dir.path().join("e.parquet");
-    let model = arg(trained_tiny());
-    let (ok, _, err) = run(&[
-        "embed",
-        "--model",
-        &model,
-        "--fasta",
-        &arg(&fa),
-        "--out",
-        &arg(&out),
-        "--quiet",
-    ]);
+    let (ok, err) = embed_quietly("--fasta", &fa, &out);
     assert!(
         ok && err.contains("warning: 1 record(s) hold no A/C/G/T codon"),
         "{err}"
     );
     assert_eq!(read(&out).num_rows(), 2);
     let fa = write(dir.path(), "k.fa", format!(">known\n{SEQ}\n").as_bytes());
+    let (ok, err) = embed_quietly("--fasta", &fa, &out);
+    assert!(ok && !err.contains("A/C/G/T"), "{err}");
+}
+
+/// `embed --quiet` of the trained tiny model on `input` (given by `flag`) into `out`.
+fn embed_quietly(flag: &str, input: &std::path::Path, out: &std::path::Path) -> (bool, String) {
+    let model = arg(trained_tiny());
     let (ok, _, err) = run(&[
         "embed",
         "--model",
         &model,
-        "--fasta",
-        &arg(&fa),
+        flag,
+        &arg(input),
         "--out",
-        &arg(&out),
+        &arg(out),
         "--quiet",
     ]);
-    assert!(ok && !err.contains("A/C/G/T"), "{err}");
+    (ok, err)
 }
 
 /// A dataset row with no codon (tokenize --drop-partial-codon of a 1-base record) is left out
@@ -278,17 +275,7 @@ fn a_record_of_no_codon_is_left_out_by_name() {
     ]);
     assert!(ok, "{err}");
     let out = dir.path().join("e.parquet");
-    let model = arg(trained_tiny());
-    let (ok, _, err) = run(&[
-        "embed",
-        "--model",
-        &model,
-        "--data",
-        &arg(&data),
-        "--out",
-        &arg(&out),
-        "--quiet",
-    ]);
+    let (ok, err) = embed_quietly("--data", &data, &out);
     assert!(
         ok && err.contains("1 record(s) hold no codon") && err.contains("'tiny'"),
         "{err}"
