@@ -87,6 +87,9 @@ fn model_config(input: &Path, config: Option<&Path>) -> Result<ModelConfig> {
     )))
 }
 
+/// A sharded checkpoint's index (transformers' name).
+const INDEX_FILE: &str = "model.safetensors.index.json";
+
 /// Tensor key → shard file name, as a sharded index's `weight_map` gives it.
 type WeightMap = HashMap<String, String>;
 
@@ -96,15 +99,11 @@ type WeightMap = HashMap<String, String>;
 /// else `pytorch_model.bin` — and the others are named in a note (the shards were read before
 /// a `model.safetensors` beside them, whose weights transformers would load, without a word).
 fn weight_sources(dir: &Path) -> Result<(Vec<PathBuf>, Option<WeightMap>)> {
-    let index = dir.join("model.safetensors.index.json");
-    let present: Vec<&str> = [
-        WEIGHTS_FILE,
-        "model.safetensors.index.json",
-        "pytorch_model.bin",
-    ]
-    .into_iter()
-    .filter(|n| dir.join(n).is_file())
-    .collect();
+    let index = dir.join(INDEX_FILE);
+    let present: Vec<&str> = [WEIGHTS_FILE, INDEX_FILE, "pytorch_model.bin"]
+        .into_iter()
+        .filter(|n| dir.join(n).is_file())
+        .collect();
     if present.len() > 1 {
         eprintln!(
             "note: {} holds {}; reading {} as transformers does, the others are not read",
@@ -171,10 +170,8 @@ fn weight_sources(dir: &Path) -> Result<(Vec<PathBuf>, Option<WeightMap>)> {
             .collect();
         return Ok((files, Some(weight_map)));
     }
-    for name in [WEIGHTS_FILE, "pytorch_model.bin"] {
-        if dir.join(name).is_file() {
-            return Ok((vec![dir.join(name)], None));
-        }
+    if dir.join("pytorch_model.bin").is_file() {
+        return Ok((vec![dir.join("pytorch_model.bin")], None));
     }
     Err(Error::Invalid(format!(
         "{}: holds no {WEIGHTS_FILE}, model.safetensors.index.json or pytorch_model.bin",
@@ -191,7 +188,7 @@ fn check_weight_map(
     map: &WeightMap,
     read_from: &HashMap<String, String>,
 ) -> Result<()> {
-    let index = dir.join("model.safetensors.index.json");
+    let index = dir.join(INDEX_FILE);
     let bad = |msg: String| Error::Config {
         file: index.clone(),
         msg,
@@ -390,11 +387,11 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
         let (fmt, d) = read_weights(f, &layout, &mut tensors)?;
         format = fmt;
         dropped += d;
-        let name = f.file_name().map(|n| n.to_string_lossy().into_owned());
+        let name = f.file_name().unwrap_or_default().to_string_lossy();
         for k in tensors.keys() {
             read_from
                 .entry(k.clone())
-                .or_insert_with(|| name.clone().unwrap_or_default());
+                .or_insert_with(|| name.to_string());
         }
     }
     if let Some(map) = &weight_map {

@@ -333,7 +333,10 @@ impl DatasetReader {
         // genslm writes no nulls: one read as its slot's value would be a made-up token,
         // length or digest (a null token id was read as whatever the slot held).
         for f in want.fields() {
-            if let Some(col) = batch.column_by_name(f.name()) {
+            if let Some(col) = batch
+                .column_by_name(f.name())
+                .filter(|c| c.null_count() > 0)
+            {
                 if let Some(row) = (0..col.len()).find(|&r| col.is_null(r)) {
                     return Err(derr(format!(
                         "row {}: column `{}` is null; genslm writes a value in every row",
@@ -361,7 +364,9 @@ impl DatasetReader {
                 .as_any()
                 .downcast_ref::<Int32Array>()
                 .ok_or_else(|| bad("tokens"))?;
-            if let Some(k) = (0..t.len()).find(|&k| t.is_null(k)) {
+            // Counted first: the scan runs only for a list that holds a null.
+            let null = (t.null_count() > 0).then(|| (0..t.len()).find(|&k| t.is_null(k)));
+            if let Some(k) = null.flatten() {
                 return Err(derr(format!(
                     "row {}: token {k} of column `tokens` is null; genslm writes an id in every \
                      place",

@@ -97,7 +97,6 @@ pub fn generation(
     samples: usize,
     use_cache: bool,
 ) -> Result<GenerateBench> {
-    let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
     if new_codons >= crate::config::MAX_TOKENS {
         return Err(Error::Invalid(format!(
             "--codons {new_codons}: must be below {} (the prompt's codon is counted too)",
@@ -110,6 +109,7 @@ pub fn generation(
         kv * (new_codons as f64 + 2.0),
         &format!("bench generate: the KV cache of --samples {samples} × --codons {new_codons}"),
     )?;
+    let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
     let opts = GenerateOptions {
         num: samples,
         max_codons: 1 + new_codons,

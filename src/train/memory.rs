@@ -153,17 +153,26 @@ pub fn check_step_batches(cfg: &Config, in_process: usize, available: f64) -> Re
     )))
 }
 
-/// The end of [`check_fits`]'s message: train's way past the check (benchmarks have none and
-/// leave it out).
-pub const SKIP_HINT: &str = ", or pass --skip-memory-check if you know better";
-
 /// Refuses a run whose predicted peak exceeds `available` bytes, naming both and the longest
 /// `--seq-len` that fits.
 pub fn check_fits(
     cfg: &Config,
+    degrees: (usize, usize, usize),
+    in_process: usize,
+    available: f64,
+) -> Result<()> {
+    let skip = ", or pass --skip-memory-check if you know better";
+    check_fits_or(cfg, degrees, in_process, available, skip)
+}
+
+/// [`check_fits`] whose advice ends with `more` (train's `--skip-memory-check`; benchmarks,
+/// which have no such flag, give none).
+pub fn check_fits_or(
+    cfg: &Config,
     (dp, sp, pp): (usize, usize, usize),
     in_process: usize,
     available: f64,
+    more: &str,
 ) -> Result<()> {
     let peak = |len: usize| predicted_peak(cfg, (dp, sp, pp), in_process, len);
     let (need, fits) = match over_budget(cfg.train.seq_len, sp, peak, available) {
@@ -172,7 +181,7 @@ pub fn check_fits(
     };
     Err(Error::Invalid(format!(
         "--seq-len {}: the predicted peak memory is {:.1} GiB, but this machine has {:.1} GiB \
-         available; {fits} (or use more ranks, --checkpoint-activations{SKIP_HINT})",
+         available; {fits} (or use more ranks, --checkpoint-activations{more})",
         cfg.train.seq_len,
         need / GIB,
         available / GIB

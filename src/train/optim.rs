@@ -24,6 +24,18 @@ pub struct AdamWConfig {
     pub weight_decay: f64,
 }
 
+impl AdamWConfig {
+    /// The optimizer settings of a run's `[train]` section.
+    pub fn of(t: &crate::config::TrainConfig) -> Self {
+        Self {
+            beta1: t.beta1,
+            beta2: t.beta2,
+            eps: t.eps,
+            weight_decay: t.weight_decay,
+        }
+    }
+}
+
 impl Default for AdamWConfig {
     fn default() -> Self {
         Self {

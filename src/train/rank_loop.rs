@@ -238,12 +238,7 @@ fn starting_point(
     ranks: &Ranks,
 ) -> Result<(ParamSource, ModelConfig, TrainerState)> {
     let t = &cfg.train;
-    let adamw = AdamWConfig {
-        beta1: t.beta1,
-        beta2: t.beta2,
-        eps: t.eps,
-        weight_decay: t.weight_decay,
-    };
+    let adamw = AdamWConfig::of(t);
     if !opts.resume {
         let state = TrainerState {
             step: 0,

@@ -143,27 +143,18 @@ fn check_saved_settings(s: &TrainerState, dir: &Path) -> Result<()> {
     if let Err(why) = s.train.validate() {
         return bad(format!("saved `train` settings: {why} (edited?)"));
     }
-    let a = &s.adamw;
-    let t_saved = &s.train;
-    if (a.beta1, a.beta2, a.eps, a.weight_decay)
-        != (
-            t_saved.beta1,
-            t_saved.beta2,
-            t_saved.eps,
-            t_saved.weight_decay,
-        )
-    {
+    let own = crate::train::optim::AdamWConfig::of(&s.train);
+    if s.adamw != own {
+        let show = |c: &crate::train::optim::AdamWConfig| {
+            format!(
+                "beta1 {}, beta2 {}, eps {}, weight_decay {}",
+                c.beta1, c.beta2, c.eps, c.weight_decay
+            )
+        };
         return bad(format!(
-            "saved `adamw` (beta1 {}, beta2 {}, eps {}, weight_decay {}) differs from its own \
-             `train` settings (beta1 {}, beta2 {}, eps {}, weight_decay {}) (edited?)",
-            a.beta1,
-            a.beta2,
-            a.eps,
-            a.weight_decay,
-            t_saved.beta1,
-            t_saved.beta2,
-            t_saved.eps,
-            t_saved.weight_decay
+            "saved `adamw` ({}) differs from its own `train` settings ({}) (edited?)",
+            show(&s.adamw),
+            show(&own)
         ));
     }
     Ok(())
@@ -324,12 +315,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
         let cfg = Config::load(&path).unwrap();
         let t = cfg.train.clone();
-        let adamw = crate::train::optim::AdamWConfig {
-            beta1: t.beta1,
-            beta2: t.beta2,
-            eps: t.eps,
-            weight_decay: t.weight_decay,
-        };
+        let adamw = crate::train::optim::AdamWConfig::of(&t);
         let windows = (t.batch_size * t.grad_accum) as u64;
         let mut saved = Saved {
             dir: "run/checkpoints/step-1".into(),
