@@ -73,6 +73,8 @@ static ALLOC: Counting = Counting;
 const HIDDEN: usize = 256;
 /// Tokens: enough compute per layer that the gathers ahead finish before they are needed.
 const SEQ: usize = 512;
+/// Measured micro-batches per prefetch setting (the least peak counts).
+const REPEATS: usize = 3;
 
 fn config() -> Config {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
@@ -83,8 +85,8 @@ fn config() -> Config {
     cfg
 }
 
-/// The peak bytes above the start of one checkpointed micro-batch (after a warm-up one), over
-/// both ranks, with `prefetch` layers gathered ahead.
+/// The peak bytes above the start of a checkpointed micro-batch (after a warm-up one), over
+/// both ranks, with `prefetch` layers gathered ahead: the least of [`REPEATS`].
 fn micro_batch_peak(prefetch: usize) -> usize {
     let cfg = config();
     let ranks = thread_grid(Degrees::new(2, 1, 1), Duration::from_secs(120));
@@ -113,17 +115,23 @@ fn micro_batch_peak(prefetch: usize) -> usize {
                 // Warm-up: whatever is allocated once (gemm's buffers, caches) is in place.
                 loss_and_grads(&mut z, &layout, &lb, 1000.0, Keep::Inputs).unwrap();
                 z.step(1e-3, 1.0, true, &ranks).unwrap();
-                barrier.wait();
-                if ranks.topo.rank == 0 {
-                    PEAK.store(LIVE.load(Ordering::SeqCst), Ordering::SeqCst);
+                // The least of three measured micro-batches: when the two ranks' layers or the
+                // communication threads' reduce-scatters happen to coincide (other load on the
+                // machine), one micro-batch's peak is higher, whatever the prefetch.
+                let mut least = usize::MAX;
+                for _ in 0..REPEATS {
+                    barrier.wait();
+                    if ranks.topo.rank == 0 {
+                        PEAK.store(LIVE.load(Ordering::SeqCst), Ordering::SeqCst);
+                    }
+                    barrier.wait();
+                    let start = PEAK.load(Ordering::SeqCst);
+                    loss_and_grads(&mut z, &layout, &lb, 1000.0, Keep::Inputs).unwrap();
+                    barrier.wait();
+                    least = least.min(PEAK.load(Ordering::SeqCst) - start);
+                    z.step(1e-3, 1.0, true, &ranks).unwrap();
                 }
-                barrier.wait();
-                let start = PEAK.load(Ordering::SeqCst);
-                loss_and_grads(&mut z, &layout, &lb, 1000.0, Keep::Inputs).unwrap();
-                barrier.wait();
-                let peak = PEAK.load(Ordering::SeqCst) - start;
-                z.step(1e-3, 1.0, true, &ranks).unwrap();
-                peak
+                least
             })
         })
         .collect();
