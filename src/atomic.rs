@@ -233,8 +233,20 @@ const NOT_PARQUET: &[&str] = &[
     "toml",
 ];
 
-/// Refuses a parquet output (`flag` names it) whose extension names another format.
+/// Refuses `-` as a file output (`flag` names it; `instead` says what to do): it reads as
+/// stdout, but was written as a file named `-` in the working directory.
+pub fn check_not_stdout(flag: &str, path: &Path, instead: &str) -> Result<()> {
+    if path.as_os_str() == "-" {
+        return Err(Error::Invalid(format!(
+            "{flag} -: this output is written to a file, not to stdout; {instead}"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a parquet output (`flag` names it) whose extension names another format, or `-`.
 pub fn check_parquet_name(flag: &str, path: &Path) -> Result<()> {
+    check_not_stdout(flag, path, "name the file (parquet needs one)")?;
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase());
@@ -252,6 +264,7 @@ pub fn check_parquet_name(flag: &str, path: &Path) -> Result<()> {
 /// and notebooks go by the name, so `--plot x.txt` wrote a picture nothing would open as one.
 /// A name without an extension is taken as given.
 pub fn check_png_name(flag: &str, path: &Path) -> Result<()> {
+    check_not_stdout(flag, path, "name the file")?;
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase());

@@ -34,11 +34,21 @@ pub const MEMORY: RGBColor = RGBColor(214, 39, 40);
 #[derive(serde::Deserialize)]
 struct Row {
     step: Option<serde_json::Value>,
+    /// `Some(Null)` where the row says `"loss": null` (a skipped non-finite step), `None` where
+    /// it has no loss at all.
+    #[serde(default, deserialize_with = "present")]
     loss: Option<serde_json::Value>,
     lr: Option<serde_json::Value>,
     tokens_per_s: Option<serde_json::Value>,
     peak_rss_mib: Option<serde_json::Value>,
     val_loss: Option<serde_json::Value>,
+}
+
+/// A field that is in the row, null or not.
+fn present<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<serde_json::Value>, D::Error> {
+    <serde_json::Value as serde::Deserialize>::deserialize(d).map(Some)
 }
 
 /// What a step keeps: [loss, lr, tokens/s, peak MiB, validation loss] (NaN where absent).
@@ -98,20 +108,40 @@ pub fn read_metrics(path: &Path) -> Result<Curves> {
                 )))
             }
         };
-        let num =
-            |v: &Option<serde_json::Value>| v.as_ref().and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
-        if let Some(step) = row.step.as_ref().and_then(|s| s.as_u64()) {
-            rows.insert(
-                step,
-                [
-                    num(&row.loss),
-                    num(&row.lr),
-                    num(&row.tokens_per_s),
-                    num(&row.peak_rss_mib),
-                    num(&row.val_loss),
-                ],
-            );
+        // A row genslm did not write is named, not left out of the picture: a step that is no
+        // step number (-5, 2.5, "2") or a value that is no number vanished without a word.
+        let bad = |what: String| Error::Invalid(format!("{}: line {n}: {what}", path.display()));
+        let Some(step) = &row.step else {
+            // Rows without a step (events) carry no curve; one with a loss was meant to.
+            if row.loss.is_some() {
+                return Err(bad("a `loss` without a `step`".into()));
+            }
+            continue;
+        };
+        let step = step
+            .as_u64()
+            .ok_or_else(|| bad(format!("`step` is {step}, not a step number (0, 1, 2, …)")))?;
+        if row.loss.is_none() {
+            return Err(bad(format!(
+                "step {step} has no `loss` (null where it was not finite)"
+            )));
         }
+        let num = |name: &str, v: &Option<serde_json::Value>| match v {
+            None | Some(serde_json::Value::Null) => Ok(f64::NAN),
+            Some(x) => x
+                .as_f64()
+                .ok_or_else(|| bad(format!("`{name}` is {x}, not a number"))),
+        };
+        rows.insert(
+            step,
+            [
+                num("loss", &row.loss)?,
+                num("lr", &row.lr)?,
+                num("tokens_per_s", &row.tokens_per_s)?,
+                num("peak_rss_mib", &row.peak_rss_mib)?,
+                num("val_loss", &row.val_loss)?,
+            ],
+        );
     }
     let mut c = Curves::default();
     for (step, [loss, lr, speed, peak, val]) in rows {
@@ -320,5 +350,35 @@ mod tests {
         std::fs::write(&p, "{\"event\":\"start\"}\n").unwrap();
         let e = read_metrics(&p).unwrap_err().to_string();
         assert!(e.contains("no training steps recorded yet"), "{e}");
+        // Rows genslm did not write are named by line, not left out of the curves.
+        for (row, says) in [
+            (
+                "{\"step\":-5,\"loss\":1}",
+                "`step` is -5, not a step number",
+            ),
+            (
+                "{\"step\":2.5,\"loss\":1}",
+                "`step` is 2.5, not a step number",
+            ),
+            (
+                "{\"step\":\"2\",\"loss\":1}",
+                "`step` is \"2\", not a step number",
+            ),
+            ("{\"step\":1e30,\"loss\":1}", "not a step number"),
+            (
+                "{\"step\":2,\"loss\":\"abc\"}",
+                "`loss` is \"abc\", not a number",
+            ),
+            (
+                "{\"step\":2,\"loss\":1,\"lr\":[1]}",
+                "`lr` is [1], not a number",
+            ),
+            ("{\"step\":2}", "step 2 has no `loss`"),
+            ("{\"loss\":3.0}", "a `loss` without a `step`"),
+        ] {
+            std::fs::write(&p, format!("{{\"step\":1,\"loss\":1}}\n{row}\n")).unwrap();
+            let e = read_metrics(&p).unwrap_err().to_string();
+            assert!(e.contains("line 2: ") && e.contains(says), "{row}: {e}");
+        }
     }
 }

@@ -109,8 +109,14 @@ pub fn plot_embeddings(embeddings: &Path, out: &Path, opts: &PlotOptions) -> Res
         )));
     }
     let p = pca(&table.values, table.n, table.dim, 2)?;
+    // One score per component and row: a 1-dimensional embedding has one component, and its
+    // points lie on PC1 (PC2 is 0, 0% of the variance).
+    let k = p.components.len();
     let points: Vec<(f64, f64)> = (0..table.n)
-        .map(|i| (p.scores[2 * i], *p.scores.get(2 * i + 1).unwrap_or(&0.0)))
+        .map(|i| {
+            let row = &p.scores[k * i..k * (i + 1)];
+            (row[0], row.get(1).copied().unwrap_or(0.0))
+        })
         .collect();
     let ratios = [
         p.ratio(0),
@@ -249,8 +255,9 @@ fn draw(
         ColumnValues::Numeric(vals) => {
             let r = finite_range(vals);
             let style = |v: f64| -> RGBColor {
-                if v.is_finite() {
-                    ViridisRGB.get_color(((v - r.0) / (r.1 - r.0)).clamp(0.0, 1.0) as f32)
+                let t = (v - r.0) / (r.1 - r.0);
+                if t.is_finite() {
+                    ViridisRGB.get_color(t.clamp(0.0, 1.0) as f32)
                 } else {
                     RGBColor(160, 160, 160)
                 }
@@ -362,7 +369,11 @@ fn finite_range(v: &[f64]) -> (f64, f64) {
     } else if hi > lo {
         (lo, hi)
     } else {
-        (lo - 0.5, hi + 0.5)
+        // A constant column: ±0.5 around it, or a tenth of its value where 0.5 is below its
+        // precision (every value 1.8e19 gave a span of 0, each colour 0/0, and the colormap
+        // panicked).
+        let pad = 0.5f64.max(0.1 * lo.abs());
+        (lo - pad, hi + pad)
     }
 }
 

@@ -1,6 +1,6 @@
-//! `genslm embed` and `genslm plot`: embeddings against hidden states computed independently
+//! `genslm embed` (and `embed --plot`): embeddings against hidden states computed independently
 //! (padding excluded), the parquet's shape (arrow and pyarrow), FASTA and parquet input, the
-//! PNG, and the error messages for bad input.
+//! PNG, and the error messages for bad input. `genslm plot` alone: tests/cli_plot.rs.
 
 mod common;
 
@@ -468,120 +468,6 @@ fn score_defaults_to_the_training_window_like_embed() {
         default,
         score(&["--seq-len", &cfg.max_position_embeddings.to_string()])
     );
-}
-
-/// Counts of the curve colours in each quarter of a `plot --run` picture (top-left, top-right,
-/// bottom-left, bottom-right).
-fn colour_counts(png_path: &Path) -> Vec<[usize; 5]> {
-    use genslm::curves::{LOSS, LR, MEMORY, SPEED, VAL};
-    let decoder = png::Decoder::new(std::io::BufReader::new(
-        std::fs::File::open(png_path).unwrap(),
-    ));
-    let mut reader = decoder.read_info().unwrap();
-    let mut buf = vec![0u8; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut buf).unwrap();
-    assert_eq!(info.color_type, png::ColorType::Rgb);
-    let (w, h) = (info.width as usize, info.height as usize);
-    let colours = [LOSS, VAL, LR, SPEED, MEMORY].map(|c| [c.0, c.1, c.2]);
-    let mut counts = vec![[0usize; 5]; 4];
-    for y in 0..h {
-        for x in 0..w {
-            let p = &buf[(y * w + x) * 3..][..3];
-            if let Some(k) = colours.iter().position(|c| c == p) {
-                counts[usize::from(y >= h / 2) * 2 + usize::from(x >= w / 2)][k] += 1;
-            }
-        }
-    }
-    counts
-}
-
-/// `genslm plot --run`: each curve is drawn in its own panel from the run's metrics, the
-/// validation points only where validation was measured; a directory that is not a run is a
-/// clear error.
-#[test]
-fn plot_run_draws_each_curve_in_its_panel() {
-    let dir = tempfile::tempdir().unwrap();
-    // Neither input: the error names both (it named --embeddings only).
-    let (ok, _, err) = run(&["plot", "--out", &s(&dir.path().join("none.png"))]);
-    assert!(
-        !ok && err.contains("--embeddings") && err.contains("--run"),
-        "{err}"
-    );
-    let mut val_pixels = Vec::new();
-    for (val_every, name) in [("2", "with_val"), ("0", "end_only")] {
-        let out = dir.path().join(name);
-        let (ok, _, err) = run(&[
-            "train",
-            "--fasta",
-            &s(&repo().join("data")),
-            "--config",
-            &s(&repo().join("configs/tiny.toml")),
-            "--out",
-            &s(&out),
-            "--steps",
-            "6",
-            "--seq-len",
-            "32",
-            "--batch-size",
-            "2",
-            "--val-every",
-            val_every,
-            "--quiet",
-        ]);
-        assert!(ok, "{err}");
-        let png_path = dir.path().join(format!("{name}.png"));
-        let (ok, _, err) = run(&["plot", "--run", &s(&out), "--out", &s(&png_path)]);
-        assert!(ok, "{err}");
-        assert!(err.contains("plotted 6 steps"), "{err}");
-        let c = colour_counts(&png_path);
-        // [loss, val, lr, tokens/s, memory] in [top-left, top-right, bottom-left, bottom-right]
-        let (loss, val, lr, speed, mem) = (c[0][0], c[0][1], c[1][2], c[2][3], c[3][4]);
-        assert!(loss > 100 && lr > 100 && speed > 100 && mem > 100, "{c:?}");
-        // One circle (about 80 pixels) per validation row of the metrics, joined by a line.
-        let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
-        let val_rows = metrics
-            .lines()
-            .filter(|l| l.contains("\"val_loss\""))
-            .count();
-        assert!(val_rows >= 1, "{metrics}");
-        assert!(val >= 60 * val_rows, "{val_rows} validation rows: {c:?}");
-        val_pixels.push((val_rows, val));
-        // Each curve only in its own panel.
-        for (panel, counts) in c.iter().enumerate() {
-            for (k, &n) in counts.iter().enumerate() {
-                let home = match k {
-                    0 | 1 => 0,
-                    k => k - 1,
-                };
-                assert!(
-                    panel == home || n == 0,
-                    "colour {k} in panel {panel}: {c:?}"
-                );
-            }
-        }
-    }
-    // Values near f64's limits (a hand-made metrics file): the axis's span overflowed to
-    // infinity and the plot never finished.
-    let run_dir = dir.path().join("end_only");
-    let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
-    let mut huge = String::new();
-    for (i, line) in metrics.lines().enumerate() {
-        let mut m: serde_json::Value = serde_json::from_str(line).unwrap();
-        m["loss"] = serde_json::json!(if i % 2 == 0 { 1e308 } else { -1e308 });
-        huge.push_str(&format!("{m}\n"));
-    }
-    std::fs::write(run_dir.join("metrics.jsonl"), huge).unwrap();
-    let png = dir.path().join("huge.png");
-    let (ok, _, err) = run(&["plot", "--run", &s(&run_dir), "--out", &s(&png)]);
-    assert!(ok && png.is_file(), "{err}");
-    let (ok, _, err) = run(&[
-        "plot",
-        "--run",
-        &s(dir.path()),
-        "--out",
-        &s(&dir.path().join("x.png")),
-    ]);
-    assert!(!ok && err.contains("metrics.jsonl: missing; is"), "{err}");
 }
 
 /// `--plot` is checked before any work: a directory there is refused with nothing written

@@ -105,6 +105,27 @@ fn per_token_rows_pool_to_the_record_vectors() {
         ok && err.contains("embedded 2 records (33 tokens") && err.contains("66 rows"),
         "{err}"
     );
+    // A layer named twice (-1 is the last, 2 in tiny) is written once, and said so (the file
+    // held fewer layers than the flag listed, without a word).
+    let twice = arg(&dir.path().join("twice.parquet"));
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &fa,
+        "--seq-len",
+        "8",
+        "--layers",
+        "2,-1,2",
+        "--out",
+        &twice,
+    ]);
+    assert!(
+        ok && err.contains("--layers -1 names layer 2 again (as 2)"),
+        "{err}"
+    );
+    assert_eq!(read(&dir.path().join("twice.parquet")).num_rows(), 2);
     let codon = t.column_by_name("codon").unwrap().as_string::<i32>();
     let ci = t
         .column_by_name("codon_index")

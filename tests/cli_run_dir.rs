@@ -92,20 +92,25 @@ fn a_live_run_directory_refuses_a_second_train_a_resume_and_an_overwrite() {
             "{extra:?}: {err}"
         );
     }
-    // Nor may a tokenize replace the run's dataset under it.
-    let parquet = arg(&out.join("data.parquet"));
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        &arg(&repo().join("data")),
-        "--out",
-        &parquet,
-    ]);
+    // A tokenize into the run's directory needs its lock; its dataset is the run's alone.
+    let tokenize_to = |name: &str| {
+        let target = arg(&out.join(name));
+        run(&[
+            "tokenize",
+            "--fasta",
+            &arg(&repo().join("data")),
+            "--out",
+            &target,
+        ])
+    };
+    let (ok, _, err) = tokenize_to("other.parquet");
     assert!(!ok, "tokenize wrote into a live run");
     assert!(
         err.contains("in use by another genslm") && err.contains(&pid),
         "{err}"
     );
+    let (ok, _, err) = tokenize_to("data.parquet");
+    assert!(!ok && err.contains("a file of the run in"), "{err}");
     // Nor may any other command's output replace a file of the run: its history, config or
     // checkpoint (embed, generate and score --per-token did, exit 0, lock or not).
     let fa = arg(&repo().join("data/lambda_virus.fa"));
@@ -142,6 +147,14 @@ fn a_live_run_directory_refuses_a_second_train_a_resume_and_an_overwrite() {
     assert!(ok, "{err}");
     let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
     assert!(config.contains("seed = 3"), "{config}");
+    // Finished, its dataset is still its own (tokenize replaced it, exit 0, and the next
+    // resume was refused for other data); other names are anyone's.
+    let data = std::fs::read(out.join("data.parquet")).unwrap();
+    let (ok, _, err) = tokenize_to("data.parquet");
+    assert!(!ok && err.contains("a file of the run in"), "{err}");
+    assert_eq!(std::fs::read(out.join("data.parquet")).unwrap(), data);
+    let (ok, _, err) = tokenize_to("other.parquet");
+    assert!(ok, "{err}");
 }
 
 /// A tokenize killed before its rename (SIGTERM from Slurm or `timeout`, kill -9) leaves its

@@ -212,3 +212,41 @@ fn host_memory_bounds_the_longest_sequence_under_offload() {
     assert!(estimate(&m, &st, &GPU, n).host_bytes <= limit);
     assert!(estimate(&m, &st, &GPU, n + g).host_bytes > limit);
 }
+
+/// When the offloaded bytes are what does not fit, the answer says host memory, not the
+/// device's (it said "not even 1,024 tokens fit in 80 GiB" beside a 5 GiB total).
+#[test]
+fn a_plan_stopped_by_host_memory_says_so() {
+    let plan = |host: &str| {
+        run(&[
+            "plan",
+            "--config",
+            "genslm-25m",
+            "--gpus",
+            "8",
+            "--gpu-mem-gib",
+            "80",
+            "--offload",
+            "optimizer",
+            "--host-mem-gib",
+            host,
+        ])
+    };
+    let (ok, out, err) = plan("0.1");
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("not even 1,024 tokens fit in host memory (--host-mem-gib")
+            && out.contains("do not fit in host memory: 0.28 GiB is offloaded per rank")
+            && !out.contains("needed per rank before activations"),
+        "{out}"
+    );
+    // genslm-25m's optimizer state on the host: 12 bytes (fp32 master and moments) of each of
+    // its 25,290,752 parameters (bf16 mixed, ZeRO-0) = 0.28 GiB, the note's figure.
+    let bytes = 12.0 * 25_290_752.0 / GIB;
+    assert!((bytes - 0.28).abs() < 0.005, "{bytes}");
+    let (ok, out, err) = plan("1");
+    assert!(
+        ok && !out.contains("longest sequence    none"),
+        "{err}{out}"
+    );
+}

@@ -225,6 +225,9 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
 
 pub fn run_generate(a: GenerateArgs, quiet: bool) -> anyhow::Result<()> {
     use genslm::infer::generate::{generate_fasta, GenerateOptions};
+    if let Some(out) = &a.out {
+        genslm::atomic::check_not_stdout("--out", out, "leave --out out to print the FASTA")?;
+    }
     let opts = GenerateOptions {
         prompt: a.prompt,
         num: a.num,

@@ -394,10 +394,20 @@ pub fn embed_to_parquet(
     let model =
         load_model_dir(model_dir, &opts.compute.open()?)?.with_precision(opts.compute.precision);
     let mut layers = Vec::new();
+    let mut asked: Vec<i64> = Vec::new();
     for &l in &opts.layers {
         let r = resolve_layer(l, model.cfg.num_layers)?;
-        if !layers.contains(&r) {
-            layers.push(r);
+        match layers.iter().position(|&x| x == r) {
+            // Written once, in the place it was first asked for; said, since the file then
+            // holds fewer layers than the flag lists (-1 and the layer count are one layer).
+            Some(i) => eprintln!(
+                "warning: --layers {l} names layer {r} again (as {}): its rows are written once",
+                asked[i]
+            ),
+            None => {
+                layers.push(r);
+                asked.push(l);
+            }
         }
     }
     if layers.is_empty() {

@@ -292,6 +292,15 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
         }
         let flat = emb.values().as_primitive::<Float32Type>();
         let start = emb.offset() * dim;
+        // A null element's slot holds whatever was there (0 in the files seen): refused, not
+        // projected as a made-up value.
+        if let Some(i) = (start..start + emb.len() * dim).find(|&i| flat.is_null(i)) {
+            let row = values.len() / dim.max(1) + (i - start) / dim;
+            return Err(derr(format!(
+                "column `embedding`: row {row} holds a null at element {}",
+                (i - start) % dim
+            )));
+        }
         values.extend_from_slice(&flat.values()[start..start + emb.len() * dim]);
         let col = batch
             .column_by_name(color)
@@ -315,6 +324,9 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
             .column_by_name("layer")
             .and_then(|c| c.as_primitive_opt::<Int32Type>())
         {
+            if col.null_count() > 0 {
+                return Err(derr("column `layer` has null rows".into()));
+            }
             for &l in col.values().iter() {
                 match layer {
                     None => layer = Some(l),

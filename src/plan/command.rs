@@ -180,7 +180,18 @@ fn notes(model: &ModelConfig, a: &PlanRequest, best: &Candidate, at_max: &Estima
     let st = &best.strategy;
     let l = &st.layout;
     let mut n = Vec::new();
-    if best.max_seq_len == 0 {
+    let share = super::search::host_share(a, l);
+    let host_bound =
+        best.max_seq_len == 0 && super::search::host_bound(a, l, at_max, best.hardware.mem_bytes);
+    if host_bound {
+        n.push(format!(
+            "even {} tokens do not fit in host memory: {} is offloaded per rank, and each \
+             rank's share of --host-mem-gib is {}",
+            granule(st),
+            gib(at_max.host_bytes),
+            gib(share)
+        ));
+    } else if best.max_seq_len == 0 {
         n.push(format!(
             "even {} tokens do not fit: {} is needed per rank before activations",
             granule(st),
@@ -197,8 +208,7 @@ fn notes(model: &ModelConfig, a: &PlanRequest, best: &Candidate, at_max: &Estima
                 .into(),
         );
     }
-    let share = super::search::host_share(a, l);
-    if share.is_finite() && at_max.host_bytes > 0.0 {
+    if share.is_finite() && at_max.host_bytes > 0.0 && !host_bound {
         n.push(format!(
             "host memory: each rank's share of --host-mem-gib is {}; {} of it is offloaded at \
              the longest sequence",

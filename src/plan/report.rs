@@ -150,7 +150,16 @@ pub(super) fn single_report(
         }
     );
     let _ = writeln!(s, "settings            {}", describe(&best.strategy));
-    if best.max_seq_len == 0 {
+    if best.max_seq_len == 0
+        && super::search::host_bound(a, &best.strategy.layout, at_max, best.hardware.mem_bytes)
+    {
+        let _ = writeln!(
+            s,
+            "longest sequence    none: not even {} tokens fit in host memory (--host-mem-gib; \
+             the device's {mem} GiB would hold them, note below)",
+            tokens(granule(&best.strategy))
+        );
+    } else if best.max_seq_len == 0 {
         // "0 tokens" read as a sequence length; say that nothing fits, and why below.
         let _ = writeln!(
             s,

@@ -7,8 +7,8 @@ use serde::Serialize;
 use super::cpu::CpuRun;
 use super::request::{PlanDevice, PlanRequest};
 use super::{
-    check, max_seq_len_with_host, Checkpointing, Degrees, Hardware, Mask, Parallelism, PipePlan,
-    Precision, Recipe, Strategy, Target,
+    check, max_seq_len_with_host, Checkpointing, Degrees, Estimate, Hardware, Mask, Parallelism,
+    PipePlan, Precision, Recipe, Strategy, Target,
 };
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -63,6 +63,12 @@ pub fn host_share(a: &PlanRequest, layout: &Parallelism) -> f64 {
         Some(h) => h * crate::plan::GIB / a.gpus_per_node.min(layout.ranks()).max(1) as f64,
         None => f64::INFINITY,
     }
+}
+
+/// Whether what stops `est` is the host, not the device: it fits the device's `mem_bytes`, and
+/// what it offloads does not fit the rank's share of `--host-mem-gib`.
+pub fn host_bound(a: &PlanRequest, layout: &Parallelism, est: &Estimate, mem_bytes: f64) -> bool {
+    est.total() <= mem_bytes && est.host_bytes > host_share(a, layout)
 }
 
 pub fn hardware_for(a: &PlanRequest, layout: &Parallelism, mem_bytes: f64) -> Hardware {
