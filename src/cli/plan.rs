@@ -35,8 +35,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub sp: Option<usize>,
     /// Tensor-parallel degree, as genslm's --tp runs it: heads, MLP columns and vocabulary
-    /// split, LayerNorm and residual activations whole on every TP rank (no Megatron sequence
-    /// parallelism) (default: searched, ≤ a node).
+    /// split; LayerNorm and residual activations 1/T of the sequence each (Megatron sequence
+    /// parallelism; whole on every TP rank with --no-megatron-sp) (default: searched, ≤ a node).
     #[arg(long)]
     pub tp: Option<usize>,
     /// Context-parallel degree (ring attention; default: searched).

@@ -76,7 +76,7 @@ pub struct TrainArgs {
     #[command(flatten)]
     degrees: DegreeArgs,
     /// ZeRO stage over the ranks: 0 replicated, 1 Adam moments sharded over DP, 2 also
-    /// gradients, 3 also weights (both over all DP×SP ranks; a layer's weights are gathered
+    /// gradients, 3 also weights (both over all DP × CP × SP ranks; a layer's weights are gathered
     /// only while it runs).
     #[arg(long)]
     zero: Option<u8>,

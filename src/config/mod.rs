@@ -142,7 +142,7 @@ pub struct TrainConfig {
     /// With `skip_nonfinite`: stop (exit ≠ 0) after more than this many skipped steps in a row.
     pub max_consecutive_skips: u64,
     /// ZeRO stage: 0 keeps the optimizer state replicated; 1 shards the Adam moments over the
-    /// DP group; 2 shards moments and gradients, 3 also the weights, over all DP×SP ranks.
+    /// DP group; 2 shards moments and gradients, 3 also the weights, over all DP × CP × SP ranks.
     pub zero: u8,
     /// Full activation checkpointing: keep only each layer's input through the forward and
     /// recompute one layer at a time in the backward (same gradients, much less memory for

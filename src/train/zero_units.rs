@@ -60,7 +60,8 @@ pub type Fetch<'a> = dyn FnMut(usize) -> Result<Fetched> + 'a;
 #[derive(Debug)]
 struct UnitShard {
     unit: Unit,
-    /// The sharding group: all DP×SP ranks, or the DP group for the SP-split position table.
+    /// The sharding group: all DP × CP × SP ranks, or the DP group for the SP-split position
+    /// table.
     comm: Arc<dyn Communicator>,
     shard: ZeroShard,
     /// ZeRO-3: this rank's pieces of the fp32 values (one per segment of `shard`). ZeRO-2:
