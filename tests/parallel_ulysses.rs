@@ -308,6 +308,22 @@ fn learned_positions_shorter_than_the_table_match_one_rank() {
         same_losses(&m, &reference, &format!("{dp}x{sp}"));
         same_checkpoint(&out, &one, 3, &format!("learned, table 4·s, {dp}x{sp}"));
     }
+    // So short a sequence that an SP rank holds only padding (5 tokens on 4 ranks: rank 3's
+    // two slots are past the end). Its table gradient is zero, not missing: "no gradient for
+    // gpt_neox.embed_pos.weight" stopped such layouts at step 1.
+    let mut short = cfg.clone();
+    short.train.seq_len = 5;
+    let one = dir.path().join("short-one");
+    train(&short, &data, &one, &RunOptions::default()).unwrap();
+    let reference = read_metrics(&one.join("metrics.jsonl")).unwrap();
+    let out = dir.path().join("short-sp4");
+    train_threads(&short, &data, &out, &RunOptions::default(), 1, 4).unwrap();
+    same_losses(
+        &read_metrics(&out.join("metrics.jsonl")).unwrap(),
+        &reference,
+        "5 on sp 4",
+    );
+    same_checkpoint(&out, &one, 3, "learned, 5 tokens on sp 4");
     // A sequence longer than the table is refused before any work.
     let mut long = cfg.clone();
     long.train.seq_len = 8 * SEQ;

@@ -328,13 +328,16 @@ impl GenSlm {
                 let (start, end) = (span.start, span.start + real);
                 if real > 0 && end > c.max_position_embeddings {
                     return Err(Error::Invalid(format!(
-                        "{} tokens at position {} go past the {} learned positions of this                          model; learned-position models cannot go beyond their training length                          (score and embed: use --seq-len {} or less)",
+                        "{} tokens at position {} go past the {} learned positions of this \
+                         model; learned-position models cannot go beyond their training length \
+                         (score and embed: use --seq-len {} or less)",
                         real, start, c.max_position_embeddings, c.max_position_embeddings
                     )));
                 }
                 if real > 0 && (start < first || end > first + rows) {
                     return Err(Error::Invalid(format!(
-                        "positions {start}..{end} are not in this rank's learned-position shard                          {first}..{}",
+                        "positions {start}..{end} are not in this rank's learned-position shard \
+                         {first}..{}",
                         first + rows
                     )));
                 }
@@ -345,11 +348,21 @@ impl GenSlm {
                     parts.push(Tensor::zeros([span.len - real, h], &self.device));
                 }
             }
+            let touched = pos.spans.iter().any(|sp| pos.real_end > sp.start);
             let table = cat_runs(parts, 0);
             debug_assert_eq!(table.dims()[0], s);
             // Under Megatron SP the token embedding holds this rank's part of the sequence.
             let (at, n) = self.region_cols(s);
             x = x + table.narrow(0, at, n).unsqueeze::<3>().expand([b, n, h]);
+            if !touched && rows > 0 {
+                // A rank whose tokens are all padding (an SP or CP shard past a short
+                // sequence's end) reads no row. One row weighted 0 keeps the table in its
+                // graph, so its gradient is zero rather than missing: the reductions and the
+                // optimizer take one from every rank ("no gradient for …embed_pos" stopped
+                // such layouts at step 1).
+                let none = table_rows.narrow(0, 0, 1).mul_scalar(0.0);
+                x = x + none.unsqueeze::<3>().expand([b, n, h]);
+            }
         }
         Ok(self.compute(x))
     }
