@@ -293,6 +293,15 @@ fn position_table_mask_logits_and_buffers() {
         16.0 * sf * h / t as f64,
         "sharded table",
     );
+    // A config's table longer than the sequence is allocated whole (its rows were counted as
+    // the sequence's: 2²⁴ rows passed train's memory check and aborted on a 4 GiB allocation).
+    let mut long_table = m.clone();
+    long_table.max_position_embeddings = 4 * s;
+    close(
+        estimate(&long_table, &st, &hw, s).memory.position_table,
+        16.0 * 4.0 * sf * h / t as f64,
+        "a table of 4·s rows",
+    );
     // Logits: V/t columns of (2 bf16 + 4 fp32 softmax + 4 fp32 gradient) bytes per token.
     let b = estimate(&m, &st, &hw, s).memory;
     close(b.logits, sf * 1024.0 * 10.0 / t as f64, "logits");

@@ -113,9 +113,11 @@ pub(super) fn offloaded_inputs(st: &Strategy, hw: &Hardware) -> bool {
 }
 
 /// The learned position table's (weights, gradients, optimizer states). A learned table covers
-/// the sequence: s rows of h (max_position_embeddings = s). Sharded, each sequence shard owns
-/// s/seq_shard rows and its gradient is reduced over DP only, so ZeRO partitions it over D;
-/// replicated, it is partitioned like any weight.
+/// at least the sequence: max(s, max_position_embeddings) rows of h (a config's table longer
+/// than the sequence is allocated whole: 2²⁴ rows of a tiny model passed the memory check and
+/// aborted on a 4 GiB allocation). Sharded, each sequence shard owns rows/seq_shard rows and its
+/// gradient is reduced over DP only, so ZeRO partitions it over D; replicated, it is
+/// partitioned like any weight.
 pub(super) fn position_states(
     m: &ModelConfig,
     st: &Strategy,
@@ -132,7 +134,8 @@ pub(super) fn position_states(
     } else {
         (1.0, l.zero_group() as f64)
     };
-    let el = s * m.hidden_size as f64 / shard;
+    let rows = s.max(m.max_position_embeddings as f64);
+    let el = rows * m.hidden_size as f64 / shard;
     [
         el * pb / zdiv(l.zero, 3, group),
         el * gb / zdiv(l.zero, 2, group),
