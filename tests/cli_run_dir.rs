@@ -212,6 +212,33 @@ fn overwrite_refuses_to_delete_the_dataset_it_reads() {
         "{err}"
     );
     assert!(data.is_file() && out.join("checkpoints/latest").is_file());
+    // Nor the settings it reads: a user's config.toml in --out was replaced by the resolved
+    // one (its comments gone, exit 0).
+    let mine = dir.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    let text = format!(
+        "# my settings\n{}",
+        std::fs::read_to_string(repo().join("configs/tiny.toml")).unwrap()
+    );
+    let config = common::write(&mine, "config.toml", text.as_bytes());
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &arg(&repo().join("data/lambda_virus.fa")),
+        "--config",
+        &arg(&config),
+        "--out",
+        &arg(&mine),
+        "--overwrite",
+        "--quiet",
+        "--steps",
+        "2",
+    ]);
+    assert!(
+        !ok && err.contains("--overwrite would delete") && err.contains("config.toml"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), text);
 }
 
 /// A finished run's files are its own too (score --per-token over a checkpoint's optimizer

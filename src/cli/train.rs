@@ -317,6 +317,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         thread_rank: 0,
         ranks_in_process: 1,
         network: None,
+        config_file: Some(a.config.clone()),
     };
     let degrees = a.degrees.degrees();
     let launch = genslm::parallel::launch::launched().map_err(anyhow::Error::msg)?;

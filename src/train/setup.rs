@@ -54,6 +54,10 @@ pub struct RunOptions {
     /// Ranks as threads talk through a simulated network (`bench train --simulate-network`;
     /// benchmarks and tests only).
     pub network: Option<crate::parallel::netsim::NetSim>,
+    /// The `--config` file the settings came from: an input, like the data, which
+    /// `--overwrite` refuses to delete where it lies in `--out` (it replaced a user's
+    /// `--out/config.toml` with the resolved settings).
+    pub config_file: Option<PathBuf>,
 }
 
 /// Refuses, before any work, a run whose predicted peak memory exceeds what this machine has
@@ -243,7 +247,12 @@ pub fn prepare_run(
         } else {
             None
         };
-        claim(run, opts.resume, opts.overwrite, &data.inputs())?;
+        let inputs: Vec<PathBuf> = data
+            .inputs()
+            .into_iter()
+            .chain(opts.config_file.clone())
+            .collect();
+        claim(run, opts.resume, opts.overwrite, &inputs)?;
         let corpus = load_corpus(cfg, data, run, saved.as_ref())?;
         let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
         crate::atomic::write_bytes(&run.join("config.toml"), toml.as_bytes())?;
