@@ -176,7 +176,14 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
         // into it) was removed whole; it is kept, and said so.
         match crate::checksum::unlisted_entries(&p) {
             Some(other) if other.is_empty() => {
-                std::fs::remove_dir_all(&p).map_err(|e| Error::io(&p, e))?
+                // Housekeeping: a checkpoint that cannot be removed (another owner's file,
+                // NFS permissions) stopped the training that had just saved a newer one.
+                if let Err(e) = remove_checkpoint(&p, &mut remove_entry) {
+                    eprintln!(
+                        "warning: {e}: not pruned (--keep-checkpoints); what is left keeps its \
+                         manifest and is pruned again after the next checkpoint"
+                    );
+                }
             }
             other => eprintln!(
                 "warning: {}: not pruned (--keep-checkpoints): {}; remove it yourself if it \
@@ -193,6 +200,35 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
         }
     }
     Ok(())
+}
+
+/// Removes a checkpoint genslm wrote: every entry but its manifest, then the manifest, then the
+/// directory, each with `remove`. Stopped part way, what is left is still listed by its
+/// manifest, so it is still genslm's and pruned again later (removed in directory order, a
+/// checkpoint could lose its manifest first and then be kept as a stranger's forever).
+fn remove_checkpoint(dir: &Path, remove: &mut dyn FnMut(&Path) -> Result<()>) -> Result<()> {
+    let manifest = dir.join(crate::checksum::MANIFEST_FILE);
+    for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let p = e.map_err(|e| Error::io(dir, e))?.path();
+        if p != manifest {
+            remove(&p)?;
+        }
+    }
+    remove(&manifest)?;
+    std::fs::remove_dir(dir).map_err(|e| Error::io(dir, e))
+}
+
+/// Removes a file or link (never what it points at), or a directory with its contents.
+fn remove_entry(p: &Path) -> Result<()> {
+    let is_dir = std::fs::symlink_metadata(p)
+        .map_err(|e| Error::io(p, e))?
+        .is_dir();
+    let r = if is_dir {
+        std::fs::remove_dir_all(p)
+    } else {
+        std::fs::remove_file(p)
+    };
+    r.map_err(|e| Error::io(p, e))
 }
 
 /// N of a `step-N` directory name, as genslm writes it (`step-03` or `step-+3` are not).
@@ -248,6 +284,50 @@ mod tests {
         left.sort();
         assert_eq!(left, ["step-+3", "step-03", "step-1", "step-2", "step-4"]);
         assert!(root.join("step-2/notes.txt").exists());
+    }
+
+    /// A prune that fails part way leaves the checkpoint's manifest (it went first, and the
+    /// half-removed checkpoint was kept as a stranger's at every later save), and the next
+    /// prune finishes it.
+    #[test]
+    fn a_prune_stopped_part_way_is_finished_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        let root = checkpoints_dir(run);
+        for n in [1, 2] {
+            checkpoint(&root.join(format!("step-{n}")));
+        }
+        let old = root.join("step-1");
+        let mut refuse = |p: &Path| -> Result<()> {
+            Err(Error::io(
+                p,
+                std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            ))
+        };
+        let e = remove_checkpoint(&old, &mut refuse)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("model.safetensors"), "{e}");
+        // Removed but for the manifest: still genslm's, still prunable.
+        let mut calls = 0;
+        let mut once = |p: &Path| -> Result<()> {
+            calls += 1;
+            if calls == 1 {
+                remove_entry(p)
+            } else {
+                Err(Error::io(
+                    p,
+                    std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+                ))
+            }
+        };
+        assert!(remove_checkpoint(&old, &mut once).is_err());
+        assert!(old.join(crate::checksum::MANIFEST_FILE).is_file());
+        assert!(!old.join("model.safetensors").exists());
+        assert_eq!(crate::checksum::unlisted_entries(&old), Some(vec![]));
+        std::fs::write(root.join("latest"), "step-2\n").unwrap();
+        prune_checkpoints(run, 1, None).unwrap();
+        assert_eq!(steps(run), ["step-2"]);
     }
 
     #[test]
