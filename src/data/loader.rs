@@ -118,6 +118,34 @@ impl Corpus {
         })
     }
 
+    /// What a user should hear about the split `val_fraction` asked for, when it is far from
+    /// what they got: no validation at all (one window, which training keeps), or at least
+    /// one window held out where that is well over the fraction (2 windows at 0.1: half the
+    /// data). Both were silent.
+    pub fn split_note(&self, val_fraction: f64) -> Option<String> {
+        let n = self.train.len() + self.val.len();
+        let share = self.val.len() as f64 / n as f64;
+        if val_fraction > 0.0 && self.val.is_empty() {
+            Some(format!(
+                "--val-fraction {val_fraction}: the data makes one window of {} codons, which \
+                 training keeps, so there is no validation (a shorter --seq-len makes more \
+                 windows)",
+                self.seq_len
+            ))
+        } else if val_fraction > 0.0 && share > 2.0 * val_fraction {
+            Some(format!(
+                "--val-fraction {val_fraction}: {} of the data's {n} windows of {} codons \
+                 ({:.0}%) are held out for validation (at least one is); --val-fraction 0 \
+                 trains on all of them, a shorter --seq-len makes more windows",
+                self.val.len(),
+                self.seq_len,
+                100.0 * share
+            ))
+        } else {
+            None
+        }
+    }
+
     /// Pads `ws` into a batch.
     pub fn batch_of(&self, ws: &[Window]) -> Batch {
         let mut tokens = vec![self.pad_id; ws.len() * self.seq_len];
@@ -208,6 +236,25 @@ mod tests {
         assert_eq!(b.tokens, vec![10, 11, 12, 13, 14, 15, 3, 3]);
         assert_eq!(b.mask, vec![1, 1, 1, 1, 1, 1, 0, 0]);
         assert_eq!(b.n_targets(), 3 + 1);
+    }
+
+    /// A split far from the fraction asked for is said: half the data for validation (2
+    /// windows at 0.1), or none (1 window); 10 windows at 0.1 is what was asked.
+    #[test]
+    fn a_split_far_from_the_fraction_is_noted() {
+        let c = |records: usize, f: f64| {
+            let recs = (0..records).map(|i| vec![5 + i as u32; 8]).collect();
+            Corpus::new(recs, 8, 3, f, 1).unwrap()
+        };
+        let half = c(2, 0.1).split_note(0.1).unwrap();
+        assert!(
+            half.contains("1 of the data's 2 windows of 8 codons (50%)"),
+            "{half}"
+        );
+        let none = c(1, 0.5).split_note(0.5).unwrap();
+        assert!(none.contains("there is no validation"), "{none}");
+        assert_eq!(c(10, 0.1).split_note(0.1), None);
+        assert_eq!(c(2, 0.0).split_note(0.0), None);
     }
 
     #[test]

@@ -355,6 +355,9 @@ pub fn load_corpus(
     let t = &cfg.train;
     let mut corpus = Corpus::new(tokens, t.seq_len, tok.pad_id(), t.val_fraction, t.seed)
         .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+    if let Some(note) = corpus.split_note(t.val_fraction) {
+        eprintln!("note: {note}");
+    }
     corpus.fingerprint = fp;
     Ok(corpus)
 }
