@@ -75,6 +75,17 @@ fn a_finished_run_extends_with_resume_and_more_steps() {
     // Finished again: a resume without a larger --steps says how to extend.
     let (ok, err) = try_train(&out, &data(), &eight);
     assert!(!ok && err.contains("larger --steps"), "{err}");
+    // Fewer steps than done: the flag is named, not the checkpoint's trainer_state.json (which
+    // read as forged), and no note on a schedule comes first.
+    let mut six: Vec<&str> = common.to_vec();
+    six.extend(["--steps", "6", "--resume"]);
+    let (ok, err) = try_train(&out, &data(), &six);
+    assert!(
+        !ok && err.contains("--steps 6: this run has done 8 steps")
+            && !err.contains("trainer_state.json")
+            && !err.contains("recomputed"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -214,7 +225,7 @@ fn corrupt_checkpoint_is_a_clear_error() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
-    let (ok, err) = try_train(&out, &data(), &["--resume", "--steps", "2"]);
+    let (ok, err) = try_train(&out, &data(), &["--resume", "--steps", "4"]);
     assert!(!ok && err.contains("corrupt checkpoint"), "{err}");
     let (ok, _, err) = run(&[
         "score",
@@ -304,7 +315,7 @@ fn resume_applies_safe_changes_aloud_and_refuses_other_data() {
         "{err}"
     );
     assert!(
-        err.contains("attention (checkpoint Naive, now Flash)"),
+        err.contains("attention (checkpoint naive, now flash)"),
         "{err}"
     );
     // The unchanged FASTA was not tokenized again.

@@ -38,7 +38,12 @@ pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
     macro_rules! cmp {
         ($list:ident, $a:expr, $b:expr, $($f:ident),*) => {$(
             if $a.$f != $b.$f {
-                $list.push(format!("{} (checkpoint {:?}, now {:?})", stringify!($f), $a.$f, $b.$f));
+                $list.push(format!(
+                    "{} (checkpoint {}, now {})",
+                    stringify!($f),
+                    shown(&$a.$f),
+                    shown(&$b.$f)
+                ));
             }
         )*};
     }
@@ -85,7 +90,18 @@ pub fn check_resume(saved: &Saved, cfg: &Config) -> Result<Vec<String>> {
         offload
     );
     // A different length extends (or shortens) the run: the schedule is recomputed for the
-    // new total from the next step on; check_state refuses a total the run has passed.
+    // new total from the next step on. A total the run has reached is the flag's fault, said
+    // before the note on the schedule (check_state's refusal named trainer_state.json, as if
+    // the file were forged).
+    let done = saved.state.step;
+    if new.steps <= done && done <= old.steps {
+        return Err(Error::Invalid(format!(
+            "--steps {}: this run has done {done} steps (checkpoint {}); pass a larger --steps \
+             with --resume to go on",
+            new.steps,
+            saved.dir.display()
+        )));
+    }
     if old.steps != new.steps {
         applied.push(format!(
             "steps (checkpoint {}, now {}): the learning-rate schedule is recomputed for a run \
@@ -158,6 +174,17 @@ fn check_saved_settings(s: &TrainerState, dir: &Path) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// A setting as the config file writes it: `fp32`, `1f1b`, `none` (the notes printed Rust's
+/// `Some(Fp32)` and `OneFOneB`).
+fn shown<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(serde_json::Value::Null) => "not set".into(),
+        Ok(other) => other.to_string(),
+        Err(_) => "?".into(),
+    }
 }
 
 /// Refuses a trainer state that cannot belong to this run (hand-edited or foreign): its step
