@@ -374,3 +374,46 @@ fn resume_applies_safe_changes_aloud_and_refuses_other_data() {
     assert!(ok, "{err}");
     assert_eq!(losses(&out).len(), 4);
 }
+
+/// The run's tokenized copy of an unchanged FASTA input (`RUN/data.parquet`) is a cache: cut
+/// short or replaced by other data, the FASTA is tokenized again and the resume continues the
+/// same curve (it was refused, telling the user to resume with the same FASTA, which they had).
+#[test]
+fn a_damaged_copy_of_the_fasta_is_tokenized_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (full, part) = (dir.path().join("full"), dir.path().join("part"));
+    let common = ["--steps", "4", "--warmup", "2", "--val-every", "0"];
+    train(&full, &common);
+    let mut first: Vec<&str> = common.to_vec();
+    first.extend(["--stop-after", "2"]);
+    train(&part, &first);
+    let copy = part.join("data.parquet");
+    let bytes = std::fs::read(&copy).unwrap();
+    let mut resume: Vec<&str> = common.to_vec();
+    resume.extend(["--resume", "--stop-after", "1"]);
+    for (damage, says) in [
+        (bytes[..bytes.len() / 2].to_vec(), "parquet"),
+        (
+            // Another run's dataset: other records, a valid file.
+            {
+                let other = dir.path().join("other");
+                let fa = common::write(dir.path(), "o.fa", b">o\nATGGCTAAACTGGAATTCCGT\n");
+                let (ok, err) = try_train(&other, &common::arg(&fa), &["--steps", "1"]);
+                assert!(ok, "{err}");
+                std::fs::read(other.join("data.parquet")).unwrap()
+            },
+            "the training data differs",
+        ),
+    ] {
+        std::fs::write(&copy, damage).unwrap();
+        let err = train(&part, &resume);
+        assert!(
+            err.contains("the run's tokenized copy of its unchanged FASTA input")
+                && err.contains(says),
+            "{err}"
+        );
+        // Repaired: tokenized again, it is the copy the run wrote.
+        assert_eq!(std::fs::read(&copy).unwrap(), bytes);
+    }
+    assert_eq!(losses(&part), losses(&full));
+}

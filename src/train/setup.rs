@@ -274,12 +274,49 @@ pub fn prepare_run(
 
 /// The training corpus. From FASTA, tokenized into `RUN/data.parquet`, which a resume reuses
 /// when the inputs are unchanged (`RUN/data.sources.json`); otherwise tokenized afresh into a
-/// temporary file that replaces it only when `saved` (resuming) accepts the data.
+/// temporary file that replaces it only when `saved` (resuming) accepts the data. A reused copy
+/// that does not serve (damaged, replaced, other data than the checkpoint's) is a cache, not
+/// the input: the FASTA is tokenized again, with a warning (the resume was refused, telling
+/// the user to resume with the same FASTA, which they had done).
 pub fn load_corpus(
     cfg: &Config,
     data: &DataSource,
     run: &Path,
     saved: Option<&Saved>,
+) -> Result<Corpus> {
+    match load_corpus_with(cfg, data, run, saved, true) {
+        Err((e, true)) => {
+            eprintln!(
+                "warning: {}, the run's tokenized copy of its unchanged FASTA input, does not \
+                 serve this resume ({e}); tokenizing the FASTA again",
+                run.join("data.parquet").display()
+            );
+            load_corpus_with(cfg, data, run, saved, false).map_err(|(e, _)| e)
+        }
+        r => r.map_err(|(e, _)| e),
+    }
+}
+
+/// [`load_corpus`], reusing `RUN/data.parquet` only where `reuse` allows; an error says
+/// whether the copy was reused.
+fn load_corpus_with(
+    cfg: &Config,
+    data: &DataSource,
+    run: &Path,
+    saved: Option<&Saved>,
+    reuse: bool,
+) -> std::result::Result<Corpus, (Error, bool)> {
+    let mut reused = false;
+    load_corpus_from(cfg, data, run, saved, reuse, &mut reused).map_err(|e| (e, reused))
+}
+
+fn load_corpus_from(
+    cfg: &Config,
+    data: &DataSource,
+    run: &Path,
+    saved: Option<&Saved>,
+    reuse: bool,
+    reused: &mut bool,
 ) -> Result<Corpus> {
     let (path, fresh) = match data {
         DataSource::Parquet(p) => (p.clone(), None),
@@ -289,7 +326,8 @@ pub fn load_corpus(
             let stamp = fasta_stamp(&discover(paths)?, cfg.model.vocab.name())?;
             crate::error::file_or_missing(&stamp_path, "the list of the run's FASTA inputs")?;
             let unchanged = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
-            if saved.is_some() && unchanged && out.exists() {
+            if reuse && saved.is_some() && unchanged && out.exists() {
+                *reused = true;
                 (out, None)
             } else {
                 let tmp = run.join(".data.parquet.new");
@@ -330,13 +368,17 @@ pub fn load_corpus(
     // What the message names: the user's input, not the temporary file it was tokenized into.
     let source = match (data, &fresh) {
         (DataSource::Fasta(paths), Some(_)) => format!(
-            "the FASTA input ({}), tokenized afresh because its files changed since this run \
-             read them (files added, removed or modified)",
+            "the FASTA input ({}), tokenized afresh because {}",
             paths
                 .iter()
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
+            if reuse {
+                "its files changed since this run read them (files added, removed or modified)"
+            } else {
+                "the run's copy of it did not serve"
+            }
         ),
         _ => path.display().to_string(),
     };
