@@ -293,6 +293,13 @@ fn an_out_that_is_a_file_is_named_and_kept() {
         assert!(!err.contains("panicked"), "{err}");
     }
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine\n");
+    // Nor may it stand where a directory of the path must ("File exists (os error 17)").
+    let (ok, err) = train(&out.join("run/x"), "2", &[]);
+    assert!(
+        !ok && err.contains("notes.txt is a file, not a directory"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine\n");
     // A link to nowhere is named as one (the lock's open said "No such file or directory").
     let link = dir.path().join("dangling");
     std::os::unix::fs::symlink(dir.path().join("gone"), &link).unwrap();

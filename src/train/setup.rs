@@ -228,6 +228,18 @@ pub fn prepare_run(
     // Whether this process made the directory decides whether a failed start removes it:
     // `create_dir` answers that atomically (two processes can both see it missing).
     if let Some(parent) = run.parent().filter(|p| !p.as_os_str().is_empty()) {
+        // A file where a directory of the path must be said so ("File exists" was all).
+        if let Some(file) = parent
+            .ancestors()
+            .find(|a| a.exists())
+            .filter(|a| !a.is_dir())
+        {
+            return Err(Error::Invalid(format!(
+                "--out {}: {} is a file, not a directory; choose another --out",
+                run.display(),
+                file.display()
+            )));
+        }
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     }
     let created = match std::fs::create_dir(run) {
@@ -383,6 +395,7 @@ fn load_corpus_from(
         _ => path.display().to_string(),
     };
     let checked = saved.map_or(Ok(None), |s| check_data(s, &fp, &source));
+    let fresh_from_fasta = fresh.is_some();
     if let Some((out, stamp_path, stamp)) = fresh {
         if checked.is_err() {
             let _ = std::fs::remove_file(&path);
@@ -395,8 +408,17 @@ fn load_corpus_from(
         eprintln!("warning: {w}");
     }
     let t = &cfg.train;
+    // Named by the user's input: a FASTA tokenized afresh sits in a temporary file.
+    let input = match data {
+        DataSource::Fasta(paths) if fresh_from_fasta => paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => path.display().to_string(),
+    };
     let mut corpus = Corpus::new(tokens, t.seq_len, tok.pad_id(), t.val_fraction, t.seed)
-        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+        .map_err(|e| Error::Invalid(format!("{input}: {e}")))?;
     if let Some(note) = corpus.split_note(t.val_fraction) {
         eprintln!("note: {note}");
     }
