@@ -6,7 +6,9 @@ Fails on
 - src/ops importing anything of the crate but src/ops, src/error and src/isa (ops know
   tensors, not models: burn, genslm-kernels, error types and the SIMD tier only);
 - src/model importing src/parallel, src/train, src/plan, src/infer, src/cli or src/bench (the
-  model stays plain; parallelism is applied from outside).
+  model stays plain; parallelism is applied from outside);
+- a module beside every layer (config, data, tokenizer, backend, atomic, launch, ...: BESIDE)
+  importing any of those layers or the model (every layer uses them, so they use none of it).
 
 A file imports another when it names a module path of it: `use crate::a::b` (braced groups
 included), `crate::a::b::x` inline, `super::b` / `self::b` (resolved against the file's own
@@ -16,8 +18,9 @@ re-export itself and `mod child;` are not edges. Test modules (`#[cfg(test)] mod
 may import anything.
 
 Usage: python3 scripts/check_imports.py [SRC_DIR]; python3 scripts/check_imports.py --self-test
-plants a `use crate::model` in src/ops, a `super::` cycle and a model -> train import, each in a
-copy of src/, and fails unless every one is caught (both run by scripts/test.sh).
+plants a `use crate::model` in src/ops, a `super::` cycle, a model -> train import and a
+config -> parallel import, each in a copy of src/, and fails unless every one is caught (both run
+by scripts/test.sh).
 """
 import pathlib
 import re
@@ -28,8 +31,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Layers below which a module may not reach: module prefix -> what it may import (None = any
 # crate module except those in FORBIDDEN).
 ALLOWED = {("ops",): {("ops",), ("error",), ("isa",)}}
+UPPER = {("model",), ("parallel",), ("train",), ("plan",), ("infer",), ("cli",), ("bench",)}
+# The modules beside every layer (settings, data, errors, files, devices, the process's
+# environment): every layer may use them, so they use none of the layers above ops.
+BESIDE = ["config", "error", "isa", "data", "tokenizer", "rng", "backend", "cuda_toolkit",
+          "atomic", "run_lock", "progress", "checksum", "alloc", "launch", "host_memory", "pca"]
 FORBIDDEN = {
     ("model",): {("parallel",), ("train",), ("plan",), ("infer",), ("cli",), ("bench",)},
+    **{(b,): UPPER for b in BESIDE},
 }
 
 
@@ -222,6 +231,8 @@ PLANTS = [
      "import cycle: src/ops/attention/naive <-> src/ops/attention/options"),
     ("model/position.rs", "fn _planted() { let _ = crate::train::optim::AdamW::new; }",
      "src/model/position imports src/train/optim"),
+    ("config/mod.rs", "use crate::parallel::pipeline::schedule::Schedule;",
+     "src/config imports src/parallel/pipeline/schedule"),
 ]
 
 
@@ -257,7 +268,8 @@ def main():
         sys.exit(1)
     n = sum(len(v) for v in g.values())
     print(f"check_imports: {len(g)} files, {n} file imports; 0 cycles; ops imports only ops/error/isa; "
-          f"model imports no parallel/train/plan/infer/cli/bench")
+          f"model imports no parallel/train/plan/infer/cli/bench; {len(BESIDE)} modules beside "
+          f"the layers import none of them")
 
 
 if __name__ == "__main__":

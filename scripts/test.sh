@@ -51,7 +51,7 @@ installed() { # PID WHAT LOG: wait for a background install; its failure fails t
   fi
 }
 
-stage "layers: no import cycle between files; ops import only ops/error; the model no parallel/train/plan/infer/cli/bench (and the check catches planted violations)"
+stage "layers: no import cycle between files; ops import only ops/error; the model no parallel/train/plan/infer/cli/bench; the modules beside the layers none of them (and the check catches planted violations)"
 python3 scripts/check_imports.py
 python3 scripts/check_imports.py --self-test
 

@@ -10,7 +10,7 @@ use burn::tensor::Device;
 
 use crate::config::Precision;
 use crate::error::{Error, Result};
-use crate::parallel::launch::{local_rank, local_size};
+use crate::launch::{local_rank, local_size};
 
 /// A compute backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -86,7 +86,7 @@ impl DeviceChoice {
             BackendKind::Cpu => Ok(Device::flex()),
             BackendKind::Cuda => {
                 if self.index.is_none() {
-                    crate::parallel::launch::check_local_rank(|k| std::env::var(k).ok())
+                    crate::launch::check_local_rank(|k| std::env::var(k).ok())
                         .map_err(Error::Invalid)?;
                 }
                 let (index, from) = self.gpu_index(thread_rank, |k| std::env::var(k).ok());
@@ -398,8 +398,8 @@ pub fn resolve_precision(requested: Option<Precision>, backend: BackendKind) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parallel::launch::tests::env;
-    use crate::parallel::launch::LOCAL_RANK_VARS;
+    use crate::launch::tests::env;
+    use crate::launch::LOCAL_RANK_VARS;
 
     #[test]
     fn the_local_rank_picks_the_gpu_and_device_overrides_it() {

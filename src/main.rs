@@ -149,7 +149,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         _ => None,
     };
     // Only train splits its work over a launcher's processes; the others each do all of it.
-    if let (Some(cmd), Ok(Some(l))) = (single, genslm::parallel::launch::launched()) {
+    if let (Some(cmd), Ok(Some(l))) = (single, genslm::launch::launched()) {
         if l.rank == 0 {
             eprintln!(
                 "warning: started as {} processes by {}: `genslm {cmd}` does not split its work \

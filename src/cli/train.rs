@@ -320,9 +320,9 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         config_file: Some(a.config.clone()),
     };
     let degrees = a.degrees.degrees();
-    let launch = genslm::parallel::launch::launched().map_err(anyhow::Error::msg)?;
+    let launch = genslm::launch::launched().map_err(anyhow::Error::msg)?;
     let s = match launch {
-        Some(l) if l.launcher == genslm::parallel::launch::TORCHRUN => anyhow::bail!(
+        Some(l) if l.launcher == genslm::launch::TORCHRUN => anyhow::bail!(
             "started as rank {} of {} by {} (RANK/WORLD_SIZE): genslm's processes meet through \
              MPI, not torchrun's rendezvous. Start them with mpirun or srun (a build with \
              --features mpi), or run one process with --dp/--pp/--cp/--sp/--tp (ranks as threads)",

@@ -1,7 +1,10 @@
 //! The `[train]` settings that choose number formats and where state lives: the compute
-//! precision, the encoding of quantized collectives and what `--offload` keeps in host memory.
+//! precision, the encoding of quantized collectives, what `--offload` keeps in host memory and
+//! the pipeline schedule.
 
 use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
 
 /// The dtype of the forward/backward compute. Parameters and Adam moments are always fp32
 /// (master weights); with `bf16` the matmuls, activations and their gradients are bf16 while
@@ -100,5 +103,80 @@ impl std::str::FromStr for Offload {
                 "`{s}`: offload none, optimizer, activations or all"
             )),
         }
+    }
+}
+
+/// Pipeline schedule (`--pp-schedule`, `[train] pp_schedule`); what each one runs is
+/// `parallel::pipeline::schedule`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleKind {
+    GPipe,
+    OneFOneB,
+    Interleaved,
+    ZeroBubble,
+}
+
+impl ScheduleKind {
+    pub const ALL: [ScheduleKind; 4] = [
+        Self::GPipe,
+        Self::OneFOneB,
+        Self::Interleaved,
+        Self::ZeroBubble,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::GPipe => "gpipe",
+            Self::OneFOneB => "1f1b",
+            Self::Interleaved => "interleaved",
+            Self::ZeroBubble => "zb",
+        }
+    }
+
+    /// Whether the backward is split into B (input gradient) and W (weight gradient).
+    pub fn splits_backward(self) -> bool {
+        self == Self::ZeroBubble
+    }
+}
+
+/// `1f1b`, the schedule `--pp` uses unless told otherwise.
+impl Default for ScheduleKind {
+    fn default() -> Self {
+        Self::OneFOneB
+    }
+}
+
+/// As its name (`[train] pp_schedule = "1f1b"`).
+impl serde::Serialize for ScheduleKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ScheduleKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ScheduleKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "--pp-schedule {s:?}: expected one of gpipe, 1f1b, interleaved, zb"
+                ))
+            })
     }
 }

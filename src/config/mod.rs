@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::parallel::pipeline::schedule::ScheduleKind;
+
 use crate::tokenizer::VocabKind;
 
 /// Default `reduce_bucket_size`: 2²⁴ elements (64 MiB of f32) per collective call, far below
@@ -18,7 +18,7 @@ use crate::tokenizer::VocabKind;
 pub const DEFAULT_BUCKET: usize = 1 << 24;
 
 mod choices;
-pub use choices::{Offload, Precision, Quantize};
+pub use choices::{Offload, Precision, Quantize, ScheduleKind};
 
 /// How token positions enter the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

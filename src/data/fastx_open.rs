@@ -168,7 +168,7 @@ pub fn open(
 /// about 1.5 bytes per base of its longest record (README), but the parser's buffer doubles
 /// as it grows, so its reserved size reaches twice the record.
 pub fn record_limit() -> u64 {
-    crate::train::memory::available_bytes().map_or(u64::MAX, |a| ((a / 4.0) as u64).max(64 << 20))
+    crate::host_memory::available_bytes().map_or(u64::MAX, |a| ((a / 4.0) as u64).max(64 << 20))
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 pub mod bucket;
 pub mod comm;
 pub mod hooked;
-pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "nccl")]

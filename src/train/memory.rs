@@ -5,12 +5,12 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+pub use crate::host_memory::available_bytes;
 use crate::plan::cpu::CpuRun;
 use crate::plan::{
     estimate, Checkpointing, Degrees, Hardware, Mask, Parallelism, Precision, Recipe, Strategy,
     Target, GIB,
 };
-use crate::train::metrics::proc_kib;
 
 /// The strategy genslm trains `cfg` with on CPU under `dp × sp` (`batch_size` is the global
 /// batch, split over DP).
@@ -79,35 +79,6 @@ pub fn predicted_peak(
         target: Target::Cpu { run },
     };
     estimate(&cfg.model, &st, &hw, seq_len).total() * in_process as f64
-}
-
-/// Bytes this process can still use: `MemAvailable`, bounded by a cgroup v2 limit and by an
-/// address-space limit (`ulimit -v`, which some batch systems set) when there is one. `None`
-/// where none can be read (the check is then skipped).
-pub fn available_bytes() -> Option<f64> {
-    let mut avail = proc_kib("/proc/meminfo", "MemAvailable:")? as f64 * 1024.0;
-    let address_space = std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|t| {
-            let line = t
-                .lines()
-                .find_map(|l| l.strip_prefix("Max address space"))?;
-            line.split_whitespace().next()?.parse::<f64>().ok()
-        });
-    if let (Some(limit), Some(used)) = (address_space, proc_kib("/proc/self/status", "VmSize:")) {
-        avail = avail.min((limit - used as f64 * 1024.0).max(0.0));
-    }
-    let read = |f: &str| -> Option<f64> {
-        std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    };
-    if let (Some(max), Some(used)) = (read("memory.max"), read("memory.current")) {
-        avail = avail.min((max - used).max(0.0));
-    }
-    Some(avail)
 }
 
 /// Refuses to build `bytes` of host data (`what` says which, naming the flags that size it)

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+pub use crate::host_memory::{peak_rss_mib, rss_mib};
 
 /// One line of metrics.jsonl.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,28 +140,6 @@ pub fn train_flops_per_sequence(m: &ModelConfig, s: usize) -> f64 {
     );
     let per_token_fwd = l * (2.0 * (4.0 * h * h + 2.0 * h * i) + 4.0 * s * h) + 2.0 * h * v;
     3.0 * s * per_token_fwd
-}
-
-/// Peak resident memory of this process in MiB (`VmHWM`), or 0 where unavailable.
-pub fn peak_rss_mib() -> f64 {
-    proc_kib("/proc/self/status", "VmHWM:").map_or(0.0, |k| k as f64 / 1024.0)
-}
-
-/// Current resident memory in MiB (`VmRSS`).
-pub fn rss_mib() -> f64 {
-    proc_kib("/proc/self/status", "VmRSS:").map_or(0.0, |k| k as f64 / 1024.0)
-}
-
-/// The kB value of the line starting with `key` in a /proc file (`status`, `meminfo`).
-pub(crate) fn proc_kib(path: &str, key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(path).ok()?;
-    let line = s.lines().find(|l| l.starts_with(key))?;
-    line[key.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// Appends metrics lines to `RUN/metrics.jsonl`.

@@ -23,87 +23,14 @@
 //!   stages would otherwise wait for the earlier ones' last backwards; the in-flight bound
 //!   stays 1F1B's `P` on stage 0.
 
-use std::fmt;
-use std::str::FromStr;
-
 use crate::error::{Error, Result};
 
 /// Most passes one step's schedule may hold (each is a few bytes; 2²⁴ is far past any
 /// pipeline that runs).
 pub const MAX_PASSES: usize = 1 << 24;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScheduleKind {
-    GPipe,
-    OneFOneB,
-    Interleaved,
-    ZeroBubble,
-}
-
-impl ScheduleKind {
-    pub const ALL: [ScheduleKind; 4] = [
-        Self::GPipe,
-        Self::OneFOneB,
-        Self::Interleaved,
-        Self::ZeroBubble,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::GPipe => "gpipe",
-            Self::OneFOneB => "1f1b",
-            Self::Interleaved => "interleaved",
-            Self::ZeroBubble => "zb",
-        }
-    }
-
-    /// Whether the backward is split into B (input gradient) and W (weight gradient).
-    pub fn splits_backward(self) -> bool {
-        self == Self::ZeroBubble
-    }
-}
-
-/// `1f1b`, the schedule `--pp` uses unless told otherwise.
-impl Default for ScheduleKind {
-    fn default() -> Self {
-        Self::OneFOneB
-    }
-}
-
-/// As its name (`[train] pp_schedule = "1f1b"`).
-impl serde::Serialize for ScheduleKind {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for ScheduleKind {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        name.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl fmt::Display for ScheduleKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for ScheduleKind {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "--pp-schedule {s:?}: expected one of gpipe, 1f1b, interleaved, zb"
-                ))
-            })
-    }
-}
+/// The schedule kinds are a setting (`[train] pp_schedule`), so they live with the settings.
+pub use crate::config::ScheduleKind;
 
 /// What a pass computes: the forward, the backward (for schedules that do not split it: the
 /// input and the weight gradients together), or the weight gradient alone.
