@@ -3,7 +3,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::config::{ModelConfig, Position, TrainingMemory};
+use crate::config::{ModelConfig, Position};
 use crate::error::{Error, Result};
 
 /// Bytes as GiB with two decimals.
@@ -87,6 +87,45 @@ pub fn report(m: &ModelConfig) -> String {
          activations, layouts and GPUs)\n",
     );
     s
+}
+
+/// Bytes of a model's training state (no activations): weights, gradients, fp32 master
+/// weights (mixed precision only) and the two Adam moments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrainingMemory {
+    pub weights: u64,
+    pub gradients: u64,
+    pub master: u64,
+    pub adam_states: u64,
+}
+
+impl TrainingMemory {
+    /// `--precision fp32`: everything in fp32 (4 + 4 + 8 bytes per parameter).
+    pub fn fp32(params: u64) -> Self {
+        Self {
+            weights: 4 * params,
+            gradients: 4 * params,
+            master: 0,
+            adam_states: 8 * params,
+        }
+    }
+
+    /// `--precision bf16` as genslm's trainer keeps it (`train::master`; `plan` counts the
+    /// same without ZeRO): bf16 working weights (2), gradients accumulated and reduced in fp32
+    /// (4), fp32 master weights (4) and moments (8): 18 bytes per parameter, more than fp32's
+    /// 16 — mixed precision saves activation memory and compute, not state.
+    pub fn bf16_mixed(params: u64) -> Self {
+        Self {
+            weights: 2 * params,
+            gradients: 4 * params,
+            master: 4 * params,
+            adam_states: 8 * params,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.weights + self.gradients + self.master + self.adam_states
+    }
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ pub fn attention_op(compute: &crate::backend::Compute, c: &AttnBenchCase) -> Res
         .iter()
         .try_fold(8usize, |a, &x| a.checked_mul(x));
     let need = elements.map_or(f64::INFINITY, |e| 4.0 * e as f64);
-    let avail = crate::train::memory::available_bytes();
+    let avail = crate::host_memory::available_bytes();
     if compute.device.backend == crate::backend::BackendKind::Cpu && avail.is_some_and(|a| need > a)
     {
         return Err(Error::Invalid(format!(

@@ -129,7 +129,7 @@ fn check_cpu_step(
         },
     };
     cfg.train.validate().map_err(Error::Invalid)?;
-    match crate::train::memory::available_bytes() {
+    match crate::host_memory::available_bytes() {
         // Without train's --skip-memory-check, which bench has not.
         Some(avail) if on_cpu => crate::train::memory::check_fits_or(&cfg, (1, 1, 1), 1, avail, ""),
         _ => Ok(()),

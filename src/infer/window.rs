@@ -141,5 +141,5 @@ pub fn cpu_memory_available(model: &GenSlm) -> Option<f64> {
         model.device.as_dispatch(),
         burn::backend::DispatchDevice::Flex(_)
     );
-    crate::train::memory::available_bytes().filter(|_| on_cpu)
+    crate::host_memory::available_bytes().filter(|_| on_cpu)
 }

@@ -5,7 +5,7 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-pub use crate::host_memory::available_bytes;
+use crate::host_memory::available_bytes;
 use crate::plan::cpu::CpuRun;
 use crate::plan::{
     estimate, Checkpointing, Degrees, Hardware, Mask, Parallelism, Precision, Recipe, Strategy,

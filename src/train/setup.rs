@@ -11,14 +11,14 @@ use crate::data::fasta::discover;
 use crate::data::ingest::{tokenize_to_parquet, IngestOptions};
 use crate::data::loader::Corpus;
 use crate::error::{Error, Result};
+use crate::host_memory::available_bytes;
 use crate::parallel::parallelize::check_positions;
 use crate::parallel::Topology;
 use crate::run_lock::RunLock;
 use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{read_saved, Saved};
 use crate::train::memory::{
-    available_bytes, check_fits, check_fits_device, check_fits_host, check_largest_buffer,
-    check_step_batches,
+    check_fits, check_fits_device, check_fits_host, check_largest_buffer, check_step_batches,
 };
 use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint};
 use crate::train::run_dir::claim;
