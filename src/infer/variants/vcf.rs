@@ -58,8 +58,10 @@ fn bases(s: &str) -> bool {
             .all(|b| matches!(b.to_ascii_uppercase(), b'A' | b'C' | b'G' | b'T' | b'N'))
 }
 
-/// Parses one data line into its alleles.
-fn parse_line(text: &str, line: usize) -> std::result::Result<Vec<Variant>, String> {
+/// Parses one data line into its alleles: the line's own fields must hold (else the whole
+/// line is bad), and each ALT allele is read on its own (a bad one is named among the second
+/// list, and the line's other alleles still count).
+fn parse_line(text: &str, line: usize) -> std::result::Result<(Vec<Variant>, Vec<String>), String> {
     let cols: Vec<&str> = text.split('\t').collect();
     if cols.len() < 5 {
         return Err(format!(
@@ -79,45 +81,54 @@ fn parse_line(text: &str, line: usize) -> std::result::Result<Vec<Variant>, Stri
         return Err(format!("REF '{reference}' is not bases (A, C, G, T, N)"));
     }
     let reference = reference.to_ascii_uppercase();
-    let mut out = Vec::new();
+    let (mut out, mut bad) = (Vec::new(), Vec::new());
     for alt in alts.split(',') {
-        if alt.starts_with('<') || alt.contains('[') || alt.contains(']') || alt == "*" {
-            return Err(format!(
-                "ALT '{alt}' is a symbolic allele or breakend; only sequence alleles can be scored"
-            ));
+        match check_allele(alt, &reference) {
+            Ok(alt) => out.push(Variant {
+                line,
+                chrom: chrom.to_string(),
+                pos,
+                id: id.to_string(),
+                reference: reference.clone(),
+                alt,
+            }),
+            Err(msg) => bad.push(msg),
         }
-        if alt == "." {
-            return Err("ALT '.' (no alternate allele): nothing to score".into());
-        }
-        if !bases(alt) {
-            return Err(format!("ALT '{alt}' is not bases (A, C, G, T, N)"));
-        }
-        let alt = alt.to_ascii_uppercase();
-        if alt.contains('N') {
-            // The model reads a codon holding N as [UNK]: a Δ against it scores the unknown
-            // token, not a base change.
-            return Err(format!(
-                "ALT '{alt}' holds N (an unknown base): the model has no codon for it, so there \
-                 is no effect to score; give the base"
-            ));
-        }
-        if alt == reference {
-            return Err(format!("ALT '{alt}' equals REF: not a variant"));
-        }
-        out.push(Variant {
-            line,
-            chrom: chrom.to_string(),
-            pos,
-            id: id.to_string(),
-            reference: reference.clone(),
-            alt,
-        });
     }
-    Ok(out)
+    Ok((out, bad))
 }
 
-/// Reads every variant of `path`. A malformed line is an error naming the file and line, or,
-/// with `skip`, is returned among the bad lines and left out.
+/// One ALT allele, upper-cased, or why it cannot be scored.
+fn check_allele(alt: &str, reference: &str) -> std::result::Result<String, String> {
+    if alt.starts_with('<') || alt.contains('[') || alt.contains(']') || alt == "*" {
+        return Err(format!(
+            "ALT '{alt}' is a symbolic allele or breakend; only sequence alleles can be scored"
+        ));
+    }
+    if alt == "." {
+        return Err("ALT '.' (no alternate allele): nothing to score".into());
+    }
+    if !bases(alt) {
+        return Err(format!("ALT '{alt}' is not bases (A, C, G, T, N)"));
+    }
+    let alt = alt.to_ascii_uppercase();
+    if alt.contains('N') {
+        // The model reads a codon holding N as [UNK]: a Δ against it scores the unknown
+        // token, not a base change.
+        return Err(format!(
+            "ALT '{alt}' holds N (an unknown base): the model has no codon for it, so there \
+             is no effect to score; give the base"
+        ));
+    }
+    if alt == reference {
+        return Err(format!("ALT '{alt}' equals REF: not a variant"));
+    }
+    Ok(alt)
+}
+
+/// Reads every variant of `path`. A malformed line or allele is an error naming the file and
+/// line, or, with `skip`, is returned among the bad lines and left out (a bad allele alone:
+/// the line's other alleles are read; they were dropped with it, unsaid).
 pub fn read_vcf(path: &Path, skip: bool) -> Result<(Vec<Variant>, Vec<BadLine>)> {
     let mut reader = open(path)?;
     let err = |line: usize, msg: String| {
@@ -145,14 +156,24 @@ pub fn read_vcf(path: &Path, skip: bool) -> Result<(Vec<Variant>, Vec<BadLine>)>
         while matches!(buf.last(), Some(b'\n' | b'\r')) {
             buf.pop();
         }
-        let Ok(text) = std::str::from_utf8(&buf) else {
+        let Ok(mut text) = std::str::from_utf8(&buf) else {
             return Err(err(line, "not UTF-8 text (is this a VCF?)".into()));
         };
+        if line == 1 {
+            // A byte-order mark (some Windows editors write one) is not the header's.
+            text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        }
         if text.is_empty() || text.starts_with('#') {
             continue;
         }
         match parse_line(text, line) {
-            Ok(v) => out.extend(v),
+            Ok((_, alleles)) if !skip && !alleles.is_empty() => {
+                return Err(err(line, alleles[0].clone()))
+            }
+            Ok((v, alleles)) => {
+                out.extend(v);
+                bad.extend(alleles.into_iter().map(|msg| BadLine { line, msg }));
+            }
             Err(msg) if skip => bad.push(BadLine { line, msg }),
             Err(msg) => return Err(err(line, msg)),
         }
@@ -166,7 +187,8 @@ mod tests {
 
     #[test]
     fn lines_become_one_variant_per_allele() {
-        let v = parse_line("chr1\t12\trs1\tac\tG,AT\t.\tPASS\t.", 7).unwrap();
+        let (v, bad) = parse_line("chr1\t12\trs1\tac\tG,AT\t.\tPASS\t.", 7).unwrap();
+        assert!(bad.is_empty());
         assert_eq!(v.len(), 2);
         assert_eq!(
             (
@@ -185,18 +207,45 @@ mod tests {
             ("chr1\t12\trs1\tA", "column"),
             ("chr1\t0\t.\tA\tG", "POS '0'"),
             ("chr1\tx\t.\tA\tG", "POS 'x'"),
+            ("chr1\t5\t.\tR\tA", "REF 'R'"),
+        ] {
+            let e = parse_line(line, 1).unwrap_err();
+            assert!(e.contains(want), "{line}: {e}");
+        }
+        // A bad allele is the allele's fault: the line's other alleles stand.
+        for (line, want) in [
             ("chr1\t5\t.\tA\t<DEL>", "symbolic"),
             ("chr1\t5\t.\tA\t*", "symbolic"),
             ("chr1\t5\t.\tA\t.", "no alternate"),
             ("chr1\t5\t.\tA\tA", "equals REF"),
             ("chr1\t5\t.\tA\tn", "ALT 'N' holds N"),
             ("chr1\t5\t.\tA\tG,AN", "ALT 'AN' holds N"),
-            ("chr1\t5\t.\tR\tA", "REF 'R'"),
             ("chr1\t5\t.\tA\tG]chr2:5]", "breakend"),
         ] {
-            let e = parse_line(line, 1).unwrap_err();
-            assert!(e.contains(want), "{line}: {e}");
+            let (_, bad) = parse_line(line, 1).unwrap();
+            assert!(bad.len() == 1 && bad[0].contains(want), "{line}: {bad:?}");
         }
+    }
+
+    /// `--on-invalid skip` leaves out a bad allele, not its line (the valid alleles of `G
+    /// T,C,N` went with the N, unsaid); without it, the bad allele stops the run by line. A
+    /// byte-order mark before the header is no part of it.
+    #[test]
+    fn a_bad_allele_is_skipped_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.vcf");
+        let text = "\u{feff}##fileformat=VCFv4.2\nc\t3\t.\tG\tT,C,N\nc\t9\t.\tA\tA,<DEL>\n";
+        std::fs::write(&path, text).unwrap();
+        let (v, bad) = read_vcf(&path, true).unwrap();
+        let alts: Vec<&str> = v.iter().map(|v| v.alt.as_str()).collect();
+        assert_eq!(alts, ["T", "C"]);
+        let why: Vec<(usize, bool)> = bad
+            .iter()
+            .map(|b| (b.line, b.msg.contains("ALT")))
+            .collect();
+        assert_eq!(why, [(2, true), (3, true), (3, true)]);
+        let e = read_vcf(&path, false).unwrap_err().to_string();
+        assert!(e.contains("line 2: ALT 'N' holds N"), "{e}");
     }
 
     /// A VCF compressed by any of the tools bioinformatics uses (bgzip writes gzip members;
