@@ -278,6 +278,30 @@ pub fn check_png_name(flag: &str, path: &Path) -> Result<()> {
     }
 }
 
+/// Refuses a text output (`flag` names it) whose extension names a known format other than
+/// `format`, whose names `fits` lists (the first is suggested): `generate --out x.parquet`
+/// wrote FASTA under a parquet name, `variants --out x.csv` a TSV. Unknown extensions pass.
+pub fn check_text_name(flag: &str, path: &Path, format: &str, fits: &[&str]) -> Result<()> {
+    check_not_stdout(flag, path, "name the file")?;
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    match ext {
+        Some(e)
+            if !fits.contains(&e.as_str())
+                && (e == "parquet" || NOT_PARQUET.contains(&e.as_str())) =>
+        {
+            Err(Error::Invalid(format!(
+                "{flag} {}: this file is written as {format}, and its .{e} name says otherwise; \
+                 name it .{}",
+                path.display(),
+                fits.first().copied().unwrap_or("txt")
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Refuses a command's outputs where two are one file (`embed --out X --plot X` wrote the
 /// embeddings, then replaced them with the picture): compared by their directory's real path
 /// and their name, before any work.
@@ -319,6 +343,23 @@ pub fn write_bytes(target: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Text outputs named as another known format are refused; their own names and unknown
+    /// extensions pass.
+    #[test]
+    fn a_text_output_named_as_another_format_is_refused() {
+        let fasta = ["fa", "fasta", "fna", "txt"];
+        for bad in ["x.parquet", "x.PNG", "x.json", "x.vcf", "x.gz", "x.csv"] {
+            let e = check_text_name("--out", Path::new(bad), "FASTA", &fasta).unwrap_err();
+            assert!(e.to_string().contains("written as FASTA"), "{bad}: {e}");
+        }
+        for good in ["x.fa", "x.FASTA", "x", "x.seqs", "dir.v2/x"] {
+            check_text_name("--out", Path::new(good), "FASTA", &fasta).unwrap();
+        }
+        let table = ["tsv", "txt", "tab", "parquet"];
+        check_text_name("--out", Path::new("v.parquet"), "TSV", &table).unwrap();
+        assert!(check_text_name("--out", Path::new("v.csv"), "TSV", &table).is_err());
+    }
 
     /// An output that is an input is refused under another spelling of its path and through a
     /// link, when the writer starts and, for an input opened after it started, at the commit;

@@ -538,35 +538,3 @@ fn a_file_given_twice_is_refused() {
         assert!(!out.exists());
     }
 }
-
-/// `--out -` reads as stdout, but wrote a parquet file named `-` in the working directory
-/// (embed, plot, variants and generate likewise): refused, nothing written.
-#[test]
-fn an_output_of_dash_is_refused_not_written_as_a_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let fa = common::repo().join("data/lambda_virus.fa");
-    let model = common::trained_tiny();
-    let cases: [Vec<&std::ffi::OsStr>; 3] = [
-        vec!["tokenize".as_ref(), "--fasta".as_ref(), fa.as_os_str()],
-        vec!["generate".as_ref(), "--model".as_ref(), model.as_os_str()],
-        vec![
-            "plot".as_ref(),
-            "--embeddings".as_ref(),
-            "e.parquet".as_ref(),
-        ],
-    ];
-    for args in cases {
-        let out = common::bin()
-            .current_dir(dir.path())
-            .args(&args)
-            .args(["--out", "-"])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains("--out -: this output is written to a file"),
-            "{args:?}: {err}"
-        );
-    }
-    assert!(!dir.path().join("-").exists());
-}

@@ -227,6 +227,12 @@ pub fn run_generate(a: GenerateArgs, quiet: bool) -> anyhow::Result<()> {
     use genslm::infer::generate::{generate_fasta, GenerateOptions};
     if let Some(out) = &a.out {
         genslm::atomic::check_not_stdout("--out", out, "leave --out out to print the FASTA")?;
+        genslm::atomic::check_text_name(
+            "--out",
+            out,
+            "FASTA",
+            &["fa", "fasta", "fna", "fas", "txt"],
+        )?;
     }
     let opts = GenerateOptions {
         prompt: a.prompt,

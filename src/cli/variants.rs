@@ -83,7 +83,12 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
         compute: a.device.compute(),
         ..Default::default()
     };
-    genslm::atomic::check_not_stdout("--out", &a.out, "name the file (.tsv or .parquet)")?;
+    genslm::atomic::check_text_name(
+        "--out",
+        &a.out,
+        "TSV (parquet where named .parquet)",
+        &["tsv", "txt", "tab", "parquet"],
+    )?;
     if let Some(png) = &a.heatmap {
         genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--heatmap", png)])?;
         genslm::atomic::check_png_name("--heatmap", png)?;
