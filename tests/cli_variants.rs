@@ -434,6 +434,25 @@ fn nothing_to_score_and_a_heatmap_without_saturate_are_clear() {
         "{err}"
     );
     assert!(!out.exists() && !png.exists(), "written before the refusal");
+    // A region none of whose variants is scored (before the CDS): no blank map with a ±0
+    // colour bar, but a warning; the table says why for each row.
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--cds",
+        "4..90",
+        "--saturate",
+        "1..3",
+        "--out",
+        &arg(&out),
+        "--heatmap",
+        &arg(&png),
+    ]);
+    assert!(
+        ok && err.contains("not drawn, none of the region's variants"),
+        "{err}"
+    );
+    assert!(out.exists() && !png.exists());
 }
 
 /// A one-codon deletion in a 2-codon window leaves ALT 1 codon: nothing to predict, so it is not

@@ -62,7 +62,6 @@ pub fn draw(
         .filter(|x| x.is_finite())
         .fold(0.0f64, |m, x| m.max(x.abs()))
         .max(1e-6);
-    let width = (n as u32 * 14 + 260).clamp(900, 6000);
     let chrom = rows
         .first()
         .map_or("", |r| r.variant.chrom.as_str())
@@ -71,6 +70,10 @@ pub fn draw(
         "In-silico mutagenesis of {chrom}:{}..{} (Δ log-likelihood, {model})",
         region.0, region.1
     );
+    // Wide enough for the cells and for the title (about 12 pixels a character at its size,
+    // beside the colour bar's 150): a short region's title ran off both edges.
+    let for_title = title.chars().count() as u32 * 12 + 190;
+    let width = (n as u32 * 14 + 260).max(for_title).clamp(900, 6000);
     render_png(out, (width, 420), |root| {
         paint(root, &cell, seq, region, cds_start, scale, &title)
     })
@@ -110,7 +113,15 @@ fn paint(
                 String::new()
             }
         })
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        // Positions are whole: a tick between two (a region of one base has only such ticks)
+        // gets no label, where each read as the same position.
+        .x_label_formatter(&|x| {
+            if (x - x.round()).abs() < 1e-6 {
+                format!("{x:.0}")
+            } else {
+                String::new()
+            }
+        })
         .x_desc("position (1-based); codons of the CDS frame between the lines")
         .y_desc("ALT base")
         .label_style((FONT, 14))

@@ -409,14 +409,24 @@ pub fn run_variants(
         };
         let seq = &records[&rows[0].variant.chrom];
         let cds_start = opts.cds.map_or(1, |c| c.0);
-        heatmap::draw(
-            png,
-            &rows,
-            seq,
-            (start, end),
-            cds_start,
-            &model_dir.display().to_string(),
-        )?;
+        // The model by its directory's name: a whole path pushed the title off the picture.
+        let model = model_dir.file_name().unwrap_or(model_dir.as_os_str());
+        if scored.is_empty() {
+            // A blank map with a ±0 colour bar said nothing; the notes below say why.
+            eprintln!(
+                "warning: --heatmap {}: not drawn, none of the region's variants was scored",
+                png.display()
+            );
+        } else {
+            heatmap::draw(
+                png,
+                &rows,
+                seq,
+                (start, end),
+                cds_start,
+                &model.to_string_lossy(),
+            )?;
+        }
     }
     for note in unscored_notes(&rows) {
         eprintln!("note: {note}");
