@@ -381,6 +381,20 @@ fn embed_refuses_foreign_datasets() {
     );
     assert!(!err.contains("panicked"), "{err}");
     assert!(!out.exists());
+    // train names the row and the token too (it gave the id alone).
+    let (ok, _, err) = run(&[
+        "train",
+        "--data",
+        &s(&bad),
+        "--config",
+        "tiny",
+        "--out",
+        &s(&dir.path().join("run")),
+    ]);
+    assert!(
+        !ok && err.contains("foreign.parquet: row 1, token 1: id 200 does not fit"),
+        "{err}"
+    );
 
     // A record without an id (which tokenize no longer writes): its rows could not be told
     // apart from another's.

@@ -362,15 +362,15 @@ fn load_corpus_from(
         )));
     }
     let tok = CodonTokenizer::new(vocab)?;
-    let max_id = records
-        .iter()
-        .flat_map(|r| r.tokens.iter())
-        .max()
-        .copied()
-        .unwrap_or(0);
-    if max_id as usize >= cfg.model.vocab_size {
+    // The first token past the model's vocabulary, by row and position (as the dataset's
+    // other refusals name them).
+    let past = records.iter().enumerate().find_map(|(row, r)| {
+        let at = r.tokens.iter().position(|&t| t as usize >= cfg.model.vocab_size)?;
+        Some((row, at, r.tokens[at]))
+    });
+    if let Some((row, at, id)) = past {
         return Err(Error::Invalid(format!(
-            "{}: token id {max_id} does not fit the model's vocab_size {}",
+            "{}: row {row}, token {at}: id {id} does not fit the model's vocab_size {}",
             path.display(),
             cfg.model.vocab_size
         )));
