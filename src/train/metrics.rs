@@ -154,14 +154,17 @@ impl MetricsLog {
     pub fn open(path: &Path, keep_through: Option<u64>) -> Result<Self> {
         crate::error::file_or_missing(path, "the run's metrics log")?;
         if let Some(last) = keep_through {
-            if path.exists() {
-                let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-                let (kept, dropped) = rows_through(&text, last);
-                if let Some(note) = dropped {
-                    eprintln!("warning: {}: {note}", path.display());
-                }
-                crate::atomic::write_bytes(path, &kept)?;
+            // A missing log is an empty one: the note says its rows are gone.
+            let text = if path.exists() {
+                std::fs::read(path).map_err(|e| Error::io(path, e))?
+            } else {
+                Vec::new()
+            };
+            let (kept, dropped) = rows_through(&text, last);
+            if let Some(note) = dropped {
+                eprintln!("warning: {}: {note}", path.display());
             }
+            crate::atomic::write_bytes(path, &kept)?;
         } else if path.exists() {
             std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
         }
@@ -189,6 +192,7 @@ impl MetricsLog {
 fn rows_through(text: &[u8], last: u64) -> (Vec<u8>, Option<String>) {
     let mut kept = Vec::with_capacity(text.len());
     let mut bad = Vec::new();
+    let mut steps = std::collections::BTreeSet::new();
     let lines: Vec<&[u8]> = text.split_inclusive(|&b| b == b'\n').collect();
     for (i, line) in lines.iter().enumerate() {
         let complete = line.ends_with(b"\n");
@@ -199,6 +203,7 @@ fn rows_through(text: &[u8], last: u64) -> (Vec<u8>, Option<String>) {
         }
         match serde_json::from_slice::<StepMetrics>(body) {
             Ok(m) if m.step <= last => {
+                steps.insert(m.step);
                 kept.extend_from_slice(body);
                 kept.push(b'\n');
             }
@@ -207,15 +212,26 @@ fn rows_through(text: &[u8], last: u64) -> (Vec<u8>, Option<String>) {
             Err(_) => bad.push(i + 1),
         }
     }
-    let note = (!bad.is_empty()).then(|| {
+    let mut notes = Vec::new();
+    if !bad.is_empty() {
         let shown: Vec<String> = bad.iter().take(5).map(|n| n.to_string()).collect();
         let more = if bad.len() > 5 { ", …" } else { "" };
-        format!(
+        notes.push(format!(
             "{} line(s) are not metrics rows and were dropped on resume (line {}{more})",
             bad.len(),
             shown.join(", ")
-        )
-    });
+        ));
+    }
+    // Every step writes its row before its checkpoint: fewer rows than the checkpoint's steps
+    // is a file cut short or edited, whose curve would start late without a word.
+    let have = steps.range(1..=last).count() as u64;
+    if have < last {
+        notes.push(format!(
+            "it holds rows for {have} of the {last} steps the checkpoint has done (cut short or \
+             edited?); the curves miss the others"
+        ));
+    }
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
     (kept, note)
 }
 
@@ -273,11 +289,17 @@ mod tests {
         let (kept, note) = rows_through(text.as_bytes(), 2);
         assert_eq!(String::from_utf8(kept).unwrap(), format!("{r1}\n{r2}\n"));
         assert_eq!(note, None);
-        // A half-written last line (killed mid-write) goes quietly.
+        // A half-written last line (killed mid-write) goes quietly, but a step without its row
+        // is said (the file cut short, or emptied: its curve started at the checkpoint).
         let text = format!("{r1}\n{r2}\n{{\"step\":3,\"lo");
-        let (kept, note) = rows_through(text.as_bytes(), 3);
+        let (kept, note) = rows_through(text.as_bytes(), 2);
         assert_eq!(String::from_utf8(kept).unwrap(), format!("{r1}\n{r2}\n"));
         assert_eq!(note, None);
+        let (_, note) = rows_through(text.as_bytes(), 3);
+        let note = note.expect("a note");
+        assert!(note.contains("rows for 2 of the 3 steps"), "{note}");
+        let (_, note) = rows_through(b"", 3);
+        assert!(note.unwrap().contains("rows for 0 of the 3 steps"));
         // Damage in the middle (and bytes that are not UTF-8) is named by line.
         let text = [
             format!("{r1}\n").into_bytes(),

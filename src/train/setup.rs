@@ -365,7 +365,10 @@ fn load_corpus_from(
     // The first token past the model's vocabulary, by row and position (as the dataset's
     // other refusals name them).
     let past = records.iter().enumerate().find_map(|(row, r)| {
-        let at = r.tokens.iter().position(|&t| t as usize >= cfg.model.vocab_size)?;
+        let at = r
+            .tokens
+            .iter()
+            .position(|&t| t as usize >= cfg.model.vocab_size)?;
         Some((row, at, r.tokens[at]))
     });
     if let Some((row, at, id)) = past {
