@@ -148,7 +148,7 @@ pub fn check_fits_or(
     let peak = |len: usize| predicted_peak(cfg, (dp, sp, pp), in_process, len);
     let (need, fits) = match over_budget(cfg.train.seq_len, sp, peak, available) {
         None => return Ok(()),
-        Some(over) => over,
+        Some((need, fits)) => (need, with_table_note(cfg, fits)),
     };
     Err(Error::Invalid(format!(
         "--seq-len {}: the predicted peak memory is {:.1} GiB, but this machine has {:.1} GiB \
@@ -201,7 +201,7 @@ pub fn check_fits_device(
     };
     let (need, fits) = match over_budget(cfg.train.seq_len, sp, peak, capacity) {
         None => return Ok(()),
-        Some(over) => over,
+        Some((need, fits)) => (need, with_table_note(cfg, fits)),
     };
     let shared = if sharing > 1 {
         format!(" for the {sharing} ranks sharing it")
@@ -311,6 +311,24 @@ pub fn check_largest_buffer(
     )))
 }
 
+/// `fits` with, for a learned-position model whose table is longer than the sequence, what no
+/// length changes: the table keeps the config's rows (2²⁴ of them were refused with "no
+/// --seq-len fits" alone).
+fn with_table_note(cfg: &Config, fits: String) -> String {
+    let m = &cfg.model;
+    if m.position == crate::config::Position::Learned
+        && m.max_position_embeddings > cfg.train.seq_len
+    {
+        format!(
+            "{fits}; the learned position table keeps its max_position_embeddings = {} rows at \
+             any --seq-len (a smaller table in the config shrinks it)",
+            m.max_position_embeddings
+        )
+    } else {
+        fits
+    }
+}
+
 /// `None` when `peak(s)` fits `budget`; else the peak and what to say about the longest
 /// multiple of `sp` that fits (found by bisection: the peak grows with the length).
 fn over_budget(
@@ -357,6 +375,23 @@ mod tests {
             .unwrap()
             .parse()
             .unwrap()
+    }
+
+    /// A learned table longer than the sequence counts whole, and the refusal says no length
+    /// changes it (2²⁴ rows passed the check and aborted on the allocation).
+    #[test]
+    fn a_long_learned_table_is_counted_and_named() {
+        let mut cfg = genslm_25m();
+        cfg.model.position = crate::config::Position::Learned;
+        cfg.train.seq_len = 64;
+        cfg.train.batch_size = 1;
+        check_fits(&cfg, (1, 1, 1), 1, 2.0 * GIB).unwrap();
+        // 2²⁴ rows of 512: 2³³ parameters, 16 bytes each for weights, gradients and moments.
+        cfg.model.max_position_embeddings = 1 << 24;
+        let e = check_fits(&cfg, (1, 1, 1), 1, 100.0 * GIB)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_position_embeddings = 16777216 rows"), "{e}");
     }
 
     #[test]
