@@ -188,6 +188,14 @@ impl CodonTokenizer {
     pub fn unk_id(&self) -> u32 {
         self.unk
     }
+    /// Whether genslm's tokenize writes `id` inside a record: a codon, `[UNK]`, or the
+    /// vocabulary's `[BOS]`/`[EOS]` (never `[PAD]`, `[CLS]`, `[SEP]` or `[MASK]`).
+    pub fn writes(&self, id: u32) -> bool {
+        id == self.unk
+            || Some(id) == self.bos
+            || Some(id) == self.eos
+            || self.codon_id.contains(&id)
+    }
     pub fn pad_id(&self) -> u32 {
         self.pad
     }
@@ -368,6 +376,29 @@ mod tests {
         assert_eq!(t.encode(b"atgNNNat"), vec![10, 0, 0]);
         let t = CodonTokenizer::new(VocabKind::Genslm71).unwrap();
         assert_eq!(t.encode(b"GGCTAG"), vec![2, 7, 70, 3]);
+    }
+
+    /// `writes` holds exactly the ids encoding can produce: every codon, `NNN`, and a record's
+    /// `[BOS]`/`[EOS]` where the vocabulary has them.
+    #[test]
+    fn the_ids_tokenize_writes_are_those_encoding_produces() {
+        for kind in [VocabKind::Genslm69, VocabKind::Genslm71] {
+            let t = CodonTokenizer::new(kind).unwrap();
+            let mut produced = std::collections::BTreeSet::new();
+            for a in b"ACGT" {
+                for b in b"ACGT" {
+                    for c in b"ACGT" {
+                        produced.extend(t.encode(&[*a, *b, *c]));
+                    }
+                }
+            }
+            produced.extend(t.encode(b"NNN"));
+            let writes: std::collections::BTreeSet<u32> = (0..t.vocab_size() as u32)
+                .filter(|&i| t.writes(i))
+                .collect();
+            assert_eq!(writes, produced, "{kind:?}");
+            assert!(!t.writes(t.pad_id()));
+        }
     }
 
     #[test]

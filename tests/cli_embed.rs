@@ -395,6 +395,51 @@ fn embed_refuses_foreign_datasets() {
         !ok && err.contains("foreign.parquet: row 1, token 1: id 200 does not fit"),
         "{err}"
     );
+    // A [PAD] id inside a record is trained on as a target (the loss mask is the lengths'):
+    // said, with its place.
+    let pad = genslm::tokenizer::CodonTokenizer::new(genslm::tokenizer::VocabKind::Genslm69)
+        .unwrap()
+        .pad_id() as u8;
+    let padded = dir.path().join("padded.parquet");
+    let mut w = DatasetWriter::create(
+        &padded,
+        genslm::tokenizer::VocabKind::Genslm69,
+        genslm::data::digest::DigestKind::Xxh3,
+    )
+    .unwrap();
+    let tokens: Vec<u8> = (0..40)
+        .map(|i| if i == 7 { pad } else { 5 + i % 60 })
+        .collect();
+    w.push(&Row {
+        id: "p",
+        description: "",
+        source: "test",
+        length: 120,
+        gc_content: 0.5,
+        digest: "",
+        tokens: &tokens,
+    })
+    .unwrap();
+    w.finish().unwrap();
+    let (ok, _, err) = run(&[
+        "train",
+        "--data",
+        &s(&padded),
+        "--config",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--steps",
+        "1",
+        "--quiet",
+        "--out",
+        &s(&dir.path().join("run-pad")),
+    ]);
+    assert!(
+        ok && err.contains("1 token(s) inside records are special ids")
+            && err.contains("row 0, token 7"),
+        "{err}"
+    );
 
     // A record without an id (which tokenize no longer writes): its rows could not be told
     // apart from another's.

@@ -378,6 +378,26 @@ fn load_corpus_from(
             cfg.model.vocab_size
         )));
     }
+    // Special tokens inside a foreign dataset's records are targets like any codon (the loss
+    // mask comes from the lengths): said, with the first one's place.
+    let mut foreign = records.iter().enumerate().flat_map(|(row, r)| {
+        r.tokens
+            .iter()
+            .enumerate()
+            .filter(|&(_, &t)| !tok.writes(t))
+            .map(move |(at, &t)| (row, at, t))
+    });
+    if let Some((row, at, id)) = foreign.next() {
+        eprintln!(
+            "warning: {}: {} token(s) inside records are special ids genslm's tokenize never \
+             writes there (first: row {row}, token {at}: {} {}); they are trained on as \
+             targets like codons",
+            path.display(),
+            1 + foreign.count(),
+            id,
+            tok.token(id).unwrap_or("?")
+        );
+    }
     let tokens: Vec<Vec<u32>> = records.into_iter().map(|r| r.tokens).collect();
     let fp = fingerprint(&tokens);
     // What the message names: the user's input, not the temporary file it was tokenized into.
