@@ -338,32 +338,40 @@ fn embed_bad_input_gives_clear_errors() {
     );
 }
 
-/// A dataset whose token ids do not fit the model, or that carries no vocabulary, is refused
-/// with the file and record named (dc757c5 panicked in the gather, or assumed genslm69).
-#[test]
-fn embed_refuses_foreign_datasets() {
+/// A genslm69 dataset of `(id, tokens, length)` rows, as a foreign tool could write one.
+fn dataset(path: &Path, rows: &[(&str, Vec<u8>, u64)]) {
     use genslm::data::dataset::{DatasetWriter, Row};
-    let dir = tempfile::tempdir().unwrap();
-    let bad = dir.path().join("foreign.parquet");
     let mut w = DatasetWriter::create(
-        &bad,
+        path,
         genslm::tokenizer::VocabKind::Genslm69,
         genslm::data::digest::DigestKind::Xxh3,
     )
     .unwrap();
-    for (id, tokens) in [("fine", vec![5u8, 6, 7]), ("alien", vec![5, 200, 7])] {
+    for (id, tokens, length) in rows {
         w.push(&Row {
             id,
             description: "",
             source: "test",
-            length: 9,
+            length: *length,
             gc_content: 0.5,
             digest: "",
-            tokens: &tokens,
+            tokens,
         })
         .unwrap();
     }
     w.finish().unwrap();
+}
+
+/// A dataset whose token ids do not fit the model, or that carries no vocabulary, is refused
+/// with the file and record named (dc757c5 panicked in the gather, or assumed genslm69).
+#[test]
+fn embed_refuses_foreign_datasets() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("foreign.parquet");
+    dataset(
+        &bad,
+        &[("fine", vec![5u8, 6, 7], 9), ("alien", vec![5, 200, 7], 9)],
+    );
     let out = dir.path().join("e.parquet");
     let (ok, _, err) = run(&[
         "embed",
@@ -401,26 +409,10 @@ fn embed_refuses_foreign_datasets() {
         .unwrap()
         .pad_id() as u8;
     let padded = dir.path().join("padded.parquet");
-    let mut w = DatasetWriter::create(
-        &padded,
-        genslm::tokenizer::VocabKind::Genslm69,
-        genslm::data::digest::DigestKind::Xxh3,
-    )
-    .unwrap();
     let tokens: Vec<u8> = (0..40)
         .map(|i| if i == 7 { pad } else { 5 + i % 60 })
         .collect();
-    w.push(&Row {
-        id: "p",
-        description: "",
-        source: "test",
-        length: 120,
-        gc_content: 0.5,
-        digest: "",
-        tokens: &tokens,
-    })
-    .unwrap();
-    w.finish().unwrap();
+    dataset(&padded, &[("p", tokens, 120)]);
     let (ok, _, err) = run(&[
         "train",
         "--data",
@@ -444,25 +436,7 @@ fn embed_refuses_foreign_datasets() {
     // A record without an id (which tokenize no longer writes): its rows could not be told
     // apart from another's.
     let noid = dir.path().join("noid.parquet");
-    let mut w = DatasetWriter::create(
-        &noid,
-        genslm::tokenizer::VocabKind::Genslm69,
-        genslm::data::digest::DigestKind::Xxh3,
-    )
-    .unwrap();
-    for id in ["fine", ""] {
-        w.push(&Row {
-            id,
-            description: "",
-            source: "test",
-            length: 9,
-            gc_content: 0.5,
-            digest: "",
-            tokens: &[5, 6, 7],
-        })
-        .unwrap();
-    }
-    w.finish().unwrap();
+    dataset(&noid, &[("fine", vec![5, 6, 7], 9), ("", vec![5, 6, 7], 9)]);
     let (ok, _, err) = run(&[
         "embed",
         "--model",

@@ -84,23 +84,15 @@ fn per_token_rows_pool_to_the_record_vectors() {
     go(&["--pool", "mean", "--layers", "2,0", "--out", &arg(&multi)]);
     let t = read(&tok);
     assert_eq!(t.num_rows(), 2 * (23 + 10), "one row per token and layer");
+    // Not quiet: what the command says (`common` has --quiet).
+    let loud = |extra: &[&str]| {
+        let mut a = vec!["embed", "--model", &model, "--fasta", &fa, "--seq-len", "8"];
+        a.extend(extra);
+        run(&a)
+    };
     // The summary counts records as records (it said "66 records": the rows).
     let out = arg(&dir.path().join("again.parquet"));
-    let (ok, _, err) = run(&[
-        "embed",
-        "--model",
-        &model,
-        "--fasta",
-        &fa,
-        "--seq-len",
-        "8",
-        "--pool",
-        "none",
-        "--layers",
-        "0,-1",
-        "--out",
-        &out,
-    ]);
+    let (ok, _, err) = loud(&["--pool", "none", "--layers", "0,-1", "--out", &out]);
     assert!(
         ok && err.contains("embedded 2 records (33 tokens") && err.contains("66 rows"),
         "{err}"
@@ -108,19 +100,7 @@ fn per_token_rows_pool_to_the_record_vectors() {
     // A layer named twice (-1 is the last, 2 in tiny) is written once, and said so (the file
     // held fewer layers than the flag listed, without a word).
     let twice = arg(&dir.path().join("twice.parquet"));
-    let (ok, _, err) = run(&[
-        "embed",
-        "--model",
-        &model,
-        "--fasta",
-        &fa,
-        "--seq-len",
-        "8",
-        "--layers",
-        "2,-1,2",
-        "--out",
-        &twice,
-    ]);
+    let (ok, _, err) = loud(&["--layers", "2,-1,2", "--out", &twice]);
     assert!(
         ok && err.contains("--layers -1 names layer 2 again (as 2)"),
         "{err}"
