@@ -244,9 +244,17 @@ pub fn check_not_stdout(flag: &str, path: &Path, instead: &str) -> Result<()> {
     Ok(())
 }
 
+/// The checks every named output gets before its format's: not `-`, and not a run's own file
+/// (which says more than the name's format: `generate --out RUN/metrics.jsonl` was refused as
+/// "not FASTA").
+fn check_output(flag: &str, path: &Path, instead: &str) -> Result<()> {
+    check_not_stdout(flag, path, instead)?;
+    crate::run_lock::check_not_a_runs_file(path)
+}
+
 /// Refuses a parquet output (`flag` names it) whose extension names another format, or `-`.
 pub fn check_parquet_name(flag: &str, path: &Path) -> Result<()> {
-    check_not_stdout(flag, path, "name the file (parquet needs one)")?;
+    check_output(flag, path, "name the file (parquet needs one)")?;
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase());
@@ -264,7 +272,7 @@ pub fn check_parquet_name(flag: &str, path: &Path) -> Result<()> {
 /// and notebooks go by the name, so `--plot x.txt` wrote a picture nothing would open as one.
 /// A name without an extension is taken as given.
 pub fn check_png_name(flag: &str, path: &Path) -> Result<()> {
-    check_not_stdout(flag, path, "name the file")?;
+    check_output(flag, path, "name the file")?;
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase());
@@ -282,7 +290,7 @@ pub fn check_png_name(flag: &str, path: &Path) -> Result<()> {
 /// `format`, whose names `fits` lists (the first is suggested): `generate --out x.parquet`
 /// wrote FASTA under a parquet name, `variants --out x.csv` a TSV. Unknown extensions pass.
 pub fn check_text_name(flag: &str, path: &Path, format: &str, fits: &[&str]) -> Result<()> {
-    check_not_stdout(flag, path, "name the file")?;
+    check_output(flag, path, "name the file")?;
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase());

@@ -179,11 +179,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 progress: !cli.quiet,
                 digest: digest.into(),
             };
+            // (A run's `data.parquet` is its train's, paired with `data.sources.json` and the
+            // checkpoints' data fingerprint: the name check refuses it as a run's file before
+            // the lock, which would make this process the run's owner. Other names in a run
+            // directory take its lock.)
             genslm::atomic::check_parquet_name("--out", &out)?;
-            // A run's `data.parquet` is its train's (paired with `data.sources.json` and the
-            // checkpoints' data fingerprint): refused before taking the lock, which would make
-            // this process the run's owner. Other names in a run directory take its lock.
-            genslm::run_lock::check_not_a_runs_file(&out)?;
             let _run = genslm::run_lock::if_in_run_dir(&out, "tokenize")?;
             let summary = tokenize_to_parquet(&fasta, &out, &opts)?;
             if !cli.quiet {

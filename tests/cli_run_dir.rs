@@ -249,7 +249,25 @@ fn a_finished_runs_files_are_not_outputs_of_other_commands() {
     let dir = tempfile::tempdir().unwrap();
     let (out, step) = finished_run(dir.path());
     let fa = arg(&repo().join("data/lambda_virus.fa"));
-    // (A name that does not say another format than parquet: those are refused by name.)
+    // A run's file is named as one whatever its name's format (metrics.jsonl was refused as
+    // "not parquet" by --per-token, "not FASTA" by generate).
+    for (args, flag) in [
+        (
+            vec!["score", "--model", &arg(&out), "--fasta", &fa],
+            "--per-token",
+        ),
+        (
+            vec!["generate", "--model", &arg(&out), "--max-codons", "4"],
+            "--out",
+        ),
+    ] {
+        let target = arg(&out.join("metrics.jsonl"));
+        let (ok, _, err) = run(&[&args[..], &[flag, target.as_str()]].concat());
+        assert!(
+            !ok && err.contains("a file of the run in"),
+            "{args:?}: {err}"
+        );
+    }
     let shard = step.join("checksums.sha256");
     assert!(shard.is_file());
     let before = std::fs::read(&shard).unwrap();

@@ -227,8 +227,6 @@ pub fn run_generate(a: GenerateArgs, quiet: bool) -> anyhow::Result<()> {
     use genslm::infer::generate::{generate_fasta, GenerateOptions};
     if let Some(out) = &a.out {
         genslm::atomic::check_not_stdout("--out", out, "leave --out out to print the FASTA")?;
-        // A run's own file is named as one first: that says more than its name's format.
-        genslm::run_lock::check_not_a_runs_file(out)?;
         genslm::atomic::check_text_name(
             "--out",
             out,

@@ -83,8 +83,6 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
         compute: a.device.compute(),
         ..Default::default()
     };
-    // A run's own file is named as one first: that says more than its name's format.
-    genslm::run_lock::check_not_a_runs_file(&a.out)?;
     genslm::atomic::check_text_name(
         "--out",
         &a.out,
