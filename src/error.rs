@@ -36,6 +36,16 @@ impl Error {
     }
 }
 
+/// The first five of `items`, comma-separated, then `…` when there are more: how a message
+/// names a long list of records or lines.
+pub fn first_five<T: std::fmt::Display>(items: &[T]) -> String {
+    let mut s: Vec<String> = items.iter().take(5).map(|x| x.to_string()).collect();
+    if items.len() > 5 {
+        s.push("…".into());
+    }
+    s.join(", ")
+}
+
 /// The message a panic carried (`panic!` with a literal gives a `&str`, with a format a
 /// `String`); `None` for other payloads.
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<&str> {

@@ -559,13 +559,11 @@ pub fn embed_to_parquet(
         );
     }
     if !pipe.empty.is_empty() {
-        let shown: Vec<&str> = pipe.empty.iter().take(5).map(String::as_str).collect();
         eprintln!(
             "warning: {} record(s) hold no codon (shorter than 3 bases, tokenized with \
-             --drop-partial-codon): no row written for {}{}",
+             --drop-partial-codon): no row written for {}",
             pipe.empty.len(),
-            shown.join(", "),
-            if pipe.empty.len() > 5 { ", …" } else { "" }
+            crate::error::first_five(&pipe.empty)
         );
     }
     let rows = pipe.writer.rows();

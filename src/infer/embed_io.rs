@@ -293,8 +293,12 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
         let flat = emb.values().as_primitive::<Float32Type>();
         let start = emb.offset() * dim;
         // A null element's slot holds whatever was there (0 in the files seen): refused, not
-        // projected as a made-up value.
-        if let Some(i) = (start..start + emb.len() * dim).find(|&i| flat.is_null(i)) {
+        // projected as a made-up value. Counted first: the scan runs only where arrow counts
+        // a null.
+        let null = (flat.null_count() > 0)
+            .then(|| (start..start + emb.len() * dim).find(|&i| flat.is_null(i)))
+            .flatten();
+        if let Some(i) = null {
             let row = values.len() / dim.max(1) + (i - start) / dim;
             return Err(derr(format!(
                 "column `embedding`: row {row} holds a null at element {}",

@@ -323,8 +323,11 @@ impl GenSlm {
             let first = self.position_shard().unwrap_or(0);
             let table_rows = self.full(self.region_vec(p)).reshape([rows, h]);
             let mut parts = Vec::with_capacity(pos.spans.len() + 1);
+            // Whether any row of the table is read (not on a rank of padding only, below).
+            let mut touched = false;
             for span in &pos.spans {
                 let real = span.len.min(pos.real_end.saturating_sub(span.start));
+                touched |= real > 0;
                 let (start, end) = (span.start, span.start + real);
                 if real > 0 && end > c.max_position_embeddings {
                     return Err(Error::Invalid(format!(
@@ -348,7 +351,6 @@ impl GenSlm {
                     parts.push(Tensor::zeros([span.len - real, h], &self.device));
                 }
             }
-            let touched = pos.spans.iter().any(|sp| pos.real_end > sp.start);
             let table = cat_runs(parts, 0);
             debug_assert_eq!(table.dims()[0], s);
             // Under Megatron SP the token embedding holds this rank's part of the sequence.

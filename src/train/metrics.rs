@@ -214,12 +214,10 @@ fn rows_through(text: &[u8], last: u64) -> (Vec<u8>, Option<String>) {
     }
     let mut notes = Vec::new();
     if !bad.is_empty() {
-        let shown: Vec<String> = bad.iter().take(5).map(|n| n.to_string()).collect();
-        let more = if bad.len() > 5 { ", …" } else { "" };
         notes.push(format!(
-            "{} line(s) are not metrics rows and were dropped on resume (line {}{more})",
+            "{} line(s) are not metrics rows and were dropped on resume (line {})",
             bad.len(),
-            shown.join(", ")
+            crate::error::first_five(&bad)
         ));
     }
     // Every step writes its row before its checkpoint: fewer rows than the checkpoint's steps

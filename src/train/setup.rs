@@ -296,32 +296,22 @@ pub fn load_corpus(
     run: &Path,
     saved: Option<&Saved>,
 ) -> Result<Corpus> {
-    match load_corpus_with(cfg, data, run, saved, true) {
-        Err((e, true)) => {
+    let mut reused = false;
+    match load_corpus_from(cfg, data, run, saved, true, &mut reused) {
+        Err(e) if reused => {
             eprintln!(
                 "warning: {}, the run's tokenized copy of its unchanged FASTA input, does not \
                  serve this resume ({e}); tokenizing the FASTA again",
                 run.join("data.parquet").display()
             );
-            load_corpus_with(cfg, data, run, saved, false).map_err(|(e, _)| e)
+            load_corpus_from(cfg, data, run, saved, false, &mut reused)
         }
-        r => r.map_err(|(e, _)| e),
+        r => r,
     }
 }
 
-/// [`load_corpus`], reusing `RUN/data.parquet` only where `reuse` allows; an error says
-/// whether the copy was reused.
-fn load_corpus_with(
-    cfg: &Config,
-    data: &DataSource,
-    run: &Path,
-    saved: Option<&Saved>,
-    reuse: bool,
-) -> std::result::Result<Corpus, (Error, bool)> {
-    let mut reused = false;
-    load_corpus_from(cfg, data, run, saved, reuse, &mut reused).map_err(|e| (e, reused))
-}
-
+/// [`load_corpus`], reusing `RUN/data.parquet` only where `reuse` allows; `reused` says
+/// whether it did.
 fn load_corpus_from(
     cfg: &Config,
     data: &DataSource,
@@ -362,63 +352,67 @@ fn load_corpus_from(
         )));
     }
     let tok = CodonTokenizer::new(vocab)?;
-    // The first token past the model's vocabulary, by row and position (as the dataset's
-    // other refusals name them).
-    let past = records.iter().enumerate().find_map(|(row, r)| {
-        let at = r
-            .tokens
-            .iter()
-            .position(|&t| t as usize >= cfg.model.vocab_size)?;
-        Some((row, at, r.tokens[at]))
-    });
-    if let Some((row, at, id)) = past {
-        return Err(Error::Invalid(format!(
-            "{}: row {row}, token {at}: id {id} does not fit the model's vocab_size {}",
-            path.display(),
-            cfg.model.vocab_size
-        )));
+    // One pass over the tokens, each looked up in a table of the model's ids: one past the
+    // vocabulary is refused by row and position (as the dataset's other refusals name them);
+    // special ids inside a foreign dataset's records are targets like any codon (the loss mask
+    // comes from the lengths), said with the first one's place.
+    let special: Vec<bool> = (0..cfg.model.vocab_size as u32)
+        .map(|id| !tok.writes(id))
+        .collect();
+    let (mut first_special, mut specials) = (None, 0usize);
+    for (row, r) in records.iter().enumerate() {
+        for (at, &id) in r.tokens.iter().enumerate() {
+            match special.get(id as usize) {
+                None => {
+                    return Err(Error::Invalid(format!(
+                        "{}: row {row}, token {at}: id {id} does not fit the model's \
+                         vocab_size {}",
+                        path.display(),
+                        cfg.model.vocab_size
+                    )))
+                }
+                Some(true) => {
+                    specials += 1;
+                    first_special.get_or_insert((row, at, id));
+                }
+                Some(false) => {}
+            }
+        }
     }
-    // Special tokens inside a foreign dataset's records are targets like any codon (the loss
-    // mask comes from the lengths): said, with the first one's place.
-    let mut foreign = records.iter().enumerate().flat_map(|(row, r)| {
-        r.tokens
-            .iter()
-            .enumerate()
-            .filter(|&(_, &t)| !tok.writes(t))
-            .map(move |(at, &t)| (row, at, t))
-    });
-    if let Some((row, at, id)) = foreign.next() {
+    if let Some((row, at, id)) = first_special {
         eprintln!(
-            "warning: {}: {} token(s) inside records are special ids genslm's tokenize never \
-             writes there (first: row {row}, token {at}: {} {}); they are trained on as \
+            "warning: {}: {specials} token(s) inside records are special ids genslm's tokenize \
+             never writes there (first: row {row}, token {at}: {id} {}); they are trained on as \
              targets like codons",
             path.display(),
-            1 + foreign.count(),
-            id,
             tok.token(id).unwrap_or("?")
         );
     }
     let tokens: Vec<Vec<u32>> = records.into_iter().map(|r| r.tokens).collect();
     let fp = fingerprint(&tokens);
-    // What the message names: the user's input, not the temporary file it was tokenized into.
-    let source = match (data, &fresh) {
-        (DataSource::Fasta(paths), Some(_)) => format!(
-            "the FASTA input ({}), tokenized afresh because {}",
-            paths
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+    // What the messages name: the user's input, not the temporary file a FASTA was tokenized
+    // into.
+    let input = match (data, &fresh) {
+        (DataSource::Fasta(paths), Some(_)) => paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => path.display().to_string(),
+    };
+    let source = if fresh.is_some() {
+        format!(
+            "the FASTA input ({input}), tokenized afresh because {}",
             if reuse {
                 "its files changed since this run read them (files added, removed or modified)"
             } else {
                 "the run's copy of it did not serve"
             }
-        ),
-        _ => path.display().to_string(),
+        )
+    } else {
+        input.clone()
     };
     let checked = saved.map_or(Ok(None), |s| check_data(s, &fp, &source));
-    let fresh_from_fasta = fresh.is_some();
     if let Some((out, stamp_path, stamp)) = fresh {
         if checked.is_err() {
             let _ = std::fs::remove_file(&path);
@@ -431,15 +425,6 @@ fn load_corpus_from(
         eprintln!("warning: {w}");
     }
     let t = &cfg.train;
-    // Named by the user's input: a FASTA tokenized afresh sits in a temporary file.
-    let input = match data {
-        DataSource::Fasta(paths) if fresh_from_fasta => paths
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-        _ => path.display().to_string(),
-    };
     let mut corpus = Corpus::new(tokens, t.seq_len, tok.pad_id(), t.val_fraction, t.seed)
         .map_err(|e| Error::Invalid(format!("{input}: {e}")))?;
     if let Some(note) = corpus.split_note(t.val_fraction) {
