@@ -35,7 +35,7 @@ UPPER = {("model",), ("parallel",), ("train",), ("plan",), ("infer",), ("cli",),
 # The modules beside every layer (settings, data, errors, files, devices, the process's
 # environment): every layer may use them, so they use none of the layers above ops.
 BESIDE = ["config", "error", "isa", "data", "tokenizer", "rng", "backend", "cuda_toolkit",
-          "atomic", "run_lock", "progress", "checksum", "alloc", "launch", "host_memory", "pca"]
+          "atomic", "atomic_dir", "run_lock", "progress", "checksum", "alloc", "launch", "host_memory", "pca"]
 FORBIDDEN = {
     ("model",): {("parallel",), ("train",), ("plan",), ("infer",), ("cli",), ("bench",)},
     **{(b,): UPPER for b in BESIDE},

@@ -225,6 +225,8 @@ const NOT_PARQUET: &[&str] = &[
     "fa",
     "fasta",
     "fna",
+    "fastq",
+    "fq",
     "vcf",
     "gz",
     "zst",
@@ -357,7 +359,16 @@ mod tests {
     #[test]
     fn a_text_output_named_as_another_format_is_refused() {
         let fasta = ["fa", "fasta", "fna", "txt"];
-        for bad in ["x.parquet", "x.PNG", "x.json", "x.vcf", "x.gz", "x.csv"] {
+        for bad in [
+            "x.parquet",
+            "x.PNG",
+            "x.json",
+            "x.vcf",
+            "x.gz",
+            "x.csv",
+            "x.fastq",
+            "x.fq",
+        ] {
             let e = check_text_name("--out", Path::new(bad), "FASTA", &fasta).unwrap_err();
             assert!(e.to_string().contains("written as FASTA"), "{bad}: {e}");
         }

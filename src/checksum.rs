@@ -85,7 +85,21 @@ fn manifest(dir: &Path) -> Result<Option<HashMap<String, String>>> {
                 i + 1
             )));
         };
-        listed.insert(name.to_string(), hash.to_ascii_lowercase());
+        // `sha256sum -c` reads "./name" as "name", and checks every line: a file listed twice
+        // with two hashes cannot match both, so the manifest is refused, not read by its last
+        // line (a wrong line placed first was ignored).
+        let name = name.strip_prefix("./").unwrap_or(name);
+        let hash = hash.to_ascii_lowercase();
+        if let Some(before) = listed.insert(name.to_string(), hash.clone()) {
+            if before != hash {
+                return Err(Error::Invalid(format!(
+                    "{}: line {}: {name} is listed again with another hash; the file cannot \
+                     match both",
+                    path.display(),
+                    i + 1
+                )));
+            }
+        }
     }
     Ok(Some(listed))
 }
@@ -318,5 +332,32 @@ mod tests {
         verify(d, &["abc"]).unwrap();
         std::fs::write(d.join("abc"), b"abd").unwrap();
         assert!(verify(d, &["abc"]).is_err());
+    }
+
+    /// As `sha256sum -c` reads a manifest: "./abc" is abc, and a file listed twice with two
+    /// hashes fails whichever line comes first (the last line used to win).
+    #[test]
+    fn dot_slash_names_are_read_and_a_file_listed_twice_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("abc"), b"abc").unwrap();
+        let good = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        let bad = "0".repeat(64);
+        std::fs::write(d.join(MANIFEST_FILE), format!("{good}  ./abc\n")).unwrap();
+        verify(d, &["abc"]).unwrap();
+        std::fs::write(
+            d.join(MANIFEST_FILE),
+            format!("{good}  abc\n{good}  ./abc\n"),
+        )
+        .unwrap();
+        verify(d, &["abc"]).unwrap();
+        for text in [
+            format!("{bad}  abc\n{good}  abc\n"),
+            format!("{good}  abc\n{bad}  ./abc\n"),
+        ] {
+            std::fs::write(d.join(MANIFEST_FILE), text).unwrap();
+            let e = verify(d, &["abc"]).unwrap_err().to_string();
+            assert!(e.contains("line 2") && e.contains("listed again"), "{e}");
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod alloc;
 pub mod atomic;
+pub mod atomic_dir;
 pub mod backend;
 pub mod bench;
 pub mod checksum;

@@ -290,3 +290,73 @@ fn every_flag_is_described_in_help() {
         undocumented.join("\n")
     );
 }
+
+/// What is not a regular file is named, never waited on: a named pipe as convert's weights or
+/// as a config (convert and info blocked until killed), a pipe where a model directory's
+/// weights should be ("holds no model.safetensors"); a binary file given as a config; a
+/// file as convert's output directory ("Not a directory (os error 20)"). A model directory is
+/// taken as convert's --config, as info takes it.
+#[cfg(unix)]
+#[test]
+fn pipes_binaries_and_files_in_the_wrong_place_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ckpt = common::tiny_checkpoint();
+    let s = |p: &std::path::Path| common::arg(p);
+    let fifo = |name: &str| {
+        let p = d.join(name);
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        p
+    };
+    let (pipe_bin, pipe_cfg) = (fifo("p.bin"), fifo("cfg.json"));
+    let piped = d.join("piped");
+    std::fs::create_dir(&piped).unwrap();
+    std::fs::copy(ckpt.join("config.json"), piped.join("config.json")).unwrap();
+    let c = std::ffi::CString::new(piped.join("model.safetensors").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let afile = write(d, "afile", b"mine");
+    let tiny = s(&repo().join("configs/tiny.toml"));
+    let weights = s(&ckpt.join("model.safetensors"));
+    let out = s(&d.join("out"));
+    for (args, want) in [
+        (
+            vec!["convert", &s(&pipe_bin), "--config", &tiny, "--out", &out],
+            "a named pipe (FIFO), not a file",
+        ),
+        (
+            vec!["info", "--config", &s(&pipe_cfg)],
+            "a named pipe (FIFO), not a file",
+        ),
+        (
+            vec![
+                "convert",
+                &weights,
+                "--config",
+                &s(&pipe_cfg),
+                "--out",
+                &out,
+            ],
+            "a named pipe (FIFO), not a file",
+        ),
+        (
+            vec!["convert", &s(&piped), "--out", &out],
+            "model.safetensors: a named pipe (FIFO)",
+        ),
+        (
+            vec!["info", "--config", &weights],
+            "not text (invalid UTF-8",
+        ),
+        (
+            vec!["convert", &s(&ckpt), "--out", &s(&afile)],
+            "a file, not a directory",
+        ),
+    ] {
+        let (ok, _, err) = run(&args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read(&afile).unwrap(), b"mine");
+    let (ok, _, err) = run(&["convert", &weights, "--config", &s(&ckpt), "--out", &out]);
+    assert!(ok, "{err}");
+    assert!(d.join("out/model.safetensors").is_file());
+}

@@ -321,3 +321,85 @@ fn a_cache_larger_than_memory_is_refused_before_it_is_allocated() {
         "{err}"
     );
 }
+
+/// A logit that overflows to +∞ made softmax NaN everywhere, and the draw fell on id 0: the
+/// sample read NNN ([UNK]) with exit 0, and greedy decoding skipped the token. Both now stop,
+/// naming the sample, the codon and the token.
+#[test]
+fn an_infinite_logit_stops_generation_by_name() {
+    use genslm::model::params::Layout;
+    let cfg = tiny(Position::Rotary, 64);
+    let layout = Layout::new(&cfg);
+    let mut values = layout.init_host(3);
+    let tok = CodonTokenizer::new(cfg.vocab).unwrap();
+    let atg = tok.codon_to_id(b"ATG") as usize;
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    // The final LayerNorm outputs ones whatever the input, so ATG's logit is h · 3e38 = +∞.
+    values[layout.final_ln_w].iter_mut().for_each(|x| *x = 0.0);
+    values[layout.final_ln_b].iter_mut().for_each(|x| *x = 1.0);
+    for j in 0..h {
+        values[layout.embed_out][j * v + atg] = 3e38;
+    }
+    let model = GenSlm::from_host(cfg, values, &Device::flex()).unwrap();
+    for temperature in [1.0, 0.0] {
+        let mut opts = greedy_opts("AAA", 4);
+        opts.sampling = SamplingParams {
+            top_k: 0,
+            top_p: 1.0,
+            temperature,
+        };
+        let err = generate(&model, &opts, &mut |_| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sample 0, codon 2") && err.contains("logit for ATG is inf"),
+            "temperature {temperature}: {err}"
+        );
+    }
+}
+
+/// A sample that draws [EOS] before its first codon (an empty prompt on genslm71) has no
+/// sequence: it was written as a bare header, which genslm's own readers refuse. It is left out
+/// with a warning. The model path in the header keeps no control character (a terminal escape).
+#[test]
+fn an_empty_sample_is_not_written_and_the_header_is_printable() {
+    use genslm::infer::generate::generate_fasta;
+    use genslm::model::params::Layout;
+    use genslm::tokenizer::VocabKind;
+    let mut cfg = tiny(Position::Rotary, 64);
+    cfg.vocab = VocabKind::Genslm71;
+    cfg.vocab_size = 71;
+    let layout = Layout::new(&cfg);
+    let mut values = layout.init_host(3);
+    let tok = CodonTokenizer::new(cfg.vocab).unwrap();
+    let (eos, atg) = (
+        tok.eos_id().unwrap() as usize,
+        tok.codon_to_id(b"ATG") as usize,
+    );
+    let v = cfg.vocab_size;
+    values[layout.final_ln_w].iter_mut().for_each(|x| *x = 0.0);
+    values[layout.final_ln_b].iter_mut().for_each(|x| *x = 1.0);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("g.fa");
+    for (favoured, records) in [(eos, 0), (atg, 2)] {
+        let w = &mut values[layout.embed_out];
+        w.iter_mut().for_each(|x| *x = 0.0);
+        for j in 0..cfg.hidden_size {
+            w[j * v + favoured] = 0.5;
+        }
+        let model = GenSlm::from_host(cfg.clone(), values.clone(), &Device::flex()).unwrap();
+        let mdir = dir.path().join(format!("m\x1b[31m{favoured}"));
+        std::fs::create_dir(&mdir).unwrap();
+        save_model_dir(&model, &mdir).unwrap();
+        let mut opts = greedy_opts("", 3);
+        opts.num = 2;
+        let n = generate_fasta(&mdir, &opts, Some(&out)).unwrap();
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert_eq!((n, text.matches('>').count()), (records, records), "{text}");
+        assert!(!text.contains('\x1b'), "{text:?}");
+        if records > 0 {
+            assert!(text.contains(&format!("m_[31m{favoured}")), "{text}");
+            assert!(text.lines().nth(1) == Some("ATGATGATG"), "{text}");
+        }
+    }
+}

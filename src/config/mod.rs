@@ -92,6 +92,10 @@ pub struct ModelConfig {
 
 /// Largest model dimension (layers, hidden, heads, intermediate, vocabulary) accepted.
 pub const MAX_DIM: usize = 1 << 24;
+/// Largest layer count accepted: DeepNet's 1,000-layer models fit eight times over. The layout
+/// holds a dozen named parameters per layer before any weight is read, so a config.json beside
+/// a 19 KB file asking for 2²⁴ layers took 23 GB (3.5 KB a layer) instead of being refused.
+pub const MAX_LAYERS: usize = 8192;
 /// Largest token count (sequence length, positions, tokens per step) accepted: 2³¹.
 pub const MAX_TOKENS: usize = 1 << 31;
 /// Largest parameter count accepted (2⁴⁰, 30 times genslm-33b).
@@ -348,18 +352,21 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// A config file's text, refused past [`MAX_CONFIG_BYTES`].
 pub fn read_config_text(path: &Path) -> Result<String> {
+    // A named pipe would wait for a writer forever; a directory is no config file.
+    crate::error::file_or_missing(path, "a config (genslm TOML or config.json)")?;
     let Some(bytes) = crate::error::read_capped(path, MAX_CONFIG_BYTES)? else {
         return Err(Error::Config {
             file: path.to_path_buf(),
             msg: format!("more than {MAX_CONFIG_BYTES} bytes: not a model or training config"),
         });
     };
-    String::from_utf8(bytes).map_err(|_| {
-        let e = std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "stream did not contain valid UTF-8",
-        );
-        Error::io(path, e)
+    String::from_utf8(bytes).map_err(|e| Error::Config {
+        file: path.to_path_buf(),
+        msg: format!(
+            "not text (invalid UTF-8 at byte {}): a config is a genslm TOML or a Hugging Face \
+             config.json, not weights or an archive",
+            e.utf8_error().valid_up_to()
+        ),
     })
 }
 
@@ -457,7 +464,7 @@ impl ModelConfig {
         // Sizes far beyond any model (33B has hidden 6144) are refused before any arithmetic
         // on them can overflow; the parameter count is checked in 128 bits.
         let limits = [
-            ("num_layers", self.num_layers, MAX_DIM),
+            ("num_layers", self.num_layers, MAX_LAYERS),
             ("hidden_size", self.hidden_size, MAX_DIM),
             ("num_heads", self.num_heads, MAX_DIM),
             ("intermediate_size", self.intermediate_size, MAX_DIM),
@@ -516,6 +523,15 @@ impl ModelConfig {
                 self.rotary_pct,
                 self.rotary_dims(),
                 self.head_dim()
+            ));
+        }
+        if self.position == Position::Rotary && self.head_dim() < 2 {
+            return Err(format!(
+                "head dim {} (hidden_size {} / num_heads {}) has no pair of dims to rotate: use \
+                 fewer heads, or learned or ALiBi positions",
+                self.head_dim(),
+                self.hidden_size,
+                self.num_heads
             ));
         }
         if self.position == Position::Rotary && self.rotary_dims() == 0 {

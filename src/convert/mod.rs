@@ -63,6 +63,10 @@ fn hf_name(key: &str) -> &str {
 
 fn model_config(input: &Path, config: Option<&Path>) -> Result<ModelConfig> {
     if let Some(c) = config {
+        // A model or run directory gives its config, as `info --config` takes it.
+        if c.is_dir() {
+            return load_config(&crate::model::io::resolve_model_dir(c)?);
+        }
         if c.extension().is_some_and(|e| e == "json") {
             let text = crate::config::read_config_text(c)?;
             return config_from_hf(&text).map_err(|msg| Error::Config {
@@ -77,6 +81,7 @@ fn model_config(input: &Path, config: Option<&Path>) -> Result<ModelConfig> {
     } else {
         input.parent().unwrap_or(Path::new("."))
     };
+    crate::error::file_or_missing(&dir.join(CONFIG_FILE), "the model's config")?;
     if dir.join(CONFIG_FILE).is_file() {
         return load_config(dir);
     }
@@ -100,6 +105,9 @@ type WeightMap = HashMap<String, String>;
 /// a `model.safetensors` beside them, whose weights transformers would load, without a word).
 fn weight_sources(dir: &Path) -> Result<(Vec<PathBuf>, Option<WeightMap>)> {
     let index = dir.join(INDEX_FILE);
+    for name in [WEIGHTS_FILE, INDEX_FILE, "pytorch_model.bin"] {
+        crate::error::file_or_missing(&dir.join(name), "weights")?;
+    }
     let present: Vec<&str> = [WEIGHTS_FILE, INDEX_FILE, "pytorch_model.bin"]
         .into_iter()
         .filter(|n| dir.join(n).is_file())
@@ -345,6 +353,9 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
             input.display()
         )));
     }
+    if !input.is_dir() {
+        crate::error::file_or_missing(input, "weights (.pt, .bin or .safetensors)")?;
+    }
     // A link to an empty directory is the directory it names: the model is renamed into place
     // there (renaming onto the link itself would replace the link, not fill the directory).
     let linked;
@@ -361,6 +372,13 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
         }
         _ => out,
     };
+    if out.exists() && !out.is_dir() {
+        return Err(Error::Invalid(format!(
+            "{}: {}; convert writes a model directory there: choose a new directory",
+            out.display(),
+            crate::error::not_a_file(out).replace("a file", "a file, not a directory")
+        )));
+    }
     if out.exists()
         && std::fs::read_dir(out)
             .map_err(|e| Error::io(out, e))?
@@ -399,27 +417,12 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
     }
     let count = tensors.len();
     let values = from_hf_tensors(&layout, &mut tensors, &files[0])?;
-    // Written beside `out` and renamed into place, so a failure leaves no half directory.
-    let tmp = out.with_file_name(format!(
-        ".{}.partial-{}",
-        out.file_name().and_then(|n| n.to_str()).unwrap_or("model"),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let written = write_model_dir(&cfg, &layout, &|i| values[i].clone(), &tmp)
-        .and_then(|_| crate::checksum::write_manifest(&tmp, &model_files(&cfg)))
-        .and_then(|_| {
-            if out.exists() {
-                std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
-            }
-            std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))
-        });
-    // Whatever failed, nothing is left beside the output.
-    if let Err(e) = written {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
+    // Written beside `out` and renamed into place, so a failure leaves no half directory (and
+    // a killed convert's is removed by the next one).
+    let tmp = crate::atomic_dir::AtomicDir::create(out)?;
+    write_model_dir(&cfg, &layout, &|i| values[i].clone(), tmp.path())?;
+    crate::checksum::write_manifest(tmp.path(), &model_files(&cfg))?;
+    tmp.commit()?;
     Ok(Converted {
         format,
         parameters: values.iter().map(|v| v.len() as u64).sum(),

@@ -17,7 +17,16 @@ struct Vm<'a> {
     at: usize,
     stack: Vec<Value>,
     memo: std::collections::HashMap<u64, Value>,
+    /// Opcodes run so far (see [`MAX_OPS`]).
+    ops: usize,
 }
+
+/// Opcodes a pickle may run. Each builds at most one value, but a value costs up to ~160 bytes
+/// (a one-byte EMPTY_LIST is a shared, growable list in its parent): a 4 MB pickle of empty
+/// lists took 637 MB. Checkpoints' object graphs are small — GenSLM's 25M Lightning checkpoint
+/// (weights and Adam moments) is 9.5 KB of pickle, ~20 opcodes a tensor — so 2²¹ opcodes,
+/// room for ~100,000 tensors, bound the reader at ~330 MB whatever the file.
+pub const MAX_OPS: usize = 1 << 21;
 
 impl<'a> Vm<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
@@ -138,6 +147,13 @@ impl<'a> Vm<'a> {
 
     fn run(&mut self) -> Result<Value, String> {
         loop {
+            self.ops += 1;
+            if self.ops > MAX_OPS {
+                return Err(format!(
+                    "runs more than {MAX_OPS} operations (a checkpoint's object graph takes a few \
+                     thousand, ~20 per tensor): not a state dict genslm reads"
+                ));
+            }
             let op = self.take(1)?[0];
             match op {
                 0x80 => {
@@ -370,6 +386,7 @@ pub fn load(data: &[u8]) -> Result<Value, String> {
         at: 0,
         stack: Vec::new(),
         memo: Default::default(),
+        ops: 0,
     };
     vm.run()
 }
@@ -472,6 +489,28 @@ mod tests {
             }
         }
         assert_eq!(depth, n);
+    }
+
+    /// One byte per empty list, ~160 bytes per list built: past MAX_OPS opcodes the pickle is
+    /// refused instead of taking 160 times its size (4 MB took 637 MB).
+    #[test]
+    fn a_pickle_of_more_operations_than_the_bound_is_refused() {
+        let mut body = b"(".to_vec();
+        body.resize(1 + MAX_OPS, b']');
+        body.push(b'l');
+        let err = load(&pickle(&body)).unwrap_err();
+        assert!(
+            err.contains(&format!("more than {MAX_OPS} operations")),
+            "{err}"
+        );
+        // Just under the bound it loads, as a real checkpoint of that size would.
+        let mut body = b"(".to_vec();
+        body.resize(MAX_OPS - 4, b']');
+        body.push(b'l');
+        assert_eq!(
+            load(&pickle(&body)).unwrap().items().unwrap().len(),
+            MAX_OPS - 5
+        );
     }
 
     #[test]

@@ -267,14 +267,29 @@ pub fn generate(
                     continue;
                 }
                 let mut row = host[r * v..(r + 1) * v].to_vec();
+                // A NaN or +∞ logit is a broken model (overflowed or NaN weights): softmax
+                // over it is NaN everywhere, and the draw fell on id 0 ([UNK], written as NNN).
+                // Masking it instead would change the distribution without a word.
+                if let Some(id) =
+                    (0..v).find(|&i| allowed[i] && (row[i].is_nan() || row[i] == f32::INFINITY))
+                {
+                    return Err(Error::Invalid(format!(
+                        "sample {}, codon {}: the model's logit for {} is {} (overflowed or NaN \
+                         weights?); score the model to see where it breaks",
+                        first + r,
+                        seqs[r].len() - bos + 1,
+                        tok.token(id as u32).unwrap_or("?"),
+                        row[id]
+                    )));
+                }
                 for (x, ok) in row.iter_mut().zip(&allowed) {
-                    if !ok || x.is_nan() {
+                    if !ok {
                         *x = f32::NEG_INFINITY;
                     }
                 }
                 if row.iter().all(|x| !x.is_finite()) {
                     return Err(Error::Invalid(format!(
-                        "sample {}: the model gave no finite logit for any codon (NaN weights?)",
+                        "sample {}: the model gave no finite logit for any codon",
                         first + r
                     )));
                 }
@@ -352,10 +367,24 @@ pub fn generate_fasta(
     if let Some(w) = check_length(&model, &prompt, &tok, opts.max_codons)? {
         eprintln!("warning: {w}");
     }
+    // The header is one line of printable text: a control character in the path (a terminal
+    // escape) would reach every reader's terminal.
     let label = model_dir
         .display()
         .to_string()
-        .replace(char::is_whitespace, "_");
+        .replace(|c: char| c.is_whitespace() || c.is_control(), "_");
+    // A sample that drew [EOS] before any codon (an empty prompt) has no sequence, and a FASTA
+    // record without one is invalid (tokenize and score refuse it): it is left out, saying so.
+    let written = |g: &Generated| {
+        if g.dna.is_empty() {
+            eprintln!(
+                "warning: sample {} ended at [EOS] before its first codon; it is not written \
+                 (a FASTA record needs a sequence)",
+                g.index
+            );
+        }
+        !g.dna.is_empty()
+    };
     let mut n = 0;
     match out {
         Some(path) => {
@@ -363,6 +392,9 @@ pub fn generate_fasta(
             let mut w = std::io::BufWriter::new(file);
             let werr = |e| Error::io(path, e);
             generate(&model, opts, &mut |g| {
+                if !written(g) {
+                    return Ok(());
+                }
                 n += 1;
                 w.write_all(fasta_record(g, opts, &label).as_bytes())
                     .map_err(werr)
@@ -376,6 +408,9 @@ pub fn generate_fasta(
             let stdout = std::io::stdout();
             let mut w = stdout.lock();
             generate(&model, opts, &mut |g| {
+                if !written(g) {
+                    return Ok(());
+                }
                 n += 1;
                 w.write_all(fasta_record(g, opts, &label).as_bytes())
                     .and_then(|_| w.flush())

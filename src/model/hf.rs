@@ -135,11 +135,23 @@ pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
         .rotary_emb_base
         .or_else(|| rope.and_then(|r| r.rope_theta))
         .unwrap_or(10000.0);
-    let vocab = c.genslm_vocab.unwrap_or(if c.vocab_size >= 71 {
-        VocabKind::Genslm71
-    } else {
-        VocabKind::Genslm69
-    });
+    // Without genslm's own key the vocabulary is read from the table's size only where that
+    // size says it: 69 or 70 rows can only be genslm69, 71 is genslm71. A larger table (padded
+    // to 128, as training frameworks do) could be either, and the two number the codons
+    // differently, so guessing would score and sample with the wrong tokens.
+    let vocab = match (c.genslm_vocab, c.vocab_size) {
+        (Some(v), _) => v,
+        (None, 69 | 70) => VocabKind::Genslm69,
+        (None, 71) => VocabKind::Genslm71,
+        (None, n) if n > 71 => {
+            return Err(format!(
+                "vocab_size {n} does not say which codon vocabulary the ids mean (genslm69 has \
+                 69 tokens, genslm71 71; a padded table can be either): add \
+                 \"genslm_vocab\": \"genslm69\" or \"genslm71\" to config.json"
+            ))
+        }
+        (None, _) => VocabKind::Genslm69,
+    };
     let cfg = ModelConfig {
         name: c.genslm_name.unwrap_or_else(|| "hf-gpt-neox".into()),
         num_layers: c.num_hidden_layers,
@@ -155,7 +167,17 @@ pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
         layer_norm_eps: c.layer_norm_eps.unwrap_or(1e-5),
         attention: Default::default(),
     };
-    cfg.validate()?;
+    // The checks speak genslm's TOML names; this file's reader knows the JSON keys.
+    cfg.validate().map_err(|e| {
+        [
+            ("`num_heads`", "`num_attention_heads`"),
+            ("`num_layers`", "`num_hidden_layers`"),
+            ("`rotary_base`", "`rotary_emb_base`"),
+            ("num_heads ", "num_attention_heads "),
+        ]
+        .iter()
+        .fold(e, |e, (ours, json)| e.replace(ours, json))
+    })?;
     Ok(cfg)
 }
 
@@ -250,6 +272,47 @@ mod tests {
         );
         let back = config_from_hf(&config_to_hf(&c).to_string()).unwrap();
         assert_eq!(back.hidden_size, c.hidden_size);
+    }
+
+    fn tiny(extra: &str) -> String {
+        format!(
+            r#"{{"model_type":"gpt_neox","hidden_size":16,"num_attention_heads":2,
+            "num_hidden_layers":1,"intermediate_size":32,"max_position_embeddings":64{extra}}}"#
+        )
+    }
+
+    /// Only a table of 69, 70 or 71 rows names its vocabulary; a padded one must say it.
+    #[test]
+    fn the_vocabulary_is_read_from_the_table_size_only_where_it_is_unambiguous() {
+        for (n, want) in [(69, VocabKind::Genslm69), (70, VocabKind::Genslm69)] {
+            let c = config_from_hf(&tiny(&format!(r#","vocab_size":{n}"#))).unwrap();
+            assert_eq!(c.vocab, want, "{n}");
+        }
+        let c = config_from_hf(&tiny(r#","vocab_size":71"#)).unwrap();
+        assert_eq!(c.vocab, VocabKind::Genslm71);
+        let e = config_from_hf(&tiny(r#","vocab_size":128"#)).unwrap_err();
+        assert!(
+            e.contains("vocab_size 128") && e.contains("genslm_vocab"),
+            "{e}"
+        );
+        let c = config_from_hf(&tiny(r#","vocab_size":128,"genslm_vocab":"genslm69""#)).unwrap();
+        assert_eq!((c.vocab, c.vocab_size), (VocabKind::Genslm69, 128));
+    }
+
+    /// Refusals name config.json's keys, not genslm's TOML fields.
+    #[test]
+    fn refusals_name_the_json_keys() {
+        let deep = tiny(r#","vocab_size":69"#)
+            .replace(r#""num_hidden_layers":1"#, r#""num_hidden_layers":100000"#);
+        let e = config_from_hf(&deep).unwrap_err();
+        assert!(e.contains("`num_hidden_layers` (100000)"), "{e}");
+        let one = tiny(r#","vocab_size":69"#)
+            .replace(r#""num_attention_heads":2"#, r#""num_attention_heads":16"#);
+        let e = config_from_hf(&one).unwrap_err();
+        assert!(
+            e.contains("num_attention_heads 16") && !e.contains("at least"),
+            "{e}"
+        );
     }
 
     #[test]

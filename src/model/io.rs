@@ -181,6 +181,7 @@ pub fn latest_step_dir(latest: &Path, text: &str) -> Result<PathBuf> {
 /// Resolves what a user passes as `--model`: a model directory (with config.json), a run
 /// directory (its `checkpoints/latest`), or a run's `checkpoints/` directory.
 pub fn resolve_model_dir(path: &Path) -> Result<PathBuf> {
+    crate::error::file_or_missing(&path.join(CONFIG_FILE), "the model's config")?;
     if path.join(CONFIG_FILE).is_file() {
         return Ok(path.to_path_buf());
     }
@@ -226,6 +227,9 @@ pub fn load_model_dir(path: &Path, device: &Device) -> Result<GenSlm> {
     if !weights.is_file() {
         let hint = if dir.join("pytorch_model.bin").is_file() {
             " (found pytorch_model.bin: convert it with `genslm convert DIR --out NEW_DIR`)"
+        } else if dir.join("model.safetensors.index.json").is_file() {
+            " (found a sharded checkpoint, model.safetensors.index.json: convert it with \
+             `genslm convert DIR --out NEW_DIR`)"
         } else {
             ""
         };
