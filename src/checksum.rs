@@ -156,6 +156,16 @@ fn required_manifest(dir: &Path) -> Result<Option<Manifest>> {
     match (manifest(dir)?, marker) {
         (Some(m), marker) => Ok(Some((m, marker))),
         (None, None) => Ok(None),
+        // Without its weights too, it is what a stopped copy or removal left: no manifest
+        // written now could make it whole.
+        (None, Some(marker)) if !dir.join("model.safetensors").exists() => {
+            Err(Error::Invalid(format!(
+                "{}: an incomplete genslm checkpoint (it holds {marker}, but neither \
+                 model.safetensors nor its {MANIFEST_FILE}): a copy or a removal stopped part \
+                 way; use another checkpoint",
+                dir.display()
+            )))
+        }
         (None, Some(marker)) => Err(Error::Invalid(format!(
             "{}: a genslm checkpoint (it holds {marker}) without its {MANIFEST_FILE}: its files \
              cannot be checked, so it is refused. Restore the manifest from a copy; if you trust \

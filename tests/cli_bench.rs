@@ -320,17 +320,17 @@ fn benchmarks_past_the_memory_are_refused_by_flag() {
     let cases: [(&[&str], &str); 6] = [
         (
             &["embed", "--seq-len", "100", "--sequences", big],
-            "bench embed: --sequences 2147483647 × --seq-len 100",
+            "--sequences 2147483647 × --seq-len 100",
         ),
         (
             &[
                 "variants", "--window", "100", "--codons", big, "--rounds", "1",
             ],
-            "bench variants: 9 × --codons 2147483647",
+            "9 × --codons 2147483647",
         ),
         (
             &["generate", "--codons", "2147483646", "--samples", big],
-            "bench generate: the KV cache of --samples 2147483647",
+            "KV cache of --samples 2147483647",
         ),
         (
             &["generate", "--codons", "2147483648"],
@@ -356,5 +356,88 @@ fn benchmarks_past_the_memory_are_refused_by_flag() {
         assert!(!err.contains("panicked"), "{a:?}: {err}");
         // train's way past its memory check is no flag of bench's.
         assert!(!err.contains("--skip-memory-check"), "{a:?}: {err}");
+    }
+}
+
+/// Under a 4 GiB address-space limit, what the benchmarks hold is refused before it is made:
+/// the model's weights (a genslm-2.5b was allocated until the process aborted, exit 134), and
+/// each embedded record's embedding and allocation (10⁶ tiny records took 700 MB where 64 MB
+/// of ids were counted, so 2·10⁷ passed the check and aborted).
+#[cfg(target_os = "linux")]
+#[test]
+fn weights_and_records_count_in_the_benchmarks_memory_checks() {
+    use std::os::unix::process::CommandExt;
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "embed",
+                "--config",
+                "genslm-2.5b",
+                "--seq-len",
+                "16",
+                "--sequences",
+                "1",
+            ],
+            "the model's weights",
+        ),
+        (
+            &[
+                "generate",
+                "--config",
+                "genslm-2.5b",
+                "--codons",
+                "4",
+                "--cache-only",
+            ],
+            "the model's weights",
+        ),
+        (
+            &[
+                "variants",
+                "--config",
+                "genslm-2.5b",
+                "--codons",
+                "1",
+                "--window",
+                "8",
+            ],
+            "the model's weights",
+        ),
+        (
+            &[
+                "embed",
+                "--config",
+                "tiny",
+                "--seq-len",
+                "16",
+                "--sequences",
+                "20000000",
+            ],
+            "token ids with their embeddings",
+        ),
+    ];
+    for (args, says) in cases {
+        let mut cmd = common::bin();
+        cmd.args(["--threads", "1", "bench"]).args(args);
+        // SAFETY: setrlimit is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 4 << 30,
+                    rlim_max: 4 << 30,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(says) && err.contains("GiB available"),
+            "{args:?}: {err}"
+        );
     }
 }

@@ -2,11 +2,12 @@
 //! and the attention op alone (attention.rs, with cubek-attention's baseline in cubek.rs).
 //!
 //! Ingest writes random DNA as 60-column FASTA (plain and gzip) into a scratch directory, runs
-//! the same pipeline as `genslm tokenize`, and reports MB/s.
+//! the same pipeline as `genslm tokenize`, and reports MB/s (scratch.rs: that directory).
 
 mod attention;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod cubek;
+pub mod scratch;
 mod train_ranks;
 
 pub use attention::{attention_op, AttnBench, AttnBenchCase, AttnImpl};

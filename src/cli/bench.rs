@@ -185,8 +185,9 @@ pub enum BenchCmd {
         /// Megabases per record (one record of 200 shows the memory a chromosome takes).
         #[arg(long, default_value_t = 1)]
         record_mb: usize,
-        /// Where the scratch files go (a directory of their own inside it, removed afterwards;
-        /// default: the system temporary directory).
+        /// Where the scratch files go (a directory of their own inside it, removed afterwards,
+        /// or by the next run when this one is killed; default: the system temporary
+        /// directory). Refused when its disk cannot hold them (about 2.5 × --mb).
         #[arg(long)]
         dir: Option<PathBuf>,
     },
@@ -368,6 +369,10 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     }
                     let kind = case.trim_end_matches("+ckpt");
                     let mut cmd = std::process::Command::new(&exe);
+                    // The step runs on the threads this benchmark was given, not on every core.
+                    cmd.arg("--threads")
+                        .arg(genslm::backend::cpu_threads().to_string());
+                    die_with_parent(&mut cmd);
                     cmd.args(["bench", "step", "--config"]).arg(&config).args([
                         "--seq-len",
                         &s.to_string(),
@@ -475,24 +480,14 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             }
         }
         BenchCmd::Ingest { mb, record_mb, dir } => {
-            let tmp;
-            let dir = match dir {
-                Some(d) => {
-                    // Its own directory inside: the user's files there (a `bench.fa` of
-                    // theirs) are never replaced, and nothing is left behind.
-                    tmp = tempfile::Builder::new()
-                        .prefix("genslm-bench-ingest-")
-                        .tempdir_in(&d)
-                        .with_context(|| {
-                            format!("creating a scratch directory in {}", d.display())
-                        })?;
-                    tmp.path().to_path_buf()
-                }
-                None => {
-                    tmp = tempfile::tempdir().context("creating a scratch directory")?;
-                    tmp.path().to_path_buf()
-                }
-            };
+            // Its own directory inside --dir: the user's files there (a `bench.fa` of theirs)
+            // are never replaced, and nothing is left behind, not even by a killed run.
+            let scratch = genslm::bench::scratch::create(
+                dir.as_deref(),
+                genslm::bench::scratch::ingest_disk_bytes(mb),
+                "--mb",
+            )?;
+            let dir = scratch.path().to_path_buf();
             println!(
                 "case   fasta_MB  input_MB  seconds  MB/s(fasta)  MB/s(input)  Mbases/s  peak_MiB"
             );
@@ -515,4 +510,24 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Has the kernel stop a measuring child when this process dies: killed by its id, the parent
+/// left steps of naive attention running, gigabytes each, with no one to read them.
+fn die_with_parent(cmd: &mut std::process::Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
 }

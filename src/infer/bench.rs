@@ -31,6 +31,13 @@ impl EmbedBench {
     }
 }
 
+/// A model's weights as a benchmark initialises them: the host values drawn, then the tensors
+/// made from them (f32 both; a 33B model is 264 GB of it, which was allocated until the process
+/// aborted).
+fn model_bytes(cfg: &ModelConfig) -> f64 {
+    8.0 * cfg.param_count() as f64
+}
+
 /// Embeds `sequences` random sequences of `seq_len` codons (mean pooling after the final
 /// LayerNorm, `batch_size` per forward pass), after one warm-up batch.
 pub fn embed(
@@ -39,16 +46,20 @@ pub fn embed(
     sequences: usize,
     batch_size: usize,
 ) -> Result<EmbedBench> {
-    let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
-    // Before the records are made: at 2^31 sequences or tokens they alone took all memory.
-    let forward = crate::infer::window::forward_bytes(&model, batch_size.min(sequences), seq_len);
+    // Before the model and the records are made: at 2^31 sequences or tokens the records alone
+    // took all memory. Each record is its ids and a vector's header and allocation (~88
+    // bytes), and its embedding (hidden × f32): measured, 10⁶ × 16 codons of tiny took 700 MB
+    // where the ids alone were counted (64 MB).
+    let records = sequences as f64 * (4.0 * seq_len as f64 + 88.0 + 4.0 * cfg.hidden_size as f64);
+    let forward = crate::infer::window::forward_bytes(cfg, batch_size.min(sequences), seq_len);
     check_held(
-        4.0 * sequences as f64 * seq_len as f64 + forward,
+        model_bytes(cfg) + records + forward,
         &format!(
-            "bench embed: --sequences {sequences} × --seq-len {seq_len} token ids and a forward \
-             pass of --batch-size {batch_size}"
+            "bench embed: the model's weights, --sequences {sequences} × --seq-len {seq_len} \
+             token ids with their embeddings, and a forward pass of --batch-size {batch_size}"
         ),
     )?;
+    let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
     let mut rng = SplitMix64::new(1);
     let recs: Vec<Vec<u32>> = (0..sequences)
         .map(|_| (0..seq_len).map(|_| 5 + rng.below(64) as u32).collect())
@@ -103,11 +114,25 @@ pub fn generation(
             crate::config::MAX_TOKENS
         )));
     }
-    // The KV cache of every sample, by the bench's own flags (generate's check names its own).
+    // The KV cache of every sample, by the bench's own flags (generate's check names its own);
+    // without the cache, the last step's forward pass over the whole sequence instead.
     let kv = 8.0 * (cfg.num_layers * cfg.hidden_size) as f64 * samples as f64;
+    let states = if use_cache {
+        kv * (new_codons as f64 + 2.0)
+    } else {
+        crate::infer::window::forward_bytes(cfg, samples, new_codons + 1)
+    };
     check_held(
-        kv * (new_codons as f64 + 2.0),
-        &format!("bench generate: the KV cache of --samples {samples} × --codons {new_codons}"),
+        model_bytes(cfg) + states,
+        &format!(
+            "bench generate: the model's weights and the {} of --samples {samples} × --codons \
+             {new_codons}",
+            if use_cache {
+                "KV cache"
+            } else {
+                "forward pass (no cache)"
+            }
+        ),
     )?;
     let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
     let opts = GenerateOptions {
@@ -154,22 +179,23 @@ pub fn variants(
     rounds: usize,
 ) -> Result<VariantsBench> {
     use crate::infer::variants::delta::{full_recomputation, prefix_reuse, window_start, Job};
-    let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
-    // Every variant's REF and ALT windows are built before timing (9 per codon), and each
-    // pass holds a batch's forward.
-    let windows = 9.0 * codons as f64 * 2.0 * 4.0 * window as f64;
-    let forward = crate::infer::window::forward_bytes(&model, batch.max(1), window);
+    // Every variant's REF and ALT windows are built before timing (9 per codon): two id
+    // vectors, a codon list and the job's record (~300 bytes), and each path's result (~200
+    // bytes); each pass holds a batch's forward.
+    let windows = 9.0 * codons as f64 * (2.0 * 4.0 * window as f64 + 500.0);
+    let forward = crate::infer::window::forward_bytes(cfg, batch.max(1), window);
     check_held(
-        windows + forward,
+        model_bytes(cfg) + windows + forward,
         &format!(
-            "bench variants: 9 × --codons {codons} variants' windows of --window {window} and a \
-             forward pass of --batch-size {batch}"
+            "bench variants: the model's weights, 9 × --codons {codons} variants' windows of \
+             --window {window} and a forward pass of --batch-size {batch}"
         ),
     )?;
+    let model = GenSlm::init(cfg.clone(), 0, &Device::flex())?;
     let mut rng = SplitMix64::new(3);
     let n = 2 * window + codons;
     let cds: Vec<u32> = (0..n).map(|_| 5 + rng.below(64) as u32).collect();
-    let mut jobs = Vec::new();
+    let mut jobs = Vec::with_capacity(9 * codons);
     for c in window..window + codons {
         let a = window_start(c, n, window);
         let reference = cds[a..a + window].to_vec();

@@ -104,7 +104,7 @@ pub fn check_forward_memory(
     let Some(available) = cpu_memory_available(model) else {
         return Ok(());
     };
-    let need = forward_bytes(model, rows, tokens);
+    let need = forward_bytes(&model.cfg, rows, tokens);
     if need <= available {
         return Ok(());
     }
@@ -124,8 +124,7 @@ pub fn check_forward_memory(
 
 /// Bytes a forward pass over `rows` windows of `tokens` holds at its peak (see
 /// [`check_forward_memory`]).
-pub fn forward_bytes(model: &GenSlm, rows: usize, tokens: usize) -> f64 {
-    let c = &model.cfg;
+pub fn forward_bytes(c: &crate::config::ModelConfig, rows: usize, tokens: usize) -> f64 {
     let (b, s) = (rows as f64, tokens as f64);
     let mut need = 4.0 * b * s * (16.0 * c.hidden_size as f64 + c.vocab_size as f64);
     if c.attention == crate::config::AttentionKind::Naive {

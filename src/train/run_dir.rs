@@ -88,9 +88,20 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
     clean_stale(run, inputs)
 }
 
+/// Whether `name` is a checkpoint being written (`.step-N.tmp`) or pruned (`.step-N.pruning`):
+/// names only genslm gives, to directories only it fills.
+fn trash_step(name: &str) -> bool {
+    let pid = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    name.strip_prefix(".step-").is_some_and(|n| {
+        [".tmp", ".pruning"]
+            .iter()
+            .any(|suffix| n.strip_suffix(suffix).is_some_and(pid))
+    })
+}
+
 /// Removes the temporary entries a killed save leaves: in the run directory, `.NAME.tmp-PID`
-/// of the files a run writes and `.data.parquet.new`; in `checkpoints/`, `.step-N.tmp/` and
-/// `.latest.tmp-PID`. Only those names: the directory may hold the user's own files, whatever
+/// of the files a run writes and `.data.parquet.new`; in `checkpoints/`, `.step-N.tmp/`,
+/// `.step-N.pruning/` and `.latest.tmp-PID`. Only those names: the directory may hold the user's own files, whatever
 /// they are called (a `.thesis.tmp/` of the user's was removed whole when every dot-name
 /// ending in `.tmp` or `.new` counted as ours), and nothing that holds one of this run's
 /// `inputs` is removed. Only the process that prepares the run calls it, before any rank
@@ -109,13 +120,7 @@ pub fn clean_stale(run: &Path, inputs: &[PathBuf]) -> Result<()> {
     let in_run = |name: &str| {
         name == ".data.parquet.new" || atomic_of(name, &RUN_FILES) || atomic_of(name, &RUN_MARKERS)
     };
-    let in_checkpoints = |name: &str| {
-        atomic_of(name, &["latest"])
-            || name
-                .strip_prefix(".step-")
-                .and_then(|n| n.strip_suffix(".tmp"))
-                .is_some_and(pid)
-    };
+    let in_checkpoints = |name: &str| atomic_of(name, &["latest"]) || trash_step(name);
     for (dir, ours) in [
         (run.to_path_buf(), &in_run as &dyn Fn(&str) -> bool),
         (checkpoints_dir(run), &in_checkpoints),
@@ -160,6 +165,22 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
     let Some(newest) = step_of(&text) else {
         return Ok(());
     };
+    // What an earlier prune left when it was killed or failed part way.
+    for e in std::fs::read_dir(&root)
+        .map_err(|e| Error::io(&root, e))?
+        .flatten()
+    {
+        if trash_step(&e.file_name().to_string_lossy())
+            && e.file_name().to_string_lossy().ends_with(".pruning")
+        {
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                eprintln!(
+                    "warning: {}: not removed ({err}); it is tried again after the next checkpoint",
+                    e.path().display()
+                );
+            }
+        }
+    }
     let mut older: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)
         .map_err(|e| Error::io(&root, e))?
         .flatten()
@@ -176,15 +197,27 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
         // into it) was removed whole; it is kept, and said so.
         match crate::checksum::unlisted_entries(&p) {
             Some(other) if other.is_empty() => {
-                // Housekeeping: a checkpoint that cannot be removed (another owner's file,
-                // NFS permissions) stopped the training that had just saved a newer one.
-                if let Err(e) = remove_checkpoint(&p, &mut remove_entry) {
+                // Renamed out of the way first (one atomic step), then emptied: a kill part way
+                // leaves `.step-N.pruning`, which the next prune or start removes, never a
+                // half-emptied `step-N` that looks like a stranger's (it was warned about at
+                // every later save). Housekeeping: a checkpoint that cannot be removed
+                // (another owner's file, NFS permissions) must not stop the training that has
+                // just saved a newer one.
+                let name = p.file_name().unwrap_or_default().to_string_lossy();
+                let trash = p.with_file_name(format!(".{name}.pruning"));
+                let removed = std::fs::rename(&p, &trash)
+                    .map_err(|e| Error::io(&p, e))
+                    .and_then(|_| remove_checkpoint(&trash, &mut remove_entry));
+                if let Err(e) = removed {
                     eprintln!(
-                        "warning: {e}: not pruned (--keep-checkpoints); what is left keeps its \
-                         manifest and is pruned again after the next checkpoint"
+                        "warning: {e}: not pruned (--keep-checkpoints); it is tried again after \
+                         the next checkpoint"
                     );
                 }
             }
+            // An empty `step-N` (what a prune killed before this one's renaming left) holds
+            // nothing of anyone's.
+            None if std::fs::remove_dir(&p).is_ok() => {}
             other => eprintln!(
                 "warning: {}: not pruned (--keep-checkpoints): {}; remove it yourself if it \
                  is not needed",
@@ -328,6 +361,39 @@ mod tests {
         std::fs::write(root.join("latest"), "step-2\n").unwrap();
         prune_checkpoints(run, 1, None).unwrap();
         assert_eq!(steps(run), ["step-2"]);
+    }
+
+    /// A prune killed part way left a half-emptied `step-N` (or an empty one) that was warned
+    /// about at every later save; now a checkpoint is renamed `.step-N.pruning` before it is
+    /// emptied, and what a kill leaves — that name, or an empty `step-N` from before — is
+    /// removed by the next prune and by the next start.
+    #[test]
+    fn what_a_killed_prune_leaves_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        let root = checkpoints_dir(run);
+        for n in [3, 4] {
+            checkpoint(&root.join(format!("step-{n}")));
+        }
+        let trash = root.join(".step-1.pruning");
+        checkpoint(&trash);
+        std::fs::remove_file(trash.join(crate::checksum::MANIFEST_FILE)).unwrap();
+        std::fs::create_dir(root.join("step-2")).unwrap();
+        std::fs::write(root.join("latest"), "step-4\n").unwrap();
+        prune_checkpoints(run, 1, None).unwrap();
+        let left: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert_eq!(steps(run), ["step-4"]);
+        // At a start: a pruning leftover goes, a user's look-alike stays.
+        std::fs::create_dir(root.join(".step-9.pruning")).unwrap();
+        std::fs::create_dir(root.join(".step-x.pruning")).unwrap();
+        clean_stale(run, &[]).unwrap();
+        assert!(!root.join(".step-9.pruning").exists());
+        assert!(root.join(".step-x.pruning").exists());
     }
 
     #[test]

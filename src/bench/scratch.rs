@@ -1,0 +1,175 @@
+//! `bench ingest`'s scratch directory: its own `genslm-bench-ingest-XXXX` inside the directory
+//! given (or the system's temporary one), refused when the disk cannot hold what it writes, and
+//! cleaned up after a kill.
+//!
+//! A killed benchmark (Ctrl-C, `timeout`, SIGTERM) cannot remove its scratch, gigabytes of
+//! FASTA, and it used to stay, under a hidden name in `$TMPDIR`. So the benchmark holds a lock on
+//! `.lock` inside its scratch while it runs, and the next one removes every scratch directory
+//! of this name whose lock is free. A scratch without `.lock` (its benchmark was killed between
+//! making the directory and the lock, or it is starting now) is left alone.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+const PREFIX: &str = "genslm-bench-ingest-";
+const LOCK: &str = ".lock";
+
+/// The scratch directory of a running benchmark: removed with its files when dropped.
+#[derive(Debug)]
+pub struct Scratch {
+    dir: tempfile::TempDir,
+    _lock: File,
+}
+
+impl Scratch {
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Bytes the ingest benchmark writes for `mb` megabytes of FASTA: the FASTA, its gzip copy
+/// (random DNA: ~0.3 of it) and the two parquet outputs (~0.35 each), with a margin.
+pub fn ingest_disk_bytes(mb: usize) -> u64 {
+    (mb as u64 * 1_000_000).saturating_mul(5) / 2
+}
+
+/// Bytes free to an unprivileged writer on the file system holding `dir`, where it can be read.
+pub fn free_disk_bytes(dir: &Path) -> Option<u64> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a valid C string and `s` a properly sized out-parameter.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+            return None;
+        }
+        Some((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        None
+    }
+}
+
+/// Makes the scratch directory inside `base` (default: the system temporary directory), after
+/// removing what killed benchmarks left there and checking that `need` bytes fit on its disk.
+pub fn create(base: Option<&Path>, need: u64, flag: &str) -> Result<Scratch> {
+    let (base, named): (PathBuf, bool) = match base {
+        Some(b) => (b.to_path_buf(), true),
+        None => (std::env::temp_dir(), false),
+    };
+    let whose = if named {
+        "--dir".to_string()
+    } else {
+        "the system temporary directory (TMPDIR, or /tmp)".to_string()
+    };
+    if !base.is_dir() {
+        return Err(Error::Invalid(format!(
+            "{}: {}; {whose} must be an existing directory for the scratch files",
+            base.display(),
+            crate::error::not_a_file(&base).replace("a file", "a file, not a directory")
+        )));
+    }
+    sweep(&base);
+    if let Some(free) = free_disk_bytes(&base) {
+        if need > free {
+            return Err(Error::Invalid(format!(
+                "{flag}: the benchmark writes about {:.1} GB of scratch files, but the disk of \
+                 {} ({whose}) has {:.1} GB free; use a smaller {flag}, or --dir on a larger disk",
+                need as f64 / 1e9,
+                base.display(),
+                free as f64 / 1e9
+            )));
+        }
+    }
+    let dir = tempfile::Builder::new()
+        .prefix(PREFIX)
+        .tempdir_in(&base)
+        .map_err(|e| Error::io(&base, e))?;
+    let lock_path = dir.path().join(LOCK);
+    let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+    // Without locks (some network file systems) nothing marks it live; nothing is swept then
+    // either, as a sweeper cannot take a lock it cannot test.
+    let _ = lock.try_lock();
+    Ok(Scratch { dir, _lock: lock })
+}
+
+/// Removes the scratch directories in `base` whose benchmark is dead (`.lock` there, free).
+fn sweep(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let is_ours = e.file_name().to_string_lossy().starts_with(PREFIX)
+            && e.file_type().is_ok_and(|t| t.is_dir());
+        if !is_ours {
+            continue;
+        }
+        let Ok(lock) = OpenOptions::new().read(true).open(e.path().join(LOCK)) else {
+            continue;
+        };
+        match lock.try_lock() {
+            Ok(()) => {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+            Err(TryLockError::WouldBlock) | Err(TryLockError::Error(_)) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dead benchmark's scratch (free lock) goes; a live one's (held lock), one without a
+    /// lock, and the user's files stay.
+    #[cfg(unix)]
+    #[test]
+    fn dead_scratch_is_removed_live_scratch_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path();
+        let mk = |name: &str, lock: bool| {
+            let d = base.join(name);
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("bench.fa"), b">a\nACGT\n").unwrap();
+            if lock {
+                std::fs::write(d.join(LOCK), b"").unwrap();
+            }
+            d
+        };
+        let dead = mk("genslm-bench-ingest-dead", true);
+        let live = mk("genslm-bench-ingest-live", true);
+        let unlocked = mk("genslm-bench-ingest-nolock", false);
+        let user = mk("my-genomes", true);
+        let held = File::open(live.join(LOCK)).unwrap();
+        held.lock().unwrap();
+        let s = create(Some(base), 0, "--mb").unwrap();
+        assert!(!dead.exists());
+        assert!(live.exists() && unlocked.exists() && user.exists());
+        let mine = s.path().to_path_buf();
+        assert!(mine.join(LOCK).exists());
+        drop(s);
+        assert!(!mine.exists());
+    }
+
+    /// More than the disk holds is refused before anything is written, naming the sizes.
+    #[cfg(unix)]
+    #[test]
+    fn a_scratch_larger_than_the_disk_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = free_disk_bytes(dir.path()).unwrap();
+        let e = create(Some(dir.path()), free + (1 << 40), "--mb")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--mb") && e.contains("GB free"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let e = create(Some(&file), 0, "--mb").unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
+    }
+}
