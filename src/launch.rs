@@ -48,8 +48,13 @@ pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>, St
         };
         let number = |var: &str, v: &str| {
             v.trim().parse::<usize>().map_err(|_| {
+                let what = if v.trim().parse::<i64>().is_ok() {
+                    "negative, where ranks and sizes count from 0"
+                } else {
+                    "not a whole number"
+                };
                 format!(
-                    "{var}={v:?} ({launcher}): not a number; genslm reads it to know its rank \
+                    "{var}={v:?} ({launcher}): {what}; genslm reads it to know its rank \
                      (unset it, or start genslm with the launcher that sets it)"
                 )
             })
@@ -187,11 +192,11 @@ pub(crate) mod tests {
                     ("OMPI_COMM_WORLD_RANK", "0"),
                     ("OMPI_COMM_WORLD_SIZE", "-2"),
                 ][..],
-                "OMPI_COMM_WORLD_SIZE=\"-2\"",
+                "OMPI_COMM_WORLD_SIZE=\"-2\" (Open MPI's mpirun): negative",
             ),
             (
                 &[("PMI_RANK", "0"), ("PMI_SIZE", "abc")],
-                "PMI_SIZE=\"abc\"",
+                "PMI_SIZE=\"abc\" (an MPICH/PMI launcher): not a whole number",
             ),
             (
                 &[("OMPI_COMM_WORLD_RANK", "5"), ("OMPI_COMM_WORLD_SIZE", "1")],

@@ -222,14 +222,51 @@ fn holder_line(what: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     format!(
-        "genslm {what}, process {} on {host}, since {since} s after the Unix epoch\n",
-        std::process::id()
+        "genslm {what}, process {} on {host}, since {}\n",
+        std::process::id(),
+        utc(since)
+    )
+}
+
+/// `secs` after the Unix epoch as a UTC date and time (`2026-11-29 15:20:03 UTC`): the days
+/// to a civil date by the proleptic Gregorian calendar's 400-year cycle.
+fn utc(secs: u64) -> String {
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days from 0000-03-01, so that the leap day ends each cycle's year.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Dates from `date -u -d @SECS` (GNU coreutils), not from this code.
+    #[test]
+    fn lock_times_read_as_utc_dates() {
+        for (secs, want) in [
+            (0, "1970-01-01 00:00:00 UTC"),
+            (951_782_400, "2000-02-29 00:00:00 UTC"),
+            (1_795_962_193, "2026-11-29 14:23:13 UTC"),
+            (4_107_542_399, "2100-02-28 23:59:59 UTC"),
+            (4_107_542_400, "2100-03-01 00:00:00 UTC"),
+        ] {
+            assert_eq!(utc(secs), want, "{secs}");
+        }
+    }
 
     #[test]
     fn a_second_lock_is_refused_naming_the_holder_and_freed_on_drop() {

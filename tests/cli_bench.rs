@@ -267,6 +267,7 @@ fn bench_variants_refuses_an_empty_measurement() {
 /// printed a debug dump, `bench generate --codons 0` named --max-codons, `bench ingest --mb 0`
 /// an internal temporary file), `bench attention` whose every case failed exits 1 (it exited
 /// 0), and `bench ingest --dir` does not create a missing directory (it made and left one).
+/// Flags the run would ignore are refused: `--seq-lens` beside `--seq`, `--zero 4` on one rank.
 #[test]
 fn benchmarks_refuse_empty_sizes_by_flag() {
     let cfg = repo().join("configs/tiny.toml");
@@ -294,6 +295,19 @@ fn benchmarks_refuse_empty_sizes_by_flag() {
             vec!["generate", "--config", cfg, "--samples", "0"],
             "--codons and --samples",
         ),
+        (
+            vec![
+                "attention",
+                "--config",
+                cfg,
+                "--seq",
+                "64",
+                "--seq-lens",
+                "32",
+            ],
+            "cannot be used with",
+        ),
+        (vec!["train", "--config", cfg, "--zero", "4"], "--zero 4"),
         (vec!["ingest", "--mb", "0"], "--mb and --record-mb"),
         (
             vec!["ingest", "--mb", "1", "--dir", missing.to_str().unwrap()],

@@ -41,8 +41,9 @@ pub enum BenchCmd {
         /// Also run each flash case with full activation checkpointing ("flash+ckpt").
         #[arg(long)]
         checkpoint_activations: bool,
-        /// Time the attention op alone at this sequence length (see above).
-        #[arg(long)]
+        /// Time the attention op alone at this sequence length (see above; not with
+        /// --seq-lens, which steps the whole model).
+        #[arg(long, conflicts_with = "seq_lens")]
         seq: Option<usize>,
         /// Op mode: head dimension.
         #[arg(long, default_value_t = 128)]
@@ -256,7 +257,8 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     simulate_network.as_deref().unwrap_or("none"),
                     r.tokens_per_s,
                     r.secs_per_step,
-                    r.comm_wait_s,
+                    // A clock's rounding gave one rank "-0.000 s/step".
+                    r.comm_wait_s.max(0.0),
                     r.comm_bytes / 1e6,
                     r.pp_bubble
                         .map(|b| format!(", pipeline bubble {b:.3} ({} micro-batches)", 4 * pp))

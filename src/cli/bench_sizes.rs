@@ -21,8 +21,13 @@ pub fn check_sizes(which: &BenchCmd) -> anyhow::Result<()> {
             seq_len,
             steps,
             degrees,
+            zero,
             ..
         } => {
+            // On one rank too: a stage that does not exist was accepted there.
+            if *zero > 3 {
+                anyhow::bail!("--zero {zero}: ZeRO stages are 0, 1, 2 and 3");
+            }
             at_most("--seq-len", *seq_len, max)?;
             at_most("--steps", *steps, 1 << 20)?;
             let d = degrees.degrees();

@@ -13,8 +13,24 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::parallel::hooked::Hook;
 
-const BANDWIDTH: &str =
-    "the bandwidth must be at least 1 B/s, in B/s, KB/s, MB/s, GB/s (or Kb/s, Mb/s, Gb/s)";
+const BANDWIDTH: &str = "the bandwidth must be at least 1 B/s, in B/s, KB/s, MB/s, GB/s, TB/s \
+     (powers of 1000), KiB/s, MiB/s, GiB/s, or bits: Kb/s, Mb/s, Gb/s, Tb/s";
+
+/// `" 20 ms "` → `("20", "ms")`: the number (digits, sign, point, exponent) and the unit after it.
+fn split_unit(text: &str) -> (&str, &str) {
+    let t = text.trim();
+    let mut end = 0;
+    for (i, c) in t.char_indices() {
+        let exponent = (c == 'e' || c == 'E') && i > 0;
+        let sign = (c == '+' || c == '-') && (i == 0 || t[..i].ends_with(['e', 'E']));
+        if c.is_ascii_digit() || c == '.' || exponent || sign {
+            end = i + c.len_utf8();
+        } else {
+            break;
+        }
+    }
+    (t[..end].trim(), t[end..].trim())
+}
 
 /// Latency and bandwidth of the simulated link.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,34 +58,52 @@ impl FromStr for NetSim {
             ))
         };
         let (lat, bw) = s.split_once(',').ok_or_else(|| bad("no comma"))?;
-        let lat = lat.trim();
-        let (num, scale) = [("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]
-            .iter()
-            .find_map(|(u, k)| lat.strip_suffix(u).map(|n| (n, *k)))
-            .ok_or_else(|| bad("the latency needs a unit: s, ms or us"))?;
+        if bw.contains(',') {
+            return Err(bad("more than one comma"));
+        }
+        let (num, unit) = split_unit(lat);
+        let scale = match unit {
+            "us" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "" => return Err(bad("the latency needs a unit: s, ms or us")),
+            other => {
+                return Err(bad(&format!(
+                    "'{other}' is no latency unit genslm reads: use s, ms or us"
+                )))
+            }
+        };
         let latency = num
-            .trim()
             .parse::<f64>()
             .ok()
             .filter(|x| x.is_finite() && *x >= 0.0 && x * scale <= 3600.0)
             .ok_or_else(|| bad("the latency must be a number from 0 to 3600 s"))?;
-        let bw = bw.trim();
-        let rate = bw.strip_suffix("/s").ok_or_else(|| bad(BANDWIDTH))?;
-        let units = [
-            ("GB", 1e9),
-            ("MB", 1e6),
-            ("KB", 1e3),
-            ("B", 1.0),
-            ("Gb", 1e9 / 8.0),
-            ("Mb", 1e6 / 8.0),
-            ("Kb", 1e3 / 8.0),
-        ];
-        let (num, k) = units
-            .iter()
-            .find_map(|(u, k)| rate.strip_suffix(u).map(|n| (n, *k)))
-            .ok_or_else(|| bad(BANDWIDTH))?;
+        let (num, unit) = split_unit(bw);
+        let Some(rate) = unit.strip_suffix("/s") else {
+            return Err(bad(&format!(
+                "the bandwidth is a rate: '{unit}' needs '/s' ({BANDWIDTH})"
+            )));
+        };
+        let k = match rate {
+            "B" => 1.0,
+            "KB" => 1e3,
+            "MB" => 1e6,
+            "GB" => 1e9,
+            "TB" => 1e12,
+            "KiB" => 1024.0,
+            "MiB" => 1024.0 * 1024.0,
+            "GiB" => 1024.0 * 1024.0 * 1024.0,
+            "Kb" => 1e3 / 8.0,
+            "Mb" => 1e6 / 8.0,
+            "Gb" => 1e9 / 8.0,
+            "Tb" => 1e12 / 8.0,
+            other => {
+                return Err(bad(&format!(
+                    "'{other}/s' is no bandwidth unit genslm reads ({BANDWIDTH})"
+                )))
+            }
+        };
         let bytes_per_s = num
-            .trim()
             .parse::<f64>()
             .ok()
             .map(|x| x * k)
@@ -114,12 +148,22 @@ mod tests {
         );
         let n: NetSim = "0s,100MB/s".parse().unwrap();
         assert_eq!(n.delay(1_000_000), Duration::from_millis(10));
+        // Units named by what they are; TB/s and binary prefixes read.
+        let n: NetSim = "1e1ms,1TB/s".parse().unwrap();
+        assert_eq!(
+            (n.latency, n.bytes_per_s),
+            (Duration::from_millis(10), 1e12)
+        );
+        let n: NetSim = "1ms,2MiB/s".parse().unwrap();
+        assert_eq!(n.bytes_per_s, 2.0 * 1024.0 * 1024.0);
         for (bad, why) in [
             ("20ms", "no comma"),
             ("20,1GB/s", "needs a unit"),
             ("-1ms,1GB/s", "from 0 to 3600"),
-            ("20ms,1GB", "bandwidth must be"),
-            ("20ms,1TB/s", "bandwidth must be"),
+            ("20ns,1GB/s", "'ns' is no latency unit"),
+            ("20ms,1GB", "'GB' needs '/s'"),
+            ("20ms,1PB/s", "'PB/s' is no bandwidth unit"),
+            ("20ms,1GB/s,extra", "more than one comma"),
             ("20ms,0B/s", "bandwidth must be"),
             ("1e9s,1GB/s", "from 0 to 3600"),
         ] {
