@@ -373,6 +373,14 @@ impl DatasetReader {
                     self.done_rows + i
                 )));
             }
+            // Passed on to embed's output as the record's length: a negative one read as 2⁶⁴ − n.
+            let bases = u64::try_from(length.value(i)).map_err(|_| {
+                derr(format!(
+                    "row {}: negative length {} in column `length`",
+                    self.done_rows + i,
+                    length.value(i)
+                ))
+            })?;
             let mut ids = Vec::with_capacity(t.len());
             for &v in t.values().iter() {
                 let v = u32::try_from(v).map_err(|_| {
@@ -384,7 +392,7 @@ impl DatasetReader {
                 id: id.value(i).to_string(),
                 description: description.value(i).to_string(),
                 source: source.value(i).to_string(),
-                length: length.value(i) as u64,
+                length: bases,
                 gc_content: gc.value(i),
                 digest: digest.value(i).to_string(),
                 digest_kind: kind,
@@ -424,11 +432,12 @@ mod tests {
     use super::*;
 
     /// A dataset written by another tool with genslm's columns and metadata, where `null_token`
-    /// makes one token id null and `null_length` one length: refused naming the row and column
-    /// (a null token was read as whatever its slot held, and trained on).
-    fn foreign(dir: &Path, null_token: bool, null_length: bool) -> PathBuf {
+    /// makes one token id null and `length` is the second row's length (`None`: null): refused
+    /// naming the row and column (a null token was read as whatever its slot held, and trained
+    /// on; a negative length was passed on as 2⁶⁴ − n).
+    fn foreign(dir: &Path, null_token: bool, length: Option<i64>) -> PathBuf {
         use arrow_array::builder::{Int32Builder, ListBuilder};
-        let path = dir.join(format!("f{null_token}{null_length}.parquet"));
+        let path = dir.join(format!("f{null_token}{length:?}.parquet"));
         let strings = |v: [&str; 2]| Arc::new(StringArray::from(v.to_vec())) as _;
         let mut tokens = ListBuilder::new(Int32Builder::new());
         for row in [[5, 6, 7], [8, 9, 10]] {
@@ -440,10 +449,7 @@ mod tests {
             }
             tokens.append(true);
         }
-        let length = match null_length {
-            true => Int64Array::from(vec![Some(9), None]),
-            false => Int64Array::from(vec![9, 9]),
-        };
+        let length = Int64Array::from(vec![Some(9), length]);
         let batch = RecordBatch::try_from_iter(vec![
             ("id", strings(["a", "b"])),
             ("description", strings(["", ""])),
@@ -474,11 +480,12 @@ mod tests {
     #[test]
     fn nulls_in_a_foreign_dataset_are_refused_by_row_and_column() {
         let dir = tempfile::tempdir().unwrap();
-        let (_, rows) = read_dataset(&foreign(dir.path(), false, false)).unwrap();
+        let (_, rows) = read_dataset(&foreign(dir.path(), false, Some(9))).unwrap();
         assert_eq!(rows[1].tokens, [8, 9, 10]);
         for (token, length, says) in [
-            (true, false, "row 1: token 1 of column `tokens` is null"),
-            (false, true, "row 1: column `length` is null"),
+            (true, Some(9), "row 1: token 1 of column `tokens` is null"),
+            (false, None, "row 1: column `length` is null"),
+            (false, Some(-9), "row 1: negative length -9"),
         ] {
             let e = read_dataset(&foreign(dir.path(), token, length))
                 .unwrap_err()
