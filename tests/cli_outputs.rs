@@ -68,6 +68,26 @@ fn an_output_that_is_an_input_is_refused() {
         assert!(!ok, "{args:?} succeeded");
         assert!(err.contains("an input of this command"), "{args:?}: {err}");
     }
+    // A tokenized dataset is an input too: `embed --data X --out X` replaced it with the
+    // embeddings (exit 0), through a link as well.
+    let data = dir.path().join("data.parquet");
+    let d = arg(&data);
+    assert!(run(&["tokenize", "--fasta", &fa, "--out", &d, "--quiet"]).0);
+    let data_link = dir.path().join("data_link.parquet");
+    std::os::unix::fs::symlink(&data, &data_link).unwrap();
+    let dl = arg(&data_link);
+    let kept = std::fs::read(&data).unwrap();
+    for args in [
+        ["embed", "--model", &m, "--data", &d, "--out", &d],
+        ["embed", "--model", &m, "--data", &dl, "--out", &d],
+    ] {
+        let (ok, _, err) = run(&args);
+        assert!(
+            !ok && err.contains("an input of this command"),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read(&data).unwrap(), kept);
     // A parquet output named as another format.
     for (flag, name) in [("--out", "emb.csv"), ("--out", "weights.safetensors")] {
         let out = arg(&dir.path().join(name));

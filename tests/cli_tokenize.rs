@@ -337,6 +337,85 @@ fn not_fasta() {
     expect_failure("reads.fa", b"@read1\nACGT\n+\nIIII\n", &["FASTQ"]);
 }
 
+/// A compressed file's first bytes decide how it is read, and messages say what failed: one
+/// byte that is no '>' is not FASTA (it read as "holds no record"), and text inside a gzip
+/// that is not FASTA says so (it blamed the gzip header, which is fine).
+#[test]
+fn a_one_byte_file_and_a_compressed_non_fasta_are_named() {
+    expect_failure(
+        "onex.fa",
+        b"x",
+        &["not a FASTA file: it does not start with '>'"],
+    );
+    expect_failure(
+        "xy.fa.gz",
+        &gzip(b"xy\n"),
+        &["its decompressed text does not start with '>'"],
+    );
+}
+
+/// A zstd file that starts with a skippable frame (pzstd writes one) reads as `zstd -dc` reads
+/// it: it was refused as "not a FASTA file".
+#[test]
+fn a_zstd_file_starting_with_a_skippable_frame_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let fasta = b">a\nACGTTT\n>b\nGGGCCC\n";
+    // Magic 0x184D2A50 (little-endian), a 4-byte frame size, 4 bytes of user data.
+    let mut bytes = vec![0x50, 0x2A, 0x4D, 0x18, 4, 0, 0, 0, 1, 2, 3, 4];
+    bytes.extend(zstd::encode_all(&fasta[..], 3).unwrap());
+    let p = write(dir.path(), "pz.fa.zst", &bytes);
+    let out = dir.path().join("out.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        p.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let (_, rows) = read_dataset(&out).unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+}
+
+/// A bit flipped inside a gzip file: gzip checks its CRC only at the end, so under
+/// `--on-invalid skip` the records read before the damage were kept — altered sequences and
+/// garbled ids, exit 0. A damaged compressed file now stops the run, skip or not, and nothing
+/// is written.
+#[test]
+fn a_damaged_compressed_file_is_not_skipped() {
+    let mut text = Vec::new();
+    let mut rng = genslm::rng::SplitMix64::new(9);
+    for i in 0..400 {
+        text.extend_from_slice(format!(">r{i}\n").as_bytes());
+        text.extend((0..600).map(|_| b"ACGT"[rng.below(4) as usize]));
+        text.push(b'\n');
+    }
+    let mut gz = gzip(&text);
+    let mid = gz.len() / 2;
+    gz[mid] ^= 8;
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "flip.fa.gz", &gz);
+    let out = dir.path().join("out.parquet");
+    let (ok, _, err) = run(&[
+        "tokenize",
+        "--fasta",
+        p.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--on-invalid",
+        "skip",
+    ]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("flip.fa.gz") && err.contains("damaged compressed file is not skipped"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
+
 #[test]
 fn skip_mode_skips_bad_records_with_warnings() {
     let dir = tempfile::tempdir().unwrap();

@@ -250,6 +250,8 @@ pub fn open_parquet(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>
     // A parquet file is read from its end: a named pipe would block the open, then fail.
     crate::error::file_or_missing(path, "a parquet file")?;
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    // A dataset or embeddings file read is an input: `embed --data X --out X` replaced it.
+    crate::atomic::note_input(path);
     ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::Dataset {
         path: path.to_path_buf(),
         msg: format!("not a readable parquet file: {e}"),

@@ -254,8 +254,18 @@ pub fn read_raw(
         record: None,
         msg,
     };
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        // An unreadable file (no permission) is one of the things skip skips.
+        Err(e) if on_invalid == OnInvalid::Skip => {
+            warn(format!("skipping the file: {}", Error::io(path, e)));
+            stats.skipped += 1;
+            return Ok(stats);
+        }
+        Err(e) => return Err(Error::io(path, e)),
+    };
     crate::atomic::note_input(path);
+    let compressed = compressed(path);
     let overflow = OverflowCell::default();
     let mut reader = match fastx_open::open(file, fastx_open::record_limit(), &overflow) {
         Ok(r) => r,
@@ -283,6 +293,22 @@ pub fn read_raw(
                     .map(|h| h.split_whitespace().next().unwrap_or_default().to_string());
                 if record.is_none() && !last_id.is_empty() {
                     msg.push_str(&format!(" (after record '{last_id}')"));
+                }
+                // gzip and zstd check their data only at the end of a stream, bzip2 after a
+                // block is handed on: the records read before the damage may be damaged too
+                // (bit flips kept altered sequences and garbled ids with exit 0), so the file
+                // cannot be skipped from here on; the run stops and writes nothing.
+                if compressed && e.kind == ParseErrorKind::Io {
+                    msg.push_str(
+                        "; a damaged compressed file is not skipped, since its decompressor \
+                         checks the data only after handing it on and the records before the \
+                         damage cannot be trusted: repair or remove the file",
+                    );
+                    return Err(Error::Fasta {
+                        file: path.to_path_buf(),
+                        record,
+                        msg,
+                    });
                 }
                 let err = Error::Fasta {
                     file: path.to_path_buf(),
@@ -434,6 +460,16 @@ fn skip_or_fail(
     }
 }
 
+/// Whether `path` is read through a decompressor (by its first two bytes, as the reader
+/// chooses).
+fn compressed(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 2];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|_| crate::data::fastx_open::is_compressed(magic))
+}
+
 fn describe_parse_error(e: &needletail::errors::ParseError, path: &Path) -> String {
     // The file's first bytes as stored (no decompression: the cases below are plain text).
     let head = || -> Vec<u8> {
@@ -443,8 +479,19 @@ fn describe_parse_error(e: &needletail::errors::ParseError, path: &Path) -> Stri
         buf
     };
     match e.kind {
+        // One byte that is no '>' (the reader needs two to tell a compressed file).
+        ParseErrorKind::EmptyFile
+            if std::fs::metadata(path).is_ok_and(|m| m.len() == 1) && !head().starts_with(b">") =>
+        {
+            "not a FASTA file: it does not start with '>'".into()
+        }
         ParseErrorKind::EmptyFile if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) => {
             "file holds no record: only '>' marks or blank space, no header and sequence".into()
+        }
+        ParseErrorKind::UnknownFormat if compressed(path) => {
+            "not a FASTA file: its decompressed text does not start with '>' (a byte-order \
+             mark, blank lines, or not FASTA inside)"
+                .into()
         }
         ParseErrorKind::EmptyFile => "file is empty".into(),
         ParseErrorKind::UnknownFormat => {

@@ -102,6 +102,12 @@ const BZ_MAGIC: [u8; 2] = *b"BZ";
 const XZ_MAGIC: [u8; 2] = [0xFD, 0x37];
 const ZST_MAGIC: [u8; 2] = [0x28, 0xB5];
 
+/// Whether a file whose first two bytes are `magic` is read through a decompressor.
+pub fn is_compressed(magic: [u8; 2]) -> bool {
+    matches!(magic, GZ_MAGIC | BZ_MAGIC | XZ_MAGIC | ZST_MAGIC)
+        || (magic[1] == 0x2A && magic[0] & 0xF0 == 0x50)
+}
+
 /// The text of a file whose first two bytes are `magic`, decompressed by what they say
 /// (gzip, bzip2, xz, zstd; anything else is read as it is), whatever the file's name.
 pub fn decoder<R: Read + Send + 'static>(
@@ -117,6 +123,9 @@ pub fn decoder<R: Read + Send + 'static>(
         BZ_MAGIC => Box::new(bzip2::read::MultiBzDecoder::new(raw)),
         XZ_MAGIC => Box::new(liblzma::read::XzDecoder::new_multi_decoder(raw)),
         ZST_MAGIC => Box::new(zstd::stream::read::Decoder::new(raw)?),
+        // A skippable frame first (pzstd writes one: 0x184D2A5?, little-endian), which
+        // `zstd -dc` passes over like the decoder does.
+        [m, 0x2A] if m & 0xF0 == 0x50 => Box::new(zstd::stream::read::Decoder::new(raw)?),
         _ => Box::new(raw),
     })
 }
