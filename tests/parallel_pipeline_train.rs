@@ -96,7 +96,12 @@ fn impossible_pipelines_are_refused_before_any_work() {
     let cfg = config(Position::Rotary, ScheduleKind::OneFOneB, 1);
     let mut few = cfg.clone();
     few.train.grad_accum = 1;
-    assert!(run(&few, pp(2, 1, 1, 1, 1)).contains("needs at least 2 micro-batches"));
+    let e = run(&few, pp(2, 1, 1, 1, 1));
+    // It says what would work: plan's 4·P micro-batches, or GPipe.
+    assert!(
+        e.contains("needs at least 2 micro-batches") && e.contains("--grad-accum 8"),
+        "{e}"
+    );
     let gpipe = config(Position::Rotary, ScheduleKind::GPipe, 1);
     assert!(run(&gpipe, pp(8, 1, 1, 1, 1)).contains("every chunk needs at least one"));
     // More stages than layers is named first: no --grad-accum or schedule would make it work

@@ -302,3 +302,39 @@ fn the_suggested_cut_evens_out_the_stage_peaks() {
     )
     .is_none());
 }
+
+/// GPipe's refusal for memory names what to change: it keeps every micro-batch in flight, so
+/// `--grad-accum` or the schedule, not the `--seq-len` it alone blamed.
+#[test]
+fn a_gpipe_run_past_the_memory_names_its_micro_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let (ok, _, err) = common::run(&[
+        "train",
+        "--fasta",
+        common::repo()
+            .join("data/lambda_virus.fa")
+            .to_str()
+            .unwrap(),
+        "--config",
+        "tiny",
+        "--out",
+        out.to_str().unwrap(),
+        "--seq-len",
+        "64",
+        "--steps",
+        "1",
+        "--pp",
+        "2",
+        "--grad-accum",
+        "2000000",
+        "--pp-schedule",
+        "gpipe",
+    ]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("--pp-schedule gpipe keeps all --grad-accum 2000000 micro-batches"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

@@ -101,6 +101,51 @@ pub fn stage_views(
     if l.pp <= 1 {
         return Ok(vec![StageView::whole(m)]);
     }
+    let p = &l.pipeline;
+    let key: ViewKey = (
+        m.num_layers,
+        cut.map(<[usize]>::to_vec),
+        p.schedule,
+        l.pp,
+        p.micro_batches,
+        p.virtual_stages,
+    );
+    if let Some(hit) = VIEWS.with(|v| {
+        v.borrow()
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, views)| views.clone())
+    }) {
+        return Ok(hit);
+    }
+    let views = simulate_views(m, l, cut)?;
+    VIEWS.with(|v| {
+        let mut v = v.borrow_mut();
+        if v.len() >= 64 {
+            v.clear();
+        }
+        v.push((key, views.clone()));
+    });
+    Ok(views)
+}
+
+/// What a stage's view depends on: the layers, the cut, and the pipeline's shape.
+type ViewKey = (usize, Option<Vec<usize>>, ScheduleKind, usize, usize, usize);
+
+thread_local! {
+    /// The views of the pipelines simulated so far: the plan's search asks for the same
+    /// pipeline under every candidate layout and sequence length, and simulating 2²¹
+    /// micro-batches anew each time took minutes and a gigabyte (`plan --gpus 4096 --pp 2
+    /// --grad-accum 2097151`).
+    static VIEWS: std::cell::RefCell<Vec<(ViewKey, Vec<StageView>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn simulate_views(
+    m: &ModelConfig,
+    l: &Parallelism,
+    cut: Option<&[usize]>,
+) -> Result<Vec<StageView>> {
     let (sched, stages) = schedule(m, l, cut)?;
     let timeline = simulate(&sched, cost(sched.kind))?;
     Ok((0..l.pp)

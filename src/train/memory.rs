@@ -3,7 +3,7 @@
 //! in the memory this machine has available is refused before ingest or the first step,
 //! instead of aborting with "memory allocation failed" after work has started.
 
-use crate::config::Config;
+use crate::config::{Config, ScheduleKind};
 use crate::error::{Error, Result};
 use crate::host_memory::available_bytes;
 use crate::plan::cpu::CpuRun;
@@ -149,6 +149,18 @@ pub fn check_fits_or(
     let (need, fits) = match over_budget(cfg.train.seq_len, sp, peak, available) {
         None => return Ok(()),
         Some((need, fits)) => (need, with_table_note(cfg, fits)),
+    };
+    // GPipe holds every micro-batch's activations until the backward: there the count, not the
+    // length, is what to change (`--grad-accum 200000` was blamed on `--seq-len 64`).
+    let t = &cfg.train;
+    let fits = if pp > 1 && t.pp_schedule == ScheduleKind::GPipe && t.grad_accum > pp {
+        format!(
+            "{fits}; --pp-schedule gpipe keeps all --grad-accum {} micro-batches' activations \
+             in flight, where 1f1b and zb keep at most {pp}",
+            t.grad_accum
+        )
+    } else {
+        fits
     };
     Err(Error::Invalid(format!(
         "--seq-len {}: the predicted peak memory is {:.1} GiB, but this machine has {:.1} GiB \

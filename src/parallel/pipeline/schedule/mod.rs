@@ -101,7 +101,11 @@ impl Schedule {
             return Err(Error::Invalid(format!(
                 "--pp-schedule {kind} with {p} stages needs at least {p} micro-batches (--grad-accum), \
                  got {m}: with fewer, the last stage's first backward cannot start before the first \
-                 stage runs out of forwards, so the schedule is GPipe's; use --pp-schedule gpipe"
+                 stage runs out of forwards, so the schedule is GPipe's. Use --grad-accum {} (4·P \
+                 micro-batches, as `genslm plan` assumes: a bubble of (P − 1)/m = {:.2}), or \
+                 --pp-schedule gpipe",
+                4 * p,
+                (p - 1) as f64 / (4 * p) as f64
             )));
         }
         if kind == ScheduleKind::Interleaved && m % p != 0 {
