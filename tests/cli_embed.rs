@@ -451,6 +451,41 @@ fn embed_refuses_foreign_datasets() {
         "{err}"
     );
     assert!(!out.exists());
+    // An id holding a terminal escape is refused as tokenize refuses it; a repeated id is
+    // written with the warning `embed --fasta` gives (it was silent).
+    let escape = dir.path().join("escape.parquet");
+    dataset(
+        &escape,
+        &[("ok", vec![5, 6, 7], 9), ("a\x1b[2J", vec![5, 6, 7], 9)],
+    );
+    let twice = dir.path().join("twice.parquet");
+    dataset(
+        &twice,
+        &[("same", vec![5, 6, 7], 9), ("same", vec![8, 9, 10], 9)],
+    );
+    let embed = |data: &std::path::Path| {
+        run(&[
+            "embed",
+            "--model",
+            &s(trained()),
+            "--data",
+            &s(data),
+            "--out",
+            &s(&out),
+        ])
+    };
+    let (ok, _, err) = embed(&escape);
+    assert!(
+        !ok && err.contains("row 1's id") && err.contains("control character"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let (ok, _, err) = embed(&twice);
+    assert!(
+        ok && err.contains("1 record(s) repeat an id seen before (the first: 'same')"),
+        "{err}"
+    );
+    std::fs::remove_file(&out).unwrap();
 
     // The same file without genslm's vocabulary metadata (rewritten by pyarrow).
     let bare = dir.path().join("bare.parquet");

@@ -498,6 +498,7 @@ pub fn embed_to_parquet(
     };
     let mut records = 0u64;
     if let (Some(reader), EmbedInput::Parquet(path)) = (dataset, input) {
+        let mut duplicates = fasta::DuplicateIds::default();
         for rec in reader {
             let r = rec?;
             if r.id.is_empty() {
@@ -508,6 +509,18 @@ pub fn embed_to_parquet(
                     path.display()
                 )));
             }
+            // As tokenize refuses it in a FASTA header: the id is written into the output and
+            // printed, and a terminal's escape sequence would act there.
+            if let Some(c) = r.id.chars().find(|c| c.is_control()) {
+                return Err(Error::Invalid(format!(
+                    "{}: row {records}'s id '{}' holds a control character ({}); genslm \
+                     tokenize refuses such ids: rename the record",
+                    path.display(),
+                    r.id.escape_debug(),
+                    c.escape_unicode()
+                )));
+            }
+            duplicates.see(&r.id);
             if let Some(&t) = r
                 .tokens
                 .iter()
@@ -523,6 +536,9 @@ pub fn embed_to_parquet(
             }
             pipe.push(r)?;
             records += 1;
+        }
+        if let Some(w) = duplicates.warning("the rows are written") {
+            eprintln!("warning: {w}");
         }
     } else if let EmbedInput::Fasta(paths) = input {
         let mut duplicates = fasta::DuplicateIds::default();

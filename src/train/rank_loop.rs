@@ -200,7 +200,9 @@ pub fn train_rank(
         }
         bar.set_position(state.step);
         bar.set_message(format!("loss {loss:.4} {:.0} tok/s", m.tokens_per_s));
-        if !out.applied {
+        // Said once, by the rank that logs: every rank skips the same step (under PP × DP × TP
+        // it was printed by each rank group).
+        if !out.applied && ranks.is_root() {
             bar.suspend(|| {
                 eprintln!(
                     "warning: step {}: non-finite loss or gradient, step skipped",
