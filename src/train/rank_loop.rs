@@ -326,7 +326,7 @@ impl NonFinitePolicy {
             return Err(Error::Invalid(format!(
                 "step {step}: {skips} consecutive steps had a non-finite loss or \
                  gradient (limit `max_consecutive_skips` = {}); the run is diverging or the \
-                 data is broken: lower --lr or check the data (the last checkpoint stays \
+                 data is broken: lower --lr or check the data (a checkpoint saved before stays \
                  resumable)",
                 t.max_consecutive_skips
             )));
@@ -334,8 +334,8 @@ impl NonFinitePolicy {
         if !finite && !t.skip_nonfinite {
             return Err(Error::Invalid(format!(
                 "step {step}: loss {loss} / gradient norm {norm} is not finite; lower --lr, check the \
-                 data, or pass --skip-nonfinite to skip such steps (resume from the last \
-                 checkpoint with --resume)"
+                 data, or pass --skip-nonfinite to skip such steps (a checkpoint saved before \
+                 resumes with --resume)"
             )));
         }
         Ok(())
