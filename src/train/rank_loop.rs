@@ -95,6 +95,19 @@ pub fn train_rank(
              ZeRO-3 weights cross ranks in this layout (its data group is one rank)"
         );
     }
+    // As for quantizing: a setting accepted where it has nothing to act on says so.
+    let default_prefetch = crate::config::TrainConfig::default().prefetch_layers;
+    if t.prefetch_layers != default_prefetch
+        && (t.zero < 3 || ranks.data.size() == 1)
+        && ranks.is_root()
+    {
+        eprintln!(
+            "note: --prefetch-layers changes nothing here: only ZeRO-3 gathers layers' weights \
+             across ranks (this run: --zero {}, a data group of {} rank(s))",
+            t.zero,
+            ranks.data.size()
+        );
+    }
     let (ranks, comm_bytes) = ranks
         .clone()
         .with_bucket(t.reduce_bucket_size)
