@@ -38,6 +38,49 @@ fn lock_of(dir: &Path) -> PathBuf {
     dir.with_file_name(name)
 }
 
+/// Opens and locks `path`, making sure the file locked is the one at `path`: a sweeper may
+/// remove a lock file it finds free (an orphan of a writer killed before its directory
+/// existed) in the moment between another writer's open and its lock. `false`: no locks on
+/// this file system (nothing is swept then: no partial directory can be told from a live one).
+fn take_lock(path: &Path) -> Result<(File, bool)> {
+    for _attempt in 0..8 {
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        if lock.try_lock().is_err() {
+            return Ok((lock, false));
+        }
+        if same_file(&lock, path) {
+            return Ok((lock, true));
+        }
+    }
+    Err(Error::Invalid(format!(
+        "{}: removed again and again while this convert took it; is another process \
+         clearing this directory?",
+        path.display()
+    )))
+}
+
+/// Whether the open `file` is the file now at `path`.
+fn same_file(file: &File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        path.exists()
+    }
+}
+
 impl AtomicDir {
     /// Takes the lock, removes what dead writers of `target` left, and creates the empty
     /// temporary directory.
@@ -47,15 +90,7 @@ impl AtomicDir {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
         let tmp = target.with_file_name(format!("{}{}", prefix(target), std::process::id()));
         let lock_path = lock_of(&tmp);
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| Error::io(&lock_path, e))?;
-        // On a file system without locks nothing is swept: no partial directory can be told
-        // from a live one.
-        let locked = lock.try_lock().is_ok();
+        let (lock, locked) = take_lock(&lock_path)?;
         let dir = Self {
             target: target.to_path_buf(),
             tmp,
@@ -99,43 +134,55 @@ impl AtomicDir {
         Ok(())
     }
 
-    /// Removes the partial directories of dead writers of the same target; refuses when a
-    /// live one is filling its own.
+    /// Removes what dead writers of the same target left — a partial directory with its free
+    /// lock, or a free lock alone (killed before its directory existed) — and refuses when a
+    /// live one is filling its own. A directory without a lock file is not genslm's (a writer
+    /// takes the lock before it makes the directory and drops it after the directory is gone):
+    /// it is kept, whatever its name.
     fn sweep(&self) -> Result<()> {
         let parent = crate::run_lock::parent_dir(&self.target);
         let prefix = prefix(&self.target);
         let entries = std::fs::read_dir(parent).map_err(|e| Error::io(parent, e))?;
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
                 continue;
             };
-            let path = entry.path();
-            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-            if !is_dir || pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            let (pid, lock_only) = match rest.strip_suffix(".lock") {
+                Some(pid) => (pid, true),
+                None => (rest, false),
+            };
+            let kind_ok =
+                entry
+                    .file_type()
+                    .is_ok_and(|t| if lock_only { t.is_file() } else { t.is_dir() });
+            if !kind_ok || pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
                 continue;
             }
-            if path == self.tmp {
+            let dir = parent.join(format!("{prefix}{pid}"));
+            if dir == self.tmp || (lock_only && dir.exists()) {
+                // Ours, or a lock file seen with its directory (handled there).
                 continue;
             }
-            let lock_path = lock_of(&path);
-            // No lock file: its writer is past its rename or its clean-up, or died before
-            // any of this existed; the directory is nobody's.
-            if let Ok(other) = OpenOptions::new().read(true).open(&lock_path) {
-                match other.try_lock() {
-                    Ok(()) => {}
-                    Err(TryLockError::WouldBlock) => {
-                        return Err(Error::Invalid(format!(
-                            "{}: another genslm (process {pid}) is writing it now ({}); \
-                             nothing was changed. Wait for it to end, or choose another output",
-                            self.target.display(),
-                            path.display()
-                        )))
-                    }
-                    Err(TryLockError::Error(_)) => continue,
+            let lock_path = lock_of(&dir);
+            let Ok(other) = OpenOptions::new().read(true).open(&lock_path) else {
+                continue;
+            };
+            match other.try_lock() {
+                Ok(()) => {}
+                Err(TryLockError::WouldBlock) if !lock_only => {
+                    return Err(Error::Invalid(format!(
+                        "{}: another genslm (process {pid}) is writing it now ({}); nothing \
+                         was changed. Wait for it to end, or choose another output",
+                        self.target.display(),
+                        dir.display()
+                    )))
                 }
+                Err(_) => continue,
             }
-            let _ = std::fs::remove_dir_all(&path);
+            if !lock_only {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
             let _ = std::fs::remove_file(&lock_path);
         }
         Ok(())
@@ -169,8 +216,13 @@ mod tests {
         std::fs::create_dir(&dead).unwrap();
         std::fs::write(dead.join("model.safetensors"), b"half").unwrap();
         std::fs::write(lock_of(&dead), b"").unwrap();
+        // A directory without a lock file is not genslm's: kept. A free lock without its
+        // directory (killed before making it) goes.
         let unlocked = dir.path().join(".model.partial-999999992");
         std::fs::create_dir(&unlocked).unwrap();
+        std::fs::write(unlocked.join("notes.txt"), b"mine").unwrap();
+        let orphan = lock_of(&dir.path().join(".model.partial-999999995"));
+        std::fs::write(&orphan, b"").unwrap();
         // Another target's partial directory and a user's look-alike file stay.
         let other = dir.path().join(".model2.partial-999999993");
         std::fs::create_dir(&other).unwrap();
@@ -189,11 +241,12 @@ mod tests {
         drop(held);
 
         let w = AtomicDir::create(&target).unwrap();
-        for gone in [&dead, &unlocked, &live] {
+        for gone in [&dead, &live] {
             assert!(!gone.exists(), "{}", gone.display());
             assert!(!lock_of(gone).exists(), "{}", gone.display());
         }
-        assert!(other.exists() && user.exists());
+        assert!(!orphan.exists());
+        assert!(other.exists() && user.exists() && unlocked.join("notes.txt").exists());
         std::fs::write(w.path().join("config.json"), b"{}").unwrap();
         let tmp = w.path().to_path_buf();
         w.commit().unwrap();

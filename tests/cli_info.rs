@@ -351,6 +351,10 @@ fn pipes_binaries_and_files_in_the_wrong_place_are_named() {
             vec!["convert", &s(&ckpt), "--out", &s(&afile)],
             "a file, not a directory",
         ),
+        (
+            vec!["convert", &s(&ckpt), "--out", &s(&d.join(".."))],
+            "name the new model directory",
+        ),
     ] {
         let (ok, _, err) = run(&args);
         assert!(!ok && err.contains(want), "{args:?}: {err}");

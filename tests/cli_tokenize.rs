@@ -589,6 +589,46 @@ fn standard_input_is_refused_with_the_alternative() {
     assert!(!out.exists());
 }
 
+/// A pipe (`<(zcat …)`, `cat x | … /dev/stdin`) is read once, as it streams: plain and gzip,
+/// handed over a few bytes at a time. (Reading the first bytes a second time to tell the
+/// compression lost them, and every piped FASTA was "not a FASTA file".)
+#[cfg(unix)]
+#[test]
+fn fasta_through_a_pipe_is_read_once() {
+    use std::io::Write;
+    let text = b">a\nATGAAACCC\n>b\nGGGTTT\n".to_vec();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, bytes) in [("plain", text.clone()), ("gzip", gzip(&text))] {
+        let out = dir.path().join(format!("{name}.parquet"));
+        let mut child = common::bin()
+            .args(["--quiet", "tokenize", "--fasta", "/dev/stdin", "--out"])
+            .arg(&out)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        for chunk in bytes.chunks(3) {
+            stdin.write_all(chunk).unwrap();
+            stdin.flush().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        drop(stdin);
+        let o = child.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let (_, rows) = read_dataset(&out).unwrap();
+        assert_eq!(
+            rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            ["a", "b"],
+            "{name}"
+        );
+    }
+}
+
 /// One file reached twice (named twice, or within a directory also given) is refused: its
 /// records would count twice (and in training fall on both sides of the validation split).
 #[test]

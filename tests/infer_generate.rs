@@ -360,7 +360,8 @@ fn an_infinite_logit_stops_generation_by_name() {
 
 /// A sample that draws [EOS] before its first codon (an empty prompt on genslm71) has no
 /// sequence: it was written as a bare header, which genslm's own readers refuse. It is left out
-/// with a warning. The model path in the header keeps no control character (a terminal escape).
+/// with a warning, and a run where every sample is empty fails rather than write an empty
+/// file. The model path in the header keeps no control character (a terminal escape).
 #[test]
 fn an_empty_sample_is_not_written_and_the_header_is_printable() {
     use genslm::infer::generate::generate_fasta;
@@ -393,7 +394,15 @@ fn an_empty_sample_is_not_written_and_the_header_is_printable() {
         save_model_dir(&model, &mdir).unwrap();
         let mut opts = greedy_opts("", 3);
         opts.num = 2;
-        let n = generate_fasta(&mdir, &opts, Some(&out)).unwrap();
+        let result = generate_fasta(&mdir, &opts, Some(&out));
+        if records == 0 {
+            // Nothing to write at all: an error, and no empty file (tokenize refuses one).
+            let e = result.unwrap_err().to_string();
+            assert!(e.contains("every sample drew [EOS]"), "{e}");
+            assert!(!out.exists());
+            continue;
+        }
+        let n = result.unwrap();
         let text = std::fs::read_to_string(&out).unwrap();
         assert_eq!((n, text.matches('>').count()), (records, records), "{text}");
         assert!(!text.contains('\x1b'), "{text:?}");

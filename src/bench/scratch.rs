@@ -15,6 +15,14 @@ use crate::error::{Error, Result};
 
 const PREFIX: &str = "genslm-bench-ingest-";
 const LOCK: &str = ".lock";
+/// What a benchmark writes into its scratch (and the temporary names of its parquet outputs).
+const FILES: [&str; 5] = [
+    LOCK,
+    "bench.fa",
+    "bench.fa.gz",
+    "bench-plain.parquet",
+    "bench-gzip.parquet",
+];
 
 /// The scratch directory of a running benchmark: removed with its files when dropped.
 #[derive(Debug)]
@@ -109,6 +117,18 @@ fn sweep(base: &Path) {
         if !is_ours {
             continue;
         }
+        // Only what the benchmark writes: a directory of this name holding anything else
+        // (a user's results) is kept.
+        let only_ours = std::fs::read_dir(e.path()).is_ok_and(|d| {
+            d.flatten().all(|f| {
+                let n = f.file_name().to_string_lossy().into_owned();
+                FILES.contains(&n.as_str())
+                    || FILES.iter().any(|b| n.starts_with(&format!(".{b}.tmp-")))
+            })
+        });
+        if !only_ours {
+            continue;
+        }
         let Ok(lock) = OpenOptions::new().read(true).open(e.path().join(LOCK)) else {
             continue;
         };
@@ -142,6 +162,8 @@ mod tests {
             d
         };
         let dead = mk("genslm-bench-ingest-dead", true);
+        let theirs = mk("genslm-bench-ingest-mine", true);
+        std::fs::write(theirs.join("results.csv"), b"mine").unwrap();
         let live = mk("genslm-bench-ingest-live", true);
         let unlocked = mk("genslm-bench-ingest-nolock", false);
         let user = mk("my-genomes", true);
@@ -150,6 +172,7 @@ mod tests {
         let s = create(Some(base), 0, "--mb").unwrap();
         assert!(!dead.exists());
         assert!(live.exists() && unlocked.exists() && user.exists());
+        assert!(theirs.join("results.csv").exists());
         let mine = s.path().to_path_buf();
         assert!(mine.join(LOCK).exists());
         drop(s);

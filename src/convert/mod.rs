@@ -372,6 +372,15 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
         }
         _ => out,
     };
+    // `.` or `..` (or `/`) name no directory that can be renamed into place.
+    if out.file_name().is_none() {
+        return Err(Error::Invalid(format!(
+            "--out {}: name the new model directory (e.g. {}/model); convert writes a \
+             directory and renames it into place",
+            out.display(),
+            out.display()
+        )));
+    }
     if out.exists() && !out.is_dir() {
         return Err(Error::Invalid(format!(
             "{}: {}; convert writes a model directory there: choose a new directory",

@@ -24,8 +24,8 @@ struct Vm<'a> {
 /// Opcodes a pickle may run. Each builds at most one value, but a value costs up to ~160 bytes
 /// (a one-byte EMPTY_LIST is a shared, growable list in its parent): a 4 MB pickle of empty
 /// lists took 637 MB. Checkpoints' object graphs are small — GenSLM's 25M Lightning checkpoint
-/// (weights and Adam moments) is 9.5 KB of pickle, ~20 opcodes a tensor — so 2²¹ opcodes,
-/// room for ~100,000 tensors, bound the reader at ~330 MB whatever the file.
+/// (weights and Adam moments) is 9.5 KB of pickle, ~30 opcodes a tensor — so 2²¹ opcodes,
+/// room for ~70,000 tensors, bound the reader at ~330 MB whatever the file.
 pub const MAX_OPS: usize = 1 << 21;
 
 impl<'a> Vm<'a> {
@@ -151,7 +151,8 @@ impl<'a> Vm<'a> {
             if self.ops > MAX_OPS {
                 return Err(format!(
                     "runs more than {MAX_OPS} operations (a checkpoint's object graph takes a few \
-                     thousand, ~20 per tensor): not a state dict genslm reads"
+                     thousand, ~30 per tensor: room for ~70,000 tensors): not a state dict \
+                     genslm reads"
                 ));
             }
             let op = self.take(1)?[0];

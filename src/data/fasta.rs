@@ -265,12 +265,13 @@ pub fn read_raw(
         Err(e) => return Err(Error::io(path, e)),
     };
     crate::atomic::note_input(path);
-    let compressed = compressed(path);
+    let mut compressed = false;
     let overflow = OverflowCell::default();
-    let mut reader = match fastx_open::open(file, fastx_open::record_limit(), &overflow) {
+    let limit = fastx_open::record_limit();
+    let mut reader = match fastx_open::open(file, limit, &overflow, &mut compressed) {
         Ok(r) => r,
         Err(e) => {
-            let err = file_err(describe_parse_error(&e, path));
+            let err = file_err(describe_parse_error(&e, path, compressed));
             return skip_or_fail(on_invalid, err, warn, stats);
         }
     };
@@ -285,7 +286,7 @@ pub fn read_raw(
                     // Not skippable: the memory is the machine's, not the record's fault.
                     return Err(too_long(path, &o));
                 }
-                let mut msg = describe_parse_error(&e, path);
+                let mut msg = describe_parse_error(&e, path, compressed);
                 let record = e
                     .position
                     .id
@@ -453,24 +454,24 @@ fn skip_or_fail(
     match on_invalid {
         OnInvalid::Error => Err(err),
         OnInvalid::Skip => {
-            warn(format!("skipping the rest of the file: {err}"));
+            // Nothing read yet: the whole file is skipped (and nothing of it was kept).
+            let what = if stats.records == 0 && stats.skipped == 0 {
+                "the file"
+            } else {
+                "the rest of the file"
+            };
+            warn(format!("skipping {what}: {err}"));
             stats.skipped += 1;
             Ok(stats)
         }
     }
 }
 
-/// Whether `path` is read through a decompressor (by its first two bytes, as the reader
-/// chooses).
-fn compressed(path: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 2];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|_| crate::data::fastx_open::is_compressed(magic))
-}
-
-fn describe_parse_error(e: &needletail::errors::ParseError, path: &Path) -> String {
+fn describe_parse_error(
+    e: &needletail::errors::ParseError,
+    path: &Path,
+    compressed: bool,
+) -> String {
     // The file's first bytes as stored (no decompression: the cases below are plain text).
     let head = || -> Vec<u8> {
         use std::io::Read;
@@ -488,7 +489,7 @@ fn describe_parse_error(e: &needletail::errors::ParseError, path: &Path) -> Stri
         ParseErrorKind::EmptyFile if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) => {
             "file holds no record: only '>' marks or blank space, no header and sequence".into()
         }
-        ParseErrorKind::UnknownFormat if compressed(path) => {
+        ParseErrorKind::UnknownFormat if compressed => {
             "not a FASTA file: its decompressed text does not start with '>' (a byte-order \
              mark, blank lines, or not FASTA inside)"
                 .into()

@@ -102,18 +102,32 @@ const BZ_MAGIC: [u8; 2] = *b"BZ";
 const XZ_MAGIC: [u8; 2] = [0xFD, 0x37];
 const ZST_MAGIC: [u8; 2] = [0x28, 0xB5];
 
-/// Whether a file whose first two bytes are `magic` is read through a decompressor.
-pub fn is_compressed(magic: [u8; 2]) -> bool {
-    matches!(magic, GZ_MAGIC | BZ_MAGIC | XZ_MAGIC | ZST_MAGIC)
-        || (magic[1] == 0x2A && magic[0] & 0xF0 == 0x50)
+/// A zstd skippable frame's magic, 0x184D2A5? little-endian (pzstd starts its files with
+/// one), which `zstd -dc` passes over: all four bytes, since "P*" could begin a text file.
+fn skippable_frame(head: &[u8]) -> bool {
+    head.len() >= 4 && head[0] & 0xF0 == 0x50 && head[1..4] == [0x2A, 0x4D, 0x18]
 }
 
-/// The text of a file whose first two bytes are `magic`, decompressed by what they say
-/// (gzip, bzip2, xz, zstd; anything else is read as it is), whatever the file's name.
-pub fn decoder<R: Read + Send + 'static>(
-    magic: [u8; 2],
-    raw: R,
-) -> io::Result<Box<dyn Read + Send>> {
+/// Whether a file whose first bytes are `head` (up to 4) is read through a decompressor.
+pub fn is_compressed(head: &[u8]) -> bool {
+    let magic = [head.first().copied(), head.get(1).copied()];
+    matches!(
+        magic,
+        [Some(a), Some(b)] if matches!([a, b], GZ_MAGIC | BZ_MAGIC | XZ_MAGIC | ZST_MAGIC)
+    ) || skippable_frame(head)
+}
+
+/// The text of a file whose first bytes are `head` (up to 4; `raw` still holds them),
+/// decompressed by what they say (gzip, bzip2, xz, zstd; anything else is read as it is),
+/// whatever the file's name.
+pub fn decoder<R: Read + Send + 'static>(head: &[u8], raw: R) -> io::Result<Box<dyn Read + Send>> {
+    if skippable_frame(head) {
+        return Ok(Box::new(zstd::stream::read::Decoder::new(raw)?));
+    }
+    let magic = [
+        head.first().copied().unwrap_or(0),
+        head.get(1).copied().unwrap_or(0),
+    ];
     Ok(match magic {
         GZ_MAGIC => Box::new(flate2::read::MultiGzDecoder::new(raw)),
         // Every stream of the file, as `bzip2 -dc` and `xz -dc` read it: pbzip2, lbzip2,
@@ -123,9 +137,6 @@ pub fn decoder<R: Read + Send + 'static>(
         BZ_MAGIC => Box::new(bzip2::read::MultiBzDecoder::new(raw)),
         XZ_MAGIC => Box::new(liblzma::read::XzDecoder::new_multi_decoder(raw)),
         ZST_MAGIC => Box::new(zstd::stream::read::Decoder::new(raw)?),
-        // A skippable frame first (pzstd writes one: 0x184D2A5?, little-endian), which
-        // `zstd -dc` passes over like the decoder does.
-        [m, 0x2A] if m & 0xF0 == 0x50 => Box::new(zstd::stream::read::Decoder::new(raw)?),
         _ => Box::new(raw),
     })
 }
@@ -133,17 +144,23 @@ pub fn decoder<R: Read + Send + 'static>(
 /// needletail's reader over `file` (compressed or not, FASTA or FASTQ: the caller refuses
 /// FASTQ), whose records may not pass `limit` bytes; an overflow is recorded in `overflow`.
 /// The errors are needletail's own, for the same files, as `parse_fastx_reader` gives.
+/// `compressed` is set once the first bytes are read: whether a decompressor reads the file.
 pub fn open(
     file: std::fs::File,
     limit: u64,
     overflow: &OverflowCell,
+    compressed: &mut bool,
 ) -> Result<Box<dyn FastxReader>, ParseError> {
     let mut raw = BufReader::with_capacity(1 << 20, file);
-    let mut magic = [0u8; 2];
-    raw.read_exact(&mut magic)
-        .map_err(|_| ParseError::new_empty_file())?;
-    let raw = Cursor::new(magic).chain(raw);
-    let text = decoder(magic, raw)?;
+    // Read once and put back in front (a pipe cannot be read twice, and may hand over fewer
+    // bytes per read than asked).
+    let mut head = Vec::with_capacity(4);
+    (&mut raw).take(4).read_to_end(&mut head)?;
+    if head.len() < 2 {
+        return Err(ParseError::new_empty_file());
+    }
+    *compressed = is_compressed(&head);
+    let text = decoder(&head, Cursor::new(head.clone()).chain(raw))?;
     let mut limited = RecordLimit {
         inner: text,
         limit,
@@ -265,7 +282,7 @@ mod tests {
             let path = dir.path().join(format!("two.{name}"));
             std::fs::write(&path, &two).unwrap();
             let file = std::fs::File::open(&path).unwrap();
-            let mut r = open(file, 1 << 30, &Default::default()).unwrap();
+            let mut r = open(file, 1 << 30, &Default::default(), &mut false).unwrap();
             let mut ids = Vec::new();
             while let Some(rec) = r.next() {
                 let rec = rec.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -276,7 +293,7 @@ mod tests {
             two.extend(b"trailing garbage, not a stream");
             std::fs::write(&path, &two).unwrap();
             let file = std::fs::File::open(&path).unwrap();
-            let mut r = open(file, 1 << 30, &Default::default()).unwrap();
+            let mut r = open(file, 1 << 30, &Default::default(), &mut false).unwrap();
             let mut failed = false;
             while let Some(rec) = r.next() {
                 failed |= rec.is_err();
@@ -320,6 +337,7 @@ mod tests {
                 std::fs::File::open(&whole).unwrap(),
                 1 << 30,
                 &Default::default(),
+                &mut false,
             )
             .unwrap_or_else(|e| panic!("{name}: {e}"));
             let mut n = 0;
@@ -334,6 +352,7 @@ mod tests {
                 std::fs::File::open(&cut).unwrap(),
                 1 << 30,
                 &Default::default(),
+                &mut false,
             )
             .err()
             .and_then(|e| (e.kind != needletail::errors::ParseErrorKind::Io).then_some(e));

@@ -399,6 +399,9 @@ pub fn generate_fasta(
                 w.write_all(fasta_record(g, opts, &label).as_bytes())
                     .map_err(werr)
             })?;
+            if n == 0 {
+                return Err(nothing_written());
+            }
             let file = w
                 .into_inner()
                 .map_err(|e| Error::io(path, e.into_error()))?;
@@ -416,7 +419,20 @@ pub fn generate_fasta(
                     .and_then(|_| w.flush())
                     .map_err(|e| Error::Invalid(format!("writing to stdout: {e}")))
             })?;
+            if n == 0 {
+                return Err(nothing_written());
+            }
         }
     }
     Ok(n)
+}
+
+/// Every sample ended at [EOS] before a codon: an empty FASTA is no answer (tokenize refuses
+/// it as empty), so the run fails, saying what to change.
+fn nothing_written() -> Error {
+    Error::Invalid(
+        "every sample drew [EOS] before its first codon, so there is nothing to write: give a \
+         --prompt of at least one codon (GenSLM uses ATG)"
+            .into(),
+    )
 }

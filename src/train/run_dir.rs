@@ -165,22 +165,6 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
     let Some(newest) = step_of(&text) else {
         return Ok(());
     };
-    // What an earlier prune left when it was killed or failed part way.
-    for e in std::fs::read_dir(&root)
-        .map_err(|e| Error::io(&root, e))?
-        .flatten()
-    {
-        if trash_step(&e.file_name().to_string_lossy())
-            && e.file_name().to_string_lossy().ends_with(".pruning")
-        {
-            if let Err(err) = std::fs::remove_dir_all(e.path()) {
-                eprintln!(
-                    "warning: {}: not removed ({err}); it is tried again after the next checkpoint",
-                    e.path().display()
-                );
-            }
-        }
-    }
     let mut older: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)
         .map_err(|e| Error::io(&root, e))?
         .flatten()
@@ -198,7 +182,8 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
         match crate::checksum::unlisted_entries(&p) {
             Some(other) if other.is_empty() => {
                 // Renamed out of the way first (one atomic step), then emptied: a kill part way
-                // leaves `.step-N.pruning`, which the next prune or start removes, never a
+                // leaves `.step-N.pruning`, which the next start removes (sparing this run's
+                // inputs, as it spares them in `.step-N.tmp`), never a
                 // half-emptied `step-N` that looks like a stranger's (it was warned about at
                 // every later save). Housekeeping: a checkpoint that cannot be removed
                 // (another owner's file, NFS permissions) must not stop the training that has
@@ -210,8 +195,8 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
                     .and_then(|_| remove_checkpoint(&trash, &mut remove_entry));
                 if let Err(e) = removed {
                     eprintln!(
-                        "warning: {e}: not pruned (--keep-checkpoints); it is tried again after \
-                         the next checkpoint"
+                        "warning: {e}: not pruned (--keep-checkpoints); what is left is removed \
+                         when the run next starts"
                     );
                 }
             }
@@ -365,8 +350,8 @@ mod tests {
 
     /// A prune killed part way left a half-emptied `step-N` (or an empty one) that was warned
     /// about at every later save; now a checkpoint is renamed `.step-N.pruning` before it is
-    /// emptied, and what a kill leaves — that name, or an empty `step-N` from before — is
-    /// removed by the next prune and by the next start.
+    /// emptied. An empty `step-N` from before goes at the next prune; `.step-N.pruning` at the
+    /// next start, which spares this run's inputs.
     #[test]
     fn what_a_killed_prune_leaves_is_removed() {
         let dir = tempfile::tempdir().unwrap();
@@ -381,18 +366,19 @@ mod tests {
         std::fs::create_dir(root.join("step-2")).unwrap();
         std::fs::write(root.join("latest"), "step-4\n").unwrap();
         prune_checkpoints(run, 1, None).unwrap();
-        let left: Vec<String> = std::fs::read_dir(&root)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(left.len(), 2, "{left:?}");
         assert_eq!(steps(run), ["step-4"]);
-        // At a start: a pruning leftover goes, a user's look-alike stays.
-        std::fs::create_dir(root.join(".step-9.pruning")).unwrap();
+        assert!(
+            trash.exists(),
+            "left to the start, which knows the run's inputs"
+        );
+        // At a start: a pruning leftover goes, unless it holds an input; a user's look-alike
+        // stays.
+        let input = root.join(".step-9.pruning/genome.fa");
+        std::fs::create_dir(input.parent().unwrap()).unwrap();
+        std::fs::write(&input, ">a\nACG\n").unwrap();
         std::fs::create_dir(root.join(".step-x.pruning")).unwrap();
-        clean_stale(run, &[]).unwrap();
-        assert!(!root.join(".step-9.pruning").exists());
+        clean_stale(run, std::slice::from_ref(&input)).unwrap();
+        assert!(!trash.exists() && input.exists());
         assert!(root.join(".step-x.pruning").exists());
     }
 

@@ -42,13 +42,16 @@ pub struct BadLine {
 fn open(path: &Path) -> Result<Box<dyn BufRead>> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     crate::atomic::note_input(path);
-    let mut magic = [0u8; 2];
-    let n = f.read(&mut magic).map_err(|e| Error::io(path, e))?;
+    let mut head = Vec::with_capacity(4);
+    (&mut f)
+        .take(4)
+        .read_to_end(&mut head)
+        .map_err(|e| Error::io(path, e))?;
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    if n < 2 {
+    if head.len() < 2 {
         return Ok(Box::new(BufReader::new(f)));
     }
-    let text = crate::data::fastx_open::decoder(magic, f).map_err(|e| Error::io(path, e))?;
+    let text = crate::data::fastx_open::decoder(&head, f).map_err(|e| Error::io(path, e))?;
     Ok(Box::new(BufReader::new(text)))
 }
 
