@@ -204,7 +204,7 @@ fn notes(model: &ModelConfig, a: &PlanRequest, best: &Candidate, at_max: &Estima
     if a.device == PlanDevice::Gpu {
         n.push(
             "what-if plan: genslm's GPU path has been measured on one H200 only (README's GPU \
-             section: this planner gave 1.0–4.2× its peaks, never less); the plan assumes its \
+             section: this planner gave 1.0–4.1× its peaks, never less); the plan assumes its \
              layer recipe (burn autodiff) with bf16 activations"
                 .into(),
         );
