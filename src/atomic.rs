@@ -166,6 +166,43 @@ impl Drop for AtomicFile {
     }
 }
 
+/// Whether `s` is a number as temporary names carry one (the process id of `.NAME.tmp-PID`
+/// and `atomic_dir`'s `.NAME.partial-PID`, the step of a run's `.step-N.tmp`): digits only.
+pub(crate) fn is_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Who holds the advisory lock on a writer's file: that writer, alive (`Held`); nobody, so it
+/// died (`Free`); or it cannot be told (`Unknown`: the file is gone, or the file system has no
+/// locks), when nothing may be removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockState {
+    Held,
+    Free,
+    Unknown,
+}
+
+pub(crate) fn lock_state(path: &Path) -> LockState {
+    let Ok(file) = OpenOptions::new().read(true).open(path) else {
+        return LockState::Unknown;
+    };
+    match file.try_lock() {
+        Ok(()) => LockState::Free,
+        Err(TryLockError::WouldBlock) => LockState::Held,
+        Err(TryLockError::Error(_)) => LockState::Unknown,
+    }
+}
+
+/// The refusal when another process is writing `target` now (its temporary `partial`).
+pub(crate) fn written_now(target: &Path, pid: &str, partial: &Path) -> Error {
+    Error::Invalid(format!(
+        "{}: another genslm (process {pid}) is writing it now ({}); nothing was changed. Wait \
+         for it to end, or choose another output",
+        target.display(),
+        partial.display()
+    ))
+}
+
 /// Removes the unlocked temporary files of `target` that dead writers left (`PREFIXpid`, other
 /// than ours), or refuses when one is locked: another process is writing `target` now.
 fn sweep(dir: &Path, prefix: &str, own: &Path, target: &Path) -> Result<()> {
@@ -177,29 +214,21 @@ fn sweep(dir: &Path, prefix: &str, own: &Path, target: &Path) -> Result<()> {
             continue;
         };
         let path = entry.path();
-        if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) || path == own {
+        if !is_number(pid) || path == own {
             continue;
         }
-        // Gone since the listing (renamed by its writer, or swept by another): nothing to do.
-        let Ok(other) = OpenOptions::new().read(true).open(&path) else {
-            continue;
-        };
-        match other.try_lock() {
-            Ok(()) => {
+        // Unknown: gone since the listing (renamed by its writer, or swept by another).
+        match lock_state(&path) {
+            LockState::Free => {
                 let _ = std::fs::remove_file(&path);
             }
-            Err(TryLockError::WouldBlock) => live = Some((pid.to_string(), path)),
-            Err(TryLockError::Error(_)) => {}
+            LockState::Held => live = Some((pid.to_string(), path)),
+            LockState::Unknown => {}
         }
     }
     match live {
         None => Ok(()),
-        Some((pid, path)) => Err(Error::Invalid(format!(
-            "{}: another genslm (process {pid}) is writing it now ({}); nothing was changed. \
-             Wait for it to end, or choose another output",
-            target.display(),
-            path.display()
-        ))),
+        Some((pid, path)) => Err(written_now(target, &pid, &path)),
     }
 }
 

@@ -8,9 +8,10 @@
 //! free (its writer is dead) and refuses, naming the process, when one is held (another writer
 //! is filling it now). Only a directory and its lock are ever removed, never the target.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
+use crate::atomic::LockState;
 use crate::error::{Error, Result};
 
 /// A directory being filled under a temporary name until [`AtomicDir::commit`].
@@ -156,7 +157,7 @@ impl AtomicDir {
                 entry
                     .file_type()
                     .is_ok_and(|t| if lock_only { t.is_file() } else { t.is_dir() });
-            if !kind_ok || pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            if !kind_ok || !crate::atomic::is_number(pid) {
                 continue;
             }
             let dir = parent.join(format!("{prefix}{pid}"));
@@ -165,20 +166,12 @@ impl AtomicDir {
                 continue;
             }
             let lock_path = lock_of(&dir);
-            let Ok(other) = OpenOptions::new().read(true).open(&lock_path) else {
-                continue;
-            };
-            match other.try_lock() {
-                Ok(()) => {}
-                Err(TryLockError::WouldBlock) if !lock_only => {
-                    return Err(Error::Invalid(format!(
-                        "{}: another genslm (process {pid}) is writing it now ({}); nothing \
-                         was changed. Wait for it to end, or choose another output",
-                        self.target.display(),
-                        dir.display()
-                    )))
+            match crate::atomic::lock_state(&lock_path) {
+                LockState::Free => {}
+                LockState::Held if !lock_only => {
+                    return Err(crate::atomic::written_now(&self.target, pid, &dir))
                 }
-                Err(_) => continue,
+                _ => continue,
             }
             if !lock_only {
                 let _ = std::fs::remove_dir_all(&dir);

@@ -80,6 +80,16 @@ pub fn file_or_missing(path: &Path, what: &str) -> Result<()> {
     }
 }
 
+/// What `path` is, when a directory was expected there ([`not_a_file`]'s words turned around:
+/// "a file, not a directory", "a named pipe (FIFO), not a directory").
+pub fn not_a_directory(path: &Path) -> String {
+    match not_a_file(path) {
+        "a file" => "a file, not a directory".into(),
+        "a directory, not a file" => "a directory".into(),
+        other => other.replace(", not a file", ", not a directory"),
+    }
+}
+
 /// What `path` is, when a regular file was expected there: for messages that would otherwise
 /// call a named pipe, a directory or a symbolic-link loop "missing".
 pub fn not_a_file(path: &Path) -> &'static str {

@@ -8,7 +8,7 @@
 //! of this name whose lock is free. A scratch without `.lock` (its benchmark was killed between
 //! making the directory and the lock, or it is starting now) is left alone.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -79,7 +79,7 @@ pub fn create(base: Option<&Path>, need: u64, flag: &str) -> Result<Scratch> {
         return Err(Error::Invalid(format!(
             "{}: {}; {whose} must be an existing directory for the scratch files",
             base.display(),
-            crate::error::not_a_file(&base).replace("a file", "a file, not a directory")
+            crate::error::not_a_directory(&base)
         )));
     }
     sweep(&base);
@@ -129,14 +129,8 @@ fn sweep(base: &Path) {
         if !only_ours {
             continue;
         }
-        let Ok(lock) = OpenOptions::new().read(true).open(e.path().join(LOCK)) else {
-            continue;
-        };
-        match lock.try_lock() {
-            Ok(()) => {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-            Err(TryLockError::WouldBlock) | Err(TryLockError::Error(_)) => {}
+        if crate::atomic::lock_state(&e.path().join(LOCK)) == crate::atomic::LockState::Free {
+            let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }

@@ -104,6 +104,8 @@ pub const MAX_PARAMS: u64 = 1 << 40;
 pub const MAX_STEPS: u64 = 1 << 53;
 /// Most layers ZeRO-3 may gather ahead (`prefetch_layers`).
 pub const MAX_PREFETCH_LAYERS: usize = 64;
+/// Layers ZeRO-3 gathers ahead unless told (`prefetch_layers`).
+pub const DEFAULT_PREFETCH_LAYERS: usize = 1;
 
 /// Largest rank timeout accepted, in seconds.
 pub const MAX_TIMEOUT_S: u64 = 1_000_000_000;
@@ -223,7 +225,7 @@ impl Default for TrainConfig {
             pp_layers: None,
             megatron_sp: true,
             overlap: true,
-            prefetch_layers: 1,
+            prefetch_layers: DEFAULT_PREFETCH_LAYERS,
             quantize_weights: None,
             quantize_grads: None,
             offload: Offload::None,

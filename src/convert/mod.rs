@@ -385,7 +385,7 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
         return Err(Error::Invalid(format!(
             "{}: {}; convert writes a model directory there: choose a new directory",
             out.display(),
-            crate::error::not_a_file(out).replace("a file", "a file, not a directory")
+            crate::error::not_a_directory(out)
         )));
     }
     if out.exists()

@@ -299,23 +299,22 @@ pub fn read_raw(
                 // block is handed on: the records read before the damage may be damaged too
                 // (bit flips kept altered sequences and garbled ids with exit 0), so the file
                 // cannot be skipped from here on; the run stops and writes nothing.
-                if compressed && e.kind == ParseErrorKind::Io {
+                let damaged = compressed && e.kind == ParseErrorKind::Io;
+                if damaged {
                     msg.push_str(
                         "; a damaged compressed file is not skipped, since its decompressor \
                          checks the data only after handing it on and the records before the \
                          damage cannot be trusted: repair or remove the file",
                     );
-                    return Err(Error::Fasta {
-                        file: path.to_path_buf(),
-                        record,
-                        msg,
-                    });
                 }
                 let err = Error::Fasta {
                     file: path.to_path_buf(),
                     record,
                     msg,
                 };
+                if damaged {
+                    return Err(err);
+                }
                 return skip_or_fail(on_invalid, err, warn, stats);
             }
         };

@@ -108,13 +108,17 @@ fn skippable_frame(head: &[u8]) -> bool {
     head.len() >= 4 && head[0] & 0xF0 == 0x50 && head[1..4] == [0x2A, 0x4D, 0x18]
 }
 
+/// The first two bytes of `head` (zeros where it is shorter: no magic starts with one).
+fn magic(head: &[u8]) -> [u8; 2] {
+    [
+        head.first().copied().unwrap_or(0),
+        head.get(1).copied().unwrap_or(0),
+    ]
+}
+
 /// Whether a file whose first bytes are `head` (up to 4) is read through a decompressor.
 pub fn is_compressed(head: &[u8]) -> bool {
-    let magic = [head.first().copied(), head.get(1).copied()];
-    matches!(
-        magic,
-        [Some(a), Some(b)] if matches!([a, b], GZ_MAGIC | BZ_MAGIC | XZ_MAGIC | ZST_MAGIC)
-    ) || skippable_frame(head)
+    matches!(magic(head), GZ_MAGIC | BZ_MAGIC | XZ_MAGIC | ZST_MAGIC) || skippable_frame(head)
 }
 
 /// The text of a file whose first bytes are `head` (up to 4; `raw` still holds them),
@@ -124,11 +128,7 @@ pub fn decoder<R: Read + Send + 'static>(head: &[u8], raw: R) -> io::Result<Box<
     if skippable_frame(head) {
         return Ok(Box::new(zstd::stream::read::Decoder::new(raw)?));
     }
-    let magic = [
-        head.first().copied().unwrap_or(0),
-        head.get(1).copied().unwrap_or(0),
-    ];
-    Ok(match magic {
+    Ok(match magic(head) {
         GZ_MAGIC => Box::new(flate2::read::MultiGzDecoder::new(raw)),
         // Every stream of the file, as `bzip2 -dc` and `xz -dc` read it: pbzip2, lbzip2,
         // `xz -T` and `cat a.bz2 b.bz2` write several, and the single-stream decoders stopped

@@ -497,8 +497,8 @@ pub fn embed_to_parquet(
         },
     };
     let mut records = 0u64;
+    let mut duplicates = fasta::DuplicateIds::default();
     if let (Some(reader), EmbedInput::Parquet(path)) = (dataset, input) {
-        let mut duplicates = fasta::DuplicateIds::default();
         for rec in reader {
             let r = rec?;
             if r.id.is_empty() {
@@ -537,11 +537,7 @@ pub fn embed_to_parquet(
             pipe.push(r)?;
             records += 1;
         }
-        if let Some(w) = duplicates.warning("the rows are written") {
-            eprintln!("warning: {w}");
-        }
     } else if let EmbedInput::Fasta(paths) = input {
-        let mut duplicates = fasta::DuplicateIds::default();
         for f in fasta::discover(paths)? {
             let source = f.display().to_string();
             let mut warn = |w: String| eprintln!("warning: {w}");
@@ -560,9 +556,10 @@ pub fn embed_to_parquet(
                 })
             })?;
         }
-        if let Some(w) = duplicates.warning("the rows (with their source file) are written") {
-            eprintln!("warning: {w}");
-        }
+    }
+    // Either input: a dataset's rows carry their FASTA's name in `source` too.
+    if let Some(w) = duplicates.warning("the rows (with their source file) are written") {
+        eprintln!("warning: {w}");
     }
     pipe.flush()?;
     if pipe.unknown > 0 {

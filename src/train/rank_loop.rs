@@ -96,8 +96,7 @@ pub fn train_rank(
         );
     }
     // As for quantizing: a setting accepted where it has nothing to act on says so.
-    let default_prefetch = crate::config::TrainConfig::default().prefetch_layers;
-    if t.prefetch_layers != default_prefetch
+    if t.prefetch_layers != crate::config::DEFAULT_PREFETCH_LAYERS
         && (t.zero < 3 || ranks.data.size() == 1)
         && ranks.is_root()
     {

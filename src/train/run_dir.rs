@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::atomic::is_number;
 use crate::error::{Error, Result};
 use crate::train::checkpoint::checkpoints_dir;
 
@@ -91,31 +92,30 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
 /// Whether `name` is a checkpoint being written (`.step-N.tmp`) or pruned (`.step-N.pruning`):
 /// names only genslm gives, to directories only it fills.
 fn trash_step(name: &str) -> bool {
-    let pid = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     name.strip_prefix(".step-").is_some_and(|n| {
         [".tmp", ".pruning"]
             .iter()
-            .any(|suffix| n.strip_suffix(suffix).is_some_and(pid))
+            .any(|suffix| n.strip_suffix(suffix).is_some_and(is_number))
     })
 }
 
 /// Removes the temporary entries a killed save leaves: in the run directory, `.NAME.tmp-PID`
 /// of the files a run writes and `.data.parquet.new`; in `checkpoints/`, `.step-N.tmp/`,
-/// `.step-N.pruning/` and `.latest.tmp-PID`. Only those names: the directory may hold the user's own files, whatever
-/// they are called (a `.thesis.tmp/` of the user's was removed whole when every dot-name
-/// ending in `.tmp` or `.new` counted as ours), and nothing that holds one of this run's
-/// `inputs` is removed. Only the process that prepares the run calls it, before any rank
+/// `.step-N.pruning/` and `.latest.tmp-PID`. Only those names: the directory may hold the
+/// user's own files, whatever they are called (a `.thesis.tmp/` of the user's was removed
+/// whole when every dot-name ending in `.tmp` or `.new` counted as ours), and nothing that
+/// holds one of this run's `inputs` is removed. Only the process that prepares the run calls it, before any rank
 /// writes.
 pub fn clean_stale(run: &Path, inputs: &[PathBuf]) -> Result<()> {
     let inputs: Vec<PathBuf> = inputs
         .iter()
         .filter_map(|p| p.canonicalize().ok())
         .collect();
-    let pid = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let atomic_of = |name: &str, targets: &[&str]| {
-        targets
-            .iter()
-            .any(|t| name.strip_prefix(&format!(".{t}.tmp-")).is_some_and(pid))
+        targets.iter().any(|t| {
+            name.strip_prefix(&format!(".{t}.tmp-"))
+                .is_some_and(is_number)
+        })
     };
     let in_run = |name: &str| {
         name == ".data.parquet.new" || atomic_of(name, &RUN_FILES) || atomic_of(name, &RUN_MARKERS)
