@@ -12,6 +12,14 @@ use genslm::data::dataset::read_dataset;
 use genslm::data::digest::DigestKind;
 use genslm::tokenizer::{CodonTokenizer, VocabKind};
 
+/// `genslm tokenize --fasta INPUT --out OUT EXTRA…`: (exit ok, stdout, stderr).
+fn tokenize(input: &Path, out: &Path, extra: &[&str]) -> (bool, String, String) {
+    let mut args = vec!["tokenize", "--fasta", input.to_str().unwrap(), "--out"];
+    args.push(out.to_str().unwrap());
+    args.extend(extra);
+    run(&args)
+}
+
 /// A deliberately naive FASTA reader for the reference side: (header, sequence) pairs.
 fn naive_fasta(path: &Path) -> Vec<(String, String)> {
     let mut bytes = Vec::new();
@@ -56,15 +64,7 @@ fn bundled_genomes_tokenize_with_correct_columns() {
     let data = repo().join("data");
     // MD5 here, against coreutils' md5sum; the default digest (XXH3-128) is checked against
     // Python's xxhash by scripts/check_dataset.py in scripts/test.sh.
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--digest",
-        "md5",
-    ]);
+    let (ok, _, err) = tokenize(&data, &out, &["--digest", "md5"]);
     assert!(ok, "{err}");
     assert!(
         err.contains("records") && err.contains("MB/s"),
@@ -139,13 +139,7 @@ fn crlf_and_lowercase_read_like_lf() {
     let mut rows = Vec::new();
     for p in [&lf, &crlf] {
         let out = dir.path().join("o.parquet");
-        let (ok, _, err) = run(&[
-            "tokenize",
-            "--fasta",
-            p.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let (ok, _, err) = tokenize(p, &out, &[]);
         assert!(ok, "{err}");
         rows.push(read_dataset(&out).unwrap().1);
     }
@@ -165,13 +159,7 @@ fn compression_detected_by_content_not_name() {
     // A gzip file without .gz in its name.
     let p = write(dir.path(), "x.fa", &gzip(b">r\nATGAAA\n"));
     let out = dir.path().join("o.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        p.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = tokenize(&p, &out, &[]);
     assert!(ok, "{err}");
     assert_eq!(read_dataset(&out).unwrap().1[0].tokens, vec![10, 16]);
 }
@@ -181,13 +169,7 @@ fn duplicate_ids_are_kept_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), "d.fa", b">same\nATG\n>same\nAAA\n");
     let out = dir.path().join("o.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        p.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = tokenize(&p, &out, &[]);
     assert!(ok, "{err}");
     assert!(err.contains("duplicate record id 'same'"), "{err}");
     assert_eq!(read_dataset(&out).unwrap().1.len(), 2);
@@ -198,13 +180,7 @@ fn tokenize_text(text: &[u8]) -> (Vec<Vec<u32>>, String) {
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), "in.fa", text);
     let out = dir.path().join("o.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        p.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = tokenize(&p, &out, &[]);
     assert!(ok, "{err}");
     let rows = read_dataset(&out).unwrap().1;
     (rows.into_iter().map(|r| r.tokens).collect(), err)
@@ -251,13 +227,7 @@ fn expect_failure(name: &str, bytes: &[u8], must_contain: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), name, bytes);
     let out = dir.path().join("out.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        p.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = tokenize(&p, &out, &[]);
     assert!(!ok, "{name} should fail");
     assert!(err.contains(name), "message names the file: {err}");
     for m in must_contain {
@@ -365,13 +335,7 @@ fn a_zstd_file_starting_with_a_skippable_frame_is_read() {
     bytes.extend(zstd::encode_all(&fasta[..], 3).unwrap());
     let p = write(dir.path(), "pz.fa.zst", &bytes);
     let out = dir.path().join("out.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        p.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = tokenize(&p, &out, &[]);
     assert!(ok, "{err}");
     let (_, rows) = read_dataset(&out).unwrap();
     assert_eq!(
@@ -399,15 +363,7 @@ fn a_damaged_compressed_file_is_not_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), "flip.fa.gz", &gz);
     let out = dir.path().join("out.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        p.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--on-invalid",
-        "skip",
-    ]);
+    let (ok, _, err) = tokenize(&p, &out, &["--on-invalid", "skip"]);
     assert!(!ok, "{err}");
     assert!(
         err.contains("flip.fa.gz") && err.contains("damaged compressed file is not skipped"),
@@ -429,15 +385,7 @@ fn skip_mode_skips_bad_records_with_warnings() {
     // A link whose target is gone: skipped like an unreadable file (it stopped the walk).
     std::os::unix::fs::symlink(dir.path().join("moved.fa"), dir.path().join("gone.fa")).unwrap();
     let out = dir.path().join("out.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        dir.path().to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--on-invalid",
-        "skip",
-    ]);
+    let (ok, _, err) = tokenize(dir.path(), &out, &["--on-invalid", "skip"]);
     assert!(ok, "{err}");
     assert!(
         err.contains("warning: skipping record") && err.contains("'bad'"),
@@ -462,15 +410,7 @@ fn nothing_usable_is_an_error_even_when_skipping() {
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), "all_bad.fa", b">x\n12345\n");
     let out = dir.path().join("out.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        p.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--on-invalid",
-        "skip",
-    ]);
+    let (ok, _, err) = tokenize(&p, &out, &["--on-invalid", "skip"]);
     assert!(!ok);
     assert!(err.contains("no usable FASTA records"), "{err}");
     assert_eq!(listing(dir.path()), vec!["all_bad.fa"]);
@@ -480,23 +420,11 @@ fn nothing_usable_is_an_error_even_when_skipping() {
 fn missing_input_and_empty_directory() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        "/no/such/file.fa",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = tokenize(Path::new("/no/such/file.fa"), &out, &[]);
     assert!(!ok && err.contains("/no/such/file.fa"), "{err}");
     let empty = dir.path().join("empty_dir");
     std::fs::create_dir(&empty).unwrap();
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        empty.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = tokenize(&empty, &out, &[]);
     assert!(!ok && err.contains("no FASTA files found"), "{err}");
 }
 
@@ -505,15 +433,7 @@ fn vocab71_wraps_records() {
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), "v.fa", b">r\nGGCTAG\n");
     let out = dir.path().join("o.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        p.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--vocab",
-        "genslm71",
-    ]);
+    let (ok, _, err) = tokenize(&p, &out, &["--vocab", "genslm71"]);
     assert!(ok, "{err}");
     let (vocab, rows) = read_dataset(&out).unwrap();
     assert_eq!(vocab, VocabKind::Genslm71);
@@ -558,13 +478,7 @@ fn non_utf8_headers_are_kept_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), "l.fa", b">ok\nATG\n>caf\xe9 de Paris\nAAA\n");
     let out = dir.path().join("o.parquet");
-    let (ok, _, err) = run(&[
-        "tokenize",
-        "--fasta",
-        &p.to_string_lossy(),
-        "--out",
-        &out.to_string_lossy(),
-    ]);
+    let (ok, _, err) = tokenize(&p, &out, &[]);
     assert!(ok, "{err}");
     assert!(
         err.contains("l.fa: 1 record header(s) hold bytes that are not UTF-8")
