@@ -171,3 +171,33 @@ fn a_boundless_memory_reports_the_longest_sequence_genslm_trains() {
     assert!(ok, "{err}");
     assert!(!out.contains("the most genslm trains"), "{out}");
 }
+
+/// A sequence shorter than the layout's pieces is planned (the what-if stays useful) with a
+/// note that the trainer refuses it; a sequence of one token per piece has no such note.
+#[test]
+fn a_window_shorter_than_its_pieces_is_noted() {
+    let cfg = repo().join("configs/tiny.toml");
+    let plan = |len: &str| {
+        let (ok, out, err) = run(&[
+            "plan",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--gpus",
+            "8",
+            "--cp",
+            "8",
+            "--gpu-mem-gib",
+            "40",
+            "--seq-len",
+            len,
+        ]);
+        assert!(ok, "{err}");
+        out
+    };
+    let out = plan("15");
+    assert!(
+        out.contains("refuses this layout at --seq-len 15: it cuts every window into 16 pieces"),
+        "{out}"
+    );
+    assert!(!plan("16").contains("refuses this layout"));
+}

@@ -83,12 +83,17 @@ fn every_layout_the_planner_evaluates_is_one_the_trainer_runs() {
                         let cands = evaluate(&cfg.model, &req, 40.0 * 1073741824.0, found);
                         let best = best_of(cands.clone()).map(|c| c.strategy.layout);
                         for c in &cands {
+                            // A layout that fits no sequence at all (0) has nothing to run (plan
+                            // says so); the trainer refuses a window shorter than its pieces.
+                            if c.max_seq_len == 0 {
+                                continue;
+                            }
                             let l = c.strategy.layout;
                             let mut run = cfg.clone();
                             run.train.zero = l.zero;
                             run.train.checkpoint_activations = ckpt;
                             run.train.batch_size = req.batch_size * l.dp;
-                            run.train.seq_len = c.max_seq_len.max(1);
+                            run.train.seq_len = c.max_seq_len;
                             if l.pp > 1 {
                                 run.train.grad_accum = l.pipeline.micro_batches;
                                 run.train.pp_schedule = l.pipeline.schedule;

@@ -201,6 +201,13 @@ fn notes(model: &ModelConfig, a: &PlanRequest, best: &Candidate, at_max: &Estima
                 + at_max.memory.workspace)
         ));
     }
+    let pieces = l.sp * l.tp * if l.cp > 1 { 2 * l.cp } else { 1 };
+    if let Some(len) = a.seq_len.filter(|&len| len < pieces) {
+        n.push(format!(
+            "genslm train refuses this layout at --seq-len {len}: it cuts every window into \
+             {pieces} pieces, more than its tokens"
+        ));
+    }
     if a.device == PlanDevice::Gpu {
         n.push(
             "what-if plan: genslm's GPU path has been measured on one H200 only (README's GPU \

@@ -148,6 +148,7 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
     }
     crate::train::pipeline::Pipe::plan(cfg, topo.pp)?;
     check_positions(&cfg.model, t.seq_len)?;
+    check_pieces(topo, t.seq_len)?;
     // Under SP alone a learned table is cut by rows; every SP rank needs at least one.
     let m = &cfg.model;
     if m.position == crate::config::Position::Learned && topo.sp > 1 && topo.cp == 1 {
@@ -166,6 +167,33 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Refuses a sequence group that cuts a window into more pieces than it has tokens. Such a
+/// layout runs, exactly, but on a sequence padded to the piece count: `--cp 256` on 128
+/// tokens trains 512 positions of which 384 are padding, and most ranks compute nothing else.
+fn check_pieces(topo: &Topology, seq_len: usize) -> Result<()> {
+    let pieces = topo.padded_len(1);
+    if pieces <= seq_len {
+        return Ok(());
+    }
+    let (cut, most) = if topo.cp > 1 {
+        let per_cp = 2 * topo.sp * topo.tp;
+        (
+            format!("2·cp·sp·tp = 2·{}·{}·{}", topo.cp, topo.sp, topo.tp),
+            format!("--cp {}", (seq_len / per_cp).max(1)),
+        )
+    } else {
+        (
+            format!("sp·tp = {}·{}", topo.sp, topo.tp),
+            format!("--sp {}", (seq_len / topo.tp).max(1)),
+        )
+    };
+    Err(Error::Invalid(format!(
+        "--seq-len {seq_len}: the layout cuts every window into {pieces} pieces ({cut}), more \
+         than its {seq_len} tokens, so ranks would hold nothing but padding; use a longer \
+         --seq-len or fewer ranks (at most {most} here)"
+    )))
 }
 
 impl DataSource {
@@ -432,4 +460,53 @@ fn load_corpus_from(
     }
     corpus.fingerprint = fp;
     Ok(corpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parallel::topology::Degrees;
+
+    fn check(cp: usize, sp: usize, tp: usize, seq_len: usize) -> Result<()> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let mut cfg = Config::load(&path).unwrap();
+        cfg.train.seq_len = seq_len;
+        cfg.train.batch_size = 1;
+        let d = Degrees {
+            dp: 1,
+            cp,
+            sp,
+            tp,
+            pp: 1,
+        };
+        validate_layout(&cfg, &Topology::of(0, d).unwrap())
+    }
+
+    /// A window cut into more pieces than it has tokens is refused with the largest degree that
+    /// fits; one piece per token (2·64 zigzag chunks of 128 tokens) still runs, as does a layout
+    /// whose last rank holds some padding (5 tokens on 4 SP ranks).
+    #[test]
+    fn a_window_cut_finer_than_its_tokens_is_refused() {
+        assert!(check(64, 1, 1, 128).is_ok());
+        assert!(check(1, 4, 1, 5).is_ok());
+        assert!(check(1, 2, 2, 4).is_ok());
+        let e = check(65, 1, 1, 128).unwrap_err().to_string();
+        assert!(
+            e.contains("130 pieces") && e.contains("at most --cp 64"),
+            "{e}"
+        );
+        let e = check(256, 1, 1, 128).unwrap_err().to_string();
+        assert!(
+            e.contains("512 pieces") && e.contains("at most --cp 64"),
+            "{e}"
+        );
+        let e = check(2, 2, 2, 8).unwrap_err().to_string();
+        assert!(e.contains("16 pieces (2·cp·sp·tp = 2·2·2·2)"), "{e}");
+        assert!(e.contains("at most --cp 1"), "{e}");
+        let e = check(1, 3, 2, 5).unwrap_err().to_string();
+        assert!(
+            e.contains("6 pieces (sp·tp = 3·2)") && e.contains("at most --sp 2"),
+            "{e}"
+        );
+    }
 }
