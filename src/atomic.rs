@@ -102,6 +102,21 @@ pub fn check_replaceable(target: &Path) -> Result<()> {
     )))
 }
 
+/// Refuses an output whose directory does not exist. Commands that write more than one file
+/// check each before the first is written: `variants --heatmap nodir/x.png` wrote its table,
+/// then failed on the picture.
+pub fn check_output_dir(target: &Path) -> Result<()> {
+    let dir = crate::run_lock::parent_dir(target);
+    if !dir.is_dir() {
+        return Err(Error::Invalid(format!(
+            "{}: output directory {} does not exist",
+            target.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 impl AtomicFile {
     /// Creates `.NAME.tmp-PID` in the target's directory and returns it with its handle.
     pub fn create(target: &Path) -> Result<(Self, File)> {
@@ -110,14 +125,8 @@ impl AtomicFile {
         crate::run_lock::check_not_a_runs_file(target)?;
         check_not_input(target)?;
         check_replaceable(target)?;
+        check_output_dir(target)?;
         let dir = crate::run_lock::parent_dir(target).to_path_buf();
-        if !dir.is_dir() {
-            return Err(Error::Invalid(format!(
-                "{}: output directory {} does not exist",
-                target.display(),
-                dir.display()
-            )));
-        }
         let name = target
             .file_name()
             .ok_or_else(|| Error::Invalid(format!("{}: not a file name", target.display())))?;

@@ -347,3 +347,26 @@ fn a_window_past_a_rotary_models_positions_is_warned_of() {
         "{err}"
     );
 }
+
+/// `--per-token` at the path of an input FASTA is refused before any record is scored: the
+/// whole table reached stdout, then "nothing was written" and exit 1.
+#[test]
+fn a_per_token_file_that_is_an_input_is_refused_before_scoring() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(">a\n{SEQ}\n>b\n{SEQ}\n");
+    let fa = write(dir.path(), "in.parquet", text.as_bytes());
+    let (model, f) = (arg(trained_tiny()), arg(&fa));
+    let (ok, tsv, err) = run(&[
+        "score",
+        "--model",
+        &model,
+        "--fasta",
+        &f,
+        "--per-token",
+        &f,
+        "--quiet",
+    ]);
+    assert!(!ok && err.contains("an input of this command"), "{err}");
+    assert!(tsv.is_empty(), "printed before the refusal: {tsv}");
+    assert_eq!(std::fs::read_to_string(&fa).unwrap(), text);
+}

@@ -453,6 +453,69 @@ fn nothing_to_score_and_a_heatmap_without_saturate_are_clear() {
         "{err}"
     );
     assert!(out.exists() && !png.exists());
+    // A file already at --heatmap is not this run's map: the warning says it was left, and
+    // the summary does not name it as written.
+    std::fs::write(&png, b"OLD").unwrap();
+    let model = arg(trained_tiny());
+    let (ok, _, err) = run(&[
+        "variants",
+        "--model",
+        &model,
+        "--fasta",
+        &fa,
+        "--cds",
+        "4..90",
+        "--saturate",
+        "1..3",
+        "--out",
+        &arg(&out),
+        "--heatmap",
+        &arg(&png),
+    ]);
+    assert!(
+        ok && err.contains("not drawn") && err.contains("the file already there is left as it was"),
+        "{err}"
+    );
+    assert!(!err.contains("heatmap: "), "{err}");
+    assert_eq!(std::fs::read(&png).unwrap(), b"OLD");
+}
+
+/// A VCF read from a pipe is read whole: its first bytes (read to recognise compression) were
+/// lost to a second open, and a named pipe hung on it.
+#[test]
+fn a_vcf_from_a_pipe_reads_as_the_file_does() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let vcf = write(dir.path(), "v.vcf", VCF.as_bytes());
+    let (file_out, pipe_out) = (dir.path().join("file.tsv"), dir.path().join("pipe.tsv"));
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--vcf",
+        &arg(&vcf),
+        "--out",
+        &arg(&file_out),
+    ]);
+    assert!(ok, "{err}");
+    let model = arg(trained_tiny());
+    let mut child = common::bin()
+        .args(["variants", "--model", &model, "--quiet", "--fasta", &fa])
+        .args(["--vcf", "/dev/stdin", "--out", &arg(&pipe_out)])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&gzip(VCF.as_bytes()))
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{err}");
+    assert_eq!(table(&pipe_out), table(&file_out));
 }
 
 /// A one-codon deletion in a 2-codon window leaves ALT 1 codon: nothing to predict, so it is not
@@ -518,6 +581,21 @@ fn two_outputs_at_one_path_are_refused() {
         "{err}"
     );
     assert!(!out.exists());
+    // Each output's directory is checked before the first is written (the table was written,
+    // then the heatmap failed).
+    let lost = dir.path().join("nodir").join("x.png");
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--saturate",
+        "4..9",
+        "--out",
+        &arg(&out),
+        "--heatmap",
+        &arg(&lost),
+    ]);
+    assert!(!ok && err.contains("does not exist"), "{err}");
+    assert!(!out.exists());
     let emb = dir.path().join("e.parquet");
     let model = arg(trained_tiny());
     let (ok, _, err) = run(&[
@@ -536,4 +614,26 @@ fn two_outputs_at_one_path_are_refused() {
         "{err}"
     );
     assert!(!emb.exists());
+}
+
+/// An insertion longer than the trained positions stretches its window past them: scored, and
+/// said (it ran without a word, 10,067 codons on a 2,048-position model).
+#[test]
+fn a_window_stretched_past_the_trained_positions_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let long = format!("C{}", "GCT".repeat(2100));
+    let vcf = write(
+        dir.path(),
+        "ins.vcf",
+        format!("#CHROM\tPOS\tID\tREF\tALT\ngene\t5\tbig\tC\t{long}\n").as_bytes(),
+    );
+    let out = dir.path().join("out.tsv");
+    let (ok, _, err) = variants(&["--fasta", &fa, "--vcf", &arg(&vcf), "--out", &arg(&out)]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("ins.vcf: line 2: a window stretched to 2130 codons")
+            && err.contains("max_position_embeddings (2048)"),
+        "{err}"
+    );
 }

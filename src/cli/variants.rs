@@ -89,10 +89,12 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
         "TSV (parquet where named .parquet)",
         &["tsv", "txt", "tab", "parquet"],
     )?;
+    genslm::atomic::check_output_dir(&a.out)?;
     if let Some(png) = &a.heatmap {
         genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--heatmap", png)])?;
         genslm::atomic::check_png_name("--heatmap", png)?;
         genslm::atomic::check_replaceable(png)?;
+        genslm::atomic::check_output_dir(png)?;
     }
     let s = run_variants(&a.model, &a.fasta, &opts, &a.out)?;
     if !quiet {
@@ -112,7 +114,7 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
             s.elapsed.as_secs_f64(),
             a.out.display()
         );
-        if let Some(png) = a.heatmap {
+        if let Some(png) = a.heatmap.filter(|_| s.heatmap_drawn) {
             eprintln!("heatmap: {}", png.display());
         }
     }

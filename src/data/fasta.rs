@@ -45,8 +45,12 @@ pub fn has_fasta_extension(path: &Path) -> bool {
 
 /// Expands the user's paths: files are taken as given, directories are walked recursively for
 /// FASTA files (sorted, so runs are reproducible).
+/// Each file found is noted as an input of this command ([`crate::atomic::note_input`]): an
+/// output created before the file is read is refused then, not after the work.
 pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    discover_or_skip(paths, OnInvalid::Error, &mut |_| {})
+    let files = discover_or_skip(paths, OnInvalid::Error, &mut |_| {})?;
+    files.iter().for_each(|f| crate::atomic::note_input(f));
+    Ok(files)
 }
 
 /// [`discover`], where with [`OnInvalid::Skip`] an entry of a directory that cannot be read

@@ -141,6 +141,22 @@ pub fn decoder<R: Read + Send + 'static>(head: &[u8], raw: R) -> io::Result<Box<
     })
 }
 
+/// The text of `raw`, decompressed by what its first bytes say (see [`decoder`]), whether a
+/// decompressor reads it, and how many first bytes there were (up to 4: fewer than 2 is a
+/// file too short to hold a magic, read as it is). They are read once and put back in front:
+/// a pipe or FIFO cannot be opened and read a second time, and may hand over fewer bytes per
+/// read than asked.
+pub fn text_of<R: Read + Send + 'static>(
+    mut raw: R,
+) -> io::Result<(Box<dyn Read + Send>, bool, usize)> {
+    let mut head = Vec::with_capacity(4);
+    (&mut raw).take(4).read_to_end(&mut head)?;
+    let compressed = head.len() >= 2 && is_compressed(&head);
+    let n = head.len();
+    let text = decoder(&head, Cursor::new(head.clone()).chain(raw))?;
+    Ok((text, compressed, n))
+}
+
 /// needletail's reader over `file` (compressed or not, FASTA or FASTQ: the caller refuses
 /// FASTQ), whose records may not pass `limit` bytes; an overflow is recorded in `overflow`.
 /// The errors are needletail's own, for the same files, as `parse_fastx_reader` gives.
@@ -151,16 +167,11 @@ pub fn open(
     overflow: &OverflowCell,
     compressed: &mut bool,
 ) -> Result<Box<dyn FastxReader>, ParseError> {
-    let mut raw = BufReader::with_capacity(1 << 20, file);
-    // Read once and put back in front (a pipe cannot be read twice, and may hand over fewer
-    // bytes per read than asked).
-    let mut head = Vec::with_capacity(4);
-    (&mut raw).take(4).read_to_end(&mut head)?;
-    if head.len() < 2 {
+    let (text, is, head) = text_of(BufReader::with_capacity(1 << 20, file))?;
+    if head < 2 {
         return Err(ParseError::new_empty_file());
     }
-    *compressed = is_compressed(&head);
-    let text = decoder(&head, Cursor::new(head.clone()).chain(raw))?;
+    *compressed = is;
     let mut limited = RecordLimit {
         inner: text,
         limit,

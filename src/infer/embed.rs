@@ -421,6 +421,9 @@ pub fn embed_to_parquet(
     }
     let window = Some(w);
     let tok = CodonTokenizer::new(model.cfg.vocab)?;
+    // FASTA files are found (and noted as inputs) before the output is created, so an output
+    // that is one of them is refused before any work.
+    let mut fasta_files = Vec::new();
     let dataset = match input {
         EmbedInput::Parquet(p) => {
             let reader = DatasetReader::open(p, 64)?;
@@ -434,7 +437,10 @@ pub fn embed_to_parquet(
             }
             Some(reader)
         }
-        EmbedInput::Fasta(_) => None,
+        EmbedInput::Fasta(paths) => {
+            fasta_files = fasta::discover(paths)?;
+            None
+        }
     };
     let metadata = vec![
         ("genslm.model".into(), model_dir.display().to_string()),
@@ -537,8 +543,8 @@ pub fn embed_to_parquet(
             pipe.push(r)?;
             records += 1;
         }
-    } else if let EmbedInput::Fasta(paths) = input {
-        for f in fasta::discover(paths)? {
+    } else {
+        for f in fasta_files {
             let source = f.display().to_string();
             let mut warn = |w: String| eprintln!("warning: {w}");
             fasta::read_file(&f, OnInvalid::Error, &mut warn, &mut |rec, _| {

@@ -103,6 +103,8 @@ pub struct VariantSummary {
     /// The shortest and longest windows scored (clipped at the CDS ends, stretched to hold a
     /// long change); `None` when nothing was scored.
     pub used: Option<(usize, usize)>,
+    /// Whether the heatmap was drawn (none is when no variant of the region was scored).
+    pub heatmap_drawn: bool,
     pub elapsed: Duration,
 }
 
@@ -295,7 +297,7 @@ pub fn run_variants(
     // work; the windows' tokens are built again a chunk at a time when scored (holding them
     // all took 8 bytes × window per variant: 2.5 GB for --saturate over 48 kb at W 2048).
     let mut scored = Vec::new();
-    let mut longest = 0usize;
+    let (mut longest, mut longest_at) = (0usize, String::new());
     let placed_on = |v: &Variant| match records.get(&v.chrom) {
         None => Err(format!(
             "CHROM '{}' is not a record of the FASTA input (records: {})",
@@ -326,7 +328,10 @@ pub fn run_variants(
                     .map(|j| (j.start, j.reference.len(), j.reference.len(), j.alt.len()));
                 if let Some(j) = job {
                     scored.push(rows.len());
-                    longest = longest.max(j.reference.len().max(j.alt.len()));
+                    let len = j.reference.len().max(j.alt.len());
+                    if len > longest {
+                        (longest, longest_at) = (len, at.clone());
+                    }
                 }
                 rows.push(VariantRow {
                     variant: v,
@@ -358,6 +363,14 @@ pub fn run_variants(
             ),
             VariantSource::Saturate { .. } => "no variants to score".into(),
         }));
+    }
+    // A long insertion stretches its window past the one asked for; past the trained
+    // positions too, its score is an extrapolation (resolve_window says so for --window).
+    let trained = model.cfg.max_position_embeddings;
+    if longest > w.max(trained) {
+        eprintln!(
+            "warning: {longest_at}a window stretched to {longest} codons to hold its whole              change, past the model's max_position_embeddings ({trained}): positions beyond              it were never trained, so such scores are extrapolations"
+        );
     }
     // The windows as they are (clipped at the CDS ends), not as asked.
     check_forward_memory(
@@ -412,9 +425,16 @@ pub fn run_variants(
         // The model by its directory's name: a whole path pushed the title off the picture.
         let model = model_dir.file_name().unwrap_or(model_dir.as_os_str());
         if scored.is_empty() {
-            // A blank map with a ±0 colour bar said nothing; the notes below say why.
+            // A blank map with a ±0 colour bar said nothing; the notes below say why. A file
+            // already there is not this run's picture: say so, rather than leave it to be
+            // read as one.
+            let kept = if png.exists() {
+                " (the file already there is left as it was)"
+            } else {
+                ""
+            };
             eprintln!(
-                "warning: --heatmap {}: not drawn, none of the region's variants was scored",
+                "warning: --heatmap {}: not drawn, none of the region's variants was                  scored{kept}",
                 png.display()
             );
         } else {
@@ -443,6 +463,7 @@ pub fn run_variants(
                 None => Some((len, len)),
                 Some((lo, hi)) => Some((lo.min(len), hi.max(len))),
             }),
+        heatmap_drawn: opts.heatmap.is_some() && !scored.is_empty(),
         elapsed: t0.elapsed(),
     })
 }

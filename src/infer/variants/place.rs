@@ -98,11 +98,18 @@ pub(super) fn place(
     let reference = with_bos(&cds_seq[3 * a..win_end]);
     let alt = with_bos(&alt_cds[3 * a..alt_end]);
     let longest = reference.len().max(alt.len());
-    if model.cfg.position == Position::Learned && longest > model.cfg.max_position_embeddings {
+    let table = model.cfg.max_position_embeddings;
+    if model.cfg.position == Position::Learned && longest > table {
+        // The change itself (REF or ALT, in codons) may be what no window can hold.
+        let change = edit.reference.len().max(edit.alt.len()).div_ceil(3);
+        let fix = if change + shift >= table {
+            format!("the change alone spans {change} codons, so no --window holds it")
+        } else {
+            "lower --window".into()
+        };
         return Err(format!(
-            "the variant's window is {longest} codons long, more than the model's {} learned \
-             positions; lower --window",
-            model.cfg.max_position_embeddings
+            "the variant's window is {longest} codons long, more than the model's {table} \
+             learned positions; {fix}"
         ));
     }
     if reference.len() < 2 || alt.len() < 2 {

@@ -40,18 +40,9 @@ pub struct BadLine {
 /// Opens `path`, decompressing gzip/bgzip, bzip2, xz or zstd (recognised by their magic
 /// bytes, whatever the name; every stream of a multi-stream file, as bgzip writes them).
 fn open(path: &Path) -> Result<Box<dyn BufRead>> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    crate::atomic::note_input(path);
-    let mut head = Vec::with_capacity(4);
-    (&mut f)
-        .take(4)
-        .read_to_end(&mut head)
-        .map_err(|e| Error::io(path, e))?;
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    if head.len() < 2 {
-        return Ok(Box::new(BufReader::new(f)));
-    }
-    let text = crate::data::fastx_open::decoder(&head, f).map_err(|e| Error::io(path, e))?;
+    crate::atomic::note_input(path);
+    let (text, _, _) = crate::data::fastx_open::text_of(f).map_err(|e| Error::io(path, e))?;
     Ok(Box::new(BufReader::new(text)))
 }
 
