@@ -86,6 +86,24 @@ fn a_finished_run_extends_with_resume_and_more_steps() {
             && !err.contains("recomputed"),
         "{err}"
     );
+    // `latest` moved back by hand: the later checkpoint is the user's. A resume that would
+    // save over it is refused before any work (it was replaced without a word); moved out of
+    // checkpoints/, the resume runs.
+    let ckpts = out.join("checkpoints");
+    std::fs::write(ckpts.join("latest"), "step-4\n").unwrap();
+    let weights = std::fs::read(ckpts.join("step-8/model.safetensors")).unwrap();
+    let (ok, err) = try_train(&out, &data(), &eight);
+    assert!(
+        !ok && err.contains("checkpoints of later steps (step-8)") && err.contains("Move them out"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(ckpts.join("step-8/model.safetensors")).unwrap(),
+        weights
+    );
+    std::fs::rename(ckpts.join("step-8"), dir.path().join("kept-step-8")).unwrap();
+    train(&out, &eight);
+    assert!(ckpts.join("step-8").is_dir());
 }
 
 #[test]

@@ -201,3 +201,104 @@ fn a_window_shorter_than_its_pieces_is_noted() {
     );
     assert!(!plan("16").contains("refuses this layout"));
 }
+
+/// Where no layout fits, the one shown is the one needing the least memory per rank (ZeRO-0,
+/// 4.4× ZeRO-3's need, was shown as "best"): the minimum over each layout asked for by name.
+#[test]
+fn where_nothing_fits_the_closest_layout_is_shown() {
+    let cfg = repo().join("configs/genslm-33b.toml");
+    let cfg = cfg.to_str().unwrap();
+    let plan = |extra: &[&str]| {
+        let mut a = vec![
+            "plan",
+            "--config",
+            cfg,
+            "--gpus",
+            "4",
+            "--gpu-mem-gib",
+            "0.5",
+            "--sp",
+            "1",
+            "--cp",
+            "1",
+            "--pp",
+            "1",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        let (ok, out, err) = run(&a);
+        ok.then(|| serde_json::from_str::<serde_json::Value>(&out).unwrap())
+            .ok_or(err)
+    };
+    let mut least = u64::MAX;
+    for tp in ["1", "2", "4"] {
+        for zero in ["0", "1", "2", "3"] {
+            if let Ok(v) = plan(&["--tp", tp, "--zero", zero]) {
+                assert_eq!(v["max_seq_len"], 0, "tp {tp} zero {zero} fits in 0.5 GiB?");
+                least = least.min(v["total_bytes_at_max"].as_u64().unwrap());
+            }
+        }
+    }
+    let v = plan(&[]).unwrap();
+    assert_eq!(v["max_seq_len"], 0);
+    assert_eq!(v["total_bytes_at_max"].as_u64().unwrap(), least, "{v}");
+    let (ok, out, _) = run(&[
+        "plan",
+        "--config",
+        cfg,
+        "--gpus",
+        "4",
+        "--gpu-mem-gib",
+        "0.5",
+    ]);
+    assert!(ok && out.contains("this one comes closest"), "{out}");
+}
+
+/// Byte counts past 2^64 (naive attention at 2^31 tokens) are written as they are: the parts
+/// add up to their phase's total (they were capped at 18446744073709551615, so the parts
+/// outgrew the total they belong to).
+#[test]
+fn json_byte_counts_past_u64_are_not_capped() {
+    let cfg = repo().join("configs/genslm-25m.toml");
+    let (ok, out, err) = run(&[
+        "plan",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--gpus",
+        "4",
+        "--gpu-mem-gib",
+        "80",
+        "--attention",
+        "naive",
+        "--seq-len",
+        "2147483648",
+        "--sp",
+        "1",
+        "--zero",
+        "1",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let at = &v["at_seq_len"];
+    let parts: f64 = at["memory"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|x| x.as_f64().unwrap())
+        .sum();
+    let phase = at["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p[0] == at["phase"])
+        .unwrap()[1]
+        .as_f64()
+        .unwrap();
+    // s² fp32 scores per head, 2^62 · 4 bytes alone: past u64.
+    assert!(
+        at["memory"]["attention"].as_f64().unwrap() > u64::MAX as f64,
+        "{at}"
+    );
+    assert!((parts - phase).abs() <= 1e-9 * phase, "{parts} vs {phase}");
+}

@@ -111,7 +111,7 @@ pub fn run(a: &PlanRequest) -> Result<String> {
             to_json(&serde_json::json!({
                 "model": model.name,
                 "gpus": gpus,
-                "gpu_mem_bytes": mem_bytes as u64,
+                "gpu_mem_bytes": super::WholeBytes(mem_bytes),
                 "rows": rows,
             }))
         } else {
@@ -139,7 +139,7 @@ pub fn run(a: &PlanRequest) -> Result<String> {
         return to_json(&serde_json::json!({
             "model": model.name,
             "gpus": gpus,
-            "gpu_mem_bytes": mem_bytes as u64,
+            "gpu_mem_bytes": super::WholeBytes(mem_bytes),
             "device": match a.device { PlanDevice::Gpu => "gpu", PlanDevice::Cpu => "cpu" },
             "layout": best.strategy.layout,
             "layout_searched": searched,
@@ -156,11 +156,11 @@ pub fn run(a: &PlanRequest) -> Result<String> {
             .map(|(counts, _)| counts),
             "granule": granule(&best.strategy),
             "at_max_seq_len": at_max,
-            "total_bytes_at_max": at_max.total().round() as u64,
+            "total_bytes_at_max": super::WholeBytes(at_max.total()),
             "at_seq_len": at_len,
             "rank_states_at_seq_len": a.seq_len.map(|n| {
                 let [p, g, o] = super::state_terms::rank_states(&model, &best.strategy, &best.hardware, n);
-                serde_json::json!({"parameters": p as u64, "gradients": g as u64, "optimizer_states": o as u64})
+                serde_json::json!({"parameters": super::WholeBytes(p), "gradients": super::WholeBytes(g), "optimizer_states": super::WholeBytes(o)})
             }),
             "notes": notes,
         }));

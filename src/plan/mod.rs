@@ -48,9 +48,25 @@ pub use counts::{layer_params, model_params, stage_params};
 pub use stages::{PipePlan, StageView};
 pub use state_terms::rank_states;
 
-/// Serialises a byte count as a whole number.
+/// A byte count serialised as a whole number: an integer up to 2^53 (exact in every JSON
+/// reader, JavaScript's included), a float above it (a cast to u64 capped 1.1e21 bytes of
+/// naive attention at 18446744073709551615, so the parts outgrew their total).
+#[derive(Debug, Clone, Copy)]
+pub struct WholeBytes(pub f64);
+
+impl Serialize for WholeBytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let v = self.0.max(0.0).round();
+        if v <= 9_007_199_254_740_992.0 {
+            s.serialize_u64(v as u64)
+        } else {
+            s.serialize_f64(v)
+        }
+    }
+}
+
 fn whole_bytes<S: serde::Serializer>(v: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
-    s.serialize_u64(v.max(0.0).round() as u64)
+    WholeBytes(*v).serialize(s)
 }
 
 fn whole_phase_bytes<S: serde::Serializer>(
@@ -60,7 +76,7 @@ fn whole_phase_bytes<S: serde::Serializer>(
     use serde::ser::SerializeSeq;
     let mut seq = s.serialize_seq(Some(v.len()))?;
     for (p, b) in v {
-        seq.serialize_element(&(p, b.max(0.0).round() as u64))?;
+        seq.serialize_element(&(p, WholeBytes(*b)))?;
     }
     seq.end()
 }

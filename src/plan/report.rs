@@ -143,10 +143,10 @@ pub(super) fn single_report(
         s,
         "layout              {}{}",
         layout_text(&best.strategy.layout),
-        if searched {
-            "  (best of the layouts the flags allow)"
-        } else {
-            ""
+        match (searched, best.max_seq_len) {
+            (true, 0) => "  (none of the layouts the flags allow fits; this one comes closest)",
+            (true, _) => "  (best of the layouts the flags allow)",
+            _ => "",
         }
     );
     let _ = writeln!(s, "settings            {}", describe(&best.strategy));
@@ -265,7 +265,13 @@ pub(super) fn sweep_report(
             cell(r.context),
             cell(r.pipeline),
             cell(r.best.max_seq_len),
-            layout_text(&r.best.strategy.layout)
+            match r.best.max_seq_len {
+                0 => format!(
+                    "none fits; closest: {}",
+                    layout_text(&r.best.strategy.layout)
+                ),
+                _ => layout_text(&r.best.strategy.layout),
+            }
         );
     }
     let _ = writeln!(

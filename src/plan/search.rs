@@ -20,6 +20,10 @@ pub struct Candidate {
     #[serde(skip)]
     pub hardware: Hardware,
     pub max_seq_len: usize,
+    /// Where nothing fits (`max_seq_len` 0): the per-rank bytes its shortest sequence needs,
+    /// so the layout closest to fitting is the one shown (0 where something fits).
+    #[serde(skip)]
+    pub short_need: u64,
 }
 
 fn divisors(n: usize) -> Vec<usize> {
@@ -210,13 +214,15 @@ pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<
     Ok(out)
 }
 
-/// The layout with the longest sequence; ties go to fewer pipeline stages (no bubble), then
-/// the lower ZeRO stage, then more DP, then less TP.
+/// The layout with the longest sequence (where none fits, the one needing the least memory per
+/// rank at its shortest: ZeRO-0 was shown, at 4.4× ZeRO-3's need); ties go to fewer pipeline
+/// stages (no bubble), then the lower ZeRO stage, then more DP, then less TP.
 pub fn best_of(candidates: Vec<Candidate>) -> Option<Candidate> {
     candidates.into_iter().min_by_key(|c| {
         let l = &c.strategy.layout;
         (
             std::cmp::Reverse(c.max_seq_len),
+            c.short_need,
             l.pp,
             l.zero,
             std::cmp::Reverse(l.dp),
@@ -241,10 +247,17 @@ pub fn evaluate(
             let hardware = hardware_for(a, &layout, mem_bytes);
             let max_seq_len =
                 max_seq_len_with_host(model, &strategy, &hardware, host_share(a, &layout));
+            let short_need = if max_seq_len == 0 {
+                let e = super::estimate(model, &strategy, &hardware, super::granule(&strategy));
+                e.total().min(u64::MAX as f64) as u64
+            } else {
+                0
+            };
             Some(Candidate {
                 strategy,
                 hardware,
                 max_seq_len,
+                short_need,
             })
         })
         .collect()

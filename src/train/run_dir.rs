@@ -152,8 +152,8 @@ pub fn clean_stale(run: &Path, inputs: &[PathBuf]) -> Result<()> {
 /// Keeps `latest` and the newest `keep − 1` checkpoints before it, and removes older ones.
 /// Never removed: `latest`, the checkpoint this run resumed from (`resumed_from`: its
 /// rollback point), and checkpoints of later steps than `latest` (left by a run that went
-/// further before `latest` was moved back: the user's, until this run writes those steps
-/// again). `keep == 0` keeps all.
+/// further before `latest` was moved back: the user's; a resume that would reach them is
+/// refused, [`check_later_checkpoints`]). `keep == 0` keeps all.
 pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> Result<()> {
     if keep == 0 {
         return Ok(());
@@ -250,6 +250,36 @@ fn remove_entry(p: &Path) -> Result<()> {
 }
 
 /// N of a `step-N` directory name, as genslm writes it (`step-03` or `step-+3` are not).
+/// Refuses a resume from step `done` to `total` while `step-N` directories of steps in
+/// between exist: left when `latest` was moved back by hand, they are the user's, and the run
+/// would save over them (a checkpoint is replaced by the one of its step) or, once past them,
+/// prune them as older than `latest`. Said before any work, with the way out.
+pub fn check_later_checkpoints(run: &Path, done: u64, total: u64) -> Result<()> {
+    let root = checkpoints_dir(run);
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Ok(());
+    };
+    let mut later: Vec<u64> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| step_of(&e.file_name().to_string_lossy()))
+        .filter(|&n| n > done && n <= total)
+        .collect();
+    if later.is_empty() {
+        return Ok(());
+    }
+    later.sort_unstable();
+    let names: Vec<String> = later.iter().map(|n| format!("step-{n}")).collect();
+    Err(Error::Invalid(format!(
+        "cannot resume from step {done}: {} holds checkpoints of later steps ({}), left when \
+         `latest` was moved back; a run to step {total} would save over them or prune them as \
+         it passes their steps. Move them out of {} to keep them (or delete them), then resume",
+        root.display(),
+        names.join(", "),
+        root.display()
+    )))
+}
+
 fn step_of(name: &str) -> Option<u64> {
     let n: u64 = name.strip_prefix("step-")?.parse().ok()?;
     (name == format!("step-{n}")).then_some(n)

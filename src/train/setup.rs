@@ -280,7 +280,9 @@ pub fn prepare_run(
     let result = (|| {
         let saved = if opts.resume {
             let saved = read_saved(run)?;
-            for note in check_resume(&saved, cfg)? {
+            let notes = check_resume(&saved, cfg)?;
+            crate::train::run_dir::check_later_checkpoints(run, saved.state.step, cfg.train.steps)?;
+            for note in notes {
                 eprintln!("note: {note}");
             }
             Some(saved)
