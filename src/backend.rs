@@ -307,15 +307,23 @@ pub fn set_cpu_threads(threads: Option<usize>) -> Result<()> {
             )))
         }
         Some(n) => n,
-        None => {
-            let local = local_size(|k| std::env::var(k).ok()).unwrap_or(1);
-            (cores / local).max(1)
-        }
+        None => default_threads(cores, |k| std::env::var(k).ok()),
     };
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build_global()
         .map_err(|e| Error::Invalid(format!("{what}: {e}")))
+}
+
+/// The CPU threads of a process given none: all `cores`, or under a launch of several ranks
+/// its share of them among the node's ranks. Only under a launch: Slurm sets
+/// SLURM_NTASKS_PER_NODE inside any `sbatch --ntasks-per-node=N` script, where one process
+/// runs the threaded ranks (`genslm train --dp N`) and got cores / N threads.
+fn default_threads(cores: usize, get: impl Fn(&str) -> Option<String>) -> usize {
+    match crate::launch::detect(&get) {
+        Ok(Some(l)) if l.world > 1 => (cores / local_size(&get).unwrap_or(1)).max(1),
+        _ => cores,
+    }
 }
 
 /// The most `--threads` accepts on `cores` cores.
@@ -400,6 +408,34 @@ mod tests {
     use super::*;
     use crate::launch::tests::env;
     use crate::launch::LOCAL_RANK_VARS;
+
+    /// The cores are shared among a node's ranks only under a launch of several: a batch
+    /// script's SLURM_NTASKS_PER_NODE (or a stray local size) leaves one process all of them.
+    #[test]
+    fn threads_are_shared_only_among_launched_ranks() {
+        let stray = [
+            ("SLURM_NTASKS_PER_NODE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("MPI_LOCALNRANKS", "4"),
+            ("SLURM_PROCID", "0"),
+        ];
+        for v in stray {
+            assert_eq!(default_threads(8, env(&[v])), 8, "{v:?}");
+        }
+        let mpirun = [
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ];
+        assert_eq!(default_threads(8, env(&mpirun)), 4);
+        let srun = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_STEP_NUM_TASKS", "2"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+        ];
+        assert_eq!(default_threads(3, env(&srun)), 1);
+        assert_eq!(default_threads(1, env(&mpirun)), 1, "at least one");
+    }
 
     #[test]
     fn the_local_rank_picks_the_gpu_and_device_overrides_it() {

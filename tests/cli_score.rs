@@ -306,7 +306,7 @@ fn a_window_past_a_rotary_models_positions_is_warned_of() {
         let (ok, _, err) = run(&["score", "--model", &model, "--fasta", &f, "--seq-len", len]);
         assert!(ok, "{err}");
         assert_eq!(
-            err.contains("goes past the model's max_position_embeddings (2048)"),
+            err.contains("goes past the model's training length (2048"),
             warned,
             "--seq-len {len}: {err}"
         );
@@ -369,4 +369,56 @@ fn a_per_token_file_that_is_an_input_is_refused_before_scoring() {
     assert!(!ok && err.contains("an input of this command"), "{err}");
     assert!(tsv.is_empty(), "printed before the refusal: {tsv}");
     assert_eq!(std::fs::read_to_string(&fa).unwrap(), text);
+}
+
+/// A rotary model trained at a longer window than its max_position_embeddings (train says so)
+/// scores by default at the window it trained at, as `--seq-len` of that window does, with no
+/// warning there: it was cut to max_position_embeddings, and the trained window was warned
+/// about as untested.
+#[test]
+fn a_rotary_model_trained_past_its_table_scores_at_its_trained_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(common::repo().join("configs/tiny.toml")).unwrap();
+    let short = text.replace(
+        "max_position_embeddings = 2048",
+        "max_position_embeddings = 31",
+    );
+    assert_ne!(short, text);
+    let cfg = write(dir.path(), "mp31.toml", short.as_bytes());
+    let out = dir.path().join("run");
+    let lambda = common::repo().join("data/lambda_virus.fa");
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &arg(&lambda),
+        "--config",
+        &arg(&cfg),
+        "--out",
+        &arg(&out),
+        "--steps",
+        "3",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("--seq-len 32 is longer than max_position_embeddings (31)"),
+        "{err}"
+    );
+    let fa = write(
+        dir.path(),
+        "r.fa",
+        format!(">r\n{}\n", SEQ.repeat(3)).as_bytes(),
+    );
+    let (m, f) = (arg(&out), arg(&fa));
+    let (ok, default, err) = run(&["score", "--model", &m, "--fasta", &f]);
+    assert!(ok, "{err}");
+    let (ok, explicit, err) = run(&["score", "--model", &m, "--fasta", &f, "--seq-len", "32"]);
+    assert!(ok && !err.contains("warning"), "{err}");
+    assert_eq!(default, explicit);
+    let (ok, cut, _) = run(&["score", "--model", &m, "--fasta", &f, "--seq-len", "31"]);
+    assert!(ok);
+    assert_ne!(default, cut, "the window did not matter");
 }

@@ -244,9 +244,22 @@ fn nonfinite_loss_stops_naming_the_step_or_is_skipped() {
     let out2 = dir.path().join("nan2");
     let a = args(&out2, true);
     let (ok, _, err) = run(&a.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(ok, "{err}");
+    // Step 1's update left finite weights of ~1e29 that make every later forward NaN: steps 2
+    // to 4 are skipped (under the limit of consecutive skips), and the NaN validation loss at
+    // the end shows the weights, not a batch, are broken: the run fails without saving them
+    // (it exited 0 with a checkpoint that scored NaN).
+    assert!(
+        !ok && err.contains("step 4: the last 3 step(s) were skipped")
+            && err.contains("the weights themselves give non-finite losses"),
+        "{err}"
+    );
     let m = read_metrics(&out2.join("metrics.jsonl")).unwrap();
+    assert_eq!(m.len(), 4, "every step is logged");
     assert!(m.iter().skip(1).all(|x| x.skipped_nonfinite), "{m:?}");
+    assert!(
+        !out2.join("checkpoints/latest").exists(),
+        "the broken weights were saved"
+    );
 }
 
 #[test]

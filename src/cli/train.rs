@@ -335,8 +335,12 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     };
     if !quiet {
         eprintln!(
-            "trained {} steps: loss {:.4}{}, peak memory {:.0} MiB",
+            "trained {} steps{}: loss {:.4}{}, peak memory {:.0} MiB",
             s.steps_done,
+            match s.steps_skipped {
+                0 => String::new(),
+                n => format!(" ({n} skipped: non-finite loss or gradient)"),
+            },
             s.final_loss,
             s.final_val_loss
                 .map(|v| format!(", val loss {v:.4}"))

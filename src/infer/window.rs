@@ -1,11 +1,13 @@
 //! The window `score` and `embed` cut records into: one rule for both.
 //!
 //! `--seq-len` when given; otherwise the window the model was trained with (`genslm.toml`
-//! beside a genslm checkpoint), else its `max_position_embeddings`. Rotary and learned models
-//! are capped at `max_position_embeddings` by default; learned ones refuse a longer window
-//! (they have no positions past it). ALiBi models extrapolate, so a longer `--seq-len` is
-//! taken as asked, but the default stays bounded: one window of a whole chromosome would need
-//! memory quadratic in its length for the naive kernel and hours for any.
+//! beside a genslm checkpoint), else its `max_position_embeddings`. Learned models are capped
+//! at `max_position_embeddings` and refuse a longer window (they have no positions past it);
+//! a rotary model trained at a longer window than its `max_position_embeddings` scores at the
+//! window it trained at, and is warned about only past both. ALiBi models extrapolate, so a
+//! longer `--seq-len` is taken as asked, but the default stays bounded: one window of a whole
+//! chromosome would need memory quadratic in its length for the naive kernel and hours for
+//! any.
 
 use std::path::Path;
 
@@ -31,11 +33,19 @@ pub fn resolve_window(
             )))
         }
         Some(s) => {
-            if s > max && model.cfg.position == Position::Rotary {
+            // The window it trained at is known good, whatever max_position_embeddings says
+            // (a window the file cannot give is only not known: no warning hangs on it).
+            let known = trained_window(model_dir)
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+                .max(max);
+            if s > known && model.cfg.position == Position::Rotary {
                 // As `generate` says for --max-codons: the window is taken, not hidden.
                 eprintln!(
-                    "warning: {flag} {s} goes past the model's max_position_embeddings \
-                     ({max}); rotary models are untested beyond their training length"
+                    "warning: {flag} {s} goes past the model's training length ({known}: its \
+                     max_position_embeddings or the window it trained at); rotary models are \
+                     untested beyond it"
                 );
             }
             Ok(s)
@@ -44,10 +54,12 @@ pub fn resolve_window(
             let w = trained_window(model_dir)?
                 .filter(|&t| t >= 2)
                 .unwrap_or(max);
-            let w = if model.cfg.position == Position::Alibi {
-                w
-            } else {
+            // A rotary model trained past its max_position_embeddings scores at the window it
+            // trained at (it was cut to the smaller, and warned at the trained one).
+            let w = if model.cfg.position == Position::Learned {
                 w.min(max)
+            } else {
+                w
             };
             if w < 2 {
                 // One codon a window predicts nothing: every record would score NA.

@@ -45,6 +45,8 @@ use crate::train::step::all_reduce_scalar;
 #[derive(Debug, Clone)]
 pub struct TrainSummary {
     pub steps_done: u64,
+    /// Of those, the steps skipped for a non-finite loss or gradient (`--skip-nonfinite`).
+    pub steps_skipped: u64,
     pub final_loss: f64,
     pub final_val_loss: Option<f64>,
     pub peak_rss_mib: f64,
@@ -55,6 +57,7 @@ impl Default for TrainSummary {
     fn default() -> Self {
         TrainSummary {
             steps_done: 0,
+            steps_skipped: 0,
             final_loss: f64::NAN,
             final_val_loss: None,
             peak_rss_mib: 0.0,
@@ -198,6 +201,7 @@ pub fn train_rank(
         } else {
             None
         };
+        summary.steps_skipped += u64::from(!out.applied);
         let m = clock.metrics(
             &state,
             &engine,
@@ -222,6 +226,8 @@ pub fn train_rank(
                 )
             });
         }
+        // After the row is logged (its NaN validation loss is the evidence), before a save.
+        policy.check_validation(val_loss, state.step, last, t)?;
         summary.final_loss = loss;
         summary.final_val_loss = val_loss.or(summary.final_val_loss);
         let stopping = opts
@@ -351,6 +357,43 @@ impl NonFinitePolicy {
             )));
         }
         Ok(())
+    }
+
+    /// After skipped steps, a non-finite validation loss says the weights themselves are
+    /// broken, not a batch (a finite update of 1e29 made every later forward NaN): the run
+    /// stops before saving. `--lr 1e30 --skip-nonfinite --steps 8` skipped 7 steps, stayed
+    /// under `max_consecutive_skips`, saved the broken weights and exited 0. At the end of a
+    /// run without a validation split, skipped last steps are said.
+    fn check_validation(
+        &self,
+        val: Option<f64>,
+        step: u64,
+        last: bool,
+        t: &TrainConfig,
+    ) -> Result<()> {
+        let skips = self.consecutive_skips;
+        if skips == 0 {
+            return Ok(());
+        }
+        match val {
+            Some(v) if !v.is_finite() => Err(Error::Invalid(format!(
+                "step {step}: the last {skips} step(s) were skipped (non-finite loss or \
+                 gradient) and the validation loss is {v}: the weights themselves give \
+                 non-finite losses, so skipping batches cannot help. The run stops without \
+                 saving this step (a checkpoint saved before stays resumable); lower --lr \
+                 (now {})",
+                t.lr
+            ))),
+            None if last => {
+                eprintln!(
+                    "warning: the run ends on {skips} skipped step(s) (non-finite loss or \
+                     gradient), and with no validation split (--val-fraction 0) whether its \
+                     weights are sound was not checked"
+                );
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 }
 

@@ -169,6 +169,22 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
     Ok(())
 }
 
+/// Says that a rotary model trains past its `max_position_embeddings` (learned positions are
+/// refused there; rotary ones have no table to run out of): genslm's own score and embed then
+/// take the trained window, but Hugging Face readers of the exported config.json take the
+/// smaller number as the model's length.
+fn note_long_rotary(cfg: &Config) {
+    let (m, len) = (&cfg.model, cfg.train.seq_len);
+    if m.position == crate::config::Position::Rotary && len > m.max_position_embeddings {
+        eprintln!(
+            "note: --seq-len {len} is longer than max_position_embeddings ({}): the rotary \
+             positions past it are trained, but the exported config.json states {}; raise \
+             max_position_embeddings in the config to say what the model knows",
+            m.max_position_embeddings, m.max_position_embeddings
+        );
+    }
+}
+
 /// Refuses a sequence group that cuts a window into more pieces than it has tokens. Such a
 /// layout runs, exactly, but on a sequence padded to the piece count: `--cp 256` on 128
 /// tokens trains 512 positions of which 384 are padding, and most ranks compute nothing else.
@@ -296,6 +312,7 @@ pub fn prepare_run(
             .collect();
         claim(run, opts.resume, opts.overwrite, &inputs)?;
         let corpus = load_corpus(cfg, data, run, saved.as_ref())?;
+        note_long_rotary(cfg);
         let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
         crate::atomic::write_bytes(&run.join("config.toml"), toml.as_bytes())?;
         Ok(corpus)
