@@ -108,8 +108,13 @@ pub fn check_replaceable(target: &Path) -> Result<()> {
 pub fn check_output_dir(target: &Path) -> Result<()> {
     let dir = crate::run_lock::parent_dir(target);
     if !dir.is_dir() {
+        // A file where the directory should be is not "missing".
+        let what = match crate::error::not_a_file(dir) {
+            "missing" => "does not exist".to_string(),
+            _ => format!("is {}", crate::error::not_a_directory(dir)),
+        };
         return Err(Error::Invalid(format!(
-            "{}: output directory {} does not exist",
+            "{}: output directory {} {what}",
             target.display(),
             dir.display()
         )));

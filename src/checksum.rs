@@ -59,6 +59,8 @@ pub fn write_manifest(dir: &Path, files: &[&str]) -> Result<()> {
 /// `dir`'s manifest as file name → hex sha256; `None` when it has none.
 fn manifest(dir: &Path) -> Result<Option<HashMap<String, String>>> {
     let path = dir.join(MANIFEST_FILE);
+    // A named pipe in its place would block the read for ever.
+    crate::error::file_or_missing(&path, "the model's sha256 manifest")?;
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

@@ -364,3 +364,82 @@ fn pipes_binaries_and_files_in_the_wrong_place_are_named() {
     assert!(ok, "{err}");
     assert!(d.join("out/model.safetensors").is_file());
 }
+
+/// Runs `args` and kills it after 60 s: a command blocked on a pipe fails the test instead of
+/// hanging the suite. Returns (exit success, stderr).
+#[cfg(unix)]
+fn run_or_kill(args: &[&str]) -> (bool, String) {
+    let mut child = common::bin()
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() > 60 {
+            child.kill().unwrap();
+            panic!("{args:?} still ran after 60 s (blocked on a pipe?)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Named pipes that hung a command: a malformed FASTA from one (the error's hint opened it a
+/// second time and waited for a writer that was gone), and one in place of a model
+/// directory's sha256 manifest (read without the check its other files get).
+#[cfg(unix)]
+#[test]
+fn named_pipes_that_hung_are_errors() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mkfifo = |p: &std::path::Path| {
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    };
+    let fifo = d.join("cr.fa");
+    mkfifo(&fifo);
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            // Lines ending in CR alone: one line, a header with no sequence.
+            let _ = f.write_all(b">a\rACGTAC\r");
+        })
+    };
+    let out = d.join("o.parquet");
+    let (ok, err) = run_or_kill(&[
+        "tokenize",
+        "--fasta",
+        fifo.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    writer.join().unwrap();
+    assert!(!ok && err.contains("cr.fa"), "{err}");
+    assert!(!out.exists());
+    let model = d.join("model");
+    std::fs::create_dir(&model).unwrap();
+    for e in std::fs::read_dir(common::tiny_checkpoint()).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() && e.file_name() != "checksums.sha256" {
+            std::fs::copy(e.path(), model.join(e.file_name())).unwrap();
+        }
+    }
+    mkfifo(&model.join("checksums.sha256"));
+    let lambda = repo().join("data/lambda_virus.fa");
+    let (ok, err) = run_or_kill(&[
+        "score",
+        "--model",
+        model.to_str().unwrap(),
+        "--fasta",
+        lambda.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("a named pipe (FIFO)"), "{err}");
+}

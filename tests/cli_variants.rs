@@ -614,6 +614,22 @@ fn two_outputs_at_one_path_are_refused() {
         "{err}"
     );
     assert!(!emb.exists());
+    // A --plot whose directory is a file: refused before the embeddings are written (they
+    // were written, then the picture failed), and the file is not called missing.
+    let inside = dir.path().join("ref.fa").join("e.png");
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &fa,
+        "--out",
+        &arg(&emb),
+        "--plot",
+        &arg(&inside),
+    ]);
+    assert!(!ok && err.contains("is a file, not a directory"), "{err}");
+    assert!(!emb.exists());
 }
 
 /// An insertion longer than the trained positions stretches its window past them: scored, and

@@ -171,6 +171,8 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
         // Before any work: a --plot that is a directory failed after the embeddings were
         // written, saying "Nothing was written".
         genslm::atomic::check_replaceable(png)?;
+        // And its directory: the embeddings were written, then the picture failed.
+        genslm::atomic::check_output_dir(png)?;
     }
     if a.plot.is_some() && (a.pool == PoolArg::None || a.layers.len() > 1) {
         anyhow::bail!(

@@ -272,6 +272,7 @@ pub fn read_raw(
     let mut compressed = false;
     let overflow = OverflowCell::default();
     let limit = fastx_open::record_limit();
+    let watch = fastx_open::Unchanged::watch(&file);
     let mut reader = match fastx_open::open(file, limit, &overflow, &mut compressed) {
         Ok(r) => r,
         Err(e) => {
@@ -402,6 +403,10 @@ pub fn read_raw(
             }
         }
     }
+    // Not skippable: the records already handed on are the ones that may be cut.
+    if let Some(msg) = watch.and_then(|w| w.changed()) {
+        return Err(file_err(msg));
+    }
     if stats.records == 0 && stats.skipped == 0 {
         let err = file_err("no records".into());
         return skip_or_fail(on_invalid, err, warn, stats);
@@ -475,27 +480,36 @@ fn describe_parse_error(
     path: &Path,
     compressed: bool,
 ) -> String {
-    // The file's first bytes as stored (no decompression: the cases below are plain text).
+    // The file's first bytes as stored (no decompression: the cases below are plain text),
+    // read again only from a regular file: a named pipe whose writer is gone blocks the open
+    // for ever (the command hung on a malformed FIFO), and a pipe's bytes are spent.
+    let regular = std::fs::metadata(path).ok().filter(|m| m.is_file());
     let head = || -> Vec<u8> {
         use std::io::Read;
         let mut buf = Vec::new();
-        let _ = std::fs::File::open(path).map(|f| f.take(1 << 16).read_to_end(&mut buf));
+        if regular.is_some() {
+            let _ = std::fs::File::open(path).map(|f| f.take(1 << 16).read_to_end(&mut buf));
+        }
         buf
     };
+    let size = regular.as_ref().map(|m| m.len());
     match e.kind {
         // One byte that is no '>' (the reader needs two to tell a compressed file).
-        ParseErrorKind::EmptyFile
-            if std::fs::metadata(path).is_ok_and(|m| m.len() == 1) && !head().starts_with(b">") =>
-        {
+        ParseErrorKind::EmptyFile if size == Some(1) && !head().starts_with(b">") => {
             "not a FASTA file: it does not start with '>'".into()
         }
-        ParseErrorKind::EmptyFile if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) => {
+        ParseErrorKind::EmptyFile if size.is_some_and(|n| n > 0) => {
             "file holds no record: only '>' marks or blank space, no header and sequence".into()
         }
-        ParseErrorKind::UnknownFormat if compressed => {
-            "not a FASTA file: its decompressed text does not start with '>' (a byte-order \
-             mark, blank lines, or not FASTA inside)"
-                .into()
+        ParseErrorKind::EmptyFile if regular.is_none() => {
+            "no record: the stream was empty or too short to be FASTA".into()
+        }
+        ParseErrorKind::UnknownFormat if compressed || regular.is_none() => {
+            format!(
+                "not a FASTA file: its {}text does not start with '>' (a byte-order mark, \
+                 blank lines, or not FASTA)",
+                if compressed { "decompressed " } else { "" }
+            )
         }
         ParseErrorKind::EmptyFile => "file is empty".into(),
         ParseErrorKind::UnknownFormat => {

@@ -157,6 +157,45 @@ pub fn text_of<R: Read + Send + 'static>(
     Ok((text, compressed, n))
 }
 
+/// A regular file's size and modification time when reading began, to tell afterwards whether
+/// it changed meanwhile: a FASTA cut short while read (a download restarted, a truncate) was
+/// stored with its last record cut and exit 0.
+pub struct Unchanged {
+    file: std::fs::File,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Unchanged {
+    /// `None` for anything but a regular file (a pipe has no size to compare).
+    pub fn watch(file: &std::fs::File) -> Option<Self> {
+        let m = file.metadata().ok().filter(|m| m.is_file())?;
+        Some(Unchanged {
+            file: file.try_clone().ok()?,
+            len: m.len(),
+            modified: m.modified().ok(),
+        })
+    }
+
+    /// What changed since [`Unchanged::watch`], in words; `None` when nothing did.
+    pub fn changed(&self) -> Option<String> {
+        let m = self.file.metadata().ok()?;
+        let len = m.len();
+        if len != self.len {
+            return Some(format!(
+                "the file changed while it was read ({} → {len} bytes): its last records may \
+                 be cut short; read it again once it is complete",
+                self.len
+            ));
+        }
+        (m.modified().ok() != self.modified).then(|| {
+            "the file was modified while it was read: its records may mix two versions; read \
+             it again once it is complete"
+                .to_string()
+        })
+    }
+}
+
 /// needletail's reader over `file` (compressed or not, FASTA or FASTQ: the caller refuses
 /// FASTQ), whose records may not pass `limit` bytes; an overflow is recorded in `overflow`.
 /// The errors are needletail's own, for the same files, as `parse_fastx_reader` gives.
@@ -211,6 +250,35 @@ pub fn record_limit() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file cut short, grown, or rewritten in place while read is seen; an untouched one
+    /// and a pipe (nothing to compare) are not.
+    #[test]
+    fn a_file_changed_while_read_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.fa");
+        std::fs::write(&path, b">a\nACGTACGT\n").unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let w = Unchanged::watch(&file).unwrap();
+        assert_eq!(w.changed(), None);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(5)
+            .unwrap();
+        let said = w.changed().unwrap();
+        assert!(said.contains("(12 → 5 bytes)"), "{said}");
+        let w = Unchanged::watch(&file).unwrap();
+        let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        writer
+            .set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(9))
+            .unwrap();
+        assert!(w.changed().unwrap().contains("modified while it was read"));
+        let (r, _w) = std::io::pipe().unwrap();
+        let fd: std::os::fd::OwnedFd = r.into();
+        assert!(Unchanged::watch(&std::fs::File::from(fd)).is_none());
+    }
 
     /// Reads `text` through the limit in reads of `step` bytes; the overflow if any.
     fn through(text: &[u8], limit: u64, step: usize) -> Option<Overflow> {
