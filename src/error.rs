@@ -7,7 +7,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     // The io error is part of the message, not a chained source, so it prints once.
-    #[error("{}: {err}", path.display())]
+    #[error("{}: {err}{}", path.display(), io_hint(path, err))]
     Io { path: PathBuf, err: std::io::Error },
     /// A FASTA file or one of its records is unusable.
     #[error("{}{}: {msg}", file.display(), record.as_ref().map(|r| format!(", record '{r}'")).unwrap_or_default())]
@@ -33,6 +33,17 @@ impl Error {
             path: path.into(),
             err: source,
         }
+    }
+}
+
+/// What an io error's message adds: `-` is no file name here (the Unix convention for
+/// standard input is kept by FASTA inputs only, which say so); a missing `-` said only "No such
+/// file or directory".
+fn io_hint(path: &Path, err: &std::io::Error) -> &'static str {
+    if path.as_os_str() == "-" && err.kind() == std::io::ErrorKind::NotFound {
+        "; `-` is read as a file name here, not as standard input: give the file"
+    } else {
+        ""
     }
 }
 
@@ -137,5 +148,29 @@ mod panic_tests {
         assert_eq!(panic_message(literal.as_ref()), Some("plain"));
         assert_eq!(panic_message(formatted.as_ref()), Some("rank 3"));
         assert_eq!(panic_message(other.as_ref()), None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A missing `-` says it is no standard input here; any other missing file, or `-` that
+    /// exists and fails otherwise, keeps the plain message.
+    #[test]
+    fn a_missing_dash_is_named_as_no_standard_input() {
+        let gone = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let dash = Error::io("-", gone()).to_string();
+        assert!(
+            dash.starts_with("-: ") && dash.contains("not as standard input"),
+            "{dash}"
+        );
+        assert!(!Error::io("x.vcf", gone())
+            .to_string()
+            .contains("standard input"));
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(!Error::io("-", denied)
+            .to_string()
+            .contains("standard input"));
     }
 }

@@ -200,6 +200,27 @@ fn a_window_shorter_than_its_pieces_is_noted() {
         "{out}"
     );
     assert!(!plan("16").contains("refuses this layout"));
+    // Where the flags leave a choice, a layout the trainer runs at that length is chosen (sp 4
+    // × cp 2 was, noted as refused, beside cp 2 × dp 4).
+    let (ok, out, err) = run(&[
+        "plan",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--gpus",
+        "8",
+        "--cp",
+        "2",
+        "--gpu-mem-gib",
+        "80",
+        "--seq-len",
+        "4",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let l = &v["layout"];
+    let n = |k: &str| l[k].as_u64().unwrap();
+    assert!(n("sp") * n("tp") * 2 * n("cp") <= 4, "{l}");
 }
 
 /// Where no layout fits, the one shown is the one needing the least memory per rank (ZeRO-0,

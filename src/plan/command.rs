@@ -3,7 +3,7 @@
 
 use super::report::{gib, single_report, sweep_report, tokens};
 use super::request::{PlanDevice, PlanRequest};
-use super::search::{best_of, evaluate, layouts, sweep, Candidate};
+use super::search::{best_of, evaluate, layouts, pieces, sweep, Candidate};
 use super::{estimate, granule, published, Estimate, Target, GIB};
 use crate::config::{Config, ModelConfig, Position};
 use crate::error::{Error, Result};
@@ -124,7 +124,15 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     let first = candidates
         .first()
         .map(|&l| super::check(&model, &super::search::strategy_for(&model, a, l)));
-    let best = best_of(evaluate(&model, a, mem_bytes, candidates)).ok_or_else(|| match first {
+    let mut evaluated = evaluate(&model, a, mem_bytes, candidates);
+    // At a --seq-len some layouts cut finer than its tokens: the trainer refuses those, so
+    // they are not chosen while another is left (the notes say so where none is).
+    if let Some(len) = a.seq_len {
+        if evaluated.iter().any(|c| pieces(&c.strategy.layout) <= len) {
+            evaluated.retain(|c| pieces(&c.strategy.layout) <= len);
+        }
+    }
+    let best = best_of(evaluated).ok_or_else(|| match first {
         Some(Err(e)) => e,
         _ => Error::Invalid("no layout to evaluate".into()),
     })?;
@@ -201,7 +209,7 @@ fn notes(model: &ModelConfig, a: &PlanRequest, best: &Candidate, at_max: &Estima
                 + at_max.memory.workspace)
         ));
     }
-    let pieces = l.sp * l.tp * if l.cp > 1 { 2 * l.cp } else { 1 };
+    let pieces = pieces(l);
     if let Some(len) = a.seq_len.filter(|&len| len < pieces) {
         n.push(format!(
             "genslm train refuses this layout at --seq-len {len}: it cuts every window into \

@@ -193,23 +193,46 @@ fn check_pieces(topo: &Topology, seq_len: usize) -> Result<()> {
     if pieces <= seq_len {
         return Ok(());
     }
-    let (cut, most) = if topo.cp > 1 {
-        let per_cp = 2 * topo.sp * topo.tp;
-        (
-            format!("2·cp·sp·tp = 2·{}·{}·{}", topo.cp, topo.sp, topo.tp),
-            format!("--cp {}", (seq_len / per_cp).max(1)),
-        )
+    let cut = if topo.cp > 1 {
+        format!("2·cp·sp·tp = 2·{}·{}·{}", topo.cp, topo.sp, topo.tp)
     } else {
-        (
-            format!("sp·tp = {}·{}", topo.sp, topo.tp),
-            format!("--sp {}", (seq_len / topo.tp).max(1)),
-        )
+        format!("sp·tp = {}·{}", topo.sp, topo.tp)
     };
     Err(Error::Invalid(format!(
         "--seq-len {seq_len}: the layout cuts every window into {pieces} pieces ({cut}), more \
          than its {seq_len} tokens, so ranks would hold nothing but padding; use a longer \
-         --seq-len or fewer ranks (at most {most} here)"
+         --seq-len or fewer ranks ({} here)",
+        fewer_pieces(topo, seq_len)
     )))
+}
+
+/// The change of degrees nearest to `topo` that cuts `len` tokens into at most `len` pieces:
+/// fewer CP ranks first, then none, then fewer SP ranks, then fewer TP ranks. (Each degree
+/// named is one that moves: "at most --sp 1" with --sp already 1 helped nobody.)
+fn fewer_pieces(topo: &Topology, len: usize) -> String {
+    let (cp, sp, tp) = (topo.cp, topo.sp, topo.tp);
+    if cp > 1 {
+        let c = len / (2 * sp * tp);
+        if c >= 2 {
+            return format!("at most --cp {c}");
+        }
+        if sp * tp <= len {
+            return "--cp 1".into();
+        }
+    }
+    let mut fix = Vec::new();
+    if cp > 1 {
+        fix.push("--cp 1".to_string());
+    }
+    if tp <= len {
+        fix.push(format!("at most --sp {}", len / tp));
+    } else {
+        if sp > 1 {
+            fix.push("--sp 1".into());
+        }
+        fix.push(format!("at most --tp {len}"));
+    }
+    fix.join(" and ")
 }
 
 impl DataSource {
@@ -521,11 +544,24 @@ mod tests {
         );
         let e = check(2, 2, 2, 8).unwrap_err().to_string();
         assert!(e.contains("16 pieces (2·cp·sp·tp = 2·2·2·2)"), "{e}");
-        assert!(e.contains("at most --cp 1"), "{e}");
+        assert!(e.contains("(--cp 1 here)"), "{e}");
         let e = check(1, 3, 2, 5).unwrap_err().to_string();
         assert!(
-            e.contains("6 pieces (sp·tp = 3·2)") && e.contains("at most --sp 2"),
+            e.contains("6 pieces (sp·tp = 3·2)") && e.contains("(at most --sp 2 here)"),
             "{e}"
+        );
+        // Each suggestion is a layout the check takes (the degree named moves).
+        for (cp, sp, tp, len, fix) in [
+            (1, 1, 4, 3, "at most --tp 3"),
+            (2, 2, 2, 3, "--cp 1 and at most --sp 1"),
+            (2, 4, 1, 2, "--cp 1 and at most --sp 2"),
+            (1, 4, 4, 2, "--sp 1 and at most --tp 2"),
+        ] {
+            let e = check(cp, sp, tp, len).unwrap_err().to_string();
+            assert!(e.contains(&format!("({fix} here)")), "{e}");
+        }
+        assert!(
+            check(1, 1, 2, 3).is_ok() && check(1, 1, 1, 2).is_ok() && check(1, 2, 1, 2).is_ok()
         );
     }
 }
