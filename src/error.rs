@@ -47,6 +47,16 @@ fn io_hint(path: &Path, err: &std::io::Error) -> &'static str {
     }
 }
 
+/// `v` as a message shows it: plainly in a readable range, else in scientific notation
+/// (`--lr 1e300` was echoed as a 301-digit number).
+pub fn short_num(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() || (1e-4..1e6).contains(&v.abs()) {
+        format!("{v}")
+    } else {
+        format!("{v:e}")
+    }
+}
+
 /// The first five of `items`, comma-separated, then `…` when there are more: how a message
 /// names a long list of records or lines.
 pub fn first_five<T: std::fmt::Display>(items: &[T]) -> String {
@@ -172,5 +182,20 @@ mod tests {
         assert!(!Error::io("-", denied)
             .to_string()
             .contains("standard input"));
+    }
+
+    #[test]
+    fn extreme_numbers_are_short() {
+        for (v, s) in [
+            (1e300, "1e300"),
+            (1e-300, "1e-300"),
+            (-2.5e7, "-2.5e7"),
+            (0.9, "0.9"),
+            (1000.0, "1000"),
+            (0.0, "0"),
+            (f64::INFINITY, "inf"),
+        ] {
+            assert_eq!(short_num(v), s);
+        }
     }
 }

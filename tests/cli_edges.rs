@@ -534,3 +534,17 @@ fn outputs_that_overflow_are_refused() {
         );
     }
 }
+
+/// A warm-up as long as the run is noted (the learning rate never got past its ramp, without
+/// a word); a shorter one is not.
+#[test]
+fn a_warmup_as_long_as_the_run_is_noted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, err) = train(&dir.path().join("a"), &["--steps", "2", "--warmup", "2"]);
+    assert!(
+        ok && err.contains("note: --warmup 2 is not shorter than --steps 2"),
+        "{err}"
+    );
+    let (ok, err) = train(&dir.path().join("b"), &["--steps", "3", "--warmup", "2"]);
+    assert!(ok && !err.contains("--warmup"), "{err}");
+}

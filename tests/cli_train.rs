@@ -260,6 +260,21 @@ fn nonfinite_loss_stops_naming_the_step_or_is_skipped() {
         !out2.join("checkpoints/latest").exists(),
         "the broken weights were saved"
     );
+    // The same before a save that comes before the end: --stop-after (it saved them, exit 0).
+    let out3 = dir.path().join("nan3");
+    let mut a = args(&out3, true);
+    let at = a.iter().position(|x| x == "--steps").unwrap();
+    a[at + 1] = "8".into();
+    a.extend(["--stop-after", "3"].map(String::from));
+    let (ok, _, err) = run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        !ok && err.contains("the weights themselves give non-finite losses"),
+        "{err}"
+    );
+    assert!(
+        !out3.join("checkpoints/latest").exists(),
+        "saved at --stop-after"
+    );
 }
 
 #[test]

@@ -56,6 +56,23 @@ impl std::str::FromStr for Quantize {
     }
 }
 
+/// `quantize_weights` / `quantize_grads` in a config file: an encoding, or `fp32` for none, as
+/// the flags take them (`fp32` was refused in a file: "unknown variant").
+pub fn quantize_or_fp32<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Quantize>, D::Error> {
+    // `null` too: a checkpoint's trainer_state.json writes an unset one so.
+    let Some(s) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
+    };
+    match s.as_str() {
+        "fp32" => Ok(None),
+        other => other.parse().map(Some).map_err(|_| {
+            serde::de::Error::custom(format!("`{other}`: int8, bf16, or fp32 (unquantized)"))
+        }),
+    }
+}
+
 /// What lives in host memory instead of the device's (`--offload`; ZeRO-Offload and ALST):
 /// `optimizer`, the Adam moments (with ZeRO-3, the rank's fp32 master shard too), updated by
 /// the fused CPU AdamW; `activations`, the layer inputs `--checkpoint-activations` keeps between

@@ -182,11 +182,13 @@ pub struct TrainConfig {
     pub prefetch_layers: usize,
     /// ZeRO-3's weight all-gathers quantized (ZeRO++'s qwZ): each rank's fp32 shard is
     /// encoded before it travels and every rank computes with the decoded weights; the fp32
-    /// master shards, the update and checkpoints are unchanged. Unset: fp32.
+    /// master shards, the update and checkpoints are unchanged. Unset (or `fp32`): fp32.
+    #[serde(deserialize_with = "choices::quantize_or_fp32")]
     pub quantize_weights: Option<Quantize>,
     /// Gradient reductions quantized (ZeRO++'s qgZ): each rank encodes its contribution to
     /// every other rank's block once and sends it by all-to-all; the receiver decodes and sums
-    /// in fp32, so errors do not compound over the ranks. Unset: fp32.
+    /// in fp32, so errors do not compound over the ranks. Unset (or `fp32`): fp32.
+    #[serde(deserialize_with = "choices::quantize_or_fp32")]
     pub quantize_grads: Option<Quantize>,
     /// State kept in host memory instead of the device's (see [`Offload`]); the same results.
     /// On the CPU backend the device is the host, so nothing moves.
@@ -463,6 +465,15 @@ impl ModelConfig {
                 return Err(format!("field `{field}` must be positive"));
             }
         }
+        // The name is printed (info, plan, bench) and written into exports: a newline or a
+        // terminal's escape sequence went to the terminal raw.
+        if let Some(c) = self.name.chars().find(|c| c.is_control()) {
+            return Err(format!(
+                "field `name` ({}) holds a control character ({}); use a printable name",
+                self.name.escape_debug(),
+                c.escape_unicode()
+            ));
+        }
         // Sizes far beyond any model (33B has hidden 6144) are refused before any arithmetic
         // on them can overflow; the parameter count is checked in 128 bits.
         let limits = [
@@ -589,12 +600,14 @@ impl ModelConfig {
 /// A positive constant the f32 kernels use: finite, and neither 0 nor inf once rounded to f32
 /// (an `eps` of 1e-50 is 0 in f32 and divides by zero; `inf` passed a bare "> 0" check).
 fn positive_in_f32(field: &str, v: f64) -> std::result::Result<(), String> {
+    // Not subnormal either: the range the message states (1e-40 passed it).
     let f = v as f32;
-    if v > 0.0 && f > 0.0 && f.is_finite() {
+    if v > 0.0 && f >= f32::MIN_POSITIVE && f.is_finite() {
         Ok(())
     } else {
         Err(format!(
-            "field `{field}` ({v}) must be positive and finite in f32 (between {:e} and {:e})",
+            "field `{field}` ({}) must be positive and finite in f32 (between {:e} and {:e})",
+            crate::error::short_num(v),
             f32::MIN_POSITIVE,
             f32::MAX
         ))

@@ -35,7 +35,8 @@ fn rejects_constants_that_are_not_usable_in_f32() {
         ),
         ("layer_norm_eps", |c, v| c.layer_norm_eps = v),
     ] {
-        for v in [f64::INFINITY, f64::NAN, 0.0, -1.0, 1e-50, 1e39] {
+        // 1e-40 is subnormal in f32: outside the range the message states.
+        for v in [f64::INFINITY, f64::NAN, 0.0, -1.0, 1e-50, 1e-40, 1e39] {
             let mut c = shape(2, 64, 4, 128);
             set(&mut c, v);
             let err = c.validate().unwrap_err();
@@ -109,4 +110,39 @@ fn hostile_config_files_give_short_errors() {
         short_lines(&"x".repeat(300)),
         format!("{}…", "x".repeat(200))
     );
+}
+
+/// `fp32` in a file means unquantized, as the flags take it; an unset value survives the
+/// trainer state's JSON (null); anything else is refused naming the choices.
+#[test]
+fn quantize_settings_read_fp32_and_null_as_unset() {
+    let read = |v: &str| {
+        let text = format!("quantize_grads = {v}\nquantize_weights = \"bf16\"\n");
+        toml::from_str::<TrainConfig>(&text).map_err(|e| e.to_string())
+    };
+    let t = read("\"fp32\"").unwrap();
+    assert_eq!(
+        (t.quantize_grads, t.quantize_weights),
+        (None, Some(Quantize::Bf16))
+    );
+    assert_eq!(
+        read("\"int8\"").unwrap().quantize_grads,
+        Some(Quantize::Int8)
+    );
+    let e = read("\"fp16\"").unwrap_err();
+    assert!(e.contains("int8, bf16, or fp32"), "{e}");
+    let json = serde_json::to_string(&TrainConfig::default()).unwrap();
+    assert!(json.contains("\"quantize_grads\":null"), "{json}");
+    let back: TrainConfig = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, TrainConfig::default());
+}
+
+/// A model name is printed and exported: control characters in it are refused by field.
+#[test]
+fn a_model_name_with_control_characters_is_refused() {
+    let mut m = shape(2, 64, 4, 256);
+    assert!(m.validate().is_ok());
+    m.name = "a\nb\u{1b}[31m".into();
+    let e = m.validate().unwrap_err();
+    assert!(e.contains("field `name`") && e.contains("\\u{a}"), "{e}");
 }

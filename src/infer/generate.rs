@@ -339,8 +339,8 @@ pub fn fasta_record(g: &Generated, opts: &GenerateOptions, model: &str) -> Strin
         g.stop.name(),
         opts.prompt.trim().to_ascii_uppercase(),
         s.top_k,
-        s.top_p,
-        s.temperature,
+        crate::error::short_num(s.top_p),
+        crate::error::short_num(s.temperature),
         opts.seed,
         opts.max_codons,
         model

@@ -101,11 +101,11 @@ pub fn commit_checkpoint(
         files.extend([STATE_FILE, GENSLM_CONFIG_FILE]);
         crate::checksum::write_manifest(staging, &files)?;
         if final_dir.exists() {
-            // A resume refuses to start while a later step-N exists (it is the user's when
-            // `latest` was moved back: run_dir::check_later_checkpoints, which also names a
-            // kill between a save's rename and `latest`'s update, moments apart); one written
-            // since, by this run's ranks, is replaced. Anything else of that name is not ours
-            // to delete.
+            // A resume refuses to start while a later step-N exists (the user's when `latest`
+            // was moved back, or left by a kill between a save's rename and `latest`'s update,
+            // moments apart: run_dir::check_later_checkpoints names both), so this is one
+            // made since by this run's own ranks, and is replaced. Anything else of that name
+            // is not ours to delete.
             match crate::checksum::unlisted_entries(&final_dir) {
                 Some(other) if other.is_empty() => {
                     std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?

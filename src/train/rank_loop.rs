@@ -226,15 +226,24 @@ pub fn train_rank(
                 )
             });
         }
-        // After the row is logged (its NaN validation loss is the evidence), before a save.
-        policy.check_validation(val_loss, state.step, last, t)?;
         summary.final_loss = loss;
         summary.final_val_loss = val_loss.or(summary.final_val_loss);
         let stopping = opts
             .stop_after
             .is_some_and(|n| state.step - first_step >= n);
         let every = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
-        if every || last || stopping {
+        let saving = every || last || stopping;
+        // After the row is logged (its NaN validation loss is the evidence): at a validation
+        // step, and before any save that follows skipped steps (measured then if this step
+        // had none: a checkpoint or a --stop-after stop saved the broken weights).
+        if policy.consecutive_skips > 0 && (val_loss.is_some() || saving) {
+            let val = match val_loss {
+                Some(v) => Some(v),
+                None => validation_loss(&mut engine, corpus, t.batch_size, ranks)?,
+            };
+            policy.check_validation(val, state.step, saving, t)?;
+        }
+        if saving {
             let resumed_from = opts.resume.then_some(first_step);
             summary.last_checkpoint = checkpoint(run, cfg, &engine, &state, ranks, resumed_from)?;
         }
@@ -335,7 +344,7 @@ impl NonFinitePolicy {
                 "step {step}: the update made the weights non-finite (NaN/Inf) although loss {loss} \
                  and gradient norm {norm} were finite: --lr {} is far too high. The run stops \
                  without saving this step; start again with a lower --lr",
-                t.lr
+                crate::error::short_num(t.lr)
             )));
         }
         let skips = &mut self.consecutive_skips;
@@ -362,13 +371,13 @@ impl NonFinitePolicy {
     /// After skipped steps, a non-finite validation loss says the weights themselves are
     /// broken, not a batch (a finite update of 1e29 made every later forward NaN): the run
     /// stops before saving. `--lr 1e30 --skip-nonfinite --steps 8` skipped 7 steps, stayed
-    /// under `max_consecutive_skips`, saved the broken weights and exited 0. At the end of a
-    /// run without a validation split, skipped last steps are said.
+    /// under `max_consecutive_skips`, saved the broken weights and exited 0. A save after
+    /// skipped steps in a run without a validation split is said (`saving`).
     fn check_validation(
         &self,
         val: Option<f64>,
         step: u64,
-        last: bool,
+        saving: bool,
         t: &TrainConfig,
     ) -> Result<()> {
         let skips = self.consecutive_skips;
@@ -382,12 +391,12 @@ impl NonFinitePolicy {
                  non-finite losses, so skipping batches cannot help. The run stops without \
                  saving this step (a checkpoint saved before stays resumable); lower --lr \
                  (now {})",
-                t.lr
+                crate::error::short_num(t.lr)
             ))),
-            None if last => {
+            None if saving => {
                 eprintln!(
-                    "warning: the run ends on {skips} skipped step(s) (non-finite loss or \
-                     gradient), and with no validation split (--val-fraction 0) whether its \
+                    "warning: step {step}: saved after {skips} skipped step(s) (non-finite loss \
+                     or gradient); with no validation split (--val-fraction 0) whether the \
                      weights are sound was not checked"
                 );
                 Ok(())

@@ -259,9 +259,9 @@ pub fn check_later_checkpoints(run: &Path, done: u64, total: u64) -> Result<()> 
     let Ok(entries) = std::fs::read_dir(&root) else {
         return Ok(());
     };
+    // Any entry of such a name (a file, a link, a dangling one): a save meets it too.
     let mut later: Vec<u64> = entries
         .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| step_of(&e.file_name().to_string_lossy()))
         .filter(|&n| n > done && n <= total)
         .collect();
@@ -272,8 +272,10 @@ pub fn check_later_checkpoints(run: &Path, done: u64, total: u64) -> Result<()> 
     let names: Vec<String> = later.iter().map(|n| format!("step-{n}")).collect();
     Err(Error::Invalid(format!(
         "cannot resume from step {done}: {} holds checkpoints of later steps ({}), left when \
-         `latest` was moved back; a run to step {total} would save over them or prune them as \
-         it passes their steps. Move them out of {} to keep them (or delete them), then resume",
+         `latest` was moved back (or, for one, by a run killed while it saved that step); a \
+         run to step {total} would save over them or prune them as it passes their steps. Move \
+         them out of {} to keep them (or delete them), or point `latest` at the one to resume \
+         from, then resume",
         root.display(),
         names.join(", "),
         root.display()
@@ -410,6 +412,27 @@ mod tests {
         clean_stale(run, std::slice::from_ref(&input)).unwrap();
         assert!(!trash.exists() && input.exists());
         assert!(root.join(".step-x.pruning").exists());
+    }
+
+    /// Entries named for steps a resume would reach are refused, whatever they are (a file
+    /// or a dangling link made the save fail mid-run); names that are no step, steps not
+    /// passed and steps before the resume point are not.
+    #[cfg(unix)]
+    #[test]
+    fn later_checkpoints_a_resume_would_reach_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        let root = checkpoints_dir(run);
+        for d in ["step-3", "step-4", "step-6", "step-07", "step-12"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(root.join("step-9"), b"mine").unwrap();
+        std::os::unix::fs::symlink(run.join("gone"), root.join("step-10")).unwrap();
+        let e = check_later_checkpoints(run, 4, 10).unwrap_err().to_string();
+        assert!(e.contains("(step-6, step-9, step-10)"), "{e}");
+        assert!(check_later_checkpoints(run, 4, 5).is_ok());
+        assert!(check_later_checkpoints(run, 10, 11).is_ok());
+        assert!(check_later_checkpoints(&run.join("none"), 0, 10).is_ok());
     }
 
     #[test]

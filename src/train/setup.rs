@@ -148,7 +148,7 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
     }
     crate::train::pipeline::Pipe::plan(cfg, topo.pp)?;
     check_positions(&cfg.model, t.seq_len)?;
-    check_pieces(topo, t.seq_len)?;
+    check_pieces(topo, t.seq_len, cfg.model.num_heads)?;
     // Under SP alone a learned table is cut by rows; every SP rank needs at least one.
     let m = &cfg.model;
     if m.position == crate::config::Position::Learned && topo.sp > 1 && topo.cp == 1 {
@@ -169,12 +169,24 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
     Ok(())
 }
 
-/// Says that a rotary model trains past its `max_position_embeddings` (learned positions are
+/// Notes settings that run but are probably not what was meant. A warm-up as long as the run;
+/// a rotary model trained past its `max_position_embeddings` (learned positions are
 /// refused there; rotary ones have no table to run out of): genslm's own score and embed then
 /// take the trained window, but Hugging Face readers of the exported config.json take the
 /// smaller number as the model's length.
-fn note_long_rotary(cfg: &Config) {
-    let (m, len) = (&cfg.model, cfg.train.seq_len);
+fn setting_notes(cfg: &Config) {
+    let t = &cfg.train;
+    // A warm-up as long as the run: the schedule never reaches its peak nor decays.
+    if t.warmup >= t.steps {
+        eprintln!(
+            "note: --warmup {} is not shorter than --steps {}: the learning rate rises for the \
+             whole run (reaching --lr {} at most at its last step) and never decays",
+            t.warmup,
+            t.steps,
+            crate::error::short_num(t.lr)
+        );
+    }
+    let (m, len) = (&cfg.model, t.seq_len);
     if m.position == crate::config::Position::Rotary && len > m.max_position_embeddings {
         eprintln!(
             "note: --seq-len {len} is longer than max_position_embeddings ({}): the rotary \
@@ -188,7 +200,7 @@ fn note_long_rotary(cfg: &Config) {
 /// Refuses a sequence group that cuts a window into more pieces than it has tokens. Such a
 /// layout runs, exactly, but on a sequence padded to the piece count: `--cp 256` on 128
 /// tokens trains 512 positions of which 384 are padding, and most ranks compute nothing else.
-fn check_pieces(topo: &Topology, seq_len: usize) -> Result<()> {
+fn check_pieces(topo: &Topology, seq_len: usize, heads: usize) -> Result<()> {
     let pieces = topo.padded_len(1);
     if pieces <= seq_len {
         return Ok(());
@@ -202,14 +214,15 @@ fn check_pieces(topo: &Topology, seq_len: usize) -> Result<()> {
         "--seq-len {seq_len}: the layout cuts every window into {pieces} pieces ({cut}), more \
          than its {seq_len} tokens, so ranks would hold nothing but padding; use a longer \
          --seq-len or fewer ranks ({} here)",
-        fewer_pieces(topo, seq_len)
+        fewer_pieces(topo, seq_len, heads)
     )))
 }
 
 /// The change of degrees nearest to `topo` that cuts `len` tokens into at most `len` pieces:
 /// fewer CP ranks first, then none, then fewer SP ranks, then fewer TP ranks. (Each degree
-/// named is one that moves: "at most --sp 1" with --sp already 1 helped nobody.)
-fn fewer_pieces(topo: &Topology, len: usize) -> String {
+/// named is one that moves: "at most --sp 1" with --sp already 1 helped nobody; a TP degree
+/// divides the `heads`.)
+fn fewer_pieces(topo: &Topology, len: usize, heads: usize) -> String {
     let (cp, sp, tp) = (topo.cp, topo.sp, topo.tp);
     if cp > 1 {
         let c = len / (2 * sp * tp);
@@ -230,7 +243,11 @@ fn fewer_pieces(topo: &Topology, len: usize) -> String {
         if sp > 1 {
             fix.push("--sp 1".into());
         }
-        fix.push(format!("at most --tp {len}"));
+        let t = (1..=len)
+            .rev()
+            .find(|t| heads.is_multiple_of(*t))
+            .unwrap_or(1);
+        fix.push(format!("at most --tp {t}"));
     }
     fix.join(" and ")
 }
@@ -335,7 +352,7 @@ pub fn prepare_run(
             .collect();
         claim(run, opts.resume, opts.overwrite, &inputs)?;
         let corpus = load_corpus(cfg, data, run, saved.as_ref())?;
-        note_long_rotary(cfg);
+        setting_notes(cfg);
         let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
         crate::atomic::write_bytes(&run.join("config.toml"), toml.as_bytes())?;
         Ok(corpus)
@@ -552,7 +569,7 @@ mod tests {
         );
         // Each suggestion is a layout the check takes (the degree named moves).
         for (cp, sp, tp, len, fix) in [
-            (1, 1, 4, 3, "at most --tp 3"),
+            (1, 1, 4, 3, "at most --tp 2"),
             (2, 2, 2, 3, "--cp 1 and at most --sp 1"),
             (2, 4, 1, 2, "--cp 1 and at most --sp 2"),
             (1, 4, 4, 2, "--sp 1 and at most --tp 2"),

@@ -366,10 +366,17 @@ pub fn run_variants(
     }
     // A long insertion stretches its window past the one asked for; past the trained
     // positions too, its score is an extrapolation (resolve_window says so for --window).
-    let trained = model.cfg.max_position_embeddings;
+    let trained = crate::infer::window::trained_window(model_dir)
+        .ok()
+        .flatten()
+        .unwrap_or(0)
+        .max(model.cfg.max_position_embeddings);
     if longest > w.max(trained) {
         eprintln!(
-            "warning: {longest_at}a window stretched to {longest} codons to hold its whole              change, past the model's max_position_embeddings ({trained}): positions beyond              it were never trained, so such scores are extrapolations"
+            "warning: {longest_at}a window stretched to {longest} codons to hold its whole \
+             change, past the model's training length ({trained}: its max_position_embeddings \
+             or the window it trained at): positions beyond it were never trained, so such \
+             scores are extrapolations"
         );
     }
     // The windows as they are (clipped at the CDS ends), not as asked.
@@ -434,7 +441,8 @@ pub fn run_variants(
                 ""
             };
             eprintln!(
-                "warning: --heatmap {}: not drawn, none of the region's variants was                  scored{kept}",
+                "warning: --heatmap {}: not drawn, none of the region's variants was \
+                 scored{kept}",
                 png.display()
             );
         } else {
