@@ -72,6 +72,15 @@ fn a_finished_run_extends_with_resume_and_more_steps() {
         assert!((got - want).abs() <= 1e-12, "lr {got} vs {want}");
     }
     assert!(m.iter().all(|m| m.loss.is_finite()));
+    // A resume that names no total keeps the run's 8 (the default 100 was taken, and the
+    // schedule recomputed): nothing to do, as with --steps 8.
+    let mut none: Vec<&str> = common.to_vec();
+    none.push("--resume");
+    let (ok, err) = try_train(&out, &data(), &none);
+    assert!(
+        !ok && err.contains("--steps 8: this run has done 8 steps"),
+        "{err}"
+    );
     // Finished again: a resume without a larger --steps says how to extend.
     let (ok, err) = try_train(&out, &data(), &eight);
     assert!(!ok && err.contains("larger --steps"), "{err}");
@@ -434,4 +443,27 @@ fn a_damaged_copy_of_the_fasta_is_tokenized_again() {
         assert_eq!(std::fs::read(&copy).unwrap(), bytes);
     }
     assert_eq!(losses(&part), losses(&full));
+}
+
+/// What `latest` names is missing, or the checkpoint lost its config.json: named as such (both
+/// were bare "No such file or directory" errors).
+#[test]
+fn a_latest_naming_nothing_and_a_lost_config_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r");
+    train(&out, &["--steps", "4", "--stop-after", "2"]);
+    let ckpts = out.join("checkpoints");
+    std::fs::write(ckpts.join("latest"), "step-99\n").unwrap();
+    let (ok, err) = try_train(&out, &data(), &["--steps", "4", "--resume"]);
+    assert!(
+        !ok && err.contains("names step-99, which is missing"),
+        "{err}"
+    );
+    std::fs::write(ckpts.join("latest"), "step-2\n").unwrap();
+    std::fs::remove_file(ckpts.join("step-2/config.json")).unwrap();
+    let (ok, err) = try_train(&out, &data(), &["--steps", "4", "--resume"]);
+    assert!(
+        !ok && err.contains("config.json: missing, but checksums.sha256 lists it"),
+        "{err}"
+    );
 }

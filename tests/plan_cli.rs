@@ -323,3 +323,29 @@ fn json_byte_counts_past_u64_are_not_capped() {
     );
     assert!((parts - phase).abs() <= 1e-9 * phase, "{parts} vs {phase}");
 }
+
+/// A config's [train] settings are not plan's: said, not silently dropped; a preset (no
+/// [train]) gets no such note.
+#[test]
+fn a_configs_train_settings_are_said_to_be_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("configs/tiny.toml")).unwrap();
+    let path = dir.path().join("t.toml");
+    std::fs::write(
+        &path,
+        format!("{text}\n[train]\nzero = 3\nbatch_size = 8\n"),
+    )
+    .unwrap();
+    let plan = |cfg: &str| {
+        let (ok, _, err) = run(&["plan", "--config", cfg, "--gpus", "2", "--gpu-mem-gib", "8"]);
+        assert!(ok, "{err}");
+        err
+    };
+    let err = plan(path.to_str().unwrap());
+    assert!(
+        err.contains("[train] settings (zero, batch_size) are not read by plan")
+            || err.contains("[train] settings (batch_size, zero) are not read by plan"),
+        "{err}"
+    );
+    assert!(!plan("tiny").contains("[train]"));
+}

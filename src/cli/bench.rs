@@ -217,7 +217,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             quantize_grads,
             device,
         } => {
-            let cfg = genslm::config::Config::load(&config)?.model;
+            let cfg = genslm::config::Config::load_model(&config, "genslm bench")?;
             let compute = device.compute();
             let degrees = degrees.degrees();
             let (quantize_weights, quantize_grads) = (
@@ -297,7 +297,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             attention,
             checkpoint_activations,
         } => {
-            let mut cfg = genslm::config::Config::load(&config)?.model;
+            let mut cfg = genslm::config::Config::load_model(&config, "genslm bench")?;
             cfg.attention = attention.into();
             let (secs, peak) = genslm::bench::train_step(&cfg, seq_len, 1, checkpoint_activations)?;
             println!("{secs} {peak}");
@@ -420,7 +420,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             sequences,
             batch_size,
         } => {
-            let cfg = genslm::config::Config::load(&config)?.model;
+            let cfg = genslm::config::Config::load_model(&config, "genslm bench")?;
             let b = genslm::infer::bench::embed(&cfg, seq_len, sequences, batch_size)?;
             println!("model  seq_len  sequences  batch  seconds  sequences/s  tokens/s");
             println!(
@@ -441,7 +441,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             batch_size,
             rounds,
         } => {
-            let cfg = genslm::config::Config::load(&config)?.model;
+            let cfg = genslm::config::Config::load_model(&config, "genslm bench")?;
             let b = genslm::infer::bench::variants(&cfg, window, codons, batch_size, rounds)?;
             println!("model  window  variants  full_s  prefix_reuse_s  full_variants/s  prefix_variants/s  speedup  max_|diff|");
             println!(
@@ -463,7 +463,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             samples,
             cache_only,
         } => {
-            let cfg = genslm::config::Config::load(&config)?.model;
+            let cfg = genslm::config::Config::load_model(&config, "genslm bench")?;
             println!("model  kv_cache  samples  codons  seconds  codons/s");
             for use_cache in [true, false] {
                 if !use_cache && cache_only {

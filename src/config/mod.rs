@@ -421,19 +421,7 @@ impl Config {
     /// Reads and validates a TOML config, or a built-in preset by name ([`preset`]); errors
     /// name the file and the field.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = match preset(path) {
-            Some(text) => text.to_string(),
-            None => read_config_text(path).map_err(|e| match e {
-                // A bare name that is no file and no preset: say which names are built in.
-                Error::Io { .. } if !path.exists() && !path.to_string_lossy().contains('/') => {
-                    Error::Invalid(format!(
-                        "{e}; built-in presets: {}",
-                        PRESETS.map(|(n, _)| n).join(", ")
-                    ))
-                }
-                e => e,
-            })?,
-        };
+        let text = Self::text(path)?;
         let cfg: Config = toml::from_str(&text).map_err(|e| Error::Config {
             file: path.to_path_buf(),
             msg: short_lines(&e.to_string()),
@@ -446,6 +434,53 @@ impl Config {
                 msg,
             })?;
         Ok(cfg)
+    }
+
+    /// The `[model]` of a config, for a command that takes its other settings from its own
+    /// flags (`command` names it): the file's `[train]` settings are said to be unread (plan
+    /// gave a bf16 batch-1 plan for a config asking for fp32, ZeRO-3 and batch 8, silently).
+    pub fn load_model(path: &Path, command: &str) -> Result<ModelConfig> {
+        let cfg = Self::load(path)?;
+        let keys = Self::train_keys(path)?;
+        if !keys.is_empty() {
+            eprintln!(
+                "note: {}'s [train] settings ({}) are not read by {command}, which takes its \
+                 settings from its flags",
+                path.display(),
+                crate::error::first_five(&keys)
+            );
+        }
+        Ok(cfg.model)
+    }
+
+    /// The keys a config's `[train]` table sets (none where it has none): which settings the
+    /// file chose, not the defaults filled in around them.
+    pub fn train_keys(path: &Path) -> Result<Vec<String>> {
+        let v: toml::Table = toml::from_str(&Self::text(path)?).map_err(|e| Error::Config {
+            file: path.to_path_buf(),
+            msg: short_lines(&e.to_string()),
+        })?;
+        Ok(v.get("train")
+            .and_then(|t| t.as_table())
+            .map(|t| t.keys().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    /// The text of a config file, or of a built-in preset by name.
+    fn text(path: &Path) -> Result<String> {
+        Ok(match preset(path) {
+            Some(text) => text.to_string(),
+            None => read_config_text(path).map_err(|e| match e {
+                // A bare name that is no file and no preset: say which names are built in.
+                Error::Io { .. } if !path.exists() && !path.to_string_lossy().contains('/') => {
+                    Error::Invalid(format!(
+                        "{e}; built-in presets: {}",
+                        PRESETS.map(|(n, _)| n).join(", ")
+                    ))
+                }
+                e => e,
+            })?,
+        })
     }
 }
 

@@ -153,6 +153,18 @@ pub fn read_latest(latest: &Path) -> Result<(String, PathBuf)> {
     };
     let text = String::from_utf8_lossy(&bytes);
     let dir = latest_step_dir(latest, &text)?;
+    // A name with nothing behind it: said here ("trainer_state.json: No such file" was all).
+    if !dir.is_dir() {
+        return Err(Error::Invalid(format!(
+            "{}: names {}, which is {}: point it at a step-N checkpoint of this run",
+            latest.display(),
+            text.trim(),
+            match crate::error::not_a_file(&dir) {
+                "missing" => "missing".to_string(),
+                _ => crate::error::not_a_directory(&dir),
+            }
+        )));
+    }
     Ok((text.trim().to_string(), dir))
 }
 

@@ -103,7 +103,7 @@ pub fn run(a: &PlanRequest) -> Result<String> {
                 .into(),
         ));
     }
-    let model = Config::load(path)?.model;
+    let model = Config::load_model(path, "plan")?;
     let mem_bytes = mem * GIB;
     if a.sweep {
         let rows = sweep(&model, a, gpus, mem_bytes)?;

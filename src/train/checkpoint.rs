@@ -183,7 +183,15 @@ pub fn read_saved(run: &Path) -> Result<Saved> {
         }
     }
     let (name, dir) = crate::model::io::read_latest(&latest)?;
-    crate::checksum::verify(&dir, &[STATE_FILE, GENSLM_CONFIG_FILE])?;
+    // config.json too: a missing one was a bare "No such file" from the model's loader.
+    crate::checksum::verify(
+        &dir,
+        &[
+            STATE_FILE,
+            GENSLM_CONFIG_FILE,
+            crate::model::io::CONFIG_FILE,
+        ],
+    )?;
     let state_path = dir.join(STATE_FILE);
     let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
     let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
