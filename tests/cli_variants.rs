@@ -3,46 +3,8 @@
 
 mod common;
 
+use common::variants_cli::{cds, fasta, table, variants, VCF};
 use common::{arg, gzip, listing, run, trained_tiny, write};
-
-/// A CDS of 30 codons: ATG, 28 sense codons, TAA.
-fn cds() -> String {
-    let mut s = String::from("ATG");
-    for i in 0..28 {
-        s.push_str(["GCT", "AAA", "CTG", "GAA", "TTC", "CGT", "TAC"][i % 7]);
-    }
-    s.push_str("TAA");
-    s
-}
-
-fn fasta(dir: &std::path::Path) -> std::path::PathBuf {
-    write(dir, "ref.fa", format!(">gene desc\n{}\n", cds()).as_bytes())
-}
-
-fn variants(args: &[&str]) -> (bool, String, String) {
-    let model = arg(trained_tiny());
-    let mut a = vec!["variants", "--model", &model, "--quiet"];
-    a.extend_from_slice(args);
-    run(&a)
-}
-
-fn table(path: &std::path::Path) -> Vec<Vec<String>> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| l.split('\t').map(str::to_string).collect())
-        .collect()
-}
-
-const VCF: &str = "##fileformat=VCFv4.2\n#CHROM\tPOS\tID\tREF\tALT\n\
-gene\t5\tsyn_or_mis\tC\tT\n\
-gene\t1\tstart\tA\tG\n\
-gene\t88\tlast\tT\tC\n\
-gene\t7\tmnv\tAAA\tCCC\n\
-gene\t30\tins\tA\tATTT,AT\n\
-gene\t45\tdel\tCGCT\tC\n\
-gene\t88\tend_del\tTAA\tT\n\
-gene\t40\tlong_del\tCGTTACGCTAAACTGGAATTCC\tC\n";
 
 /// Windows are built and scored a chunk at a time (the memory bound of a long --saturate):
 /// one variant per chunk, with prefix reuse, gives full recomputation's Δ.
@@ -330,9 +292,9 @@ fn bad_variants_are_clear_errors_or_skipped_with_a_warning() {
     for (args, want) in [
         (
             vec!["--cds", "4..900"],
-            "--cds ..900: record 'gene' has only 90 bases",
+            "--cds 4..900: record 'gene' has only 90 bases",
         ),
-        (vec!["--cds", "9..4"], "--cds '9..4': expected START..END"),
+        (vec!["--cds", "9..4"], "--cds '9..4': START 9 is past END 4"),
         (vec!["--window", "1"], "--window 1: must be at least 2"),
         (vec!["--batch-size", "0"], "--batch-size 0"),
     ] {
@@ -481,44 +443,6 @@ fn nothing_to_score_and_a_heatmap_without_saturate_are_clear() {
     assert_eq!(std::fs::read(&png).unwrap(), b"OLD");
 }
 
-/// A VCF read from a pipe is read whole: its first bytes (read to recognise compression) were
-/// lost to a second open, and a named pipe hung on it.
-#[test]
-fn a_vcf_from_a_pipe_reads_as_the_file_does() {
-    use std::io::Write;
-    let dir = tempfile::tempdir().unwrap();
-    let fa = arg(&fasta(dir.path()));
-    let vcf = write(dir.path(), "v.vcf", VCF.as_bytes());
-    let (file_out, pipe_out) = (dir.path().join("file.tsv"), dir.path().join("pipe.tsv"));
-    let (ok, _, err) = variants(&[
-        "--fasta",
-        &fa,
-        "--vcf",
-        &arg(&vcf),
-        "--out",
-        &arg(&file_out),
-    ]);
-    assert!(ok, "{err}");
-    let model = arg(trained_tiny());
-    let mut child = common::bin()
-        .args(["variants", "--model", &model, "--quiet", "--fasta", &fa])
-        .args(["--vcf", "/dev/stdin", "--out", &arg(&pipe_out)])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&gzip(VCF.as_bytes()))
-        .unwrap();
-    let done = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&done.stderr);
-    assert!(done.status.success(), "{err}");
-    assert_eq!(table(&pipe_out), table(&file_out));
-}
-
 /// A one-codon deletion in a 2-codon window leaves ALT 1 codon: nothing to predict, so it is not
 /// scored, and the note says the window is why (it blamed the CDS), beside a variant that is
 /// outside the CDS, counted on its own line.
@@ -557,101 +481,4 @@ fn unscored_variants_are_counted_by_their_reason() {
     let del = t.iter().find(|r| r[col("id")] == "del").unwrap();
     assert_eq!(del[col("delta_ll")], "NA", "{t:?}");
     assert_ne!(del[col("consequence")], "outside_cds", "{t:?}");
-}
-
-/// Two outputs of one command at one path: refused before any work (the heatmap replaced the
-/// table, and `embed --plot` the embeddings, exit 0), under another spelling too.
-#[test]
-fn two_outputs_at_one_path_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let fa = arg(&fasta(dir.path()));
-    let out = dir.path().join("sat.tsv");
-    let again = dir.path().join(".").join("sat.tsv");
-    let (ok, _, err) = variants(&[
-        "--fasta",
-        &fa,
-        "--saturate",
-        "4..9",
-        "--out",
-        &arg(&out),
-        "--heatmap",
-        &arg(&again),
-    ]);
-    assert!(
-        !ok && err.contains("--out and --heatmap are the same file"),
-        "{err}"
-    );
-    assert!(!out.exists());
-    // Each output's directory is checked before the first is written (the table was written,
-    // then the heatmap failed).
-    let lost = dir.path().join("nodir").join("x.png");
-    let (ok, _, err) = variants(&[
-        "--fasta",
-        &fa,
-        "--saturate",
-        "4..9",
-        "--out",
-        &arg(&out),
-        "--heatmap",
-        &arg(&lost),
-    ]);
-    assert!(!ok && err.contains("does not exist"), "{err}");
-    assert!(!out.exists());
-    let emb = dir.path().join("e.parquet");
-    let model = arg(trained_tiny());
-    let (ok, _, err) = run(&[
-        "embed",
-        "--model",
-        &model,
-        "--fasta",
-        &fa,
-        "--out",
-        &arg(&emb),
-        "--plot",
-        &arg(&emb),
-    ]);
-    assert!(
-        !ok && err.contains("--out and --plot are the same file"),
-        "{err}"
-    );
-    assert!(!emb.exists());
-    // A --plot whose directory is a file: refused before the embeddings are written (they
-    // were written, then the picture failed), and the file is not called missing.
-    let inside = dir.path().join("ref.fa").join("e.png");
-    let (ok, _, err) = run(&[
-        "embed",
-        "--model",
-        &model,
-        "--fasta",
-        &fa,
-        "--out",
-        &arg(&emb),
-        "--plot",
-        &arg(&inside),
-    ]);
-    assert!(!ok && err.contains("is a file, not a directory"), "{err}");
-    assert!(!emb.exists());
-}
-
-/// An insertion longer than the trained positions stretches its window past them: scored, and
-/// said (it ran without a word, 10,067 codons on a 2,048-position model).
-#[test]
-fn a_window_stretched_past_the_trained_positions_is_warned_about() {
-    let dir = tempfile::tempdir().unwrap();
-    let fa = arg(&fasta(dir.path()));
-    let long = format!("C{}", "GCT".repeat(2100));
-    let vcf = write(
-        dir.path(),
-        "ins.vcf",
-        format!("#CHROM\tPOS\tID\tREF\tALT\ngene\t5\tbig\tC\t{long}\n").as_bytes(),
-    );
-    let out = dir.path().join("out.tsv");
-    let (ok, _, err) = variants(&["--fasta", &fa, "--vcf", &arg(&vcf), "--out", &arg(&out)]);
-    assert!(ok, "{err}");
-    assert!(
-        err.contains("ins.vcf: line 2: a window stretched to 2130 codons")
-            && err.contains("past the model's training length (2048")
-            && !err.contains("  "),
-        "{err}"
-    );
 }

@@ -105,9 +105,10 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
             }
             _ => String::new(),
         };
+        // Skipped lines are variants too: "1 variants (1 scored, 1 skipped)" did not add up.
         eprintln!(
-            "{} variants ({} scored, {} skipped), window {} codons{used}, in {:.1} s: {}",
-            s.variants,
+            "{} variant(s) ({} scored, {} skipped), window {} codons{used}, in {:.1} s: {}",
+            s.variants + s.skipped,
             s.scored,
             s.skipped,
             s.window,

@@ -4,11 +4,8 @@
 //! typo in a config file is reported instead of silently ignored.
 
 use std::fmt;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
 
 use crate::tokenizer::VocabKind;
 
@@ -18,7 +15,9 @@ use crate::tokenizer::VocabKind;
 pub const DEFAULT_BUCKET: usize = 1 << 24;
 
 mod choices;
+mod load;
 pub use choices::{Offload, Precision, Quantize, ScheduleKind};
+pub use load::{preset, read_config_text, short_lines, MAX_CONFIG_BYTES, PRESETS};
 
 /// How token positions enter the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -348,140 +347,6 @@ pub struct Config {
     pub model: ModelConfig,
     #[serde(default)]
     pub train: TrainConfig,
-}
-
-/// The largest config file read (TOML or config.json): real ones take a few KB, so a larger
-/// file is not one and is refused without being read whole.
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
-
-/// A config file's text, refused past [`MAX_CONFIG_BYTES`].
-pub fn read_config_text(path: &Path) -> Result<String> {
-    // A named pipe would wait for a writer forever; a directory is no config file.
-    crate::error::file_or_missing(path, "a config (genslm TOML or config.json)")?;
-    let Some(bytes) = crate::error::read_capped(path, MAX_CONFIG_BYTES)? else {
-        return Err(Error::Config {
-            file: path.to_path_buf(),
-            msg: format!("more than {MAX_CONFIG_BYTES} bytes: not a model or training config"),
-        });
-    };
-    String::from_utf8(bytes).map_err(|e| Error::Config {
-        file: path.to_path_buf(),
-        msg: format!(
-            "not text (invalid UTF-8 at byte {}): a config is a genslm TOML or a Hugging Face \
-             config.json, not weights or an archive",
-            e.utf8_error().valid_up_to()
-        ),
-    })
-}
-
-/// A parser's message with each line cut to 200 characters: it quotes the offending line,
-/// which in a hostile file can be megabytes long.
-pub fn short_lines(msg: &str) -> String {
-    msg.trim_end()
-        .lines()
-        .map(|l| match l.char_indices().nth(200) {
-            Some((i, _)) => format!("{}…", &l[..i]),
-            None => l.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The presets of `configs/`, built into the binary: `--config genslm-25m` works from any
-/// directory (bench's defaults were paths that only existed in the repository's root).
-pub const PRESETS: [(&str, &str); 6] = [
-    ("tiny", include_str!("../../configs/tiny.toml")),
-    ("genslm-25m", include_str!("../../configs/genslm-25m.toml")),
-    (
-        "genslm-250m",
-        include_str!("../../configs/genslm-250m.toml"),
-    ),
-    (
-        "genslm-2.5b",
-        include_str!("../../configs/genslm-2.5b.toml"),
-    ),
-    ("genslm-25b", include_str!("../../configs/genslm-25b.toml")),
-    ("genslm-33b", include_str!("../../configs/genslm-33b.toml")),
-];
-
-/// The built-in preset `path` names: a bare name (no directory, no `.toml`) of [`PRESETS`]
-/// that is not also a file here (a file of that name is read instead).
-pub fn preset(path: &Path) -> Option<&'static str> {
-    let name = path.to_str()?;
-    if name.contains('/') || path.exists() {
-        return None;
-    }
-    PRESETS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, text)| *text)
-}
-
-impl Config {
-    /// Reads and validates a TOML config, or a built-in preset by name ([`preset`]); errors
-    /// name the file and the field.
-    pub fn load(path: &Path) -> Result<Self> {
-        let text = Self::text(path)?;
-        let cfg: Config = toml::from_str(&text).map_err(|e| Error::Config {
-            file: path.to_path_buf(),
-            msg: short_lines(&e.to_string()),
-        })?;
-        cfg.model
-            .validate()
-            .and_then(|_| cfg.train.validate())
-            .map_err(|msg| Error::Config {
-                file: path.to_path_buf(),
-                msg,
-            })?;
-        Ok(cfg)
-    }
-
-    /// The `[model]` of a config, for a command that takes its other settings from its own
-    /// flags (`command` names it): the file's `[train]` settings are said to be unread (plan
-    /// gave a bf16 batch-1 plan for a config asking for fp32, ZeRO-3 and batch 8, silently).
-    pub fn load_model(path: &Path, command: &str) -> Result<ModelConfig> {
-        let cfg = Self::load(path)?;
-        let keys = Self::train_keys(path)?;
-        if !keys.is_empty() {
-            eprintln!(
-                "note: {}'s [train] settings ({}) are not read by {command}, which takes its \
-                 settings from its flags",
-                path.display(),
-                crate::error::first_five(&keys)
-            );
-        }
-        Ok(cfg.model)
-    }
-
-    /// The keys a config's `[train]` table sets (none where it has none): which settings the
-    /// file chose, not the defaults filled in around them.
-    pub fn train_keys(path: &Path) -> Result<Vec<String>> {
-        let v: toml::Table = toml::from_str(&Self::text(path)?).map_err(|e| Error::Config {
-            file: path.to_path_buf(),
-            msg: short_lines(&e.to_string()),
-        })?;
-        Ok(v.get("train")
-            .and_then(|t| t.as_table())
-            .map(|t| t.keys().cloned().collect())
-            .unwrap_or_default())
-    }
-
-    /// The text of a config file, or of a built-in preset by name.
-    fn text(path: &Path) -> Result<String> {
-        Ok(match preset(path) {
-            Some(text) => text.to_string(),
-            None => read_config_text(path).map_err(|e| match e {
-                // A bare name that is no file and no preset: say which names are built in.
-                Error::Io { .. } if !path.exists() && !path.to_string_lossy().contains('/') => {
-                    Error::Invalid(format!(
-                        "{e}; built-in presets: {}",
-                        PRESETS.map(|(n, _)| n).join(", ")
-                    ))
-                }
-                e => e,
-            })?,
-        })
-    }
 }
 
 impl ModelConfig {

@@ -4,6 +4,7 @@ mod clean;
 pub mod dataset;
 pub mod digest;
 pub mod fasta;
+mod fasta_errors;
 pub mod fastx_open;
 pub mod ingest;
 mod ingest_queue;

@@ -8,6 +8,7 @@ pub mod layerwise;
 pub mod master;
 pub mod memory;
 pub mod metrics;
+pub mod nonfinite;
 pub mod optim;
 pub mod optim_cpu;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]

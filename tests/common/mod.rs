@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod train_cli;
+pub mod variants_cli;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -120,8 +120,16 @@ pub fn parse_range(s: &str, what: &str) -> Result<(u64, u64)> {
         a.trim().parse().map_err(|_| bad())?,
         b.trim().parse().map_err(|_| bad())?,
     );
-    if a == 0 || b < a {
-        return Err(bad());
+    if a == 0 {
+        return Err(Error::Invalid(format!(
+            "{what} '{s}': positions count from 1 (1-based, inclusive)"
+        )));
+    }
+    if b < a {
+        return Err(Error::Invalid(format!(
+            "{what} '{s}': START {a} is past END {b}; give START..END, 1-based and inclusive \
+             (a CDS on the reverse strand is given by its reverse-complemented record)"
+        )));
     }
     Ok((a, b))
 }
@@ -282,11 +290,20 @@ pub fn run_variants(
             (v, records, names)
         }
     };
+    // A --chrom that names no record: said as such ("no variant lines on CHROM" blamed the
+    // VCF).
+    if let Some(c) = opts.chrom.as_ref().filter(|c| !names.contains(c)) {
+        return Err(Error::Invalid(format!(
+            "--chrom '{c}' is not a record of the FASTA input (records: {})",
+            crate::error::first_five(&names)
+        )));
+    }
     if let Some((_, e)) = opts.cds {
         for (id, s) in &records {
             if e as usize > s.len() {
+                let (b, _) = opts.cds.unwrap_or_default();
                 return Err(Error::Invalid(format!(
-                    "--cds ..{e}: record '{id}' has only {} bases",
+                    "--cds {b}..{e}: record '{id}' has only {} bases",
                     s.len()
                 )));
             }

@@ -1,0 +1,92 @@
+//! What a non-finite loss, gradient or update does to a training run (`--skip-nonfinite`,
+//! `max_consecutive_skips`), apart from the loop that applies it.
+
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::train::dist_optim::StepOutcome;
+
+/// What a non-finite loss, gradient or update does to the run: an update that made the weights
+/// non-finite stops it (nothing of the step is saved); a skipped step (non-finite loss or
+/// gradient) stops it unless `--skip-nonfinite`, and then only past `max_consecutive_skips`
+/// in a row.
+#[derive(Debug, Default)]
+pub struct NonFinitePolicy {
+    pub consecutive_skips: u64,
+}
+
+impl NonFinitePolicy {
+    pub fn check(
+        &mut self,
+        out: &StepOutcome,
+        loss: f64,
+        step: u64,
+        t: &TrainConfig,
+    ) -> Result<()> {
+        let (norm, finite) = (out.grad_norm, out.applied);
+        if !out.params_finite {
+            // Nothing of this step is saved: the last checkpoint (if any) stays `latest`.
+            return Err(Error::Invalid(format!(
+                "step {step}: the update made the weights non-finite (NaN/Inf) although loss {loss} \
+                 and gradient norm {norm} were finite: --lr {} is far too high. The run stops \
+                 without saving this step; start again with a lower --lr",
+                crate::error::short_num(t.lr)
+            )));
+        }
+        let skips = &mut self.consecutive_skips;
+        *skips = if finite { 0 } else { *skips + 1 };
+        if !finite && t.skip_nonfinite && *skips > t.max_consecutive_skips {
+            return Err(Error::Invalid(format!(
+                "step {step}: {skips} consecutive steps had a non-finite loss or \
+                 gradient (limit `max_consecutive_skips` = {}); the run is diverging or the \
+                 data is broken: lower --lr or check the data (a checkpoint saved before stays \
+                 resumable)",
+                t.max_consecutive_skips
+            )));
+        }
+        if !finite && !t.skip_nonfinite {
+            return Err(Error::Invalid(format!(
+                "step {step}: loss {loss} / gradient norm {norm} is not finite; lower --lr, check the \
+                 data, or pass --skip-nonfinite to skip such steps (a checkpoint saved before \
+                 resumes with --resume)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// After skipped steps, a non-finite validation loss says the weights themselves are
+    /// broken, not a batch (a finite update of 1e29 made every later forward NaN): the run
+    /// stops before saving. `--lr 1e30 --skip-nonfinite --steps 8` skipped 7 steps, stayed
+    /// under `max_consecutive_skips`, saved the broken weights and exited 0. A save after
+    /// skipped steps in a run without a validation split is said (`saving`).
+    pub fn check_validation(
+        &self,
+        val: Option<f64>,
+        step: u64,
+        saving: bool,
+        t: &TrainConfig,
+    ) -> Result<()> {
+        let skips = self.consecutive_skips;
+        if skips == 0 {
+            return Ok(());
+        }
+        match val {
+            Some(v) if !v.is_finite() => Err(Error::Invalid(format!(
+                "step {step}: the last {skips} step(s) were skipped (non-finite loss or \
+                 gradient) and the validation loss is {v}: the weights themselves give \
+                 non-finite losses, so skipping batches cannot help. The run stops without \
+                 saving this step (a checkpoint saved before stays resumable); lower --lr \
+                 (now {})",
+                crate::error::short_num(t.lr)
+            ))),
+            None if saving => {
+                eprintln!(
+                    "warning: step {step}: saved after {skips} skipped step(s) (non-finite loss \
+                     or gradient); with no validation split (--val-fraction 0) whether the \
+                     weights are sound was not checked"
+                );
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}

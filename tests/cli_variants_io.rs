@@ -1,0 +1,166 @@
+//! `genslm variants` inputs and outputs: a VCF through a pipe, outputs that clash or cannot be
+//! written, flags with impossible ranges, windows stretched past the trained positions.
+
+mod common;
+
+use common::variants_cli::{fasta, table, variants, VCF};
+use common::{arg, gzip, run, trained_tiny, write};
+
+/// A VCF read from a pipe is read whole: its first bytes (read to recognise compression) were
+/// lost to a second open, and a named pipe hung on it.
+#[test]
+fn a_vcf_from_a_pipe_reads_as_the_file_does() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let vcf = write(dir.path(), "v.vcf", VCF.as_bytes());
+    let (file_out, pipe_out) = (dir.path().join("file.tsv"), dir.path().join("pipe.tsv"));
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--vcf",
+        &arg(&vcf),
+        "--out",
+        &arg(&file_out),
+    ]);
+    assert!(ok, "{err}");
+    let model = arg(trained_tiny());
+    let mut child = common::bin()
+        .args(["variants", "--model", &model, "--quiet", "--fasta", &fa])
+        .args(["--vcf", "/dev/stdin", "--out", &arg(&pipe_out)])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&gzip(VCF.as_bytes()))
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{err}");
+    assert_eq!(table(&pipe_out), table(&file_out));
+}
+
+/// Two outputs of one command at one path: refused before any work (the heatmap replaced the
+/// table, and `embed --plot` the embeddings, exit 0), under another spelling too.
+#[test]
+fn two_outputs_at_one_path_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let out = dir.path().join("sat.tsv");
+    let again = dir.path().join(".").join("sat.tsv");
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--saturate",
+        "4..9",
+        "--out",
+        &arg(&out),
+        "--heatmap",
+        &arg(&again),
+    ]);
+    assert!(
+        !ok && err.contains("--out and --heatmap are the same file"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    // Each output's directory is checked before the first is written (the table was written,
+    // then the heatmap failed).
+    let lost = dir.path().join("nodir").join("x.png");
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--saturate",
+        "4..9",
+        "--out",
+        &arg(&out),
+        "--heatmap",
+        &arg(&lost),
+    ]);
+    assert!(!ok && err.contains("does not exist"), "{err}");
+    assert!(!out.exists());
+    let emb = dir.path().join("e.parquet");
+    let model = arg(trained_tiny());
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &fa,
+        "--out",
+        &arg(&emb),
+        "--plot",
+        &arg(&emb),
+    ]);
+    assert!(
+        !ok && err.contains("--out and --plot are the same file"),
+        "{err}"
+    );
+    assert!(!emb.exists());
+    // A --plot whose directory is a file: refused before the embeddings are written (they
+    // were written, then the picture failed), and the file is not called missing.
+    let inside = dir.path().join("ref.fa").join("e.png");
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &fa,
+        "--out",
+        &arg(&emb),
+        "--plot",
+        &arg(&inside),
+    ]);
+    assert!(!ok && err.contains("is a file, not a directory"), "{err}");
+    assert!(!emb.exists());
+}
+
+/// An insertion longer than the trained positions stretches its window past them: scored, and
+/// said (it ran without a word, 10,067 codons on a 2,048-position model).
+#[test]
+fn a_window_stretched_past_the_trained_positions_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let long = format!("C{}", "GCT".repeat(2100));
+    let vcf = write(
+        dir.path(),
+        "ins.vcf",
+        format!("#CHROM\tPOS\tID\tREF\tALT\ngene\t5\tbig\tC\t{long}\n").as_bytes(),
+    );
+    let out = dir.path().join("out.tsv");
+    let (ok, _, err) = variants(&["--fasta", &fa, "--vcf", &arg(&vcf), "--out", &arg(&out)]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("ins.vcf: line 2: a window stretched to 2130 codons")
+            && err.contains("past the model's training length (2048")
+            && !err.contains("  "),
+        "{err}"
+    );
+}
+
+/// Impossible ranges say what is wrong with them (START past END, or 0, was "expected
+/// START..END"), and a --chrom that names no record says so (it blamed the VCF: "no variant
+/// lines on CHROM").
+#[test]
+fn impossible_ranges_and_a_missing_chrom_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let vcf = arg(&write(dir.path(), "v.vcf", VCF.as_bytes()));
+    let out = arg(&dir.path().join("o.tsv"));
+    let base = ["--fasta", &fa, "--vcf", &vcf, "--out", &out];
+    for (extra, want) in [
+        (["--cds", "0..9"], "--cds '0..9': positions count from 1"),
+        (
+            ["--chrom", "nosuch"],
+            "--chrom 'nosuch' is not a record of the FASTA input (records: gene)",
+        ),
+    ] {
+        let (ok, _, err) = variants(&[&base[..], &extra[..]].concat());
+        assert!(!ok && err.contains(want), "{extra:?}: {err}");
+    }
+    let (ok, _, err) = variants(&["--fasta", &fa, "--saturate", "9..3", "--out", &out]);
+    assert!(!ok && err.contains("START 9 is past END 3"), "{err}");
+}
