@@ -50,7 +50,11 @@ def main():
     for path in sorted(p for p in data_dir.rglob("*") if p.name.endswith((".fa", ".fasta", ".fna", ".fa.gz", ".fasta.gz", ".fna.gz"))):
         for header, seq in read_fasta(path):
             rid = header.split()[0]
-            row = by_key[(str(path), rid)]
+            row = by_key.get((str(path), rid))
+            if row is None:
+                sys.exit(f"check_dataset: record {rid} of {path} is not in {parquet}: give the "
+                         f"directory the dataset was tokenized from (its `source` column names "
+                         f"the files: {sorted({r.source for r in df.itertuples()})[:3]}...)")
             assert row.length == len(seq), (rid, row.length, len(seq))
             gc = (seq.count("G") + seq.count("C")) / len(seq)
             assert abs(row.gc_content - gc) < 1e-12, (rid, row.gc_content, gc)

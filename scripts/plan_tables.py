@@ -11,6 +11,7 @@ Usage: python3 scripts/plan_tables.py [BIN [PLAN FLAGS...]]   (default target/re
 flags such as --no-megatron-sp are added to every plan). K = 1024 tokens.
 """
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -19,6 +20,9 @@ ARGS = [a for a in sys.argv[1:] if a != "--only-offload"]
 BIN = ARGS[0] if ARGS else "target/release/genslm"
 EXTRA = ARGS[1:]
 GPUS = [16, 32, 64, 128, 256, 512]
+if not pathlib.Path(BIN).is_file():
+    sys.exit(f"plan_tables: {BIN} is not built: run `cargo build --release` first, or pass the "
+             f"binary as the first argument")
 
 
 def plan(model, gpus, *flags):

@@ -278,6 +278,17 @@ const NOT_PARQUET: &[&str] = &[
     "toml",
 ];
 
+/// The system's directory for temporary files: `TMPDIR` when set to something, else `/tmp`
+/// (an empty `TMPDIR` means unset, by convention; `std::env::temp_dir` took it as the path "",
+/// and bench ingest said "error: : missing").
+pub fn temp_dir() -> PathBuf {
+    match std::env::var_os("TMPDIR") {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ if cfg!(unix) => PathBuf::from("/tmp"),
+        _ => std::env::temp_dir(),
+    }
+}
+
 /// Refuses `-` as a file output (`flag` names it; `instead` says what to do): it reads as
 /// stdout, but was written as a file named `-` in the working directory.
 pub fn check_not_stdout(flag: &str, path: &Path, instead: &str) -> Result<()> {

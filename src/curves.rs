@@ -102,10 +102,14 @@ pub fn read_metrics(path: &Path) -> Result<Curves> {
             // written, and is left for the next plot rather than refused.
             Err(_) if !complete => break,
             Err(e) => {
+                // serde's words name our own struct ("struct Row with 6 elements"): kept to
+                // their first clause.
+                let e = e.to_string();
+                let why = e.split(", expected").next().unwrap_or(&e);
                 return Err(Error::Invalid(format!(
-                    "{}: line {n}: not a JSON object ({e})",
+                    "{}: line {n}: not a JSON object of a metrics row ({why})",
                     path.display()
-                )))
+                )));
             }
         };
         // A row genslm did not write is named, not left out of the picture: a step that is no
@@ -169,6 +173,14 @@ pub fn read_metrics(path: &Path) -> Result<Curves> {
 /// Draws the curves of the run in `run` into the PNG `out`; returns them.
 pub fn plot_run(run: &Path, out: &Path, title: Option<&str>) -> Result<Curves> {
     let metrics = run.join("metrics.jsonl");
+    // The metrics file itself given: its directory is the run.
+    if run.is_file() {
+        return Err(Error::Invalid(format!(
+            "--run {}: a file; give the run directory that holds it ({})",
+            run.display(),
+            crate::run_lock::parent_dir(run).display()
+        )));
+    }
     if !metrics.is_file() {
         return Err(Error::Invalid(format!(
             "{}: {}; is {} a run directory (train --out)?",
@@ -347,6 +359,15 @@ mod tests {
         std::fs::write(&p, "{\"step\":1,\"loss\":1}\n[2, 0.5, 0.1, 9, 9, 9]\n").unwrap();
         let e = read_metrics(&p).unwrap_err().to_string();
         assert!(e.contains("line 2: not a JSON object"), "{e}");
+        assert!(!e.contains("struct"), "serde's name of our own type: {e}");
+        // The metrics file given as the run: its directory is named.
+        let e = plot_run(&p, &dir.path().join("c.png"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("a file; give the run directory that holds it"),
+            "{e}"
+        );
         std::fs::write(&p, "{\"event\":\"start\"}\n").unwrap();
         let e = read_metrics(&p).unwrap_err().to_string();
         assert!(e.contains("no training steps recorded yet"), "{e}");

@@ -230,7 +230,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let c = genslm::curves::plot_run(&run, &out, title.as_deref())?;
             if !cli.quiet {
                 eprintln!(
-                    "plotted {} steps ({} validation points): {}",
+                    "plotted {} step(s) ({} validation point(s)): {}",
                     c.steps.len(),
                     c.val.len(),
                     out.display()

@@ -108,6 +108,17 @@ pub fn plot_embeddings(embeddings: &Path, out: &Path, opts: &PlotOptions) -> Res
             table.n
         )));
     }
+    // Named by file and row (PCA's own message named neither, and counted rows from 0).
+    if let Some(i) = table.values.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Invalid(format!(
+            "{}: the embedding of row {} (of {}, counted from 1) holds a non-finite value at \
+             element {}: embeddings of a model whose weights are broken?",
+            embeddings.display(),
+            i / table.dim + 1,
+            table.n,
+            i % table.dim
+        )));
+    }
     let p = pca(&table.values, table.n, table.dim, 2)?;
     // One score per component and row: a 1-dimensional embedding has one component, and its
     // points lie on PC1 (PC2 is 0, 0% of the variance).

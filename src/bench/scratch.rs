@@ -68,7 +68,7 @@ pub fn free_disk_bytes(dir: &Path) -> Option<u64> {
 pub fn create(base: Option<&Path>, need: u64, flag: &str) -> Result<Scratch> {
     let (base, named): (PathBuf, bool) = match base {
         Some(b) => (b.to_path_buf(), true),
-        None => (std::env::temp_dir(), false),
+        None => (crate::atomic::temp_dir(), false),
     };
     let whose = if named {
         "--dir".to_string()

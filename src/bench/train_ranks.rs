@@ -106,7 +106,8 @@ pub fn train_ranks(
     check_memory(&cfg, (d.dp, topo.seq_degree(), d.pp), d.world(), &opts)?;
     let text_bytes = (records as f64) * (3.0 * seq_len as f64 + 20.0);
     crate::train::memory::check_held(text_bytes, "the benchmark's random records (FASTA text)")?;
-    let dir = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
+    let tmp = crate::atomic::temp_dir();
+    let dir = tempfile::tempdir_in(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let fasta = dir.path().join("random.fa");
     let mut rng = SplitMix64::new(7);
     let mut text = String::with_capacity(records * (3 * seq_len + 20));

@@ -252,7 +252,12 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
             return Err(derr(format!(
                 "no column `{want}` (columns: {}){}",
                 names.join(", "),
-                if want == "embedding" {
+                // `--pool none` writes one row per codon (its `context` column says so), with
+                // none of a record's columns to colour by.
+                if names.iter().any(|n| n == "context") {
+                    "; this is a per-codon file (`embed --pool none`): plot a pooled one \
+                     (`--pool mean` or `last`)"
+                } else if want == "embedding" {
                     "; is this a file written by `genslm embed`?"
                 } else {
                     ""

@@ -44,7 +44,8 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     }
     if !(mem.is_finite() && mem > 0.0 && mem <= 1e9) {
         return Err(Error::Invalid(format!(
-            "--gpu-mem-gib {mem}: must be a positive number of GiB (at most 1e9)"
+            "--gpu-mem-gib {}: must be a positive number of GiB (at most 1e9)",
+            crate::error::short_num(mem)
         )));
     }
     if a.batch_size == 0 {
@@ -92,8 +93,9 @@ pub fn run(a: &PlanRequest) -> Result<String> {
         .filter(|h| !(h.is_finite() && *h > 0.0 && *h <= 1e9))
     {
         return Err(Error::Invalid(format!(
-            "--host-mem-gib {h}: give the host memory of a node in GiB (a positive number, at \
-             most 1e9)"
+            "--host-mem-gib {}: give the host memory of a node in GiB (a positive number, at \
+             most 1e9)",
+            crate::error::short_num(h)
         )));
     }
     if a.device == PlanDevice::Cpu && (a.tp.is_some_and(|t| t > 1) || a.cp.is_some_and(|c| c > 1)) {
