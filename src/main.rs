@@ -229,10 +229,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let c = genslm::curves::plot_run(&run, &out, title.as_deref())?;
             if !cli.quiet {
+                let n = |k: usize, one: &str| format!("{k} {one}{}", if k == 1 { "" } else { "s" });
                 eprintln!(
-                    "plotted {} step(s) ({} validation point(s)): {}",
-                    c.steps.len(),
-                    c.val.len(),
+                    "plotted {} ({}): {}",
+                    n(c.steps.len(), "step"),
+                    n(c.val.len(), "validation point"),
                     out.display()
                 );
             }

@@ -172,8 +172,8 @@ fn a_boundless_memory_reports_the_longest_sequence_genslm_trains() {
     assert!(!out.contains("the most genslm trains"), "{out}");
 }
 
-/// A sequence shorter than the layout's pieces is planned (the what-if stays useful) with a
-/// note that the trainer refuses it; a sequence of one token per piece has no such note.
+/// A sequence of half the layout's pieces or fewer is planned (the what-if stays useful) with
+/// a note that the trainer refuses it; one token more has no such note.
 #[test]
 fn a_window_shorter_than_its_pieces_is_noted() {
     let cfg = repo().join("configs/tiny.toml");
@@ -194,12 +194,12 @@ fn a_window_shorter_than_its_pieces_is_noted() {
         assert!(ok, "{err}");
         out
     };
-    let out = plan("15");
+    let out = plan("8");
     assert!(
-        out.contains("refuses this layout at --seq-len 15: it cuts every window into 16 pieces"),
+        out.contains("refuses this layout at --seq-len 8: it cuts every window into 16 pieces"),
         "{out}"
     );
-    assert!(!plan("16").contains("refuses this layout"));
+    assert!(!plan("9").contains("refuses this layout"));
     // Where the flags leave a choice, a layout the trainer runs at that length is chosen (sp 4
     // × cp 2 was, noted as refused, beside cp 2 × dp 4).
     let (ok, out, err) = run(&[
@@ -213,14 +213,14 @@ fn a_window_shorter_than_its_pieces_is_noted() {
         "--gpu-mem-gib",
         "80",
         "--seq-len",
-        "4",
+        "3",
         "--json",
     ]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let l = &v["layout"];
     let n = |k: &str| l[k].as_u64().unwrap();
-    assert!(n("sp") * n("tp") * 2 * n("cp") <= 4, "{l}");
+    assert!(n("sp") * n("tp") * 2 * n("cp") < 2 * 3, "{l}");
 }
 
 /// Where no layout fits, the one shown is the one needing the least memory per rank (ZeRO-0,

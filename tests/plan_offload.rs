@@ -217,8 +217,8 @@ fn host_memory_bounds_the_longest_sequence_under_offload() {
 /// device's (it said "not even 1,024 tokens fit in 80 GiB" beside a 5 GiB total).
 #[test]
 fn a_plan_stopped_by_host_memory_says_so() {
-    let plan = |host: &str| {
-        run(&[
+    let plan = |host: &str, pinned: &[&str]| {
+        let mut a = vec![
             "plan",
             "--config",
             "genslm-25m",
@@ -230,9 +230,15 @@ fn a_plan_stopped_by_host_memory_says_so() {
             "optimizer",
             "--host-mem-gib",
             host,
-        ])
+        ];
+        a.extend_from_slice(pinned);
+        run(&a)
     };
-    let (ok, out, err) = plan("0.1");
+    // ZeRO-0 over 8 DP ranks, named: the figures below are its own.
+    let zero0 = [
+        "--zero", "0", "--tp", "1", "--sp", "1", "--cp", "1", "--pp", "1",
+    ];
+    let (ok, out, err) = plan("0.1", &zero0);
     assert!(ok, "{err}");
     assert!(
         out.contains("not even 1,024 tokens fit in host memory (--host-mem-gib")
@@ -244,7 +250,7 @@ fn a_plan_stopped_by_host_memory_says_so() {
     // its 25,290,752 parameters (bf16 mixed, ZeRO-0) = 0.28 GiB, the note's figure.
     let bytes = 12.0 * 25_290_752.0 / GIB;
     assert!((bytes - 0.28).abs() < 0.005, "{bytes}");
-    let (ok, out, err) = plan("1");
+    let (ok, out, err) = plan("1", &[]);
     assert!(
         ok && !out.contains("longest sequence    none"),
         "{err}{out}"

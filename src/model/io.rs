@@ -282,6 +282,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let latest = dir.path().join("latest");
         std::fs::write(&latest, "step-12\n").unwrap();
+        // A name with nothing behind it is said to be missing.
+        let e = read_latest(&latest).unwrap_err().to_string();
+        assert!(e.contains("names step-12, which is missing"), "{e}");
+        std::fs::create_dir(dir.path().join("step-12")).unwrap();
         let (name, step) = read_latest(&latest).unwrap();
         assert_eq!(name, "step-12");
         assert_eq!(step, dir.path().join("step-12"));

@@ -127,11 +127,13 @@ pub fn run(a: &PlanRequest) -> Result<String> {
         .first()
         .map(|&l| super::check(&model, &super::search::strategy_for(&model, a, l)));
     let mut evaluated = evaluate(&model, a, mem_bytes, candidates);
-    // At a --seq-len some layouts cut finer than its tokens: the trainer refuses those, so
-    // they are not chosen while another is left (the notes say so where none is).
+    // At a --seq-len some layouts cut a window into twice its tokens or more: the trainer
+    // refuses those, so they are not chosen while another is left (the notes say so where
+    // none is).
     if let Some(len) = a.seq_len {
-        if evaluated.iter().any(|c| pieces(&c.strategy.layout) <= len) {
-            evaluated.retain(|c| pieces(&c.strategy.layout) <= len);
+        let runs = |c: &Candidate| pieces(&c.strategy.layout) < len.saturating_mul(2);
+        if evaluated.iter().any(runs) {
+            evaluated.retain(runs);
         }
     }
     let best = best_of(evaluated).ok_or_else(|| match first {
@@ -212,10 +214,10 @@ fn notes(model: &ModelConfig, a: &PlanRequest, best: &Candidate, at_max: &Estima
         ));
     }
     let pieces = pieces(l);
-    if let Some(len) = a.seq_len.filter(|&len| len < pieces) {
+    if let Some(len) = a.seq_len.filter(|&len| pieces >= len.saturating_mul(2)) {
         n.push(format!(
             "genslm train refuses this layout at --seq-len {len}: it cuts every window into \
-             {pieces} pieces, more than its tokens"
+             {pieces} pieces, at least twice its tokens (most of every step would be padding)"
         ));
     }
     if a.device == PlanDevice::Gpu {

@@ -20,8 +20,9 @@ pub struct Candidate {
     #[serde(skip)]
     pub hardware: Hardware,
     pub max_seq_len: usize,
-    /// Where nothing fits (`max_seq_len` 0): the per-rank bytes its shortest sequence needs,
-    /// so the layout closest to fitting is the one shown (0 where something fits).
+    /// Where nothing fits (`max_seq_len` 0): how many times over its shortest sequence
+    /// outgrows the device or the host share (× 1e9), so the layout closest to fitting is the
+    /// one shown (0 where something fits).
     #[serde(skip)]
     pub short_need: u64,
 }
@@ -253,9 +254,18 @@ pub fn evaluate(
             let hardware = hardware_for(a, &layout, mem_bytes);
             let max_seq_len =
                 max_seq_len_with_host(model, &strategy, &hardware, host_share(a, &layout));
+            // How far the shortest sequence is from fitting: the larger of its device need
+            // over the device's memory and its offloaded bytes over the rank's host share.
             let short_need = if max_seq_len == 0 {
                 let e = super::estimate(model, &strategy, &hardware, super::granule(&strategy));
-                e.total().min(u64::MAX as f64) as u64
+                let share = host_share(a, &layout);
+                let host = if share.is_finite() {
+                    e.host_bytes / share
+                } else {
+                    0.0
+                };
+                let ratio = (e.total() / hardware.mem_bytes).max(host);
+                (ratio * 1e9).min(u64::MAX as f64) as u64
             } else {
                 0
             };

@@ -197,39 +197,46 @@ fn setting_notes(cfg: &Config) {
     }
 }
 
-/// Refuses a sequence group that cuts a window into more pieces than it has tokens. Such a
-/// layout runs, exactly, but on a sequence padded to the piece count: `--cp 256` on 128
-/// tokens trains 512 positions of which 384 are padding, and most ranks compute nothing else.
+/// Refuses a sequence group that cuts a window into at least twice as many pieces as it has
+/// tokens. Such a layout runs, exactly (ranks holding only padding included, which the tests
+/// cover), but on a sequence padded to the piece count, so most of every step is padding:
+/// `--cp 256` on 128 tokens trained 512 positions, 384 of them padding. Fewer pieces than
+/// that pad less than half the window.
 fn check_pieces(topo: &Topology, seq_len: usize, heads: usize) -> Result<()> {
-    let pieces = topo.padded_len(1);
-    if pieces <= seq_len {
+    // Saturating: degrees near usize::MAX (each one alone fits the world) overflowed the
+    // product, which `padded_len` computes plainly.
+    let (cp, sp, tp) = (topo.cp, topo.sp, topo.tp);
+    let chunks = if cp > 1 { cp.saturating_mul(2) } else { 1 };
+    let pieces = tp.saturating_mul(sp).saturating_mul(chunks);
+    let most = seq_len.saturating_mul(2) - 1;
+    if pieces <= most {
         return Ok(());
     }
-    let cut = if topo.cp > 1 {
-        format!("2·cp·sp·tp = 2·{}·{}·{}", topo.cp, topo.sp, topo.tp)
+    let cut = if cp > 1 {
+        format!("2·cp·sp·tp = 2·{cp}·{sp}·{tp}")
     } else {
-        format!("sp·tp = {}·{}", topo.sp, topo.tp)
+        format!("sp·tp = {sp}·{tp}")
     };
     Err(Error::Invalid(format!(
-        "--seq-len {seq_len}: the layout cuts every window into {pieces} pieces ({cut}), more \
-         than its {seq_len} tokens, so ranks would hold nothing but padding; use a longer \
+        "--seq-len {seq_len}: the layout cuts every window into {pieces} pieces ({cut}), at \
+         least twice its {seq_len} tokens, so most of every step would be padding; use a longer \
          --seq-len or fewer ranks ({} here)",
-        fewer_pieces(topo, seq_len, heads)
+        fewer_pieces(topo, most, heads)
     )))
 }
 
-/// The change of degrees nearest to `topo` that cuts `len` tokens into at most `len` pieces:
+/// The change of degrees nearest to `topo` that cuts a window into at most `most` pieces:
 /// fewer CP ranks first, then none, then fewer SP ranks, then fewer TP ranks. (Each degree
 /// named is one that moves: "at most --sp 1" with --sp already 1 helped nobody; a TP degree
 /// divides the `heads`.)
-fn fewer_pieces(topo: &Topology, len: usize, heads: usize) -> String {
+fn fewer_pieces(topo: &Topology, most: usize, heads: usize) -> String {
     let (cp, sp, tp) = (topo.cp, topo.sp, topo.tp);
     if cp > 1 {
-        let c = len / (2 * sp * tp);
+        let c = most / sp.saturating_mul(tp).saturating_mul(2);
         if c >= 2 {
             return format!("at most --cp {c}");
         }
-        if sp * tp <= len {
+        if sp.saturating_mul(tp) <= most {
             return "--cp 1".into();
         }
     }
@@ -237,13 +244,13 @@ fn fewer_pieces(topo: &Topology, len: usize, heads: usize) -> String {
     if cp > 1 {
         fix.push("--cp 1".to_string());
     }
-    if tp <= len {
-        fix.push(format!("at most --sp {}", len / tp));
+    if tp <= most {
+        fix.push(format!("at most --sp {}", most / tp));
     } else {
         if sp > 1 {
             fix.push("--sp 1".into());
         }
-        let t = (1..=len)
+        let t = (1..=most)
             .rev()
             .find(|t| heads.is_multiple_of(*t))
             .unwrap_or(1);
@@ -541,44 +548,53 @@ mod tests {
         validate_layout(&cfg, &Topology::of(0, d).unwrap())
     }
 
-    /// A window cut into more pieces than it has tokens is refused with the largest degree that
-    /// fits; one piece per token (2·64 zigzag chunks of 128 tokens) still runs, as does a layout
-    /// whose last rank holds some padding (5 tokens on 4 SP ranks).
+    /// A window cut into at least twice as many pieces as its tokens is refused with a degree
+    /// change that runs; fewer pieces run, ranks holding some padding (5 tokens on 4 SP ranks)
+    /// or only padding (6 tokens in 2·4 zigzag chunks) included.
     #[test]
     fn a_window_cut_finer_than_its_tokens_is_refused() {
-        assert!(check(64, 1, 1, 128).is_ok());
-        assert!(check(1, 4, 1, 5).is_ok());
-        assert!(check(1, 2, 2, 4).is_ok());
-        let e = check(65, 1, 1, 128).unwrap_err().to_string();
+        for (cp, sp, tp, len) in [
+            (64, 1, 1, 128),
+            (127, 1, 1, 128),
+            (1, 4, 1, 5),
+            (4, 1, 1, 6),
+        ] {
+            assert!(check(cp, sp, tp, len).is_ok(), "{cp} {sp} {tp} {len}");
+        }
         assert!(
-            e.contains("130 pieces") && e.contains("at most --cp 64"),
+            check(1, 2, 2, 4).is_ok() && check(1, 1, 2, 3).is_ok() && check(1, 2, 1, 2).is_ok()
+        );
+        let e = check(128, 1, 1, 128).unwrap_err().to_string();
+        assert!(
+            e.contains("256 pieces") && e.contains("(at most --cp 127 here)"),
             "{e}"
         );
         let e = check(256, 1, 1, 128).unwrap_err().to_string();
         assert!(
-            e.contains("512 pieces") && e.contains("at most --cp 64"),
+            e.contains("512 pieces") && e.contains("at least twice its 128 tokens"),
             "{e}"
         );
         let e = check(2, 2, 2, 8).unwrap_err().to_string();
         assert!(e.contains("16 pieces (2·cp·sp·tp = 2·2·2·2)"), "{e}");
         assert!(e.contains("(--cp 1 here)"), "{e}");
-        let e = check(1, 3, 2, 5).unwrap_err().to_string();
+        let e = check(1, 8, 2, 5).unwrap_err().to_string();
         assert!(
-            e.contains("6 pieces (sp·tp = 3·2)") && e.contains("(at most --sp 2 here)"),
+            e.contains("16 pieces (sp·tp = 8·2)") && e.contains("(at most --sp 4 here)"),
             "{e}"
         );
-        // Each suggestion is a layout the check takes (the degree named moves).
-        for (cp, sp, tp, len, fix) in [
-            (1, 1, 4, 3, "at most --tp 2"),
-            (2, 2, 2, 3, "--cp 1 and at most --sp 1"),
-            (2, 4, 1, 2, "--cp 1 and at most --sp 2"),
-            (1, 4, 4, 2, "--sp 1 and at most --tp 2"),
+        // Each suggestion is a layout the check takes (the degree named moves; TP divides the
+        // 4 heads).
+        for (cp, sp, tp, len, fix, then) in [
+            (1, 1, 4, 2, "at most --tp 2", (1, 1, 2)),
+            (2, 2, 2, 3, "--cp 1", (1, 2, 2)),
+            (2, 4, 1, 2, "--cp 1 and at most --sp 3", (1, 3, 1)),
+            (1, 4, 4, 2, "--sp 1 and at most --tp 2", (1, 1, 2)),
         ] {
             let e = check(cp, sp, tp, len).unwrap_err().to_string();
             assert!(e.contains(&format!("({fix} here)")), "{e}");
+            assert!(check(then.0, then.1, then.2, len).is_ok(), "{fix}");
         }
-        assert!(
-            check(1, 1, 2, 3).is_ok() && check(1, 1, 1, 2).is_ok() && check(1, 2, 1, 2).is_ok()
-        );
+        // Degrees whose product overflows are refused, not a panic.
+        assert!(check(usize::MAX / 2, 1, 1, 128).is_err());
     }
 }
