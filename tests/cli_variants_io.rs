@@ -164,3 +164,33 @@ fn impossible_ranges_and_a_missing_chrom_are_named() {
     let (ok, _, err) = variants(&["--fasta", &fa, "--saturate", "9..3", "--out", &out]);
     assert!(!ok && err.contains("START 9 is past END 3"), "{err}");
 }
+
+/// Skipped lines are said in the VCF's order: a line that does not parse (5) was said before
+/// one that does not place (3).
+#[test]
+fn skipped_lines_are_said_in_line_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = arg(&fasta(dir.path()));
+    let vcf = write(
+        dir.path(),
+        "v.vcf",
+        b"#CHROM\tPOS\tID\tREF\tALT\ngene\t5\tok\tC\tT\ngene\t5\twrong_ref\tG\tT\nnosuch\t5\tno_chrom\tC\tT\ngene\tfive\tbad_pos\tC\tT\n",
+    );
+    let out = arg(&dir.path().join("o.tsv"));
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--vcf",
+        &arg(&vcf),
+        "--out",
+        &out,
+        "--on-invalid",
+        "skip",
+    ]);
+    assert!(ok, "{err}");
+    let at = |line: &str| {
+        err.find(&format!("v.vcf: line {line}: "))
+            .unwrap_or_else(|| panic!("{err}"))
+    };
+    assert!(at("3") < at("4") && at("4") < at("5"), "{err}");
+}

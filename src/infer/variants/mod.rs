@@ -232,12 +232,17 @@ pub fn run_variants(
     let w = resolve_window(&model, opts.window, model_dir, "--window")?;
     let tok = CodonTokenizer::new(model.cfg.vocab)?;
     let mut skipped = 0usize;
+    // Lines skipped under --on-invalid skip, said in line order once all are known.
+    let mut skips: Vec<(usize, String)> = Vec::new();
     let warn_skip = |msg: String| eprintln!("warning: {msg}; skipped (--on-invalid skip)");
     let (variants, records, names) = match &opts.source {
         VariantSource::Vcf(path) => {
             let (variants, bad) = vcf::read_vcf(path, opts.skip_invalid)?;
             for b in &bad {
-                warn_skip(format!("{}: line {}: {}", path.display(), b.line, b.msg));
+                skips.push((
+                    b.line,
+                    format!("{}: line {}: {}", path.display(), b.line, b.msg),
+                ));
             }
             skipped += bad.len();
             let mut wanted: HashSet<String> = variants.iter().map(|v| v.chrom.clone()).collect();
@@ -358,11 +363,17 @@ pub fn run_variants(
                 });
             }
             Err(msg) if opts.skip_invalid => {
-                warn_skip(format!("{at}{msg}"));
+                skips.push((v.line, format!("{at}{msg}")));
                 skipped += 1;
             }
             Err(msg) => return Err(Error::Invalid(format!("{at}{msg}"))),
         }
+    }
+    // In the VCF's line order: lines that do not parse were said before those that do not
+    // place (line 5 before lines 3 and 4).
+    skips.sort_by_key(|&(line, _)| line);
+    for (_, msg) in skips {
+        warn_skip(msg);
     }
     if rows.is_empty() {
         return Err(Error::Invalid(match &opts.source {
