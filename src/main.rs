@@ -104,8 +104,9 @@ enum Command {
         /// Output PNG (written atomically).
         #[arg(long)]
         out: PathBuf,
-        /// Column that colours the points (numeric: colour bar; text: legend).
-        #[arg(long, default_value = "gc_content")]
+        /// Column that colours the points (numeric: colour bar; text: legend); embeddings
+        /// only (a run's curves have their own colours, and it was ignored there).
+        #[arg(long, default_value = "gc_content", conflicts_with = "run")]
         color: String,
         /// Plot title (default: file, records and layer).
         #[arg(long)]

@@ -275,14 +275,8 @@ fn benchmarks_refuse_empty_sizes_by_flag() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("not/made");
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (
-            vec!["attention", "--config", cfg, "--seq", "0"],
-            "--seq, --head-dim",
-        ),
-        (
-            vec!["attention", "--config", cfg, "--seq", "8", "--heads", "0"],
-            "--heads",
-        ),
+        (vec!["attention", "--seq", "0"], "--seq, --head-dim"),
+        (vec!["attention", "--seq", "8", "--heads", "0"], "--heads"),
         (
             vec!["attention", "--config", cfg, "--seq-lens", "0"],
             "--seq-lens 0",
@@ -305,6 +299,11 @@ fn benchmarks_refuse_empty_sizes_by_flag() {
                 "--seq-lens",
                 "32",
             ],
+            "cannot be used with",
+        ),
+        // The op alone takes --heads and --head-dim: a config was ignored there.
+        (
+            vec!["attention", "--config", cfg, "--seq", "64"],
             "cannot be used with",
         ),
         (vec!["train", "--config", cfg, "--zero", "4"], "--zero 4"),

@@ -203,3 +203,20 @@ fn hand_made_embedding_files_are_plotted_or_refused() {
         "{err}"
     );
 }
+
+/// `--color` colours embeddings only: with `--run` it is refused (it was ignored).
+#[test]
+fn color_with_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("c.png");
+    let (ok, _, err) = run(&[
+        "plot",
+        "--run",
+        dir.path().to_str().unwrap(),
+        "--out",
+        png.to_str().unwrap(),
+        "--color",
+        "loss",
+    ]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+}

@@ -25,8 +25,9 @@ pub enum BenchCmd {
     /// forward+backward as FlashAttention-2 counts, halved when causal) and peak memory.
     Attention {
         /// Model config: a TOML file, or a built-in preset (tiny, genslm-25m, genslm-250m,
-        /// genslm-2.5b, genslm-25b, genslm-33b).
-        #[arg(long, default_value = "tiny")]
+        /// genslm-2.5b, genslm-25b, genslm-33b). Not with --seq: the op alone takes --heads
+        /// and --head-dim (a config was ignored there).
+        #[arg(long, default_value = "tiny", conflicts_with = "seq")]
         config: PathBuf,
         /// Sequence lengths (codons).
         #[arg(
