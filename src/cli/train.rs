@@ -249,7 +249,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     let device = a.device.choice();
     // Before anything is read or written: a backend this build or machine lacks is an error.
     device.check()?;
-    let mut cfg = Config::load(&a.config)?;
+    let (mut cfg, train_keys) = Config::load_keyed(&a.config)?;
     if let Some(k) = a.attention {
         cfg.model.attention = k.into();
     }
@@ -262,8 +262,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     }
     // A resume that names no total keeps the run's (the config's default total recomputed
     // the learning-rate schedule of a run started with --steps, without a word but a note).
-    if a.resume && a.steps.is_none() && !Config::train_keys(&a.config)?.iter().any(|k| k == "steps")
-    {
+    if a.resume && a.steps.is_none() && !train_keys.iter().any(|k| k == "steps") {
         if let Ok(saved) = genslm::train::checkpoint::read_saved(&a.out) {
             cfg.train.steps = saved.state.train.steps;
         }

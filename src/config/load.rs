@@ -77,27 +77,32 @@ impl Config {
     /// Reads and validates a TOML config, or a built-in preset by name ([`preset`]); errors
     /// name the file and the field.
     pub fn load(path: &Path) -> Result<Self> {
+        Self::parse(path, &Self::text(path)?)
+    }
+
+    /// [`Config::load`], with the keys the file's `[train]` table sets (none where it has
+    /// none): which settings the file chose, not the defaults filled in around them. The file
+    /// is read once.
+    pub fn load_keyed(path: &Path) -> Result<(Self, Vec<String>)> {
         let text = Self::text(path)?;
-        let cfg: Config = toml::from_str(&text).map_err(|e| Error::Config {
+        let cfg = Self::parse(path, &text)?;
+        let v: toml::Table = toml::from_str(&text).map_err(|e| Error::Config {
             file: path.to_path_buf(),
             msg: short_lines(&e.to_string()),
         })?;
-        cfg.model
-            .validate()
-            .and_then(|_| cfg.train.validate())
-            .map_err(|msg| Error::Config {
-                file: path.to_path_buf(),
-                msg,
-            })?;
-        Ok(cfg)
+        let keys = v
+            .get("train")
+            .and_then(|t| t.as_table())
+            .map(|t| t.keys().cloned().collect())
+            .unwrap_or_default();
+        Ok((cfg, keys))
     }
 
     /// The `[model]` of a config, for a command that takes its other settings from its own
     /// flags (`command` names it): the file's `[train]` settings are said to be unread (plan
     /// gave a bf16 batch-1 plan for a config asking for fp32, ZeRO-3 and batch 8, silently).
     pub fn load_model(path: &Path, command: &str) -> Result<ModelConfig> {
-        let cfg = Self::load(path)?;
-        let keys = Self::train_keys(path)?;
+        let (cfg, keys) = Self::load_keyed(path)?;
         if !keys.is_empty() {
             eprintln!(
                 "note: {}'s [train] settings ({}) are not read by {command}, which takes its \
@@ -109,17 +114,20 @@ impl Config {
         Ok(cfg.model)
     }
 
-    /// The keys a config's `[train]` table sets (none where it has none): which settings the
-    /// file chose, not the defaults filled in around them.
-    pub fn train_keys(path: &Path) -> Result<Vec<String>> {
-        let v: toml::Table = toml::from_str(&Self::text(path)?).map_err(|e| Error::Config {
+    /// `text`, the config read from `path`, parsed and validated.
+    fn parse(path: &Path, text: &str) -> Result<Self> {
+        let cfg: Config = toml::from_str(text).map_err(|e| Error::Config {
             file: path.to_path_buf(),
             msg: short_lines(&e.to_string()),
         })?;
-        Ok(v.get("train")
-            .and_then(|t| t.as_table())
-            .map(|t| t.keys().cloned().collect())
-            .unwrap_or_default())
+        cfg.model
+            .validate()
+            .and_then(|_| cfg.train.validate())
+            .map_err(|msg| Error::Config {
+                file: path.to_path_buf(),
+                msg,
+            })?;
+        Ok(cfg)
     }
 
     /// The text of a config file, or of a built-in preset by name.

@@ -33,13 +33,7 @@ pub fn resolve_window(
             )))
         }
         Some(s) => {
-            // The window it trained at is known good, whatever max_position_embeddings says
-            // (a window the file cannot give is only not known: no warning hangs on it).
-            let known = trained_window(model_dir)
-                .ok()
-                .flatten()
-                .unwrap_or(0)
-                .max(max);
+            let known = training_length(model, model_dir);
             if s > known && model.cfg.position == Position::Rotary {
                 // As `generate` says for --max-codons: the window is taken, not hidden.
                 eprintln!(
@@ -76,6 +70,14 @@ pub fn resolve_window(
             Ok(w)
         }
     }
+}
+
+/// The longest window `model` is known to take: its max_position_embeddings, or the window it
+/// trained at when longer (known good, whatever the table says; a window the file cannot give
+/// is only not known, and no warning hangs on it). Past it, rotary scores extrapolate.
+pub fn training_length(model: &GenSlm, model_dir: &Path) -> usize {
+    let trained = trained_window(model_dir).ok().flatten().unwrap_or(0);
+    trained.max(model.cfg.max_position_embeddings)
 }
 
 /// The training window recorded beside a genslm checkpoint (`genslm.toml`), if there is one.

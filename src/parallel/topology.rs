@@ -56,6 +56,18 @@ impl Degrees {
     pub fn world(&self) -> usize {
         self.dp * self.pp * self.cp * self.sp * self.tp
     }
+
+    /// The pieces each sequence is cut into: SP, and 2·CP zigzag chunks each cut over SP, each
+    /// cut again over TP (Megatron sequence parallelism). Saturating: degrees near usize::MAX,
+    /// each of which alone fits the world, overflowed the product.
+    pub fn pieces(&self) -> usize {
+        let chunks = if self.cp > 1 {
+            self.cp.saturating_mul(2)
+        } else {
+            1
+        };
+        self.tp.saturating_mul(self.sp).saturating_mul(chunks)
+    }
 }
 
 impl Topology {
@@ -228,12 +240,7 @@ impl Topology {
     /// Padding goes at the end; causal attention never lets a real token see it, and it carries
     /// no loss, so any record length trains exactly as on one rank.
     pub fn padded_len(&self, seq_len: usize) -> usize {
-        let pieces = self.tp
-            * if self.cp > 1 {
-                2 * self.cp * self.sp
-            } else {
-                self.sp
-            };
+        let pieces = self.degrees().pieces();
         seq_len.div_ceil(pieces) * pieces
     }
 

@@ -3,7 +3,7 @@
 
 use super::report::{gib, single_report, sweep_report, tokens};
 use super::request::{PlanDevice, PlanRequest};
-use super::search::{best_of, evaluate, layouts, pieces, sweep, Candidate};
+use super::search::{best_of, evaluate, layouts, sweep, Candidate};
 use super::{estimate, granule, published, Estimate, Target, GIB};
 use crate::config::{Config, ModelConfig, Position};
 use crate::error::{Error, Result};
@@ -131,7 +131,7 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     // refuses those, so they are not chosen while another is left (the notes say so where
     // none is).
     if let Some(len) = a.seq_len {
-        let runs = |c: &Candidate| pieces(&c.strategy.layout) < len.saturating_mul(2);
+        let runs = |c: &Candidate| c.strategy.layout.pieces() < len.saturating_mul(2);
         if evaluated.iter().any(runs) {
             evaluated.retain(runs);
         }
@@ -213,7 +213,7 @@ fn notes(model: &ModelConfig, a: &PlanRequest, best: &Candidate, at_max: &Estima
                 + at_max.memory.workspace)
         ));
     }
-    let pieces = pieces(l);
+    let pieces = l.pieces();
     if let Some(len) = a.seq_len.filter(|&len| pieces >= len.saturating_mul(2)) {
         n.push(format!(
             "genslm train refuses this layout at --seq-len {len}: it cuts every window into \

@@ -400,9 +400,7 @@ impl Estimate {
 /// the pieces the sequence is cut into (each rank gets a whole number of tokens; CP cuts 2·c
 /// zigzag chunks).
 pub fn granule(st: &Strategy) -> usize {
-    let l = &st.layout;
-    let chunks = if l.cp > 1 { 2 * l.cp } else { 1 };
-    lcm(1024, l.sp * l.tp * chunks)
+    lcm(1024, st.layout.pieces())
 }
 
 fn lcm(a: usize, b: usize) -> usize {

@@ -27,12 +27,6 @@ pub struct Candidate {
     pub short_need: u64,
 }
 
-/// How many pieces the layout cuts each sequence into (SP, and 2·CP zigzag chunks each cut
-/// over SP, each cut again over TP): genslm train refuses a window shorter than this.
-pub fn pieces(l: &Parallelism) -> usize {
-    l.sp * l.tp * if l.cp > 1 { 2 * l.cp } else { 1 }
-}
-
 fn divisors(n: usize) -> Vec<usize> {
     (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }

@@ -203,11 +203,8 @@ fn setting_notes(cfg: &Config) {
 /// `--cp 256` on 128 tokens trained 512 positions, 384 of them padding. Fewer pieces than
 /// that pad less than half the window.
 fn check_pieces(topo: &Topology, seq_len: usize, heads: usize) -> Result<()> {
-    // Saturating: degrees near usize::MAX (each one alone fits the world) overflowed the
-    // product, which `padded_len` computes plainly.
     let (cp, sp, tp) = (topo.cp, topo.sp, topo.tp);
-    let chunks = if cp > 1 { cp.saturating_mul(2) } else { 1 };
-    let pieces = tp.saturating_mul(sp).saturating_mul(chunks);
+    let pieces = topo.degrees().pieces();
     let most = seq_len.saturating_mul(2) - 1;
     if pieces <= most {
         return Ok(());

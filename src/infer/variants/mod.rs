@@ -394,11 +394,7 @@ pub fn run_variants(
     }
     // A long insertion stretches its window past the one asked for; past the trained
     // positions too, its score is an extrapolation (resolve_window says so for --window).
-    let trained = crate::infer::window::trained_window(model_dir)
-        .ok()
-        .flatten()
-        .unwrap_or(0)
-        .max(model.cfg.max_position_embeddings);
+    let trained = crate::infer::window::training_length(&model, model_dir);
     if longest > w.max(trained) {
         eprintln!(
             "warning: {longest_at}a window stretched to {longest} codons to hold its whole \
