@@ -148,6 +148,50 @@ fn plan_refuses_a_sequence_of_no_tokens() {
     }
 }
 
+/// Flags whose only effect is on something the request turns off are refused by name
+/// (`--host-mem-gib` without `--offload`, `--pp-virtual` with one stage or a schedule without
+/// chunks were ignored without a word), and accepted where they act.
+#[test]
+fn flags_that_would_do_nothing_are_refused() {
+    let base = [
+        "plan",
+        "--config",
+        "genslm-25b",
+        "--gpus",
+        "64",
+        "--gpu-mem-gib",
+        "40",
+    ];
+    for (extra, said) in [
+        (&["--host-mem-gib", "100"][..], "nothing is offloaded"),
+        (
+            &[
+                "--pp",
+                "1",
+                "--pp-virtual",
+                "2",
+                "--pp-schedule",
+                "interleaved",
+            ][..],
+            "give --pp P",
+        ),
+        (
+            &["--pp-virtual", "2"][..],
+            "needs --pp-schedule interleaved",
+        ),
+    ] {
+        let (ok, _, err) = run(&[&base[..], extra].concat());
+        assert!(!ok && err.contains(said), "{extra:?}: {err}");
+    }
+    for extra in [
+        &["--host-mem-gib", "100", "--offload", "optimizer"][..],
+        &["--pp-virtual", "2", "--pp-schedule", "interleaved"][..],
+    ] {
+        let (ok, out, err) = run(&[&base[..], extra].concat());
+        assert!(ok && out.contains("longest sequence"), "{extra:?}: {err}");
+    }
+}
+
 /// A memory that holds any length is reported at the longest sequence `--seq-len` takes
 /// (2³¹ tokens), said to be genslm's limit, and that length is one `plan --seq-len` accepts
 /// (the search's ceiling, 2⁴⁰, was printed as the answer before).

@@ -85,6 +85,26 @@ pub fn run(a: &PlanRequest) -> Result<String> {
             a.offload
         )));
     }
+    // A flag whose only effect is on something the request turned off was ignored without a
+    // word: the user believed it was checked.
+    if a.host_mem_gib.is_some() && a.offload == crate::config::Offload::None {
+        return Err(Error::Invalid(
+            "--host-mem-gib limits what --offload puts in host memory, and nothing is offloaded: \
+             give --offload optimizer|activations|all with it, or leave it out"
+                .into(),
+        ));
+    }
+    crate::parallel::pipeline::schedule::Schedule::check_flags(
+        a.pp_schedule,
+        a.pp.unwrap_or(2).max(1),
+        a.pp_virtual,
+    )?;
+    if a.pp.is_some_and(|p| p < 2) && a.pp_virtual > 1 {
+        return Err(Error::Invalid(format!(
+            "--pp-virtual {} splits pipeline stages into chunks: give --pp P (2 or more) with it",
+            a.pp_virtual
+        )));
+    }
     if a.gpus_per_node == 0 {
         return Err(Error::Invalid("--gpus-per-node must be at least 1".into()));
     }
