@@ -102,10 +102,27 @@ pub fn check_replaceable(target: &Path) -> Result<()> {
     )))
 }
 
+/// Refuses an output path spelled as a directory (`out.tsv/`, `out/.`): the file was written
+/// beside it and the rename onto it failed with a bare "Not a directory".
+fn check_names_a_file(target: &Path) -> Result<()> {
+    let b = target.as_os_str().to_string_lossy();
+    let dir_like =
+        b.ends_with('/') || b.ends_with("/.") || b == "." || target.file_name().is_none();
+    if dir_like {
+        return Err(Error::Invalid(format!(
+            "{}: names a directory (it ends in '/', '.' or '..'), not the output file: give a \
+             file name",
+            target.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses an output whose directory does not exist. Commands that write more than one file
 /// check each before the first is written: `variants --heatmap nodir/x.png` wrote its table,
 /// then failed on the picture.
 pub fn check_output_dir(target: &Path) -> Result<()> {
+    check_names_a_file(target)?;
     let dir = crate::run_lock::parent_dir(target);
     if !dir.is_dir() {
         // A file where the directory should be is not "missing".
@@ -127,6 +144,7 @@ impl AtomicFile {
     pub fn create(target: &Path) -> Result<(Self, File)> {
         // A run's own file first: its message says whose it is (a checkpoint's manifest is
         // also an input of a command that loads that checkpoint).
+        check_names_a_file(target)?;
         crate::run_lock::check_not_a_runs_file(target)?;
         check_not_input(target)?;
         check_replaceable(target)?;
@@ -432,6 +450,19 @@ mod tests {
         let table = ["tsv", "txt", "tab", "parquet"];
         check_text_name("--out", Path::new("v.parquet"), "TSV", &table).unwrap();
         assert!(check_text_name("--out", Path::new("v.csv"), "TSV", &table).is_err());
+    }
+
+    /// An output spelled as a directory is refused by name (the rename onto `x.tsv/` failed
+    /// with a bare "Not a directory"); file names pass.
+    #[test]
+    fn an_output_spelled_as_a_directory_is_refused() {
+        for bad in ["x.tsv/", "d/x.parquet/", "x/.", ".", "..", "d/.."] {
+            let e = check_names_a_file(Path::new(bad)).unwrap_err().to_string();
+            assert!(e.contains("names a directory"), "{bad}: {e}");
+        }
+        for good in ["x.tsv", "d/x", "./x", "../x", "d/.x"] {
+            check_names_a_file(Path::new(good)).unwrap();
+        }
     }
 
     /// An output that is an input is refused under another spelling of its path and through a

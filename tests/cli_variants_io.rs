@@ -42,6 +42,18 @@ fn a_vcf_from_a_pipe_reads_as_the_file_does() {
     let err = String::from_utf8_lossy(&done.stderr);
     assert!(done.status.success(), "{err}");
     assert_eq!(table(&pipe_out), table(&file_out));
+    // Bytes after the last gzip member: the line read is named with the likely cause (the
+    // decompressor's bare "unexpected end of file" was all it said).
+    let mut damaged = gzip(VCF.as_bytes());
+    damaged.extend_from_slice(b"garbage\n");
+    let bad = write(dir.path(), "bad.vcf.gz", &damaged);
+    let none = dir.path().join("none.tsv");
+    let (ok, _, err) = variants(&["--fasta", &fa, "--vcf", &arg(&bad), "--out", &arg(&none)]);
+    assert!(
+        !ok && err.contains("bad.vcf.gz: line ") && err.contains("compression corrupt"),
+        "{err}"
+    );
+    assert!(!none.exists());
 }
 
 /// Two outputs of one command at one path: refused before any work (the heatmap replaced the

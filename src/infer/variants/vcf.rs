@@ -39,11 +39,13 @@ pub struct BadLine {
 
 /// Opens `path`, decompressing gzip/bgzip, bzip2, xz or zstd (recognised by their magic
 /// bytes, whatever the name; every stream of a multi-stream file, as bgzip writes them).
-fn open(path: &Path) -> Result<Box<dyn BufRead>> {
+/// The file's text and whether it was compressed.
+fn open(path: &Path) -> Result<(Box<dyn BufRead>, bool)> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     crate::atomic::note_input(path);
-    let (text, _, _) = crate::data::fastx_open::text_of(f).map_err(|e| Error::io(path, e))?;
-    Ok(Box::new(BufReader::new(text)))
+    let (text, compressed, _) =
+        crate::data::fastx_open::text_of(f).map_err(|e| Error::io(path, e))?;
+    Ok((Box::new(BufReader::new(text)), compressed))
 }
 
 fn bases(s: &str) -> bool {
@@ -94,7 +96,14 @@ fn parse_line(text: &str, line: usize) -> std::result::Result<(Vec<Variant>, Vec
 
 /// One ALT allele, upper-cased, or why it cannot be scored.
 fn check_allele(alt: &str, reference: &str) -> std::result::Result<String, String> {
-    if alt.starts_with('<') || alt.contains('[') || alt.contains(']') || alt == "*" {
+    // A single breakend (VCF 4.x: `G.`, `.G`) is a dot beside bases, not a malformed allele.
+    let single_breakend = alt.len() > 1 && (alt.starts_with('.') || alt.ends_with('.'));
+    if alt.starts_with('<')
+        || alt.contains('[')
+        || alt.contains(']')
+        || alt == "*"
+        || single_breakend
+    {
         return Err(format!(
             "ALT '{alt}' is a symbolic allele or breakend; only sequence alleles can be scored"
         ));
@@ -124,7 +133,7 @@ fn check_allele(alt: &str, reference: &str) -> std::result::Result<String, Strin
 /// line, or, with `skip`, is returned among the bad lines and left out (a bad allele alone:
 /// the line's other alleles are read; they were dropped with it, unsaid).
 pub fn read_vcf(path: &Path, skip: bool) -> Result<(Vec<Variant>, Vec<BadLine>)> {
-    let mut reader = open(path)?;
+    let (mut reader, compressed) = open(path)?;
     let err = |line: usize, msg: String| {
         Error::Invalid(format!("{}: line {line}: {msg}", path.display()))
     };
@@ -136,7 +145,17 @@ pub fn read_vcf(path: &Path, skip: bool) -> Result<(Vec<Variant>, Vec<BadLine>)>
         let n = (&mut reader)
             .take(MAX_LINE + 1)
             .read_until(b'\n', &mut buf)
-            .map_err(|e| Error::io(PathBuf::from(path), e))?;
+            .map_err(|e| match compressed {
+                // A decompressor's "unexpected end of file" said nothing of where or why.
+                true => err(
+                    line + 1,
+                    format!(
+                        "read failed, the file may be truncated or its compression corrupt \
+                         (or bytes follow its last compressed member): {e}"
+                    ),
+                ),
+                false => Error::io(PathBuf::from(path), e),
+            })?;
         if n == 0 {
             break;
         }
@@ -215,6 +234,9 @@ mod tests {
             ("chr1\t5\t.\tA\tn", "ALT 'N' holds N"),
             ("chr1\t5\t.\tA\tG,AN", "ALT 'AN' holds N"),
             ("chr1\t5\t.\tA\tG]chr2:5]", "breakend"),
+            ("chr1\t5\t.\tA\t.A", "breakend"),
+            ("chr1\t5\t.\tA\tA.", "breakend"),
+            ("chr1\t5\t.\tA\tA.G", "not bases"),
         ] {
             let (_, bad) = parse_line(line, 1).unwrap();
             assert!(bad.len() == 1 && bad[0].contains(want), "{line}: {bad:?}");
