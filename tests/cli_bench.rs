@@ -263,6 +263,34 @@ fn bench_variants_refuses_an_empty_measurement() {
     }
 }
 
+/// Past a learned position table, each benchmark is refused by its own flag with the largest
+/// size it runs, before its table's header (the messages named `--seq-len` and `--max-codons`,
+/// flags these benchmarks do not have).
+#[test]
+fn benchmarks_past_learned_positions_are_refused_by_their_own_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("configs/tiny.toml"))
+        .unwrap()
+        .replace("position = \"rotary\"", "position = \"learned\"");
+    assert!(text.contains("\"learned\""));
+    let cfg = dir.path().join("learned.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    for (bench, flag, v, most) in [
+        ("embed", "--seq-len", "3000", "at most 2048"),
+        ("variants", "--window", "3000", "at most 2048"),
+        ("generate", "--codons", "3000", "at most 2047"),
+    ] {
+        let (ok, out, err) = run(&["bench", bench, "--config", cfg, flag, v]);
+        assert!(
+            !ok && err.contains(&format!("{flag} {v}: "))
+                && err.contains(most)
+                && !out.contains("model "),
+            "{bench}: {out}{err}"
+        );
+    }
+}
+
 /// Sizes with nothing to measure are refused naming their flag (`bench attention --seq 0`
 /// printed a debug dump, `bench generate --codons 0` named --max-codons, `bench ingest --mb 0`
 /// an internal temporary file), `bench attention` whose every case failed exits 1 (it exited

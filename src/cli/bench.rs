@@ -422,6 +422,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             batch_size,
         } => {
             let cfg = genslm::config::Config::load_model(&config, "genslm bench")?;
+            learned_positions(&cfg, "--seq-len", seq_len, seq_len)?;
             let b = genslm::infer::bench::embed(&cfg, seq_len, sequences, batch_size)?;
             println!("model  seq_len  sequences  batch  seconds  sequences/s  tokens/s");
             println!(
@@ -443,6 +444,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             rounds,
         } => {
             let cfg = genslm::config::Config::load_model(&config, "genslm bench")?;
+            learned_positions(&cfg, "--window", window, window)?;
             let b = genslm::infer::bench::variants(&cfg, window, codons, batch_size, rounds)?;
             println!("model  window  variants  full_s  prefix_reuse_s  full_variants/s  prefix_variants/s  speedup  max_|diff|");
             println!(
@@ -465,6 +467,8 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             cache_only,
         } => {
             let cfg = genslm::config::Config::load_model(&config, "genslm bench")?;
+            // The sample's first token is its prompt's.
+            learned_positions(&cfg, "--codons", codons, codons.saturating_add(1))?;
             println!("model  kv_cache  samples  codons  seconds  codons/s");
             for use_cache in [true, false] {
                 if !use_cache && cache_only {
@@ -533,4 +537,26 @@ fn die_with_parent(cmd: &mut std::process::Command) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = cmd;
+}
+
+/// A bench longer than a learned position table is refused under the bench's own flag, before
+/// the header is printed (the library's message named score's `--seq-len` or generate's
+/// `--max-codons`, after it). Rotary and ALiBi run at any length: the weights are random, so
+/// only the timing is measured.
+fn learned_positions(
+    cfg: &genslm::config::ModelConfig,
+    flag: &str,
+    value: usize,
+    tokens: usize,
+) -> anyhow::Result<()> {
+    let max = cfg.max_position_embeddings;
+    if cfg.position == genslm::config::Position::Learned && tokens > max {
+        anyhow::bail!(
+            "{flag} {value}: {tokens} tokens go past the {max} learned positions of {} \
+             (max_position_embeddings); give at most {}",
+            cfg.name,
+            value - (tokens - max)
+        );
+    }
+    Ok(())
 }
