@@ -321,7 +321,12 @@ pub fn set_cpu_threads(threads: Option<usize>) -> Result<()> {
 /// runs the threaded ranks (`genslm train --dp N`) and got cores / N threads.
 fn default_threads(cores: usize, get: impl Fn(&str) -> Option<String>) -> usize {
     match crate::launch::detect(&get) {
-        Ok(Some(l)) if l.world > 1 => (cores / local_size(&get).unwrap_or(1)).max(1),
+        Ok(Some(l)) if l.world > 1 => {
+            if let Some(w) = crate::launch::unread_local_size(&get) {
+                eprintln!("warning: {w}");
+            }
+            (cores / local_size(&get).unwrap_or(1)).max(1)
+        }
         _ => cores,
     }
 }

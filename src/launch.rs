@@ -126,6 +126,27 @@ pub fn local_size(get: impl Fn(&str) -> Option<String>) -> Option<usize> {
         .filter(|&n| n > 0)
 }
 
+/// A local-size variable consulted but unread (set to no positive number), in words: the
+/// threads per process then come from the next variable or all the cores, which oversubscribes
+/// the node without a word.
+pub fn unread_local_size(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    for (i, var) in LOCAL_SIZE_VARS.iter().enumerate() {
+        let Some(v) = get(var) else { continue };
+        if v.trim().parse::<usize>().is_ok_and(|n| n > 0) {
+            return None;
+        }
+        let instead = LOCAL_SIZE_VARS[i + 1..]
+            .iter()
+            .find(|k| get(k).is_some_and(|v| v.trim().parse::<usize>().is_ok_and(|n| n > 0)))
+            .map_or("all the cores".to_string(), |k| k.to_string());
+        return Some(format!(
+            "{var}={v:?} is not a number of processes on this node: ignored, and each process \
+             takes its CPU threads from {instead}; pass --threads to set them"
+        ));
+    }
+    None
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -226,6 +247,24 @@ pub(crate) mod tests {
             Some(4)
         );
         assert_eq!(local_size(env(&[("MPI_LOCALNRANKS", "0")])), None);
+        // A value not read is said, naming what was used instead; one after the used is not.
+        let w = unread_local_size(env(&[("MPI_LOCALNRANKS", "abc")])).unwrap();
+        assert!(
+            w.contains("MPI_LOCALNRANKS=\"abc\"") && w.contains("all the cores"),
+            "{w}"
+        );
+        let w = unread_local_size(env(&[
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "0"),
+            ("SLURM_NTASKS_PER_NODE", "4"),
+        ]))
+        .unwrap();
+        assert!(w.contains("from SLURM_NTASKS_PER_NODE"), "{w}");
+        let fine = [
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("MPI_LOCALNRANKS", "abc"),
+        ];
+        assert_eq!(unread_local_size(env(&fine)), None);
+        assert_eq!(unread_local_size(env(&[])), None);
         assert_eq!(local_size(env(&[])), None);
     }
 }
