@@ -127,6 +127,9 @@ pub fn not_a_file(path: &Path) -> &'static str {
     let t = m.file_type();
     #[cfg(unix)]
     {
+        if t.is_fifo() && anonymous_pipe(path) {
+            return "a pipe (a command's output, as <(…) or stdin give), not a file";
+        }
         if t.is_fifo() {
             return "a named pipe (FIFO), not a file";
         }
@@ -144,6 +147,26 @@ pub fn not_a_file(path: &Path) -> &'static str {
     } else {
         "not a regular file"
     }
+}
+
+/// Whether `path` leads, through its links, to an anonymous pipe (`/dev/stdin` under `cmd |`,
+/// `/dev/fd/63` from `<(…)`): Linux names those link targets `pipe:[inode]`. Calling them
+/// named pipes sent users looking for a `mkfifo` they never ran.
+fn anonymous_pipe(path: &Path) -> bool {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        let Ok(target) = std::fs::read_link(&p) else {
+            return false;
+        };
+        if target.to_string_lossy().starts_with("pipe:[") {
+            return true;
+        }
+        p = match p.parent() {
+            Some(dir) if target.is_relative() => dir.join(target),
+            _ => target,
+        };
+    }
+    false
 }
 
 #[cfg(test)]

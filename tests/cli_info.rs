@@ -368,6 +368,29 @@ fn pipes_binaries_and_files_in_the_wrong_place_are_named() {
 /// Runs `args` and kills it after 60 s: a command blocked on a pipe fails the test instead of
 /// hanging the suite. Returns (exit success, stderr).
 #[cfg(unix)]
+/// A config given through a pipe (`cmd | genslm info --config /dev/stdin`) is called a pipe,
+/// not the named pipe (FIFO) it was called, which sent users looking for a `mkfifo`.
+#[test]
+fn an_anonymous_pipe_is_not_called_a_named_one() {
+    use std::io::Write;
+    let mut child = common::bin()
+        .args(["info", "--config", "/dev/stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Held open until the answer, so that the path is a pipe while it is looked at.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"[model]\n").unwrap();
+    let done = child.wait_with_output().unwrap();
+    drop(stdin);
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(
+        !done.status.success() && err.contains("/dev/stdin: a pipe (") && !err.contains("FIFO"),
+        "{err}"
+    );
+}
+
 fn run_or_kill(args: &[&str]) -> (bool, String) {
     let mut child = common::bin()
         .args(args)
