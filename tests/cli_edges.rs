@@ -441,6 +441,42 @@ fn a_garbage_genslm_toml_is_reported() {
     assert!(ok, "{err}");
 }
 
+/// A bad training setting is blamed on where it came from: the flag that gave it (the config
+/// file was named "after command-line overrides", sending the user to a file that was right),
+/// or the file when no flag did.
+#[test]
+fn a_bad_setting_names_the_flag_or_the_file_that_gave_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, err) = train(
+        &dir.path().join("a"),
+        &["--steps", "1", "--weight-decay", "NaN"],
+    );
+    assert!(
+        !ok && err.contains("error: --weight-decay: field `weight_decay` (NaN)")
+            && !err.contains("tiny.toml"),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(repo().join("configs/tiny.toml")).unwrap();
+    let bad = format!("{text}\n[train]\nweight_decay = -1.0\n");
+    assert!(!text.contains("[train]"), "tiny.toml grew a [train] table");
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, bad).unwrap();
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &arg(&repo().join("data")),
+        "--config",
+        &arg(&cfg),
+        "--out",
+        &arg(&dir.path().join("b")),
+        "--quiet",
+    ]);
+    assert!(
+        !ok && err.contains("bad.toml: field `weight_decay`") && !err.contains("overrides"),
+        "{err}"
+    );
+}
+
 /// A model directory whose weights hold tensors its config.json has no place for (the config
 /// edited to fewer layers, or a stray tensor added) is refused by name, not loaded without them.
 #[test]

@@ -268,8 +268,10 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         }
     }
     let t = &mut cfg.train;
+    // The settings a flag gave, so that a bad value is blamed on the flag, not the file.
+    let mut flagged: Vec<&str> = Vec::new();
     macro_rules! set {
-        ($($f:ident),*) => {$( if let Some(v) = a.$f { t.$f = v; } )*};
+        ($($f:ident),*) => {$( if let Some(v) = a.$f { t.$f = v; flagged.push(stringify!($f)); } )*};
     }
     set!(
         steps,
@@ -295,6 +297,16 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     );
     if let Some(v) = a.pp_layers {
         t.pp_layers = Some(v);
+        flagged.push("pp_layers");
+    }
+    for (set, field) in [
+        (a.quantize_weights.is_some(), "quantize_weights"),
+        (a.quantize_grads.is_some(), "quantize_grads"),
+        (a.offload.is_some(), "offload"),
+    ] {
+        if set {
+            flagged.push(field);
+        }
     }
     t.quantize_weights = a.quantize_weights.map_or(t.quantize_weights, |q| q.0);
     t.quantize_grads = a.quantize_grads.map_or(t.quantize_grads, |q| q.0);
@@ -308,9 +320,13 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     t.checkpoint_activations |= a.checkpoint_activations;
     t.megatron_sp &= !a.no_megatron_sp;
     t.overlap &= !a.no_overlap;
-    t.validate().map_err(|m| {
-        anyhow::anyhow!("{}: {m} (after command-line overrides)", a.config.display())
-    })?;
+    t.validate().map_err(
+        |m| match flagged.iter().find(|f| m.contains(&format!("`{f}`"))) {
+            Some(f) => anyhow::anyhow!("--{}: {m}", f.replace('_', "-")),
+            None if flagged.is_empty() => anyhow::anyhow!("{}: {m}", a.config.display()),
+            None => anyhow::anyhow!("{}: {m} (after command-line overrides)", a.config.display()),
+        },
+    )?;
     let data = match a.data {
         Some(p) => DataSource::Parquet(p),
         None => DataSource::Fasta(a.fasta),
