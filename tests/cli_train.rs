@@ -275,6 +275,24 @@ fn nonfinite_loss_stops_naming_the_step_or_is_skipped() {
         !out3.join("checkpoints/latest").exists(),
         "saved at --stop-after"
     );
+    // No step skipped: a save right after the update that broke the weights (the run's last
+    // step, or --checkpoint-every 1) measured nothing and saved them, exit 0.
+    for (name, extra) in [
+        ("nan4", &["--steps", "1"][..]),
+        ("nan5", &["--steps", "3", "--checkpoint-every", "1"][..]),
+    ] {
+        let o = dir.path().join(name);
+        let mut a = args(&o, true);
+        let at = a.iter().position(|x| x == "--steps").unwrap();
+        a.drain(at..at + 2);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let (ok, _, err) = run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(
+            !ok && err.contains("step 1: the validation loss is NaN"),
+            "{name}: {err}"
+        );
+        assert!(!o.join("checkpoints/step-1").exists(), "{name}: saved");
+    }
 }
 
 #[test]

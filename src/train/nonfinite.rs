@@ -53,7 +53,8 @@ impl NonFinitePolicy {
         Ok(())
     }
 
-    /// After skipped steps, a non-finite validation loss says the weights themselves are
+    /// A non-finite validation loss stops the run before saving, skips or not. After skipped
+    /// steps, a non-finite validation loss says the weights themselves are
     /// broken, not a batch (a finite update of 1e29 made every later forward NaN): the run
     /// stops before saving. `--lr 1e30 --skip-nonfinite --steps 8` skipped 7 steps, stayed
     /// under `max_consecutive_skips`, saved the broken weights and exited 0. A save after
@@ -67,7 +68,18 @@ impl NonFinitePolicy {
     ) -> Result<()> {
         let skips = self.consecutive_skips;
         if skips == 0 {
-            return Ok(());
+            // No step was skipped, yet the weights give non-finite losses: an update of
+            // finite but enormous values, which the next forward turns into NaN.
+            return match val {
+                Some(v) if !v.is_finite() => Err(Error::Invalid(format!(
+                    "step {step}: the validation loss is {v}: the last update left weights \
+                     whose forward is non-finite (--lr {} is far too high). The run stops \
+                     without saving this step (a checkpoint saved before stays resumable); \
+                     lower --lr",
+                    crate::error::short_num(t.lr)
+                ))),
+                _ => Ok(()),
+            };
         }
         match val {
             Some(v) if !v.is_finite() => Err(Error::Invalid(format!(

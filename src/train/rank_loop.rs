@@ -198,7 +198,7 @@ pub fn train_rank(
         policy.check(&out, loss, state.step, t)?;
         let last = state.step == t.steps;
         let val_loss = if (t.val_every > 0 && state.step % t.val_every == 0) || last {
-            validation_loss(&mut engine, corpus, t.batch_size, ranks)?
+            validation_loss(&mut engine, corpus, t.batch_size, ranks, None)?
         } else {
             None
         };
@@ -235,12 +235,17 @@ pub fn train_rank(
         let every = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
         let saving = every || last || stopping;
         // After the row is logged (its NaN validation loss is the evidence): at a validation
-        // step, and before any save that follows skipped steps (measured then if this step
-        // had none: a checkpoint or a --stop-after stop saved the broken weights).
-        if policy.consecutive_skips > 0 && (val_loss.is_some() || saving) {
+        // step, and before any save (measured then if this step had none: a checkpoint or a
+        // --stop-after stop saved the broken weights). After skipped steps the whole split is
+        // measured; else the first batch, a forward's cost, catches an update that left finite
+        // weights whose every forward is NaN (`--lr 1e30` saved such a step-1 and exited 0).
+        if val_loss.is_some() || saving {
             let val = match val_loss {
                 Some(v) => Some(v),
-                None => validation_loss(&mut engine, corpus, t.batch_size, ranks)?,
+                None if policy.consecutive_skips > 0 => {
+                    validation_loss(&mut engine, corpus, t.batch_size, ranks, None)?
+                }
+                None => validation_loss(&mut engine, corpus, t.batch_size, ranks, Some(1))?,
             };
             policy.check_validation(val, state.step, saving, t)?;
         }
@@ -490,6 +495,7 @@ fn validation_loss(
     corpus: &Corpus,
     batch: usize,
     ranks: &Ranks,
+    batches: Option<usize>,
 ) -> Result<Option<f64>> {
     if corpus.val.is_empty() {
         return Ok(None);
@@ -508,7 +514,7 @@ fn validation_loss(
         ..ranks.clone()
     };
     let (mut sum, mut n) = (0.0f64, 0usize);
-    for ws in corpus.val.chunks(batch) {
+    for ws in corpus.val.chunks(batch).take(batches.unwrap_or(usize::MAX)) {
         let b = corpus.batch_of(ws);
         n += b.n_targets();
         let lb = local_batch(&b, &view);
