@@ -128,6 +128,47 @@ fn two_outputs_at_one_path_are_refused() {
     ]);
     assert!(!ok && err.contains("is a file, not a directory"), "{err}");
     assert!(!emb.exists());
+    // Outputs spelled as directories (`x.png/`): refused by flag before any work (the main
+    // output was written, then the rename of the picture failed with "Not a directory").
+    let slashed = format!("{}/", arg(&dir.path().join("e.png")));
+    let (ok, _, err) = run(&[
+        "embed",
+        "--model",
+        &model,
+        "--fasta",
+        &fa,
+        "--out",
+        &arg(&emb),
+        "--plot",
+        &slashed,
+    ]);
+    assert!(
+        !ok && err.contains("--plot ") && err.contains("names a directory"),
+        "{err}"
+    );
+    assert!(!emb.exists());
+    let table = format!("{}/", arg(&dir.path().join("v.tsv")));
+    let (ok, _, err) = variants(&["--fasta", &fa, "--saturate", "4..9", "--out", &table]);
+    assert!(
+        !ok && err.contains("--out ") && err.contains("names a directory"),
+        "{err}"
+    );
+    let tsv = dir.path().join("sat2.tsv");
+    let (ok, _, err) = variants(&[
+        "--fasta",
+        &fa,
+        "--saturate",
+        "4..9",
+        "--out",
+        &arg(&tsv),
+        "--heatmap",
+        &format!("{}/", arg(&dir.path().join("h.png"))),
+    ]);
+    assert!(
+        !ok && err.contains("--heatmap ") && err.contains("names a directory"),
+        "{err}"
+    );
+    assert!(!tsv.exists());
 }
 
 /// An insertion longer than the trained positions stretches its window past them: scored, and
