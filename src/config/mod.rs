@@ -283,6 +283,25 @@ impl TrainConfig {
                 self.steps
             ));
         }
+        // The run's config.toml records every setting, and a TOML integer is an i64: a seed of
+        // 2⁶⁴ − 1 trained, then its config.toml and checkpoint could not be read back.
+        for (field, v) in [
+            ("seed", self.seed),
+            ("warmup", self.warmup),
+            ("val_every", self.val_every),
+            ("checkpoint_every", self.checkpoint_every),
+            ("max_consecutive_skips", self.max_consecutive_skips),
+            ("keep_checkpoints", self.keep_checkpoints as u64),
+            ("reduce_bucket_size", self.reduce_bucket_size as u64),
+        ] {
+            if v > i64::MAX as u64 {
+                return Err(format!(
+                    "field `{field}` ({v}) is larger than {} (the largest integer a TOML file \
+                     holds, and the run's config.toml records it)",
+                    i64::MAX
+                ));
+            }
+        }
         if self.rank_timeout_s > MAX_TIMEOUT_S {
             return Err(format!(
                 "field `rank_timeout_s` ({}) is larger than {MAX_TIMEOUT_S} (about 30 years)",

@@ -146,3 +146,46 @@ fn a_model_name_with_control_characters_is_refused() {
     let e = m.validate().unwrap_err();
     assert!(e.contains("field `name`") && e.contains("\\u{a}"), "{e}");
 }
+
+/// Every integer a run records in its config.toml reads back: past i64::MAX (TOML's largest
+/// integer) it is refused by field, and at it the TOML round trip holds (a seed of 2⁶⁴ − 1
+/// trained, then its config.toml and checkpoint could not be read).
+#[test]
+fn integers_a_toml_file_cannot_hold_are_refused() {
+    let too_big = i64::MAX as u64 + 1;
+    for (field, t) in [
+        (
+            "seed",
+            TrainConfig {
+                seed: u64::MAX,
+                ..Default::default()
+            },
+        ),
+        (
+            "warmup",
+            TrainConfig {
+                warmup: too_big,
+                ..Default::default()
+            },
+        ),
+        (
+            "val_every",
+            TrainConfig {
+                val_every: too_big,
+                ..Default::default()
+            },
+        ),
+    ] {
+        let err = t.validate().unwrap_err();
+        assert!(err.contains(&format!("`{field}`")), "{field}: {err}");
+    }
+    let t = TrainConfig {
+        seed: i64::MAX as u64,
+        warmup: i64::MAX as u64,
+        ..Default::default()
+    };
+    t.validate().unwrap();
+    let text = toml::to_string(&t).unwrap();
+    let back: TrainConfig = toml::from_str(&text).unwrap();
+    assert_eq!(back, t);
+}
