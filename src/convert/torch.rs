@@ -95,16 +95,28 @@ impl TorchFile {
         let Some(mut zip) = ZipReader::open(path)? else {
             return Ok(None);
         };
-        let pkl = zip
+        let mut pkls: Vec<&str> = zip
             .names()
-            .find(|n| n.ends_with("data.pkl") && n.matches('/').count() == 1)
-            .map(str::to_string)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "{}: a ZIP archive without <name>/data.pkl: not written by torch.save",
-                    path.display()
-                ))
-            })?;
+            .filter(|n| n.ends_with("/data.pkl") && n.matches('/').count() == 1)
+            .collect();
+        // The archive's entries are a hash map: with two records, which one was read changed
+        // from run to run (the weights, or another record's zeros, exit 0 either way).
+        pkls.sort_unstable();
+        if pkls.len() > 1 {
+            return Err(Error::Invalid(format!(
+                "{}: the archive holds {} torch.save records ({}): which one is the model is \
+                 ambiguous (torch.load refuses such an archive too)",
+                path.display(),
+                pkls.len(),
+                pkls.join(", ")
+            )));
+        }
+        let pkl = pkls.first().map(|s| s.to_string()).ok_or_else(|| {
+            Error::Invalid(format!(
+                "{}: a ZIP archive without <name>/data.pkl: not written by torch.save",
+                path.display()
+            ))
+        })?;
         let prefix = pkl.trim_end_matches("data.pkl").to_string();
         let order = format!("{prefix}byteorder");
         if zip.names().any(|n| n == order) && zip.read(&order)? != b"little" {
@@ -357,6 +369,94 @@ mod tests {
         for (k, shape, values) in expect {
             assert_eq!(got[k], (shape, values), "{k}");
         }
+    }
+
+    /// A stored (uncompressed) ZIP of `entries`, as torch.save writes one (CRCs left 0: the
+    /// reader does not check them).
+    fn stored_zip(entries: &[(String, Vec<u8>)]) -> Vec<u8> {
+        let (mut out, mut central) = (Vec::new(), Vec::new());
+        let le16 = |v: &mut Vec<u8>, x: usize| v.extend_from_slice(&(x as u16).to_le_bytes());
+        let le32 = |v: &mut Vec<u8>, x: usize| v.extend_from_slice(&(x as u32).to_le_bytes());
+        for (name, data) in entries {
+            let at = out.len();
+            le32(&mut out, 0x0403_4b50);
+            for x in [20, 0, 0, 0, 0] {
+                le16(&mut out, x);
+            }
+            for x in [0, data.len(), data.len()] {
+                le32(&mut out, x);
+            }
+            le16(&mut out, name.len());
+            le16(&mut out, 0);
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(data);
+            le32(&mut central, 0x0201_4b50);
+            for x in [20, 20, 0, 0, 0, 0] {
+                le16(&mut central, x);
+            }
+            for x in [0, data.len(), data.len()] {
+                le32(&mut central, x);
+            }
+            for x in [name.len(), 0, 0, 0, 0] {
+                le16(&mut central, x);
+            }
+            le32(&mut central, 0);
+            le32(&mut central, at);
+            central.extend_from_slice(name.as_bytes());
+        }
+        let dir_at = out.len();
+        out.extend_from_slice(&central);
+        le32(&mut out, 0x0605_4b50);
+        for x in [0, 0, entries.len(), entries.len()] {
+            le16(&mut out, x);
+        }
+        le32(&mut out, central.len());
+        le32(&mut out, dir_at);
+        le16(&mut out, 0);
+        out
+    }
+
+    /// An archive of two torch.save records is refused naming both: the reader took whichever
+    /// its hash map gave first, the weights or the other record's, exit 0 either way. The
+    /// same records under one prefix read as the fixture does.
+    #[test]
+    fn two_records_in_one_archive_are_refused() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torch_views.pt");
+        let mut z = ZipReader::open(&path).unwrap().unwrap();
+        let names: Vec<String> = z.names().map(str::to_string).collect();
+        let mut records = Vec::new();
+        for n in &names {
+            let rest = n.split_once('/').unwrap().1.to_string();
+            records.push((rest, z.read(n).unwrap()));
+        }
+        let under = |prefixes: &[&str]| {
+            let mut v = Vec::new();
+            for p in prefixes {
+                v.extend(records.iter().map(|(r, d)| (format!("{p}/{r}"), d.clone())));
+            }
+            stored_zip(&v)
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let one = dir.path().join("one.pt");
+        std::fs::write(&one, under(&["a"])).unwrap();
+        let sd = |p: &Path| {
+            let mut f = TorchFile::open(p).unwrap().unwrap();
+            let sd = f.state_dict().unwrap();
+            let mut v: Vec<(String, Vec<f32>)> = sd
+                .iter()
+                .map(|(k, t)| (k.clone(), f.load(k, t).unwrap()))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        assert_eq!(sd(&one), sd(&path));
+        let two = dir.path().join("two.pt");
+        std::fs::write(&two, under(&["a", "b"])).unwrap();
+        let e = TorchFile::open(&two).err().unwrap().to_string();
+        assert!(
+            e.contains("2 torch.save records (a/data.pkl, b/data.pkl)"),
+            "{e}"
+        );
     }
 
     /// Truncated or bit-flipped copies of the fixture give an error or values, never a panic.
