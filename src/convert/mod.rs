@@ -25,7 +25,7 @@ use crate::model::io::{
     WEIGHTS_FILE,
 };
 use crate::model::params::Layout;
-use crate::model::tensors::{read_safetensors, HostTensor};
+use crate::model::tensors::{read_safetensors_except, HostTensor};
 
 /// What `convert` did, for the command's summary.
 #[derive(Debug)]
@@ -296,14 +296,15 @@ fn read_weights(
         .and_then(|f| f.take(9).read_to_end(&mut head))
         .map_err(|e| Error::io(file, e))?;
     if head.len() == 9 && head[8] == b'{' {
-        let (tensors, _) = read_safetensors(file)?;
+        let skip = |key: &str| is_buffer(hf_name(key));
+        let (tensors, _, buffers) = read_safetensors_except(file, &skip)?;
         for (key, t) in tensors {
             if let Some(name) = keep(&key, &t.shape)? {
                 once(file, &key, &name, out)?;
                 out.insert(name.clone(), HostTensor { name, ..t });
             }
         }
-        return Ok(("safetensors", dropped));
+        return Ok(("safetensors", dropped + buffers));
     }
     Err(Error::Invalid(format!(
         "{}: {}",

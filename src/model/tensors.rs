@@ -86,11 +86,23 @@ pub fn write_safetensors_streamed(
     guard.commit(file)
 }
 
+/// A file's tensors by name, and its string metadata.
+pub type Tensors = HashMap<String, HostTensor>;
+pub type Metadata = HashMap<String, String>;
+
 /// Reads every tensor of a safetensors file as f32, with the file's metadata; checked against
 /// the sha256 manifest beside it when there is one (`crate::checksum`).
-pub fn read_safetensors(
+pub fn read_safetensors(path: &Path) -> Result<(Tensors, Metadata)> {
+    read_safetensors_except(path, &|_| false).map(|(t, m, _)| (t, m))
+}
+
+/// [`read_safetensors`] without the tensors `skip` names, which are neither decoded nor checked
+/// (a converter's dropped buffers: a BOOL attention mask refused a file whose weights were
+/// fine), and how many were skipped.
+pub fn read_safetensors_except(
     path: &Path,
-) -> Result<(HashMap<String, HostTensor>, HashMap<String, String>)> {
+    skip: &dyn Fn(&str) -> bool,
+) -> Result<(Tensors, Metadata, usize)> {
     crate::error::file_or_missing(path, "a safetensors file")?;
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     crate::atomic::note_input(path);
@@ -112,8 +124,12 @@ pub fn read_safetensors(
         SafeTensors::deserialize(&bytes).map_err(|e| header::explain(path, head, e.to_string()))?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
-    let mut out = HashMap::new();
+    let (mut out, mut skipped) = (HashMap::new(), 0);
     for name in st.names() {
+        if skip(name) {
+            skipped += 1;
+            continue;
+        }
         let view = st
             .tensor(name)
             .map_err(|e| corrupt(format!("tensor {name}: {e}")))?;
@@ -127,7 +143,7 @@ pub fn read_safetensors(
             },
         );
     }
-    Ok((out, metadata))
+    Ok((out, metadata, skipped))
 }
 
 /// A tensor's little-endian bytes as f32, refusing dtypes genslm does not read and values
@@ -298,5 +314,36 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("corrupt"));
+    }
+
+    /// Skipped tensors are neither decoded nor checked: a BOOL mask beside an F32 weight is
+    /// refused when read, and left out (counted) when skipped, the weight read either way.
+    #[test]
+    fn skipped_tensors_are_not_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.safetensors");
+        let w: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let mask = [1u8, 0, 1, 1];
+        let view = |d, shape, b| safetensors::tensor::TensorView::new(d, shape, b).unwrap();
+        safetensors::serialize_to_file(
+            [
+                ("w", view(safetensors::Dtype::F32, vec![2], &w[..])),
+                (
+                    "mask",
+                    view(safetensors::Dtype::BOOL, vec![2, 2], &mask[..]),
+                ),
+            ],
+            None,
+            &p,
+        )
+        .unwrap();
+        let e = read_safetensors(&p).unwrap_err().to_string();
+        assert!(e.contains("mask") && e.contains("BOOL"), "{e}");
+        let (t, _, skipped) = read_safetensors_except(&p, &|n| n == "mask").unwrap();
+        assert_eq!((t.len(), skipped), (1, 1));
+        assert_eq!(t["w"].data, [1.5f32, -2.0]);
     }
 }
