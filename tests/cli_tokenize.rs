@@ -387,6 +387,14 @@ fn skip_mode_skips_bad_records_with_warnings() {
     let out = dir.path().join("out.parquet");
     let (ok, _, err) = tokenize(dir.path(), &out, &["--on-invalid", "skip"]);
     assert!(ok, "{err}");
+    let summary = &err;
+    // Counted as what they are: two records (bad, empty) and two files (b.fasta, gone.fa);
+    // skipped files were counted as skipped records.
+    assert!(
+        summary.contains("files      1 (2 skipped)\n")
+            && summary.contains("records    2 (2 skipped)\n"),
+        "{summary}"
+    );
     assert!(
         err.contains("warning: skipping record") && err.contains("'bad'"),
         "{err}"

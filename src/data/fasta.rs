@@ -208,7 +208,13 @@ impl DuplicateIds {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileStats {
     pub records: u64,
+    /// Records left out (`--on-invalid skip`).
     pub skipped: u64,
+    /// The whole file left out (unreadable before its first record, or holding none), or the
+    /// rest of it after a record it could not read: counted apart from records, which such a
+    /// skip does not count ("records 1 (2 skipped)" counted two files).
+    pub file_skipped: bool,
+    pub rest_skipped: bool,
     pub bases: u64,
     /// Records that held alignment gaps, and the gaps removed from them.
     pub gapped_records: u64,
@@ -264,7 +270,7 @@ pub fn read_raw(
         // An unreadable file (no permission) is one of the things skip skips.
         Err(e) if on_invalid == OnInvalid::Skip => {
             warn(format!("skipping the file: {}", Error::io(path, e)));
-            stats.skipped += 1;
+            stats.file_skipped = true;
             return Ok(stats);
         }
         Err(e) => return Err(Error::io(path, e)),
@@ -408,7 +414,7 @@ pub fn read_raw(
     if let Some(msg) = watch.and_then(|w| w.changed()) {
         return Err(file_err(msg));
     }
-    if stats.records == 0 && stats.skipped == 0 {
+    if stats.records == 0 && stats.skipped == 0 && !stats.rest_skipped {
         let err = file_err("no records".into());
         return skip_or_fail(on_invalid, err, warn, stats);
     }
@@ -464,13 +470,13 @@ fn skip_or_fail(
         OnInvalid::Error => Err(err),
         OnInvalid::Skip => {
             // Nothing read yet: the whole file is skipped (and nothing of it was kept).
-            let what = if stats.records == 0 && stats.skipped == 0 {
-                "the file"
+            if stats.records == 0 && stats.skipped == 0 {
+                warn(format!("skipping the file: {err}"));
+                stats.file_skipped = true;
             } else {
-                "the rest of the file"
-            };
-            warn(format!("skipping {what}: {err}"));
-            stats.skipped += 1;
+                warn(format!("skipping the rest of the file: {err}"));
+                stats.rest_skipped = true;
+            }
             Ok(stats)
         }
     }

@@ -30,7 +30,12 @@ pub struct IngestOptions {
 pub struct IngestSummary {
     pub files: u64,
     pub records: u64,
+    /// Records left out (`--on-invalid skip`).
     pub skipped: u64,
+    /// Files left out whole (not FASTA, unreadable, no records), and files whose rest was
+    /// left out after a record that could not be read.
+    pub files_skipped: u64,
+    pub files_cut: u64,
     pub duplicate_ids: u64,
     pub bases: u64,
     /// Codon tokens (BOS/EOS not counted).
@@ -64,7 +69,19 @@ impl IngestSummary {
 
 impl std::fmt::Display for IngestSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "files      {}", self.files)?;
+        write!(f, "files      {}", self.files - self.files_skipped)?;
+        let file_notes: Vec<String> = [
+            (self.files_skipped, "skipped"),
+            (self.files_cut, "cut short by a bad record"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        if !file_notes.is_empty() {
+            write!(f, " ({})", file_notes.join(", "))?;
+        }
+        writeln!(f)?;
         write!(f, "records    {}", self.records)?;
         if self.skipped > 0 {
             write!(f, " ({} skipped)", self.skipped)?;
@@ -185,7 +202,9 @@ pub fn tokenize_to_parquet(
         let writer = writer?;
         hashed??;
         read?;
-        summary.skipped += skipped.len() as u64;
+        // Files left out before reading are counted among the files, not the records.
+        summary.files += skipped.len() as u64;
+        summary.files_skipped += skipped.len() as u64;
         summary.warnings.splice(0..0, skipped.drain(..));
         if summary.records == 0 {
             return Err(Error::Invalid(format!(
@@ -315,6 +334,8 @@ fn read_all(
         }
         summary.records += stats.records;
         summary.skipped += stats.skipped;
+        summary.files_skipped += u64::from(stats.file_skipped);
+        summary.files_cut += u64::from(stats.rest_skipped);
         summary.bases += stats.bases;
         done_bytes += file_bytes;
         bar.set_position(done_bytes);
