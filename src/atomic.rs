@@ -6,7 +6,8 @@
 //! A writer holds an advisory lock (`flock`) on its temporary file until the rename, so the
 //! next writer of the same target can tell the temporary files of live writers (locked: it
 //! refuses, naming the process, instead of racing it to the rename) from those of writers
-//! that died (unlocked: a `kill -9`, a Slurm SIGTERM; it removes them). On a file system
+//! that died (unlocked: a `kill -9`; SIGINT/SIGTERM remove their own through
+//! [`crate::interrupt`]; it removes them). On a file system
 //! without locks neither happens and the writer goes on as before.
 //!
 //! No write replaces a file the same command reads: readers record their inputs
@@ -26,6 +27,8 @@ pub struct AtomicFile {
     target: PathBuf,
     tmp: PathBuf,
     committed: bool,
+    /// Removes `tmp` if a signal ends the process first (dropped after `Drop` has run).
+    _registered: crate::interrupt::Registered,
 }
 
 /// The files this process reads as inputs: (device, inode, path as the reader named it).
@@ -166,6 +169,7 @@ impl AtomicFile {
         Ok((
             Self {
                 target: target.to_path_buf(),
+                _registered: crate::interrupt::register(tmp.clone(), false),
                 tmp,
                 committed: false,
             },

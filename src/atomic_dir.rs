@@ -23,6 +23,8 @@ pub struct AtomicDir {
     /// Held (locked) until the directory is renamed or removed.
     lock: Option<File>,
     committed: bool,
+    /// Remove the directory and its lock if a signal ends the process first.
+    _registered: [crate::interrupt::Registered; 2],
 }
 
 fn prefix(target: &Path) -> String {
@@ -94,6 +96,10 @@ impl AtomicDir {
         let (lock, locked) = take_lock(&lock_path)?;
         let dir = Self {
             target: target.to_path_buf(),
+            _registered: [
+                crate::interrupt::register(tmp.clone(), true),
+                crate::interrupt::register(lock_path.clone(), false),
+            ],
             tmp,
             lock_path,
             lock: Some(lock),

@@ -18,6 +18,7 @@ pub mod error;
 pub mod host_memory;
 pub mod infer;
 pub mod info;
+pub mod interrupt;
 pub mod isa;
 pub mod launch;
 pub mod model;

@@ -299,6 +299,8 @@ fn main() -> ExitCode {
     // Before anything allocates: peaks that depend on shapes only (see genslm::alloc).
     genslm::alloc::pin_thresholds();
     install_panic_hook();
+    // Ctrl-C and kill remove the temporary outputs of this process before it dies.
+    genslm::interrupt::install();
     let cli = Cli::parse();
     if let Err(e) = genslm::isa::check() {
         eprintln!("error: {e}");

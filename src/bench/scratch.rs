@@ -29,6 +29,8 @@ const FILES: [&str; 5] = [
 pub struct Scratch {
     dir: tempfile::TempDir,
     _lock: File,
+    /// Removes the directory if Ctrl-C or kill ends the benchmark (gigabytes of files).
+    _registered: crate::interrupt::Registered,
 }
 
 impl Scratch {
@@ -103,7 +105,12 @@ pub fn create(base: Option<&Path>, need: u64, flag: &str) -> Result<Scratch> {
     // Without locks (some network file systems) nothing marks it live; nothing is swept then
     // either, as a sweeper cannot take a lock it cannot test.
     let _ = lock.try_lock();
-    Ok(Scratch { dir, _lock: lock })
+    let registered = crate::interrupt::register(dir.path().to_path_buf(), true);
+    Ok(Scratch {
+        dir,
+        _lock: lock,
+        _registered: registered,
+    })
 }
 
 /// Removes the scratch directories in `base` whose benchmark is dead (`.lock` there, free).

@@ -1,0 +1,129 @@
+//! Ctrl-C, `kill` and a closed terminal (SIGINT, SIGTERM, SIGHUP) remove this process's
+//! temporary outputs before it dies of the signal: a stopped `embed`, `generate` or
+//! `tokenize` left its `.NAME.tmp-PID` (megabytes of a half-written file) until the next run
+//! to the same path swept it, and that run may never come.
+//!
+//! The handler itself only writes the signal's number to a pipe (`write` is one of the few
+//! calls a signal handler may make); a thread reads it, removes the registered paths, restores
+//! the default action and raises the signal again, so the exit status is the signal's (130,
+//! 143) as shells and Slurm expect. A second signal while the first is handled dies at once.
+//! `kill -9` cannot be caught: the next writer's sweep stays the answer to it.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Paths removed on a signal, by registration number: files and whole directories.
+static PATHS: Mutex<Vec<(u64, PathBuf, bool)>> = Mutex::new(Vec::new());
+static NEXT: AtomicU64 = AtomicU64::new(0);
+/// The pipe's write end, -1 until [`install`].
+static PIPE: AtomicI32 = AtomicI32::new(-1);
+static FIRED: AtomicBool = AtomicBool::new(false);
+
+const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// A path removed if a signal ends the process while this lives; dropped once the path is
+/// renamed into place or removed.
+#[derive(Debug)]
+pub struct Registered(u64);
+
+/// Registers `path` (a file, or with `dir` a directory and everything in it).
+pub fn register(path: PathBuf, dir: bool) -> Registered {
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    PATHS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((id, path, dir));
+    Registered(id)
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        PATHS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(id, _, _)| *id != self.0);
+    }
+}
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // SAFETY: signal, raise and write are async-signal-safe; nothing else is touched.
+    unsafe {
+        if FIRED.swap(true, Ordering::SeqCst) {
+            // Asked twice: the cleanup may be stuck; die now.
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+            return;
+        }
+        let b = sig as u8;
+        let fd = PIPE.load(Ordering::SeqCst);
+        if fd < 0 || libc::write(fd, (&b as *const u8).cast(), 1) != 1 {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
+}
+
+/// Removes every registered path (best effort: the process is ending).
+fn remove_registered() {
+    let paths = PATHS.lock().unwrap_or_else(|p| p.into_inner());
+    for (_, p, dir) in paths.iter() {
+        let _ = if *dir {
+            std::fs::remove_dir_all(p)
+        } else {
+            std::fs::remove_file(p)
+        };
+    }
+}
+
+/// Installs the handlers, once, at the start of `main`. A signal the process was started
+/// ignoring (`nohup` ignores SIGHUP) stays ignored. Without a pipe or a thread nothing is
+/// installed and the signals act as before.
+pub fn install() {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return;
+    }
+    let read_end = fds[0];
+    let reader = std::thread::Builder::new()
+        .name("genslm-signals".into())
+        .spawn(move || loop {
+            let mut b = 0u8;
+            // SAFETY: reads one byte into `b` from the descriptor this thread owns.
+            let n = unsafe { libc::read(read_end, (&mut b as *mut u8).cast(), 1) };
+            if n != 1 {
+                continue;
+            }
+            remove_registered();
+            let sig = libc::c_int::from(b);
+            // SAFETY: restores the default action and raises the signal in this thread,
+            // which ends the process with the signal's status.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+                libc::raise(sig);
+            }
+            std::process::exit(128 + sig);
+        });
+    if reader.is_err() {
+        return;
+    }
+    PIPE.store(fds[1], Ordering::SeqCst);
+    for sig in SIGNALS {
+        // SAFETY: sigaction with a zeroed struct, the handler's address and SA_RESTART (so
+        // other threads' calls are resumed, not failed with EINTR).
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+                || old.sa_sigaction == libc::SIG_IGN
+            {
+                continue;
+            }
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+            act.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+}
