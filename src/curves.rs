@@ -20,6 +20,8 @@ pub struct Curves {
     pub peak_mib: Vec<f64>,
     /// (step, validation loss) where one was measured.
     pub val: Vec<(f64, f64)>,
+    /// Steps skipped for a non-finite loss (`--skip-nonfinite`): on every curve but the loss.
+    pub skipped: usize,
 }
 
 /// The colours of the series (tests look for them in the picture).
@@ -149,9 +151,9 @@ pub fn read_metrics(path: &Path) -> Result<Curves> {
     }
     let mut c = Curves::default();
     for (step, [loss, lr, speed, peak, val]) in rows {
-        if loss.is_nan() {
-            continue;
-        }
+        // A skipped step has no loss, and its learning rate, speed and memory still count
+        // (they were dropped with it: a run of 6 steps, 5 skipped, plotted "1 step").
+        c.skipped += usize::from(loss.is_nan());
         c.steps.push(step as f64);
         c.loss.push(loss);
         c.lr.push(lr);
@@ -266,6 +268,12 @@ fn draw(
             .filter(|(_, y)| y.is_finite())
             .map(|(&x, &y)| clip(&(x, y)))
             .collect();
+        // A lone value is no line: drawn as a dot (one step's curves were empty panels).
+        if let [only] = line[..] {
+            chart
+                .draw_series(std::iter::once(Circle::new(only, 4, colour.filled())))
+                .map_err(|x| e(&x))?;
+        }
         chart
             .draw_series(std::iter::once(PathElement::new(
                 line,
@@ -355,7 +363,10 @@ mod tests {
             "{\"step\":1,\"loss\":null}\n{\"step\":3,\"loss\":0.5,\"extra\":[1,{\"a\":2}]}\n",
         )
         .unwrap();
-        assert_eq!(read_metrics(&p).unwrap().steps, [3.0]);
+        // A skipped step (null loss) keeps its place on the other curves, and is counted.
+        let c = read_metrics(&p).unwrap();
+        assert_eq!((c.steps, c.skipped), (vec![1.0, 3.0], 1));
+        assert!(c.loss[0].is_nan() && c.loss[1] == 0.5);
         std::fs::write(&p, "{\"step\":1,\"loss\":1}\n[2, 0.5, 0.1, 9, 9, 9]\n").unwrap();
         let e = read_metrics(&p).unwrap_err().to_string();
         assert!(e.contains("line 2: not a JSON object"), "{e}");

@@ -231,8 +231,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let c = genslm::curves::plot_run(&run, &out, title.as_deref())?;
             if !cli.quiet {
                 let n = |k: usize, one: &str| format!("{k} {one}{}", if k == 1 { "" } else { "s" });
+                let skipped = match c.skipped {
+                    0 => String::new(),
+                    k => format!(
+                        ", {} skipped for a non-finite loss (no loss point)",
+                        n(k, "step")
+                    ),
+                };
                 eprintln!(
-                    "plotted {} ({}): {}",
+                    "plotted {} ({}{skipped}): {}",
                     n(c.steps.len(), "step"),
                     n(c.val.len(), "validation point"),
                     out.display()

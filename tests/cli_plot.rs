@@ -131,6 +131,41 @@ fn plot_run_draws_each_curve_in_its_panel() {
 
 /// An embeddings file of `rows` vectors of `dim` (element `null` left null, if given) and a
 /// colour column `c`.
+/// Steps skipped for a non-finite loss stay on the learning-rate, speed and memory curves and
+/// are counted; a lone loss value is drawn as a dot. A run of 6 steps, 5 skipped, was "plotted
+/// 1 step" with four empty panels.
+#[test]
+fn skipped_steps_stay_on_the_other_curves() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    let mut rows = String::from(
+        "{\"step\":1,\"loss\":4.2,\"lr\":0.001,\"tokens_per_s\":900,\"peak_rss_mib\":300}\n",
+    );
+    for step in 2..=6 {
+        rows.push_str(&format!(
+            "{{\"step\":{step},\"loss\":null,\"lr\":{},\"tokens_per_s\":{},\
+             \"peak_rss_mib\":{},\"skipped_nonfinite\":true}}\n",
+            0.001 / step as f64,
+            900 + 10 * step,
+            300 + step
+        ));
+    }
+    std::fs::write(run_dir.join("metrics.jsonl"), rows).unwrap();
+    let png_path = dir.path().join("run.png");
+    let (ok, _, err) = run(&["plot", "--run", &s(&run_dir), "--out", &s(&png_path)]);
+    assert!(
+        ok && err.contains(
+            "plotted 6 steps (0 validation points, 5 steps skipped for a non-finite loss"
+        ),
+        "{err}"
+    );
+    let c = colour_counts(&png_path);
+    let (loss, lr, speed, mem) = (c[0][0], c[1][2], c[2][3], c[3][4]);
+    assert!(loss > 20, "the lone loss value is not drawn: {c:?}");
+    assert!(lr > 100 && speed > 100 && mem > 100, "{c:?}");
+}
+
 fn embeddings_file(path: &Path, dim: usize, rows: usize, null: Option<usize>, c: ArrayRef) {
     let values: Float32Array = (0..rows * dim)
         .map(|i| (Some(i) != null).then(|| ((i * 37 % 11) as f32).sin()))
