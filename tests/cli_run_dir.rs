@@ -514,7 +514,27 @@ fn odd_files_in_a_checkpoint_are_named_for_what_they_are() {
         !ok && err.contains("latest: a symbolic link that leads nowhere"),
         "{err}"
     );
+    // A link to the step's directory, and no `latest` at all beside a complete checkpoint:
+    // the way out names the checkpoint (the missing one sent the user to --overwrite, which
+    // deletes it).
+    let step = String::from_utf8(saved.clone()).unwrap();
+    let step = step.trim();
     std::fs::remove_file(&latest).unwrap();
+    std::os::unix::fs::symlink(step, &latest).unwrap();
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(
+        !ok && err.contains(&format!(
+            "latest: a directory, not a file (a link to {step})"
+        )) && err.contains(&format!("echo {step} > ")),
+        "{err}"
+    );
+    std::fs::remove_file(&latest).unwrap();
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(
+        !ok && err.contains(&format!("holds checkpoints ({step})"))
+            && err.contains("--overwrite would delete them"),
+        "{err}"
+    );
     std::fs::write(&latest, saved).unwrap();
 
     let weights = ckpt.join("model.safetensors");

@@ -160,6 +160,71 @@ pub struct Saved {
     pub config: Option<Config>,
 }
 
+/// The step of a checkpoint's name (`step-N`, N as genslm writes it), if it is one.
+pub(crate) fn step_of(name: &str) -> Option<u64> {
+    let n: u64 = name.strip_prefix("step-")?.parse().ok()?;
+    (name == format!("step-{n}")).then_some(n)
+}
+
+/// The steps of the checkpoint directories in `RUN/checkpoints`, in order.
+fn saved_steps(run: &Path) -> Vec<u64> {
+    let mut steps: Vec<u64> = std::fs::read_dir(checkpoints_dir(run))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join(STATE_FILE).is_file())
+        .filter_map(|e| step_of(&e.file_name().to_string_lossy()))
+        .collect();
+    steps.sort_unstable();
+    steps
+}
+
+/// Why `latest` cannot be read, when it is missing or no file, with the way out: checkpoints
+/// without a `latest` were sent to `--overwrite`, which deletes them, and a link to a step's
+/// directory was "a directory, not a file".
+fn latest_unreadable(run: &Path, latest: &Path, what: &str) -> Error {
+    let steps = saved_steps(run);
+    let fix = |step: u64| {
+        format!(
+            "point it at the one to resume from (e.g. `echo step-{step} > {}`), then resume",
+            latest.display()
+        )
+    };
+    let link = std::fs::read_link(latest).ok();
+    match (what, steps.last()) {
+        ("missing", None) => Error::Invalid(format!(
+            "cannot resume: {} has no completed checkpoint yet (no checkpoints/latest). Start \
+             the run over with --overwrite instead of --resume (its files are replaced), or \
+             train into a new --out",
+            run.display()
+        )),
+        ("missing", Some(&last)) => Error::Invalid(format!(
+            "cannot resume: {} is missing, though {} holds checkpoints ({}); genslm writes it \
+             after each save, so it was removed or the run was copied without it: {} \
+             (--overwrite would delete them)",
+            latest.display(),
+            checkpoints_dir(run).display(),
+            steps
+                .iter()
+                .map(|s| format!("step-{s}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            fix(last)
+        )),
+        _ => {
+            let linked = link.map_or(String::new(), |t| format!(" (a link to {})", t.display()));
+            let way = steps
+                .last()
+                .map_or(String::new(), |&s| format!(": {}", fix(s)));
+            Error::Invalid(format!(
+                "cannot resume: {}: {what}{linked}; genslm writes it as a file naming the \
+                 latest step-N{way}",
+                latest.display()
+            ))
+        }
+    }
+}
+
 /// Reads `RUN/checkpoints/latest`'s trainer state and config, without the weights.
 pub fn read_saved(run: &Path) -> Result<Saved> {
     let root = checkpoints_dir(run);
@@ -167,20 +232,7 @@ pub fn read_saved(run: &Path) -> Result<Saved> {
     // Checked before reading: a named pipe there would block the read for ever.
     match crate::error::not_a_file(&latest) {
         "a file" => {}
-        "missing" => {
-            return Err(Error::Invalid(format!(
-                "cannot resume: {} has no completed checkpoint yet (no checkpoints/latest). \
-                 Start the run over with --overwrite instead of --resume (its files are \
-                 replaced), or train into a new --out",
-                run.display()
-            )))
-        }
-        what => {
-            return Err(Error::Invalid(format!(
-                "cannot resume: {}: {what}; genslm writes it as a file naming the latest step-N",
-                latest.display()
-            )))
-        }
+        what => return Err(latest_unreadable(run, &latest, what)),
     }
     let (name, dir) = crate::model::io::read_latest(&latest)?;
     // config.json too: a missing one was a bare "No such file" from the model's loader.

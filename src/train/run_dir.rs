@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::atomic::is_number;
 use crate::error::{Error, Result};
-use crate::train::checkpoint::checkpoints_dir;
+use crate::train::checkpoint::{checkpoints_dir, step_of};
 
 use crate::run_lock::{RUN_FILES, RUN_MARKERS};
 
@@ -280,11 +280,6 @@ pub fn check_later_checkpoints(run: &Path, done: u64, total: u64) -> Result<()> 
         names.join(", "),
         root.display()
     )))
-}
-
-fn step_of(name: &str) -> Option<u64> {
-    let n: u64 = name.strip_prefix("step-")?.parse().ok()?;
-    (name == format!("step-{n}")).then_some(n)
 }
 
 #[cfg(test)]
