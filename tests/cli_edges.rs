@@ -456,6 +456,30 @@ fn a_bad_setting_names_the_flag_or_the_file_that_gave_it() {
             && !err.contains("tiny.toml"),
         "{err}"
     );
+    // A learning rate f32 cannot hold (1e-45 is 0 there, 1e39 infinite) is refused by flag;
+    // a skip limit without skipping is noted.
+    for lr in ["1e-45", "1e39"] {
+        let (ok, err) = train(&dir.path().join("lr"), &["--steps", "1", "--lr", lr]);
+        assert!(
+            !ok && err.contains("--lr: field `lr`") && err.contains("in f32"),
+            "{lr}: {err}"
+        );
+    }
+    let (ok, err) = train(
+        &dir.path().join("skips"),
+        &[
+            "--steps",
+            "1",
+            "--max-consecutive-skips",
+            "3",
+            "--val-fraction",
+            "0",
+        ],
+    );
+    assert!(
+        ok && err.contains("note: --max-consecutive-skips counts"),
+        "{err}"
+    );
     let text = std::fs::read_to_string(repo().join("configs/tiny.toml")).unwrap();
     let bad = format!("{text}\n[train]\nweight_decay = -1.0\n");
     assert!(!text.contains("[train]"), "tiny.toml grew a [train] table");

@@ -317,6 +317,12 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         device.backend,
     ));
     t.skip_nonfinite |= a.skip_nonfinite;
+    if a.max_consecutive_skips.is_some() && !t.skip_nonfinite {
+        eprintln!(
+            "note: --max-consecutive-skips counts the steps --skip-nonfinite skips; without it \
+             the first non-finite step stops the run"
+        );
+    }
     t.checkpoint_activations |= a.checkpoint_activations;
     t.megatron_sp &= !a.no_megatron_sp;
     t.overlap &= !a.no_overlap;

@@ -308,9 +308,8 @@ impl TrainConfig {
                 self.rank_timeout_s
             ));
         }
-        if !(self.lr > 0.0 && self.lr.is_finite()) {
-            return Err(format!("field `lr` ({}) must be positive", self.lr));
-        }
+        // The optimizer's arithmetic is f32: 1e-45 was a learning rate of 0, 1e39 infinite.
+        positive_in_f32("lr", self.lr)?;
         if !(0.0..=1.0).contains(&self.min_lr_ratio) {
             return Err("field `min_lr_ratio` must be in [0, 1]".into());
         }
@@ -386,9 +385,17 @@ impl ModelConfig {
         }
         // The name is printed (info, plan, bench) and written into exports: a newline or a
         // terminal's escape sequence went to the terminal raw.
-        if let Some(c) = self.name.chars().find(|c| c.is_control()) {
+        // So are the invisible format characters that reorder or hide text (a right-to-left
+        // override shows "evil\u{202e}txt.exe" as "evilexe.txt").
+        let invisible = |c: &char| {
+            c.is_control()
+                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+                    | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{00ad}')
+        };
+        if let Some(c) = self.name.chars().find(invisible) {
             return Err(format!(
-                "field `name` ({}) holds a control character ({}); use a printable name",
+                "field `name` ({}) holds a control or invisible character ({}); use a printable \
+                 name",
                 self.name.escape_debug(),
                 c.escape_unicode()
             ));

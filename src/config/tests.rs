@@ -145,6 +145,13 @@ fn a_model_name_with_control_characters_is_refused() {
     m.name = "a\nb\u{1b}[31m".into();
     let e = m.validate().unwrap_err();
     assert!(e.contains("field `name`") && e.contains("\\u{a}"), "{e}");
+    // Invisible characters that reorder or hide text, too; other scripts pass.
+    for bad in ["evil\u{202e}txt.exe", "a\u{200b}b", "a\u{2028}b"] {
+        m.name = bad.into();
+        assert!(m.validate().unwrap_err().contains("invisible"), "{bad:?}");
+    }
+    m.name = "génome-α 基因".into();
+    assert!(m.validate().is_ok());
 }
 
 /// Every integer a run records in its config.toml reads back: past i64::MAX (TOML's largest

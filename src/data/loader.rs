@@ -87,7 +87,8 @@ impl Corpus {
         }
         if !(0.0..1.0).contains(&val_fraction) {
             return Err(Error::Invalid(format!(
-                "--val-fraction {val_fraction}: must be in [0, 1)"
+                "--val-fraction {}: must be in [0, 1)",
+                crate::error::short_num(val_fraction)
             )));
         }
         let mut all = windows(&records, seq_len);
@@ -127,16 +128,18 @@ impl Corpus {
         let share = self.val.len() as f64 / n as f64;
         if val_fraction > 0.0 && self.val.is_empty() {
             Some(format!(
-                "--val-fraction {val_fraction}: the data makes one window of {} codons, which \
+                "--val-fraction {}: the data makes one window of {} codons, which \
                  training keeps, so there is no validation (a shorter --seq-len makes more \
                  windows)",
+                crate::error::short_num(val_fraction),
                 self.seq_len
             ))
         } else if val_fraction > 0.0 && share > 2.0 * val_fraction {
             Some(format!(
-                "--val-fraction {val_fraction}: {} of the data's {n} windows of {} codons \
+                "--val-fraction {}: {} of the data's {n} windows of {} codons \
                  ({:.0}%) are held out for validation (at least one is); --val-fraction 0 \
                  trains on all of them, a shorter --seq-len makes more windows",
+                crate::error::short_num(val_fraction),
                 self.val.len(),
                 self.seq_len,
                 100.0 * share
