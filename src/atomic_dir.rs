@@ -90,6 +90,20 @@ impl AtomicDir {
     pub fn create(target: &Path) -> Result<Self> {
         // Nested new directories are made, as `convert --out runs/new/model` expects.
         let parent = crate::run_lock::parent_dir(target);
+        // A file where a directory of the path should be: named as such (it was a bare "File
+        // exists" or "Not a directory").
+        if let Some(file) = parent
+            .ancestors()
+            .find(|a| std::fs::metadata(a).is_ok())
+            .filter(|a| !a.is_dir())
+        {
+            return Err(Error::Invalid(format!(
+                "{}: {} is {}",
+                target.display(),
+                file.display(),
+                crate::error::not_a_directory(file)
+            )));
+        }
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
         let tmp = target.with_file_name(format!("{}{}", prefix(target), std::process::id()));
         let lock_path = lock_of(&tmp);

@@ -316,6 +316,7 @@ fn pipes_binaries_and_files_in_the_wrong_place_are_named() {
     let c = std::ffi::CString::new(piped.join("model.safetensors").to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
     let afile = write(d, "afile", b"mine");
+    let arr = write(d, "arr.json", b"[1, 2]\n");
     let tiny = s(&repo().join("configs/tiny.toml"));
     let weights = s(&ckpt.join("model.safetensors"));
     let out = s(&d.join("out"));
@@ -355,6 +356,26 @@ fn pipes_binaries_and_files_in_the_wrong_place_are_named() {
             vec!["convert", &s(&ckpt), "--out", &s(&d.join(".."))],
             "name the new model directory",
         ),
+        // A file where a directory of the path should be (a bare "File exists" before), a
+        // JSON array for a config, a model's file for its directory, a run for weights to
+        // convert, an escape byte in a prompt (printed raw).
+        (
+            vec!["convert", &s(&ckpt), "--out", &s(&afile.join("sub"))],
+            "afile is a file, not a directory",
+        ),
+        (vec!["info", "--config", &s(&arr)], "not a JSON object"),
+        (
+            vec!["generate", "--model", &weights],
+            "a file of a model; give the model directory that holds it",
+        ),
+        (
+            vec!["convert", &s(common::trained_tiny()), "--out", &out],
+            "a genslm run directory",
+        ),
+        (
+            vec!["generate", "--model", &s(&ckpt), "--prompt", "ATG\u{1b}[2J"],
+            "character '\\u{1b}' at position 4",
+        ),
     ] {
         let (ok, _, err) = run(&args);
         assert!(!ok && err.contains(want), "{args:?}: {err}");
@@ -365,9 +386,6 @@ fn pipes_binaries_and_files_in_the_wrong_place_are_named() {
     assert!(d.join("out/model.safetensors").is_file());
 }
 
-/// Runs `args` and kills it after 60 s: a command blocked on a pipe fails the test instead of
-/// hanging the suite. Returns (exit success, stderr).
-#[cfg(unix)]
 /// A config given through a pipe (`cmd | genslm info --config /dev/stdin`) is called a pipe,
 /// not the named pipe (FIFO) it was called, which sent users looking for a `mkfifo`.
 #[test]
@@ -391,6 +409,9 @@ fn an_anonymous_pipe_is_not_called_a_named_one() {
     );
 }
 
+/// Runs `args` and kills it after 60 s: a command blocked on a pipe fails the test instead of
+/// hanging the suite. Returns (exit success, stderr).
+#[cfg(unix)]
 fn run_or_kill(args: &[&str]) -> (bool, String) {
     let mut child = common::bin()
         .args(args)

@@ -85,6 +85,17 @@ fn model_config(input: &Path, config: Option<&Path>) -> Result<ModelConfig> {
     if dir.join(CONFIG_FILE).is_file() {
         return load_config(dir);
     }
+    // A genslm run or checkpoint needs no converting: every command loads it as it is.
+    if input.join("checkpoints").join("latest").exists() {
+        return Err(Error::Invalid(format!(
+            "{}: a genslm run directory; its checkpoints (checkpoints/step-N) are model \
+             directories every genslm command loads as they are (--model {} takes the \
+             latest). convert reads foreign weights: a Lightning .pt, a pytorch_model.bin or \
+             a safetensors file",
+            input.display(),
+            input.display()
+        )));
+    }
     Err(Error::Invalid(format!(
         "{}: no config.json beside it; pass --config with the model's shape (GenSLM's \
          presets: configs/genslm-25m.toml, genslm-250m, genslm-2.5b, genslm-25b)",

@@ -97,12 +97,15 @@ pub struct Generated {
 /// has one).
 pub fn prompt_tokens(prompt: &str, tok: &CodonTokenizer) -> Result<Vec<u32>> {
     let p = prompt.trim().to_ascii_uppercase();
+    // Counted in characters, not bytes (a 'é' put the next position one too far).
     if let Some((i, c)) = p
-        .char_indices()
+        .chars()
+        .enumerate()
         .find(|(_, c)| !matches!(c, 'A' | 'C' | 'G' | 'T'))
     {
         return Err(Error::Invalid(format!(
-            "--prompt: character '{c}' at position {}: the prompt must be DNA (A, C, G, T only)",
+            "--prompt: character '{}' at position {}: the prompt must be DNA (A, C, G, T only)",
+            c.escape_debug(),
             i + 1
         )));
     }

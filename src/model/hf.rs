@@ -53,6 +53,15 @@ struct HfConfigIn {
 
 /// Parses a GPT-NeoX `config.json`; the error says which field is missing or unsupported.
 pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
+    // serde reads an array into the struct by position ("invalid type: integer `1`, expected
+    // a string"): a config.json is one object.
+    let first = text
+        .trim_start_matches(['\u{feff}', ' ', '\t', '\r', '\n'])
+        .chars()
+        .next();
+    if first.is_some_and(|c| c != '{') {
+        return Err("not a JSON object: a config.json is one {…} of settings".into());
+    }
     let c: HfConfigIn = serde_json::from_str(text).map_err(|e| e.to_string())?;
     if let Some(t) = &c.model_type {
         if t != "gpt_neox" && t != REMOTE_MODEL_TYPE {

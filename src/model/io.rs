@@ -224,6 +224,18 @@ pub fn resolve_model_dir(path: &Path) -> Result<PathBuf> {
             path.display()
         )));
     }
+    // A model's file given for its directory (`--model m/model.safetensors`).
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if path.is_file() && parent.join(CONFIG_FILE).is_file() {
+        return Err(Error::Invalid(format!(
+            "{}: a file of a model; give the model directory that holds it ({})",
+            path.display(),
+            parent.display()
+        )));
+    }
     Err(Error::Invalid(format!(
         "{}: not a model directory: no {CONFIG_FILE} here and no checkpoints/latest",
         path.display()
