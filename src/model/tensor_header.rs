@@ -51,7 +51,7 @@ struct Info {
 /// Why the header `head` (the JSON after the length) is not a valid tensor list, naming the
 /// first wrong tensor in offset order; `fallback` (the crate's message) when nothing specific
 /// is found.
-pub fn explain(path: &Path, head: &[u8], fallback: String) -> Error {
+pub fn explain(path: &Path, head: &[u8], data: u64, fallback: String) -> Error {
     let Ok(entries) = serde_json::from_slice::<BTreeMap<String, serde_json::Value>>(head) else {
         return corrupt(path, fallback);
     };
@@ -98,7 +98,21 @@ pub fn explain(path: &Path, head: &[u8], fallback: String) -> Error {
         }
         start = e;
     }
+    // The crate's "incomplete metadata, file not fully covered" for a cut file.
+    if start != data {
+        return corrupt(path, data_len_mismatch(start, data));
+    }
     corrupt(path, fallback)
+}
+
+/// The header's tensors and the file's bytes after it disagree, in words.
+pub fn data_len_mismatch(described: u64, held: u64) -> String {
+    let why = if held < described {
+        ": the file is cut short (an interrupted download or copy?)"
+    } else {
+        ": bytes follow the last tensor"
+    };
+    format!("the header describes {described} bytes of tensors, the file holds {held}{why}")
 }
 
 #[cfg(test)]
@@ -106,9 +120,15 @@ mod tests {
     use super::*;
 
     fn why(head: &str) -> String {
+        why_with(head, 4)
+    }
+
+    /// With `data` bytes of tensors after the header.
+    fn why_with(head: &str, data: u64) -> String {
         explain(
             Path::new("m.safetensors"),
             head.as_bytes(),
+            data,
             "fallback".into(),
         )
         .to_string()
@@ -138,6 +158,15 @@ mod tests {
         // A valid list: the crate's message stands.
         let e = why(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#);
         assert!(e.contains("fallback"), "{e}");
+        // A valid list in a file cut short, or with bytes after it: said, with the sizes (the
+        // crate's "incomplete metadata, file not fully covered").
+        let head = r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+        let e = why_with(head, 10);
+        assert!(
+            e.contains("describes 16 bytes of tensors, the file holds 10: the file is cut short"),
+            "{e}"
+        );
+        assert!(why_with(head, 20).contains("bytes follow the last tensor"));
     }
 
     #[test]

@@ -120,8 +120,10 @@ pub fn read_safetensors_except(
     };
     let n = header::header_len(path, n8.try_into().unwrap_or_default(), bytes.len() as u64)?;
     let head = &bytes[8..8 + n as usize];
-    let st =
-        SafeTensors::deserialize(&bytes).map_err(|e| header::explain(path, head, e.to_string()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+        let data = bytes.len() as u64 - 8 - n;
+        header::explain(path, head, data, e.to_string())
+    })?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
     let (mut out, mut skipped) = (HashMap::new(), 0);
@@ -216,12 +218,11 @@ impl TensorFile {
         f.read_exact(&mut head)
             .map_err(|e| corrupt(e.to_string()))?;
         let header: safetensors::tensor::Metadata = serde_json::from_slice(&head)
-            .map_err(|e| header::explain(path, &head, e.to_string()))?;
+            .map_err(|e| header::explain(path, &head, size - 8 - n, e.to_string()))?;
         if header.data_len() as u64 != size - 8 - n {
-            return Err(corrupt(format!(
-                "the header describes {} bytes of tensors, the file holds {}",
-                header.data_len(),
-                size - 8 - n
+            return Err(corrupt(header::data_len_mismatch(
+                header.data_len() as u64,
+                size - 8 - n,
             )));
         }
         Ok(Self {
