@@ -97,7 +97,8 @@ pub fn clean_chunks(
                     byte: (k * CLEAN_BLOCK) as u64,
                 };
                 scratch.clear();
-                line = clean_slow(block, at, &mut c.gaps, scratch)?;
+                let before = &raw[..k * CLEAN_BLOCK];
+                line = clean_slow(block, before, at, &mut c.gaps, scratch)?;
                 c.gc += scratch.iter().filter(|&&b| b == b'G' || b == b'C').count() as u64;
             }
         }
@@ -172,8 +173,10 @@ fn upper_acgt(line: &[u8]) -> bool {
 }
 
 /// Byte-by-byte cleaning of a block that needs it; returns the line after the block.
+/// `before` is the record's text before the block (read only to place a bad byte in its line).
 fn clean_slow(
     block: &[u8],
+    before: &[u8],
     at: Position,
     gaps: &mut u64,
     out: &mut Vec<u8>,
@@ -197,11 +200,23 @@ fn clean_slow(
                 } else {
                     format!("byte 0x{b:02x}")
                 };
+                // Its column in its line (the byte offset in the record's text, line breaks
+                // included, sent users to the wrong place).
+                let column = match block[..i].iter().rposition(|&b| b == b'\n') {
+                    Some(nl) => i - nl,
+                    None => {
+                        let start = before
+                            .iter()
+                            .rposition(|&b| b == b'\n')
+                            .map_or(0, |n| n + 1);
+                        before.len() - start + i + 1
+                    }
+                };
+                debug_assert_eq!(at.byte as usize, before.len());
                 return Err(SeqProblem {
                     msg: format!(
-                        "invalid character {shown} at base {base} (line {line}, byte {} of the \
-                         sequence): not an IUPAC nucleotide code (ACGTURYSWKMBDHVN, gaps - .)",
-                        at.byte + i as u64 + 1
+                        "invalid character {shown} at base {base} (line {line}, column \
+                         {column}): not an IUPAC nucleotide code (ACGTURYSWKMBDHVN, gaps - .)"
                     ),
                 });
             }
@@ -339,7 +354,33 @@ mod tests {
             }
         );
         let err = clean_sequence(b"ACGT\nAC*T", 2, &mut out).unwrap_err();
-        assert!(err.msg.contains("'*' at base 7 (line 3"), "{}", err.msg);
+        assert!(
+            err.msg.contains("'*' at base 7 (line 3, column 3)"),
+            "{}",
+            err.msg
+        );
+        // The column is the line's, CRLF or not, in a later block as in the first (it was
+        // the offset in the record's text, line breaks counted).
+        let err = clean_sequence(b"ACGT\r\nACGTA\r\nCGXAA", 2, &mut out).unwrap_err();
+        assert!(err.msg.contains("line 4, column 3)"), "{}", err.msg);
+        let line = [b"ACGTACGTAC".as_slice(), b"\n"].concat();
+        let mut text = line.repeat(CLEAN_BLOCK / line.len() + 1);
+        text.extend_from_slice(b"ACGT#");
+        let lines = (CLEAN_BLOCK / line.len() + 1) as u64;
+        let err = clean_sequence(&text, 2, &mut out).unwrap_err();
+        let want = format!("line {}, column 5)", 2 + lines);
+        assert!(err.msg.contains(&want), "{want}: {}", err.msg);
+        // A line that starts in one block and goes bad in the next.
+        let mut text = vec![b'A'; CLEAN_BLOCK - 3];
+        text.push(b'\n');
+        text.extend_from_slice(b"CCCCCC@");
+        let err = clean_sequence(&text, 2, &mut out).unwrap_err();
+        assert!(err.msg.contains("line 3, column 7)"), "{}", err.msg);
+        let mut text = vec![b'A'; CLEAN_BLOCK + 5];
+        text.push(b'@');
+        let err = clean_sequence(&text, 2, &mut out).unwrap_err();
+        let want = format!("line 2, column {})", CLEAN_BLOCK + 6);
+        assert!(err.msg.contains(&want), "{want}: {}", err.msg);
     }
 
     /// RNA reads as DNA (dc757c5 accepted U, then tokenized every codon holding one as
@@ -404,8 +445,14 @@ mod tests {
         bad[at] = b'*';
         let line = 5 + bad[..at].iter().filter(|&&b| b == b'\n').count();
         let base = bad[..at].iter().filter(|b| !b"\r\n-".contains(b)).count() + 1;
+        let column = at
+            - bad[..at]
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |n| n + 1)
+            + 1;
         let e = clean_sequence(&bad, 5, &mut out).unwrap_err();
-        let expect = format!("'*' at base {base} (line {line}, byte {} of", at + 1);
+        let expect = format!("'*' at base {base} (line {line}, column {column})");
         assert!(e.msg.contains(&expect), "{} vs {expect}", e.msg);
     }
     /// The naive definition of cleaning for inputs without gaps or bad bytes: drop CR and LF,
