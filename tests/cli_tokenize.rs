@@ -413,6 +413,22 @@ fn skip_mode_skips_bad_records_with_warnings() {
     assert_eq!(ids, vec!["good1", "good2"]);
 }
 
+/// A record with no whole codon under --drop-partial-codon is kept as a row of no codons,
+/// and said (it was silent).
+#[test]
+fn a_record_of_no_whole_codon_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "short.fa", b">a\nAT\n>b\nATGAAA\n");
+    let out = dir.path().join("out.parquet");
+    let (ok, _, err) = tokenize(&p, &out, &["--drop-partial-codon"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("1 record(s) hold no whole codon (a)"), "{err}");
+    let rows = read_dataset(&out).unwrap().1;
+    assert_eq!((rows.len(), rows[0].tokens.len()), (2, 0));
+    let (ok, _, err) = tokenize(&p, &dir.path().join("unk.parquet"), &[]);
+    assert!(ok && !err.contains("no whole codon"), "{err}");
+}
+
 #[test]
 fn nothing_usable_is_an_error_even_when_skipping() {
     let dir = tempfile::tempdir().unwrap();

@@ -276,6 +276,9 @@ fn read_all(
             }
         };
         let mut dup_warnings = Vec::new();
+        // Records with no whole codon (shorter than 3 bases, --drop-partial-codon): stored as
+        // rows of no codons, which no command learns from or scores; said, not silent.
+        let (mut no_codon, mut n_no_codon) = (Vec::new(), 0u64);
         let (codons_before, unk_before) = (summary.codons, summary.unk);
         // One streaming pass per record: cleaned pieces go to the tokenizer and, through the
         // queue, to the hash on the writer thread, so no cleaned copy of a chromosome is held.
@@ -303,6 +306,10 @@ fn read_all(
                     rec.id
                 ));
             }
+            if tokens.len() as u64 == specials && no_codon.len() < 5 {
+                no_codon.push(rec.id.to_string());
+            }
+            n_no_codon += u64::from(tokens.len() as u64 == specials);
             summary.codons += tokens.len() as u64 - specials;
             summary.unk += count_id(&tokens, unk);
             let row = OwnedRow {
@@ -322,6 +329,15 @@ fn read_all(
         })?;
         for w in dup_warnings {
             warn(w);
+        }
+        if n_no_codon > 0 {
+            warn(format!(
+                "{}: {n_no_codon} record(s) hold no whole codon ({}{}): stored with no codons \
+                 (nothing to learn from or score)",
+                file.display(),
+                no_codon.join(", "),
+                if n_no_codon > 5 { ", …" } else { "" }
+            ));
         }
         let (codons, unk) = (summary.codons - codons_before, summary.unk - unk_before);
         if codons > 0 && unk as f64 > UNK_WARN_SHARE * codons as f64 {
