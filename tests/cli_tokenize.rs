@@ -241,6 +241,16 @@ fn expect_failure(name: &str, bytes: &[u8], must_contain: &[&str]) {
     );
 }
 
+/// A file compressed twice is named as such (its decompressed text "did not start with '>'").
+#[test]
+fn a_file_compressed_twice_is_named() {
+    expect_failure(
+        "twice.fa.gz.gz",
+        &gzip(&gzip(b">r\nATGAAA\n")),
+        &["compressed twice"],
+    );
+}
+
 #[test]
 fn bad_character_names_record_and_position() {
     expect_failure(

@@ -54,6 +54,13 @@ fn a_vcf_from_a_pipe_reads_as_the_file_does() {
         "{err}"
     );
     assert!(!none.exists());
+    // Compressed twice: named (it was "not UTF-8 text").
+    let twice = write(dir.path(), "twice.vcf.gz", &gzip(&gzip(VCF.as_bytes())));
+    let (ok, _, err) = variants(&["--fasta", &fa, "--vcf", &arg(&twice), "--out", &arg(&none)]);
+    assert!(
+        !ok && err.contains("twice.vcf.gz: line 1: compressed twice"),
+        "{err}"
+    );
 }
 
 /// Two outputs of one command at one path: refused before any work (the heatmap replaced the

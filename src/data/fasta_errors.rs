@@ -32,6 +32,11 @@ pub fn describe_parse_error(e: &ParseError, path: &Path, compressed: bool) -> St
         ParseErrorKind::EmptyFile if regular.is_none() => {
             "no record: the stream was empty or too short to be FASTA".into()
         }
+        ParseErrorKind::UnknownFormat if compressed && decompressed_is_compressed(path) => {
+            "compressed twice (its decompressed text is compressed again, as a .gz.gz is): \
+             decompress it once"
+                .into()
+        }
         ParseErrorKind::UnknownFormat if compressed || regular.is_none() => {
             format!(
                 "not a FASTA file: its {}text does not start with '>' (a byte-order mark, \
@@ -75,4 +80,21 @@ pub fn describe_parse_error(e: &ParseError, path: &Path, compressed: bool) -> St
         }
         _ => format!("not valid FASTA: {}", e.msg),
     }
+}
+
+/// Whether the regular file at `path`, decompressed once, starts compressed again.
+pub fn decompressed_is_compressed(path: &Path) -> bool {
+    use std::io::Read;
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let Ok((text, _, _)) = crate::data::fastx_open::text_of(file) else {
+        return false;
+    };
+    let mut head = Vec::new();
+    let _ = text.take(4).read_to_end(&mut head);
+    head.len() >= 2 && crate::data::fastx_open::is_compressed(&head)
 }
