@@ -468,6 +468,19 @@ fn named_pipes_that_hung_are_errors() {
     writer.join().unwrap();
     assert!(!ok && err.contains("cr.fa"), "{err}");
     assert!(!out.exists());
+    // The same pipe inside a directory given: passed over by the walk, and named when
+    // nothing else is found (it was "no FASTA files found", unexplained).
+    let (ok, err) = run_or_kill(&[
+        "tokenize",
+        "--fasta",
+        d.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("passed over") && err.contains("cr.fa (a named pipe (FIFO)"),
+        "{err}"
+    );
     let model = d.join("model");
     std::fs::create_dir(&model).unwrap();
     for e in std::fs::read_dir(common::tiny_checkpoint()).unwrap() {

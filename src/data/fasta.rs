@@ -68,14 +68,15 @@ pub fn discover_or_skip(
             // The Unix convention for standard input: inputs here are named files (their names
             // go into the dataset's sources); a named pipe works, so point to one.
             return Err(Error::Invalid(
-                "-: standard input is not read as FASTA; give the file, or a process \
-                 substitution such as <(zcat genome.fa.gz)"
+                "-: '-' is not read as standard input; give the file, /dev/stdin (`zcat \
+                 genome.fa.gz | genslm … --fasta /dev/stdin`), or a process substitution such \
+                 as <(zcat genome.fa.gz)"
                     .into(),
             ));
         }
         let meta = std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
         if meta.is_dir() {
-            let mut found = Vec::new();
+            let (mut found, mut passed_over) = (Vec::new(), Vec::new());
             for entry in walkdir::WalkDir::new(p).follow_links(true) {
                 let entry = match entry {
                     Ok(entry) => entry,
@@ -93,11 +94,23 @@ pub fn discover_or_skip(
                 };
                 if entry.file_type().is_file() && has_fasta_extension(entry.path()) {
                     found.push(entry.into_path());
+                } else if !entry.file_type().is_dir() && has_fasta_extension(entry.path()) {
+                    // A named pipe or device under a FASTA name: never read from a walk (a
+                    // pipe would block it), named below if nothing else is found.
+                    passed_over.push(entry.into_path());
                 }
             }
             if found.is_empty() {
+                let passed = match passed_over.first() {
+                    Some(f) => format!(
+                        "; passed over {} ({}): name it directly to read it",
+                        f.display(),
+                        crate::error::not_a_file(f)
+                    ),
+                    None => String::new(),
+                };
                 return Err(Error::Invalid(format!(
-                    "{}: no FASTA files found (extensions .{} optionally followed by .{})",
+                    "{}: no FASTA files found (extensions .{} optionally followed by .{}){passed}",
                     p.display(),
                     FASTA_EXTENSIONS.join(" ."),
                     COMPRESSION_EXTENSIONS.join(" .")
