@@ -3,6 +3,18 @@
 //! Data flow (docs/ARCHITECTURE.md §2): FASTA → [`data::fasta`] → [`tokenizer`] → [`data::dataset`]
 //! (parquet) → training. The CLI in `main.rs` only parses arguments and calls this library.
 
+/// `eprintln!` that never panics: with stderr's reader gone (`2>&1 | head`, a closed pipe)
+/// every note or warning was a panic, and the panic hook's own message a second one, which
+/// aborted the process before its outputs were renamed into place (an orphan `.NAME.tmp-PID`
+/// instead of the file). What cannot be said is dropped. Shadows std's macro in every module
+/// declared below.
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod alloc;
 pub mod atomic;
 pub mod atomic_dir;

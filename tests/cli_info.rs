@@ -199,6 +199,33 @@ fn a_full_stdout_is_a_clear_error() {
     }
 }
 
+/// A stderr whose reader is gone (`2>&1 | head`) loses the notes, not the output: every
+/// warning was a panic and the panic message a second one, which aborted the process with its
+/// output left as `.NAME.tmp-PID`. Here stderr is a pipe closed before the command writes.
+#[test]
+fn a_closed_stderr_loses_the_notes_not_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    // A record of no whole codon under --drop-partial-codon: a warning, then the summary.
+    let fa = write(dir.path(), "short.fa", b">a\nAT\n>b\nATGAAA\n");
+    let out = dir.path().join("out.parquet");
+    let (read_end, write_end) = std::io::pipe().unwrap();
+    drop(read_end);
+    let o = common::bin()
+        .args([
+            "tokenize",
+            "--fasta",
+            fa.to_str().unwrap(),
+            "--drop-partial-codon",
+        ])
+        .args(["--out", out.to_str().unwrap()])
+        .stderr(write_end)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{:?}", o.status);
+    assert!(out.is_file());
+    assert_eq!(common::listing(dir.path()), ["out.parquet", "short.fa"]);
+}
+
 /// RAYON_NUM_THREADS goes through --threads' bounds: an absurd or malformed value is a clear
 /// error before any thread starts (3,000 threads aborted the process), a sane one works.
 #[test]
