@@ -159,6 +159,8 @@ impl AtomicFile {
         let prefix = format!(".{}.tmp-", name.to_string_lossy());
         let tmp = dir.join(format!("{prefix}{}", std::process::id()));
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        // Before the sweep, which may take a while in a large directory.
+        let registered = crate::interrupt::register(tmp.clone(), false);
         if file.try_lock().is_ok() {
             if let Err(e) = sweep(&dir, &prefix, &tmp, target) {
                 drop(file);
@@ -169,7 +171,7 @@ impl AtomicFile {
         Ok((
             Self {
                 target: target.to_path_buf(),
-                _registered: crate::interrupt::register(tmp.clone(), false),
+                _registered: registered,
                 tmp,
                 committed: false,
             },

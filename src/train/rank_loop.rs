@@ -408,6 +408,11 @@ fn checkpoint(
     } else {
         staging_dir(run, state.step)
     };
+    // Removed if Ctrl-C or kill ends the process during the save (gigabytes of shards were
+    // left until the run's next start); gone anyway once renamed to step-N.
+    let _staged = ranks
+        .is_root()
+        .then(|| crate::interrupt::register(staging.clone(), true));
     ranks.world.barrier_unbounded()?;
     let runs = engine.moment_runs(&ranks.topo);
     let wrote = write_shard(

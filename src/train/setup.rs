@@ -337,6 +337,9 @@ pub fn prepare_run(
     };
     // Refused here, nothing is removed: the directory is another process's from now on.
     let lock = RunLock::acquire(run, "train")?;
+    // A signal before the run starts takes a directory this process made, as an error does
+    // below (a SIGTERM while tokenizing left it with a half-written `.data.parquet.new`).
+    let _new = created.then(|| crate::interrupt::register(run.to_path_buf(), true));
     let result = (|| {
         let saved = if opts.resume {
             let saved = read_saved(run)?;
