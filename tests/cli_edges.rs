@@ -500,6 +500,24 @@ fn a_bad_setting_names_the_flag_or_the_file_that_gave_it() {
         !ok && err.contains("bad.toml: field `weight_decay`") && !err.contains("overrides"),
         "{err}"
     );
+    // The flag of the same name overrides the file's bad value (it was refused over it).
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &arg(&repo().join("data/lambda_virus.fa")),
+        "--config",
+        &arg(&cfg),
+        "--out",
+        &arg(&dir.path().join("c")),
+        "--quiet",
+        "--steps",
+        "1",
+        "--seq-len",
+        "64",
+        "--weight-decay",
+        "0.1",
+    ]);
+    assert!(ok, "{err}");
 }
 
 /// A model directory whose weights hold tensors its config.json has no place for (the config

@@ -82,10 +82,12 @@ impl Config {
 
     /// [`Config::load`], with the keys the file's `[train]` table sets (none where it has
     /// none): which settings the file chose, not the defaults filled in around them. The file
-    /// is read once.
+    /// is read once. `[train]` is not validated here: `train` validates it after its flags
+    /// (a flag that corrects a bad value was refused over the file's), and the other callers
+    /// do not read it ([`Config::load_model`]).
     pub fn load_keyed(path: &Path) -> Result<(Self, Vec<String>)> {
         let text = Self::text(path)?;
-        let cfg = Self::parse(path, &text)?;
+        let cfg = Self::parse_model_checked(path, &text)?;
         let v: toml::Table = toml::from_str(&text).map_err(|e| Error::Config {
             file: path.to_path_buf(),
             msg: short_lines(&e.to_string()),
@@ -116,17 +118,24 @@ impl Config {
 
     /// `text`, the config read from `path`, parsed and validated.
     fn parse(path: &Path, text: &str) -> Result<Self> {
+        let cfg = Self::parse_model_checked(path, text)?;
+        cfg.train.validate().map_err(|msg| Error::Config {
+            file: path.to_path_buf(),
+            msg,
+        })?;
+        Ok(cfg)
+    }
+
+    /// `text` parsed, its `[model]` validated.
+    fn parse_model_checked(path: &Path, text: &str) -> Result<Self> {
         let cfg: Config = toml::from_str(text).map_err(|e| Error::Config {
             file: path.to_path_buf(),
             msg: short_lines(&e.to_string()),
         })?;
-        cfg.model
-            .validate()
-            .and_then(|_| cfg.train.validate())
-            .map_err(|msg| Error::Config {
-                file: path.to_path_buf(),
-                msg,
-            })?;
+        cfg.model.validate().map_err(|msg| Error::Config {
+            file: path.to_path_buf(),
+            msg,
+        })?;
         Ok(cfg)
     }
 
