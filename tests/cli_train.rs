@@ -280,6 +280,18 @@ fn nonfinite_loss_stops_naming_the_step_or_is_skipped() {
     for (name, extra) in [
         ("nan4", &["--steps", "1"][..]),
         ("nan5", &["--steps", "3", "--checkpoint-every", "1"][..]),
+        // No validation split: the first training batch is the probe (saved unsaid).
+        (
+            "nan6",
+            &[
+                "--steps",
+                "3",
+                "--checkpoint-every",
+                "1",
+                "--val-fraction",
+                "0",
+            ][..],
+        ),
     ] {
         let o = dir.path().join(name);
         let mut a = args(&o, true);
@@ -287,10 +299,11 @@ fn nonfinite_loss_stops_naming_the_step_or_is_skipped() {
         a.drain(at..at + 2);
         a.extend(extra.iter().map(|s| s.to_string()));
         let (ok, _, err) = run(&a.iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(
-            !ok && err.contains("step 1: the validation loss is NaN"),
-            "{name}: {err}"
-        );
+        let what = match name {
+            "nan6" => "step 1: the loss of the first training batch (no validation split) is NaN",
+            _ => "step 1: the validation loss is NaN",
+        };
+        assert!(!ok && err.contains(what), "{name}: {err}");
         assert!(!o.join("checkpoints/step-1").exists(), "{name}: saved");
     }
 }

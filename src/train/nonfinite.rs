@@ -62,6 +62,7 @@ impl NonFinitePolicy {
     pub fn check_validation(
         &self,
         val: Option<f64>,
+        what: &str,
         step: u64,
         saving: bool,
         t: &TrainConfig,
@@ -72,10 +73,10 @@ impl NonFinitePolicy {
             // finite but enormous values, which the next forward turns into NaN.
             return match val {
                 Some(v) if !v.is_finite() => Err(Error::Invalid(format!(
-                    "step {step}: the validation loss is {v}: the last update left weights \
-                     whose forward is non-finite (--lr {} is far too high). The run stops \
-                     without saving this step (a checkpoint saved before stays resumable); \
-                     lower --lr",
+                    "step {step}: {what} is {v}: the last update left weights whose forward \
+                     is non-finite (--lr {} is far too high). The run stops without saving \
+                     this step; start it again with a lower --lr (a resume keeps the run's \
+                     --lr)",
                     crate::error::short_num(t.lr)
                 ))),
                 _ => Ok(()),
@@ -84,10 +85,9 @@ impl NonFinitePolicy {
         match val {
             Some(v) if !v.is_finite() => Err(Error::Invalid(format!(
                 "step {step}: the last {skips} step(s) were skipped (non-finite loss or \
-                 gradient) and the validation loss is {v}: the weights themselves give \
-                 non-finite losses, so skipping batches cannot help. The run stops without \
-                 saving this step (a checkpoint saved before stays resumable); lower --lr \
-                 (now {})",
+                 gradient) and {what} is {v}: the weights themselves give non-finite losses, \
+                 so skipping batches cannot help. The run stops without saving this step; \
+                 start it again with a lower --lr (now {}; a resume keeps the run's --lr)",
                 crate::error::short_num(t.lr)
             ))),
             None if saving => {

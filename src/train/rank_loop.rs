@@ -239,15 +239,32 @@ pub fn train_rank(
         // --stop-after stop saved the broken weights). After skipped steps the whole split is
         // measured; else the first batch, a forward's cost, catches an update that left finite
         // weights whose every forward is NaN (`--lr 1e30` saved such a step-1 and exited 0).
+        // Without a validation split, the first training batch stands in: it is the probe
+        // that matters, not which windows (`--val-fraction 0` saved such weights unsaid).
         if val_loss.is_some() || saving {
+            let held_out = !corpus.val.is_empty();
             let val = match val_loss {
                 Some(v) => Some(v),
-                None if policy.consecutive_skips > 0 => {
+                None if policy.consecutive_skips > 0 && held_out => {
                     validation_loss(&mut engine, corpus, t.batch_size, ranks, None)?
                 }
-                None => validation_loss(&mut engine, corpus, t.batch_size, ranks, Some(1))?,
+                None if held_out => {
+                    validation_loss(&mut engine, corpus, t.batch_size, ranks, Some(1))?
+                }
+                None => windows_loss(
+                    &mut engine,
+                    corpus,
+                    &corpus.train,
+                    t.batch_size,
+                    ranks,
+                    Some(1),
+                )?,
             };
-            policy.check_validation(val, state.step, saving, t)?;
+            let what = match held_out {
+                true => "the validation loss",
+                false => "the loss of the first training batch (no validation split)",
+            };
+            policy.check_validation(val, what, state.step, saving, t)?;
         }
         if saving {
             let resumed_from = opts.resume.then_some(first_step);
@@ -502,7 +519,19 @@ fn validation_loss(
     ranks: &Ranks,
     batches: Option<usize>,
 ) -> Result<Option<f64>> {
-    if corpus.val.is_empty() {
+    windows_loss(engine, corpus, &corpus.val, batch, ranks, batches)
+}
+
+/// [`validation_loss`] over `windows` (`None` when there are none).
+fn windows_loss(
+    engine: &mut Engine,
+    corpus: &Corpus,
+    windows: &[crate::data::loader::Window],
+    batch: usize,
+    ranks: &Ranks,
+    batches: Option<usize>,
+) -> Result<Option<f64>> {
+    if windows.is_empty() {
         return Ok(None);
     }
     // Rows are not split for validation: view the layout as DP = 1 (this sequence group and
@@ -519,7 +548,7 @@ fn validation_loss(
         ..ranks.clone()
     };
     let (mut sum, mut n) = (0.0f64, 0usize);
-    for ws in corpus.val.chunks(batch).take(batches.unwrap_or(usize::MAX)) {
+    for ws in windows.chunks(batch).take(batches.unwrap_or(usize::MAX)) {
         let b = corpus.batch_of(ws);
         n += b.n_targets();
         let lb = local_batch(&b, &view);
