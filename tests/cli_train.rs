@@ -541,4 +541,23 @@ fn pipeline_flags_train_and_log_the_bubble() {
     let bad = dir.path().join("bad");
     let (ok, err) = try_train(&bad, &data(), &["--pp-schedule", "gpipe"]);
     assert!(!ok && err.contains("give --pp P"), "{err}");
+    // The same from a config file (pp_virtual = 2 with one stage trained and was recorded).
+    let text = std::fs::read_to_string(tiny()).unwrap();
+    let cfg = dir.path().join("chunks.toml");
+    std::fs::write(&cfg, format!("{text}\n[train]\npp_virtual = 2\n")).unwrap();
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &data(),
+        "--config",
+        &cfg.display().to_string(),
+        "--out",
+        &bad.display().to_string(),
+        "--quiet",
+    ]);
+    assert!(
+        !ok && err.contains("chunks.toml: pp_virtual = 2") && err.contains("give --pp P"),
+        "{err}"
+    );
+    assert!(!bad.exists());
 }

@@ -189,7 +189,26 @@ fn flags_that_would_do_nothing_are_refused() {
     ] {
         let (ok, out, err) = run(&[&base[..], extra].concat());
         assert!(ok && out.contains("longest sequence"), "{extra:?}: {err}");
+        // Chunks of stages are searched among layouts with stages (pp 1 was chosen, V 2).
+        if extra.contains(&"--pp-virtual") {
+            assert!(out.contains("interleaved V 2"), "{out}");
+        }
     }
+    let small = [
+        "plan",
+        "--config",
+        "genslm-25m",
+        "--gpus",
+        "8",
+        "--gpu-mem-gib",
+        "80",
+        "--pp-virtual",
+        "2",
+        "--pp-schedule",
+        "interleaved",
+    ];
+    let (ok, out, err) = run(&small);
+    assert!(ok && out.contains("interleaved V 2"), "{out}{err}");
 }
 
 /// A memory that holds any length is reported at the longest sequence `--seq-len` takes

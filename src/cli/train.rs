@@ -326,6 +326,16 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     t.checkpoint_activations |= a.checkpoint_activations;
     t.megatron_sp &= !a.no_megatron_sp;
     t.overlap &= !a.no_overlap;
+    // The same from the file: chunks or a split of stages with one stage were accepted and
+    // recorded, and meant nothing.
+    if a.degrees.pp <= 1 && (t.pp_virtual > 1 || t.pp_layers.is_some()) {
+        anyhow::bail!(
+            "{}: pp_virtual = {} and pp_layers set up pipeline stages: give --pp P (2 or more), \
+             or remove them",
+            a.config.display(),
+            t.pp_virtual
+        );
+    }
     t.validate().map_err(
         |m| match flagged.iter().find(|f| m.contains(&format!("`{f}`"))) {
             Some(f) => anyhow::anyhow!("--{}: {m}", f.replace('_', "-")),

@@ -152,11 +152,12 @@ pub fn layouts(model: &ModelConfig, a: &PlanRequest, gpus: usize) -> Result<Vec<
                 }
                 let rest = gpus / (tp * cp * sp);
                 // Pipeline stages: searched over the divisors left, at most one layer each.
+                // Chunks of stages (--pp-virtual) need stages: the search had them on pp 1.
                 let pps = match a.pp {
                     Some(p) => vec![p],
                     None => divisors(rest)
                         .into_iter()
-                        .filter(|&p| p <= model.num_layers)
+                        .filter(|&p| p <= model.num_layers && (a.pp_virtual == 1 || p >= 2))
                         .collect(),
                 };
                 for pp in pps {
