@@ -121,6 +121,22 @@ fn check_names_a_file(target: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a directory output spelled through `.` or `..` (`runs/x/.`, `runs/q/..`): Rust's
+/// path reads `x/.` as `x`, and a rename onto it failed after the work with a bare "Invalid
+/// argument", while `runs/q/..` trained into `runs/`.
+pub fn check_dir_name(flag: &str, path: &Path) -> Result<()> {
+    let b = path.as_os_str().to_string_lossy();
+    let trimmed = b.trim_end_matches('/');
+    let last = trimmed.rsplit('/').next().unwrap_or("");
+    if matches!(last, "." | "..") {
+        return Err(Error::Invalid(format!(
+            "{flag} {}: ends in '{last}'; name the directory itself (e.g. {flag} runs/demo)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses an output whose directory does not exist. Commands that write more than one file
 /// check each before the first is written: `variants --heatmap nodir/x.png` wrote its table,
 /// then failed on the picture.
@@ -458,6 +474,17 @@ mod tests {
         let table = ["tsv", "txt", "tab", "parquet"];
         check_text_name("--out", Path::new("v.parquet"), "TSV", &table).unwrap();
         assert!(check_text_name("--out", Path::new("v.csv"), "TSV", &table).is_err());
+    }
+
+    /// A directory output spelled through `.` or `..` is refused; names that hold dots pass.
+    #[test]
+    fn a_directory_output_through_dots_is_refused() {
+        for bad in [".", "..", "x/.", "x/..", "x/./", "/a/b/../"] {
+            assert!(check_dir_name("--out", Path::new(bad)).is_err(), "{bad}");
+        }
+        for good in ["x", "x/", "./x", "../x", "x/.y", "x.."] {
+            check_dir_name("--out", Path::new(good)).unwrap();
+        }
     }
 
     /// An output spelled as a directory is refused by name (the rename onto `x.tsv/` failed

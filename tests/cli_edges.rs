@@ -457,6 +457,15 @@ fn a_bad_setting_names_the_flag_or_the_file_that_gave_it() {
             && !err.contains("tiny.toml"),
         "{err}"
     );
+    // A run directory spelled through '.' or '..' (runs/q/.. trained into runs/).
+    for spelled in ["q/..", "q/."] {
+        let (ok, err) = train(&dir.path().join(spelled), &["--steps", "1"]);
+        assert!(
+            !ok && err.contains("name the directory itself"),
+            "{spelled}: {err}"
+        );
+    }
+    assert!(!dir.path().join("q").exists());
     // A learning rate f32 cannot hold (1e-45 is 0 there, 1e39 infinite) is refused by flag;
     // a skip limit without skipping is noted.
     for lr in ["1e-45", "1e39"] {

@@ -381,7 +381,7 @@ fn pipes_binaries_and_files_in_the_wrong_place_are_named() {
         ),
         (
             vec!["convert", &s(&ckpt), "--out", &s(&d.join(".."))],
-            "name the new model directory",
+            "name the directory itself",
         ),
         // A file where a directory of the path should be (a bare "File exists" before), a
         // JSON array for a config, a model's file for its directory, a run for weights to

@@ -243,6 +243,7 @@ pub fn train_launched(
 }
 
 pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
+    genslm::atomic::check_dir_name("--out", &a.out)?;
     if a.stop_after == Some(0) {
         anyhow::bail!("--stop-after 0: must be at least 1 (it ends the invocation after N steps)");
     }

@@ -385,6 +385,7 @@ pub fn convert(input: &Path, out: &Path, config: Option<&Path>) -> Result<Conver
         _ => out,
     };
     // `.` or `..` (or `/`) name no directory that can be renamed into place.
+    crate::atomic::check_dir_name("--out", out)?;
     if out.file_name().is_none() {
         return Err(Error::Invalid(format!(
             "--out {}: name the new model directory (e.g. {}/model); convert writes a \
