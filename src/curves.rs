@@ -44,6 +44,8 @@ struct Row {
     tokens_per_s: Option<serde_json::Value>,
     peak_rss_mib: Option<serde_json::Value>,
     val_loss: Option<serde_json::Value>,
+    /// The step's update was skipped (its loss may be finite: a non-finite gradient).
+    skipped_nonfinite: Option<serde_json::Value>,
 }
 
 /// A field that is in the row, null or not.
@@ -53,8 +55,9 @@ fn present<'de, D: serde::Deserializer<'de>>(
     <serde_json::Value as serde::Deserialize>::deserialize(d).map(Some)
 }
 
-/// What a step keeps: [loss, lr, tokens/s, peak MiB, validation loss] (NaN where absent).
-type Kept = [f64; 5];
+/// What a step keeps: [loss, lr, tokens/s, peak MiB, validation loss] (NaN where absent),
+/// and whether its update was skipped.
+type Kept = ([f64; 5], bool);
 
 /// No metrics row comes near this; a longer line is not one (and is not read whole).
 const MAX_LINE: u64 = 1 << 20;
@@ -138,22 +141,35 @@ pub fn read_metrics(path: &Path) -> Result<Curves> {
                 .as_f64()
                 .ok_or_else(|| bad(format!("`{name}` is {x}, not a number"))),
         };
+        let skipped = match &row.skipped_nonfinite {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(x) => {
+                return Err(bad(format!(
+                    "`skipped_nonfinite` is {x}, not true or false"
+                )))
+            }
+        };
         rows.insert(
             step,
-            [
-                num("loss", &row.loss)?,
-                num("lr", &row.lr)?,
-                num("tokens_per_s", &row.tokens_per_s)?,
-                num("peak_rss_mib", &row.peak_rss_mib)?,
-                num("val_loss", &row.val_loss)?,
-            ],
+            (
+                [
+                    num("loss", &row.loss)?,
+                    num("lr", &row.lr)?,
+                    num("tokens_per_s", &row.tokens_per_s)?,
+                    num("peak_rss_mib", &row.peak_rss_mib)?,
+                    num("val_loss", &row.val_loss)?,
+                ],
+                skipped,
+            ),
         );
     }
     let mut c = Curves::default();
-    for (step, [loss, lr, speed, peak, val]) in rows {
-        // A skipped step has no loss, and its learning rate, speed and memory still count
-        // (they were dropped with it: a run of 6 steps, 5 skipped, plotted "1 step").
-        c.skipped += usize::from(loss.is_nan());
+    for (step, ([loss, lr, speed, peak, val], skipped)) in rows {
+        // A skipped step has no loss (or one whose gradient was not finite), and its learning
+        // rate, speed and memory still count (they were dropped with it: a run of 6 steps, 5
+        // skipped, plotted "1 step").
+        c.skipped += usize::from(loss.is_nan() || skipped);
         c.steps.push(step as f64);
         c.loss.push(loss);
         c.lr.push(lr);
@@ -366,6 +382,13 @@ mod tests {
         // A skipped step (null loss) keeps its place on the other curves, and is counted.
         let c = read_metrics(&p).unwrap();
         assert_eq!((c.steps, c.skipped), (vec![1.0, 3.0], 1));
+        // A skipped update with a finite loss (a non-finite gradient) counts too.
+        std::fs::write(
+            &p,
+            "{\"step\":1,\"loss\":2.0,\"skipped_nonfinite\":true}\n{\"step\":2,\"loss\":1.5}\n",
+        )
+        .unwrap();
+        assert_eq!(read_metrics(&p).unwrap().skipped, 1);
         assert!(c.loss[0].is_nan() && c.loss[1] == 0.5);
         std::fs::write(&p, "{\"step\":1,\"loss\":1}\n[2, 0.5, 0.1, 9, 9, 9]\n").unwrap();
         let e = read_metrics(&p).unwrap_err().to_string();

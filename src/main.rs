@@ -245,10 +245,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let n = |k: usize, one: &str| format!("{k} {one}{}", if k == 1 { "" } else { "s" });
                 let skipped = match c.skipped {
                     0 => String::new(),
-                    k => format!(
-                        ", {} skipped for a non-finite loss (no loss point)",
-                        n(k, "step")
-                    ),
+                    k => format!(", {} skipped: non-finite loss or gradient", n(k, "step")),
                 };
                 eprintln!(
                     "plotted {} ({}{skipped}): {}",

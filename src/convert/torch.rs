@@ -450,6 +450,11 @@ mod tests {
             v
         };
         assert_eq!(sd(&one), sd(&path));
+        // One record's entries listed twice: refused by name (the last copy was read).
+        let twice = dir.path().join("twice.pt");
+        std::fs::write(&twice, under(&["a", "a"])).unwrap();
+        let e = TorchFile::open(&twice).err().unwrap().to_string();
+        assert!(e.contains("is listed twice"), "{e}");
         let two = dir.path().join("two.pt");
         std::fs::write(&two, under(&["a", "b"])).unwrap();
         let e = TorchFile::open(&two).err().unwrap().to_string();

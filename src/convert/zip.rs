@@ -126,6 +126,11 @@ impl ZipReader {
                     path.display()
                 )));
             }
+            // Two entries of one name: which is read was the last listed (a copy of zeros
+            // after the weights converted with exit 0); torch.save never writes one twice.
+            if entries.contains_key(&name) {
+                return Err(bad(&format!("entry {name} is listed twice")));
+            }
             entries.insert(name, Entry { header, size });
             at += 46 + n + e + c;
         }
