@@ -635,4 +635,14 @@ fn a_warmup_as_long_as_the_run_is_noted() {
     );
     let (ok, err) = train(&dir.path().join("b"), &["--steps", "3", "--warmup", "2"]);
     assert!(ok && !err.contains("--warmup"), "{err}");
+    // The peak said is the schedule's last value, checked against the log: 4 of 8 warm-up
+    // steps reach half of --lr (it said "--lr at most").
+    let c = dir.path().join("c");
+    let (ok, err) = train(&c, &["--steps", "4", "--warmup", "8", "--lr", "0.004"]);
+    assert!(
+        ok && err.contains("reaching 0.002 (50% of --lr 0.004) at its last step"),
+        "{err}"
+    );
+    let m = read_metrics(&c.join("metrics.jsonl")).unwrap();
+    assert!((m.last().unwrap().lr - 0.002).abs() < 1e-12, "{m:?}");
 }

@@ -178,11 +178,22 @@ fn setting_notes(cfg: &Config) {
     let t = &cfg.train;
     // A warm-up as long as the run: the schedule never reaches its peak nor decays.
     if t.warmup >= t.steps {
+        // What the schedule gives the last step (it said "--lr at most", which only a warm-up
+        // of exactly the run's length reaches).
+        let last = crate::train::schedule::lr_at(
+            t.steps.saturating_sub(1) as usize,
+            t.steps as usize,
+            t.warmup as usize,
+            t.lr,
+            t.min_lr_ratio,
+        );
         eprintln!(
             "note: --warmup {} is not shorter than --steps {}: the learning rate rises for the \
-             whole run (reaching --lr {} at most at its last step) and never decays",
+             whole run, reaching {} ({:.0}% of --lr {}) at its last step, and never decays",
             t.warmup,
             t.steps,
+            crate::error::short_num(last),
+            100.0 * last / t.lr,
             crate::error::short_num(t.lr)
         );
     }
