@@ -195,7 +195,7 @@ fn unscored_notes(rows: &[VariantRow]) -> Vec<String> {
         notes.push(format!(
             "{short} variant(s) not scored: REF's or ALT's window holds fewer than 2 codons \
              (a deletion as long as the window, or a CDS that short); a larger --window \
-             scores them"
+             scores those the CDS leaves 2 codons or more"
         ));
     }
     notes
