@@ -184,13 +184,19 @@ fn saved_steps(run: &Path) -> Vec<u64> {
 /// directory was "a directory, not a file".
 fn latest_unreadable(run: &Path, latest: &Path, what: &str) -> Error {
     let steps = saved_steps(run);
+    let link = std::fs::read_link(latest).ok();
+    // Through a link, `echo … > latest` writes to its target (a directory: refused; a file
+    // elsewhere: overwritten), so the link goes first.
     let fix = |step: u64| {
+        let rm = match link {
+            Some(_) => format!("rm {} && ", latest.display()),
+            None => String::new(),
+        };
         format!(
-            "point it at the one to resume from (e.g. `echo step-{step} > {}`), then resume",
+            "point it at the one to resume from (e.g. `{rm}echo step-{step} > {}`), then resume",
             latest.display()
         )
     };
-    let link = std::fs::read_link(latest).ok();
     match (what, steps.last()) {
         ("missing", None) => Error::Invalid(format!(
             "cannot resume: {} has no completed checkpoint yet (no checkpoints/latest). Start \
@@ -212,7 +218,9 @@ fn latest_unreadable(run: &Path, latest: &Path, what: &str) -> Error {
             fix(last)
         )),
         _ => {
-            let linked = link.map_or(String::new(), |t| format!(" (a link to {})", t.display()));
+            let linked = link
+                .as_ref()
+                .map_or(String::new(), |t| format!(" (a link to {})", t.display()));
             let way = steps
                 .last()
                 .map_or(String::new(), |&s| format!(": {}", fix(s)));
