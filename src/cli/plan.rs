@@ -119,7 +119,9 @@ pub struct PlanArgs {
     pub json: bool,
     /// Compare with the published Megatron-DeepSpeed maxima (25B/33B on A100-40GB), and with
     /// the peak memory Megatron-DeepSpeed logged for its long-sequence runs.
-    #[arg(long, conflicts_with_all = ["config", "gpus", "gpu_mem_gib", "sweep", "seq_len"])]
+    #[arg(long, conflicts_with_all = [
+        "config", "gpus", "gpu_mem_gib", "sweep", "seq_len", "host_mem_gib", "device",
+    ])]
     pub compare_published: bool,
 }
 
