@@ -347,6 +347,9 @@ fn check_output(flag: &str, path: &Path, instead: &str) -> Result<()> {
     check_not_stdout(flag, path, instead)?;
     // Before any work: the rename at the end failed after it, with a bare "Not a directory".
     check_names_a_file(path).map_err(|e| Error::Invalid(format!("{flag} {e}")))?;
+    // A directory (or pipe) at the path, named with its flag (the later check did not say
+    // which of a command's outputs it was).
+    check_replaceable(path).map_err(|e| Error::Invalid(format!("{flag} {e}")))?;
     crate::run_lock::check_not_a_runs_file(path)
 }
 

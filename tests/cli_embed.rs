@@ -563,7 +563,9 @@ fn a_plot_that_cannot_be_written_is_named() {
     };
     let (ok, _, err) = embed(dir.path());
     assert!(
-        !ok && err.contains("is a directory") && err.contains("Nothing was written"),
+        !ok && err.contains("--plot ")
+            && err.contains("is a directory")
+            && err.contains("Nothing was written"),
         "{err}"
     );
     assert!(
