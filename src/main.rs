@@ -30,7 +30,7 @@ mod cli;
     about = "Genome-scale language models over long DNA sequences"
 )]
 struct Cli {
-    /// No progress bars or summaries: only errors and warnings.
+    /// No progress bars or summaries: only errors, warnings and notes.
     #[arg(long, global = true)]
     quiet: bool,
     /// CPU threads for the compute (default: all cores, divided among the processes a

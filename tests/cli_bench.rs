@@ -109,6 +109,8 @@ fn bench_train_on_ranks_behind_a_simulated_network() {
         a.extend_from_slice(extra);
         let (ok, out, err) = run(&a);
         assert!(ok, "{err}");
+        // No note about a --warmup this command has no flag for (it came once per case).
+        assert!(!err.contains("--warmup"), "{err}");
         let num = |before: &str| -> f64 {
             let at = out
                 .find(before)

@@ -85,6 +85,9 @@ pub fn train_ranks(
             batch_size: d.dp,
             grad_accum,
             val_every: 0,
+            // A short warm-up: the default (10) outlasts the bench's steps, and the trainer's
+            // note about that named a --warmup this command does not have, once per case.
+            warmup: 1,
             precision: Some(compute.precision),
             zero: knobs.zero,
             overlap: knobs.overlap,

@@ -19,8 +19,9 @@ pub struct DeviceArgs {
     /// SLURM_LOCALID, else 0).
     #[arg(long)]
     pub device: Option<usize>,
-    /// Compute precision (default: bf16 on cuda, fp32 on cpu and wgpu). Weights and optimizer state stay
-    /// fp32; norm/softmax statistics, the loss and gradient reductions are fp32 either way.
+    /// Compute precision (default: bf16 on cuda, fp32 on cpu and wgpu). Master weights,
+    /// optimizer state and checkpoints stay fp32 (training computes with bf16 working copies);
+    /// norm/softmax statistics, the loss and gradient reductions are fp32 either way.
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionArg>,
 }
