@@ -64,8 +64,14 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
+/// Whether a signal has arrived: the process is about to die of it. An error the signal
+/// caused in another thread (a file removed under a writer) is not reported then.
+pub fn fired() -> bool {
+    FIRED.load(Ordering::SeqCst)
+}
+
 /// Removes every registered path (best effort: the process is ending).
-fn remove_registered() {
+pub fn remove_registered() {
     let paths = PATHS.lock().unwrap_or_else(|p| p.into_inner());
     for (_, p, dir) in paths.iter() {
         let _ = if *dir {

@@ -21,6 +21,27 @@ macro_rules! eprintln {
     }};
 }
 
+/// `println!` that never panics (bench's tables): a reader gone (`| head`) ends the command
+/// quietly, another failure (a full disk) with a message; temporaries are removed first.
+macro_rules! println {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            crate::stdout_failed(e);
+        }
+    }};
+}
+
+/// Ends the process after a failed write to stdout (see `println!` above).
+fn stdout_failed(e: std::io::Error) -> ! {
+    genslm::interrupt::remove_registered();
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("error: writing to standard output: {e}");
+    std::process::exit(1);
+}
+
 mod cli;
 
 #[derive(Parser)]
@@ -325,6 +346,11 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // A signal's cleanup can fail the main thread (its file removed under it): the
+            // process dies of the signal in a moment, with the signal's status, unreported.
+            if genslm::interrupt::fired() {
+                std::thread::sleep(std::time::Duration::from_secs(10));
+            }
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }

@@ -293,6 +293,27 @@ fn benchmarks_past_learned_positions_are_refused_by_their_own_flag() {
     }
 }
 
+/// A benchmark whose stdout reader is gone (`| head`) ends quietly: its table's `println!`
+/// panicked ("internal error … please report it", exit 101).
+#[test]
+fn a_closed_stdout_ends_a_benchmark_quietly() {
+    let cfg = repo().join("configs/tiny.toml");
+    let (read_end, write_end) = std::io::pipe().unwrap();
+    drop(read_end);
+    let o = common::bin()
+        .args(["bench", "variants", "--config", cfg.to_str().unwrap()])
+        .args(["--window", "8", "--codons", "1", "--rounds", "1"])
+        .stdout(write_end)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && !err.contains("internal error"),
+        "{:?}: {err}",
+        o.status
+    );
+}
+
 /// Sizes with nothing to measure are refused naming their flag (`bench attention --seq 0`
 /// printed a debug dump, `bench generate --codons 0` named --max-codons, `bench ingest --mb 0`
 /// an internal temporary file), `bench attention` whose every case failed exits 1 (it exited

@@ -212,6 +212,26 @@ fn overwrite_refuses_to_delete_the_dataset_it_reads() {
         "{err}"
     );
     assert!(data.is_file() && out.join("checkpoints/latest").is_file());
+    // Nor a run whose replacement's inputs are not there (a mistyped --fasta or --data
+    // deleted the old run, then failed on the missing file).
+    for input in ["--fasta", "--data"] {
+        let (ok, _, err) = run(&[
+            "train",
+            input,
+            &arg(&dir.path().join("typo.fa")),
+            "--config",
+            &arg(&repo().join("configs/tiny.toml")),
+            "--out",
+            &arg(&out),
+            "--overwrite",
+            "--quiet",
+        ]);
+        assert!(!ok && err.contains("typo.fa"), "{input}: {err}");
+        assert!(
+            data.is_file() && out.join("checkpoints/latest").is_file(),
+            "{input}"
+        );
+    }
     // Nor the settings it reads: a user's config.toml in --out was replaced by the resolved
     // one (its comments gone, exit 0).
     let mine = dir.path().join("mine");

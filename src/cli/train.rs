@@ -330,11 +330,15 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     // The same from the file: chunks or a split of stages with one stage were accepted and
     // recorded, and meant nothing.
     if a.degrees.pp <= 1 && (t.pp_virtual > 1 || t.pp_layers.is_some()) {
+        let set = match (t.pp_virtual > 1, t.pp_layers.is_some()) {
+            (true, true) => format!("pp_virtual = {} and pp_layers", t.pp_virtual),
+            (true, false) => format!("pp_virtual = {}", t.pp_virtual),
+            _ => "pp_layers".to_string(),
+        };
         anyhow::bail!(
-            "{}: pp_virtual = {} and pp_layers set up pipeline stages: give --pp P (2 or more), \
-             or remove them",
-            a.config.display(),
-            t.pp_virtual
+            "{}: {set} set up pipeline stages: give --pp P (2 or more), or remove it from the \
+             file",
+            a.config.display()
         );
     }
     t.validate().map_err(

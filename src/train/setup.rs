@@ -192,7 +192,8 @@ fn setting_notes(cfg: &Config) {
              whole run, reaching {} ({:.0}% of --lr {}) at its last step, and never decays",
             t.warmup,
             t.steps,
-            crate::error::short_num(last),
+            // As f32 (the optimizer's own precision): 0.0006, not 0.0006000000000000001.
+            last as f32,
             100.0 * last / t.lr,
             crate::error::short_num(t.lr)
         );
@@ -368,6 +369,17 @@ pub fn prepare_run(
             .into_iter()
             .chain(opts.config_file.clone())
             .collect();
+        // The inputs are found before `--overwrite` removes the old run: a mistyped --fasta
+        // deleted it, then failed on the missing file.
+        match data {
+            DataSource::Fasta(paths) => {
+                discover(paths)?;
+            }
+            DataSource::Parquet(p) => {
+                crate::error::file_or_missing(p, "a tokenized dataset")?;
+                std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
+            }
+        }
         claim(run, opts.resume, opts.overwrite, &inputs)?;
         let corpus = load_corpus(cfg, data, run, saved.as_ref())?;
         setting_notes(cfg);
@@ -442,6 +454,9 @@ fn load_corpus_from(
                     vocab: cfg.model.vocab,
                     ..Default::default()
                 };
+                // Removed if a signal ends the process while it is written (tens of MB were
+                // left in a directory that already existed).
+                let _partial = crate::interrupt::register(tmp.clone(), false);
                 tokenize_to_parquet(paths, &tmp, &opts)?;
                 (tmp, Some((out, stamp_path, stamp)))
             }
