@@ -120,10 +120,12 @@ pub fn check_local_rank(get: impl Fn(&str) -> Option<String>) -> Result<(), Stri
 
 /// How many processes the launcher started on this node, when it says.
 pub fn local_size(get: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    // The first that says a positive number: a 0 or a word falls through to the next, as
+    // `unread_local_size` says it does (a 0 stopped the search, and all cores were taken).
     LOCAL_SIZE_VARS
         .iter()
-        .find_map(|&k| get(k)?.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
+        .filter_map(|&k| get(k)?.trim().parse::<usize>().ok())
+        .find(|&n| n > 0)
 }
 
 /// A local-size variable consulted but unread (set to no positive number), in words: the
@@ -259,6 +261,11 @@ pub(crate) mod tests {
         ]))
         .unwrap();
         assert!(w.contains("from SLURM_NTASKS_PER_NODE"), "{w}");
+        let both = [
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "0"),
+            ("SLURM_NTASKS_PER_NODE", "4"),
+        ];
+        assert_eq!(local_size(env(&both)), Some(4), "what the warning says");
         let fine = [
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
             ("MPI_LOCALNRANKS", "abc"),

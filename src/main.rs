@@ -348,8 +348,10 @@ fn main() -> ExitCode {
         Err(e) => {
             // A signal's cleanup can fail the main thread (its file removed under it): the
             // process dies of the signal in a moment, with the signal's status, unreported.
-            if genslm::interrupt::fired() {
-                std::thread::sleep(std::time::Duration::from_secs(10));
+            while genslm::interrupt::fired() {
+                // The signal's thread ends the process once its cleanup is done, however long
+                // that takes (gigabytes on a slow file system); a second signal ends it at once.
+                std::thread::sleep(std::time::Duration::from_secs(1));
             }
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

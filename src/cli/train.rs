@@ -243,7 +243,10 @@ pub fn train_launched(
 }
 
 pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
-    genslm::atomic::check_dir_name("--out", &a.out)?;
+    // `--out .` names the working directory when it is a run already (`--resume`).
+    if !(a.out.is_dir() && a.out.as_os_str() == ".") {
+        genslm::atomic::check_dir_name("--out", &a.out)?;
+    }
     if a.stop_after == Some(0) {
         anyhow::bail!("--stop-after 0: must be at least 1 (it ends the invocation after N steps)");
     }
@@ -341,13 +344,16 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
             a.config.display()
         );
     }
-    t.validate().map_err(
-        |m| match flagged.iter().find(|f| m.contains(&format!("`{f}`"))) {
+    t.validate().map_err(|m| {
+        match flagged
+            .iter()
+            .find(|f| m.starts_with(&format!("field `{f}`")))
+        {
             Some(f) => anyhow::anyhow!("--{}: {m}", f.replace('_', "-")),
             None if flagged.is_empty() => anyhow::anyhow!("{}: {m}", a.config.display()),
             None => anyhow::anyhow!("{}: {m} (after command-line overrides)", a.config.display()),
-        },
-    )?;
+        }
+    })?;
     let data = match a.data {
         Some(p) => DataSource::Parquet(p),
         None => DataSource::Fasta(a.fasta),

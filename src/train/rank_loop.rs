@@ -248,17 +248,8 @@ pub fn train_rank(
                 None if policy.consecutive_skips > 0 && held_out => {
                     validation_loss(&mut engine, corpus, t.batch_size, ranks, None)?
                 }
-                None if held_out => {
-                    validation_loss(&mut engine, corpus, t.batch_size, ranks, Some(1))?
-                }
-                None => windows_loss(
-                    &mut engine,
-                    corpus,
-                    &corpus.train,
-                    t.batch_size,
-                    ranks,
-                    Some(1),
-                )?,
+                None if held_out => probe_loss(&mut engine, corpus, &corpus.val, t, ranks)?,
+                None => probe_loss(&mut engine, corpus, &corpus.train, t, ranks)?,
             };
             let what = match held_out {
                 true => "the validation loss",
@@ -520,6 +511,28 @@ fn validation_loss(
     batches: Option<usize>,
 ) -> Result<Option<f64>> {
     windows_loss(engine, corpus, &corpus.val, batch, ranks, batches)
+}
+
+/// The loss of the first batch of `windows`; under `--skip-nonfinite`, of the first of up to
+/// four batches that gives a finite one: a batch the run skips for its data is no verdict on
+/// the weights. Every rank reaches the same value (reduced over its groups), so the same
+/// number of batches on each.
+fn probe_loss(
+    engine: &mut Engine,
+    corpus: &Corpus,
+    windows: &[crate::data::loader::Window],
+    t: &crate::config::TrainConfig,
+    ranks: &Ranks,
+) -> Result<Option<f64>> {
+    let tries = if t.skip_nonfinite { 4 } else { 1 };
+    let mut loss = None;
+    for chunk in windows.chunks(t.batch_size.max(1)).take(tries) {
+        loss = windows_loss(engine, corpus, chunk, t.batch_size, ranks, Some(1))?;
+        if loss.is_some_and(f64::is_finite) {
+            break;
+        }
+    }
+    Ok(loss)
 }
 
 /// [`validation_loss`] over `windows` (`None` when there are none).
