@@ -105,12 +105,22 @@ pub fn check_replaceable(target: &Path) -> Result<()> {
     )))
 }
 
+/// The last component of `path` as spelled, when it is `.` or `..` (`Path` reads `x/.` as `x`).
+fn dot_component(path: &Path) -> Option<&'static str> {
+    let b = path.as_os_str().to_string_lossy();
+    match b.trim_end_matches('/').rsplit('/').next() {
+        Some(".") => Some("."),
+        Some("..") => Some(".."),
+        _ => None,
+    }
+}
+
 /// Refuses an output path spelled as a directory (`out.tsv/`, `out/.`): the file was written
 /// beside it and the rename onto it failed with a bare "Not a directory".
 fn check_names_a_file(target: &Path) -> Result<()> {
-    let b = target.as_os_str().to_string_lossy();
-    let dir_like =
-        b.ends_with('/') || b.ends_with("/.") || b == "." || target.file_name().is_none();
+    let dir_like = target.as_os_str().to_string_lossy().ends_with('/')
+        || dot_component(target).is_some()
+        || target.file_name().is_none();
     if dir_like {
         return Err(Error::Invalid(format!(
             "{}: names a directory (it ends in '/', '.' or '..'), not the output file: give a \
@@ -125,10 +135,7 @@ fn check_names_a_file(target: &Path) -> Result<()> {
 /// path reads `x/.` as `x`, and a rename onto it failed after the work with a bare "Invalid
 /// argument", while `runs/q/..` trained into `runs/`.
 pub fn check_dir_name(flag: &str, path: &Path) -> Result<()> {
-    let b = path.as_os_str().to_string_lossy();
-    let trimmed = b.trim_end_matches('/');
-    let last = trimmed.rsplit('/').next().unwrap_or("");
-    if matches!(last, "." | "..") {
+    if let Some(last) = dot_component(path) {
         return Err(Error::Invalid(format!(
             "{flag} {}: ends in '{last}'; name the directory itself (e.g. {flag} runs/demo)",
             path.display()
@@ -141,7 +148,6 @@ pub fn check_dir_name(flag: &str, path: &Path) -> Result<()> {
 /// check each before the first is written: `variants --heatmap nodir/x.png` wrote its table,
 /// then failed on the picture.
 pub fn check_output_dir(target: &Path) -> Result<()> {
-    check_names_a_file(target)?;
     let dir = crate::run_lock::parent_dir(target);
     if !dir.is_dir() {
         // A file where the directory should be is not "missing".

@@ -122,31 +122,32 @@ pub fn check_local_rank(get: impl Fn(&str) -> Option<String>) -> Result<(), Stri
 pub fn local_size(get: impl Fn(&str) -> Option<String>) -> Option<usize> {
     // The first that says a positive number: a 0 or a word falls through to the next, as
     // `unread_local_size` says it does (a 0 stopped the search, and all cores were taken).
-    LOCAL_SIZE_VARS
-        .iter()
-        .filter_map(|&k| get(k)?.trim().parse::<usize>().ok())
-        .find(|&n| n > 0)
+    LOCAL_SIZE_VARS.iter().find_map(|&k| processes(&get(k)?))
+}
+
+/// A local-size value as a number of processes: a positive whole number, else none.
+fn processes(v: &str) -> Option<usize> {
+    v.trim().parse().ok().filter(|&n| n > 0)
 }
 
 /// A local-size variable consulted but unread (set to no positive number), in words: the
 /// threads per process then come from the next variable or all the cores, which oversubscribes
 /// the node without a word.
 pub fn unread_local_size(get: impl Fn(&str) -> Option<String>) -> Option<String> {
-    for (i, var) in LOCAL_SIZE_VARS.iter().enumerate() {
-        let Some(v) = get(var) else { continue };
-        if v.trim().parse::<usize>().is_ok_and(|n| n > 0) {
-            return None;
-        }
-        let instead = LOCAL_SIZE_VARS[i + 1..]
-            .iter()
-            .find(|k| get(k).is_some_and(|v| v.trim().parse::<usize>().is_ok_and(|n| n > 0)))
-            .map_or("all the cores".to_string(), |k| k.to_string());
-        return Some(format!(
-            "{var}={v:?} is not a number of processes on this node: ignored, and each process \
-             takes its CPU threads from {instead}; pass --threads to set them"
-        ));
+    // The first variable set; read, it says nothing.
+    let (i, var, v) =
+        (LOCAL_SIZE_VARS.iter().enumerate()).find_map(|(i, &k)| Some((i, k, get(k)?)))?;
+    if processes(&v).is_some() {
+        return None;
     }
-    None
+    let instead = LOCAL_SIZE_VARS[i + 1..]
+        .iter()
+        .find(|&&k| get(k).as_deref().and_then(processes).is_some())
+        .map_or("all the cores".to_string(), |k| k.to_string());
+    Some(format!(
+        "{var}={v:?} is not a number of processes on this node: ignored, and each process \
+         takes its CPU threads from {instead}; pass --threads to set them"
+    ))
 }
 
 #[cfg(test)]

@@ -9,11 +9,8 @@ use genslm::data::fasta::OnInvalid;
 use genslm::data::ingest::{tokenize_to_parquet, IngestOptions};
 use genslm::tokenizer::{Trailing, VocabKind};
 
-/// `eprintln!` that never panics: with stderr's reader gone (`2>&1 | head`, a closed pipe)
-/// every note or warning was a panic, and the panic hook's own message a second one, which
-/// aborted the process before its outputs were renamed into place (an orphan `.NAME.tmp-PID`
-/// instead of the file). What cannot be said is dropped. Shadows std's macro in every module
-/// declared below.
+/// `eprintln!` that never panics, as the library's (`lib.rs` says why): a textual macro cannot
+/// cross into this crate, so it is defined again here for `main.rs` and `cli/`.
 macro_rules! eprintln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;

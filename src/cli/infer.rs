@@ -167,10 +167,9 @@ pub fn run_embed(a: EmbedArgs, quiet: bool) -> anyhow::Result<()> {
     genslm::atomic::check_parquet_name("--out", &a.out)?;
     if let Some(png) = &a.plot {
         genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--plot", png)])?;
+        // Before any work, with the name: a --plot that is a directory failed after the
+        // embeddings were written, saying "Nothing was written".
         genslm::atomic::check_png_name("--plot", png)?;
-        // Before any work: a --plot that is a directory failed after the embeddings were
-        // written, saying "Nothing was written".
-        genslm::atomic::check_replaceable(png)?;
         // And its directory: the embeddings were written, then the picture failed.
         genslm::atomic::check_output_dir(png)?;
     }

@@ -93,7 +93,6 @@ pub fn run(a: VariantsArgs, quiet: bool) -> anyhow::Result<()> {
     if let Some(png) = &a.heatmap {
         genslm::atomic::distinct_outputs(&[("--out", &a.out), ("--heatmap", png)])?;
         genslm::atomic::check_png_name("--heatmap", png)?;
-        genslm::atomic::check_replaceable(png)?;
         genslm::atomic::check_output_dir(png)?;
     }
     let s = run_variants(&a.model, &a.fasta, &opts, &a.out)?;

@@ -76,7 +76,7 @@ pub fn discover_or_skip(
         }
         let meta = std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
         if meta.is_dir() {
-            let (mut found, mut passed_over) = (Vec::new(), Vec::new());
+            let (mut found, mut passed_over) = (Vec::new(), None);
             for entry in walkdir::WalkDir::new(p).follow_links(true) {
                 let entry = match entry {
                     Ok(entry) => entry,
@@ -97,11 +97,11 @@ pub fn discover_or_skip(
                 } else if !entry.file_type().is_dir() && has_fasta_extension(entry.path()) {
                     // A named pipe or device under a FASTA name: never read from a walk (a
                     // pipe would block it), named below if nothing else is found.
-                    passed_over.push(entry.into_path());
+                    passed_over.get_or_insert(entry.into_path());
                 }
             }
             if found.is_empty() {
-                let passed = match passed_over.first() {
+                let passed = match &passed_over {
                     Some(f) => format!(
                         "; passed over {} ({}): name it directly to read it",
                         f.display(),

@@ -33,9 +33,7 @@ pub fn describe_parse_error(e: &ParseError, path: &Path, compressed: bool) -> St
             "no record: the stream was empty or too short to be FASTA".into()
         }
         ParseErrorKind::UnknownFormat if compressed && decompressed_is_compressed(path) => {
-            "compressed twice (its decompressed text is compressed again, as a .gz.gz is): \
-             decompress it once"
-                .into()
+            crate::data::fastx_open::COMPRESSED_TWICE.into()
         }
         ParseErrorKind::UnknownFormat if compressed || regular.is_none() => {
             format!(

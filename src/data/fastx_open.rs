@@ -116,6 +116,10 @@ fn magic(head: &[u8]) -> [u8; 2] {
     ]
 }
 
+/// What a file whose decompressed text starts compressed again is told (FASTA and VCF).
+pub const COMPRESSED_TWICE: &str = "compressed twice (its decompressed text is compressed \
+     again, as a .gz.gz is): decompress it once";
+
 /// Whether a file whose first bytes are `head` (up to 4) is read through a decompressor.
 pub fn is_compressed(head: &[u8]) -> bool {
     matches!(magic(head), GZ_MAGIC | BZ_MAGIC | XZ_MAGIC | ZST_MAGIC) || skippable_frame(head)

@@ -171,12 +171,7 @@ pub fn read_vcf(path: &Path, skip: bool) -> Result<(Vec<Variant>, Vec<BadLine>)>
         }
         let Ok(mut text) = std::str::from_utf8(&buf) else {
             if line == 1 && compressed && crate::data::fastx_open::is_compressed(&buf) {
-                return Err(err(
-                    line,
-                    "compressed twice (its decompressed text is compressed again, as a .gz.gz \
-                     is): decompress it once"
-                        .into(),
-                ));
+                return Err(err(line, crate::data::fastx_open::COMPRESSED_TWICE.into()));
             }
             return Err(err(line, "not UTF-8 text (is this a VCF?)".into()));
         };
