@@ -13,8 +13,17 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// Paths removed on a signal, by registration number: files and whole directories.
-static PATHS: Mutex<Vec<(u64, PathBuf, bool)>> = Mutex::new(Vec::new());
+/// What a signal does to a registered path.
+#[derive(Debug)]
+enum Undo {
+    /// Removes a file (`false`) or a directory and everything in it (`true`).
+    Remove(bool),
+    /// Renames it back to this path (an entry moved aside), replacing what is there.
+    RenameTo(PathBuf),
+}
+
+/// Paths undone on a signal, by registration number, in that order.
+static PATHS: Mutex<Vec<(u64, PathBuf, Undo)>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
 /// The pipe's write end, -1 until [`install`].
 static PIPE: AtomicI32 = AtomicI32::new(-1);
@@ -33,7 +42,17 @@ pub fn register(path: PathBuf, dir: bool) -> Registered {
     PATHS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .push((id, path, dir));
+        .push((id, path, Undo::Remove(dir)));
+    Registered(id)
+}
+
+/// Registers `aside` to be renamed back to `to` (what stood there is removed first).
+pub fn register_rename(aside: PathBuf, to: PathBuf) -> Registered {
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    PATHS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((id, aside, Undo::RenameTo(to)));
     Registered(id)
 }
 
@@ -70,14 +89,21 @@ pub fn fired() -> bool {
     FIRED.load(Ordering::SeqCst)
 }
 
-/// Removes every registered path (best effort: the process is ending).
+/// Removes every registered path, or renames it back (best effort: the process is ending).
 pub fn remove_registered() {
     let paths = PATHS.lock().unwrap_or_else(|p| p.into_inner());
-    for (_, p, dir) in paths.iter() {
-        let _ = if *dir {
-            std::fs::remove_dir_all(p)
-        } else {
-            std::fs::remove_file(p)
+    for (_, p, undo) in paths.iter() {
+        let _ = match undo {
+            Undo::Remove(true) => std::fs::remove_dir_all(p),
+            Undo::Remove(false) => std::fs::remove_file(p),
+            Undo::RenameTo(to) => {
+                // A new run's file of the same name (its dataset) is replaced by the rename; a
+                // directory must go first.
+                if std::fs::symlink_metadata(to).is_ok_and(|m| m.is_dir()) {
+                    let _ = std::fs::remove_dir_all(to);
+                }
+                std::fs::rename(p, to)
+            }
         };
     }
 }

@@ -107,6 +107,41 @@ fn an_overflowing_update_is_never_saved() {
     assert!(ok, "latest loads: {err}");
 }
 
+/// Unclipped, a finite gradient of norm ~1e27 overflowed AdamW's f32 second moment: the
+/// weights stayed finite, the run saved and exited 0, and its resume refused the run's own
+/// checkpoint as corrupt. Such a step is skipped (or stops the run, saying why) like a
+/// non-finite one, and what is saved resumes.
+#[test]
+fn a_gradient_whose_square_overflows_is_not_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("big");
+    let args = [
+        "--steps",
+        "4",
+        "--lr",
+        "1e3",
+        "--warmup",
+        "1",
+        "--max-grad-norm",
+        "0",
+        "--checkpoint-every",
+        "2",
+    ];
+    let (ok, err) = train(&out, &args);
+    assert!(
+        !ok && err.contains("too large for the optimizer") && err.contains("--max-grad-norm"),
+        "{err}"
+    );
+    let (ok, err) = train(
+        &out,
+        &[&args[..], &["--skip-nonfinite", "--overwrite"]].concat(),
+    );
+    assert!(ok && err.contains("step skipped"), "{err}");
+    let more = ["--steps", "6", "--skip-nonfinite", "--resume"];
+    let (ok, err) = train(&out, &[&args[2..], &more[..]].concat());
+    assert!(ok, "{err}");
+}
+
 /// `--skip-nonfinite` stops, exit ≠ 0, after more than `--max-consecutive-skips` skipped steps
 /// in a row (dc757c5 skipped 37 of 40 and exited 0 with "loss NaN").
 #[test]

@@ -8,7 +8,9 @@ use crate::model::GenSlm;
 use crate::parallel::ranks::Ranks;
 use crate::parallel::topology::Topology;
 use crate::train::master::{fp32, numel_bytes, working};
-use crate::train::optim::{clip_factor, each_finite, numel, sums_of_squares, AdamW, AdamWConfig};
+use crate::train::optim::{
+    clip_factor, each_finite, numel, sums_of_squares, update_applies, AdamW, AdamWConfig,
+};
 use crate::train::optim_shards::MomentRun;
 use crate::train::shard::{
     combine_norm, global_grad_norm, is_tp_slice, param_groups, reduce_gradients, reduce_params,
@@ -160,7 +162,7 @@ impl DistOptim {
                     reduce_gradients(&mut grads, model, ranks)?;
                 }
                 let norm = global_grad_norm(&grads, model, ranks)?;
-                let applied = loss_finite && norm.is_finite();
+                let applied = update_applies(loss_finite, norm, max_norm);
                 if applied {
                     let k = clip_factor(norm, max_norm);
                     params = opt.update(params, grads, k, &model.layout.specs, lr);
@@ -197,7 +199,7 @@ impl DistOptim {
                     sums_of_squares(&mine).iter().sum()
                 });
                 let norm = combine_norm(rep[0], rep[1], pos_sq, ranks)?;
-                let applied = loss_finite && norm.is_finite();
+                let applied = update_applies(loss_finite, norm, max_norm);
                 if applied {
                     let k = clip_factor(norm, max_norm);
                     shard.update(

@@ -44,10 +44,21 @@ impl NonFinitePolicy {
             )));
         }
         if !finite && !t.skip_nonfinite {
+            let what = if loss.is_finite() && norm.is_finite() {
+                // Finite, but past what AdamW's f32 moments hold (`MAX_UPDATE_NORM`).
+                format!(
+                    "gradient norm {norm:.3e} is too large for the optimizer (its square \
+                     overflows AdamW's f32 moments); lower --lr, clip with --max-grad-norm, \
+                     check the data,"
+                )
+            } else {
+                format!(
+                    "loss {loss} / gradient norm {norm} is not finite; lower --lr, check the data,"
+                )
+            };
             return Err(Error::Invalid(format!(
-                "step {step}: loss {loss} / gradient norm {norm} is not finite; lower --lr, check the \
-                 data, or pass --skip-nonfinite to skip such steps (a checkpoint saved before \
-                 resumes with --resume)"
+                "step {step}: {what} or pass --skip-nonfinite to skip such steps (a checkpoint \
+                 saved before resumes with --resume)"
             )));
         }
         Ok(())

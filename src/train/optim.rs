@@ -304,6 +304,19 @@ pub fn numel(ts: &[Tensor<1>]) -> usize {
     ts.iter().map(|t| t.dims()[0]).sum()
 }
 
+/// The largest (clipped) gradient norm an update takes. AdamW's second moment adds `g²` in
+/// f32, which overflows past |g| ≈ 1.8e19: an unclipped gradient of norm 2.5e30 (finite, the
+/// norm is summed in f64) left the weights finite but the moments infinite, and the checkpoint
+/// saved after it was refused as corrupt at the resume. Every element is at most the norm.
+pub const MAX_UPDATE_NORM: f64 = 1e19;
+
+/// Whether a step's update is applied: a finite loss, and a gradient whose norm (after
+/// clipping to `max_norm`) is finite and at most [`MAX_UPDATE_NORM`]. Otherwise the step is
+/// skipped (or stops the run), as a non-finite one is.
+pub fn update_applies(loss_finite: bool, norm: f64, max_norm: f64) -> bool {
+    loss_finite && norm.is_finite() && norm * clip_factor(norm, max_norm) <= MAX_UPDATE_NORM
+}
+
 /// Factor that brings a gradient of norm `norm` down to `max_norm` (1 when already below).
 pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
     if max_norm > 0.0 && norm > max_norm {
@@ -432,6 +445,11 @@ mod tests {
         assert!((n - 5.0).abs() < 1e-9);
         assert!((clip_factor(5.0, 1.0) - 1.0 / (5.0 + 1e-6)).abs() < 1e-12);
         assert_eq!(clip_factor(0.5, 1.0), 1.0);
+        // A norm whose square overflows f32 is applied only once clipping brings it down.
+        assert!(update_applies(true, 1e18, 0.0) && !update_applies(true, 2e19, 0.0));
+        assert!(update_applies(true, 2.5e30, 1.0) && !update_applies(true, 2.5e30, 1e20));
+        assert!(!update_applies(false, 1.0, 1.0) && !update_applies(true, f64::NAN, 1.0));
+        assert!(((f32::MAX as f64).sqrt() > MAX_UPDATE_NORM) && (1e19f32 * 1e19f32).is_finite());
         // Over many chunks, against an f64 sum.
         let xs: Vec<f32> = (0..100_003)
             .map(|i| ((i % 977) as f32 - 488.0) * 1e-3)

@@ -222,8 +222,13 @@ pub fn train_rank(
         if !out.applied && ranks.is_root() {
             bar.suspend(|| {
                 eprintln!(
-                    "warning: step {}: non-finite loss or gradient, step skipped",
-                    state.step
+                    "warning: step {}: {}, step skipped",
+                    state.step,
+                    if loss.is_finite() && out.grad_norm.is_finite() {
+                        "gradient too large for the optimizer's f32 moments"
+                    } else {
+                        "non-finite loss or gradient"
+                    }
                 )
             });
         }

@@ -10,10 +10,11 @@ use crate::train::checkpoint::{checkpoints_dir, step_of};
 use crate::run_lock::{RUN_FILES, RUN_MARKERS};
 
 /// Makes `run` (which exists and is locked) ready for a run: refuses a fresh run into a
-/// directory that already holds one unless `overwrite`, which removes that run first — but
-/// never an entry that `inputs` (what this run reads) are or lie inside — and removes the
-/// temporary files of killed saves.
-pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> Result<()> {
+/// directory that already holds one unless `overwrite`, which moves that run aside (see
+/// [`Replaced`]) — but never an entry that `inputs` (what this run reads) are or lie inside —
+/// and removes the temporary files of killed saves.
+pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> Result<Replaced> {
+    let mut replaced = Replaced::default();
     let existing = ["checkpoints/latest", "metrics.jsonl"]
         .iter()
         .map(|e| run.join(e))
@@ -76,17 +77,74 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
             }
         }
         for p in entries {
-            let r = if p.is_dir() {
-                std::fs::remove_dir_all(&p)
-            } else if p.exists() {
-                std::fs::remove_file(&p)
-            } else {
-                Ok(())
-            };
-            r.map_err(|e| Error::io(&p, e))?;
+            if std::fs::symlink_metadata(&p).is_ok() {
+                replaced.move_aside(&p)?;
+            }
         }
     }
-    clean_stale(run, inputs)
+    clean_stale(run, inputs)?;
+    Ok(replaced)
+}
+
+/// The old run's entries `--overwrite` moved aside (`.NAME.replaced-PID`, in the run
+/// directory): removed once the new run has started ([`Replaced::remove`]), put back when it
+/// fails to ([`Replaced::restore`]) or a signal ends it first. Removed up front, the old run
+/// was lost to a new one that then stopped on a FASTA record it could not read.
+#[derive(Debug, Default)]
+pub struct Replaced {
+    moved: Vec<(PathBuf, PathBuf, crate::interrupt::Registered)>,
+}
+
+impl Replaced {
+    fn move_aside(&mut self, p: &Path) -> Result<()> {
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        let aside = p.with_file_name(format!(".{name}.replaced-{}", std::process::id()));
+        if std::fs::symlink_metadata(&aside).is_ok() {
+            self.restore();
+            return Err(Error::Invalid(format!(
+                "--overwrite moves the old run's {name} to {} until the new run has started, \
+                 but that name is taken; nothing was changed. Move it away, then retry",
+                aside.display()
+            )));
+        }
+        if let Err(e) = std::fs::rename(p, &aside) {
+            self.restore();
+            return Err(Error::io(p, e));
+        }
+        let back = crate::interrupt::register_rename(aside.clone(), p.to_path_buf());
+        self.moved.push((p.to_path_buf(), aside, back));
+        Ok(())
+    }
+
+    /// The new run has started: the old one goes for good. Housekeeping: a part that cannot
+    /// be removed is named, not a reason to stop the new run.
+    pub fn remove(self) {
+        for (_, aside, back) in self.moved {
+            drop(back);
+            if let Err(e) = remove_entry(&aside) {
+                eprintln!("warning: {e}: the run --overwrite replaced; remove it yourself");
+            }
+        }
+    }
+
+    /// The new run did not start: what it wrote under the old run's names goes, and the old
+    /// run's entries come back, as they were.
+    pub fn restore(&mut self) {
+        for (p, aside, back) in self.moved.drain(..).rev() {
+            drop(back);
+            if std::fs::symlink_metadata(&p).is_ok() {
+                let _ = remove_entry(&p);
+            }
+            if let Err(e) = std::fs::rename(&aside, &p) {
+                eprintln!(
+                    "warning: {}: the old run's {}, moved aside by --overwrite, could not be \
+                     put back ({e}); rename it yourself",
+                    aside.display(),
+                    p.display()
+                );
+            }
+        }
+    }
 }
 
 /// Whether `name` is a checkpoint being written (`.step-N.tmp`) or pruned (`.step-N.pruning`):

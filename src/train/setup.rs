@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::host_memory::available_bytes;
 use crate::parallel::parallelize::check_positions;
 use crate::parallel::Topology;
-use crate::run_lock::RunLock;
+use crate::run_lock::{RunLock, RUN_FILES};
 use crate::tokenizer::CodonTokenizer;
 use crate::train::checkpoint::{read_saved, Saved};
 use crate::train::memory::{
@@ -347,8 +347,12 @@ pub fn prepare_run(
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
         Err(e) => return Err(Error::io(run, e)),
     };
+    let had_lock = std::fs::symlink_metadata(run.join(crate::run_lock::LOCK_FILE)).is_ok();
     // Refused here, nothing is removed: the directory is another process's from now on.
     let lock = RunLock::acquire(run, "train")?;
+    // Set once the directory is this run's: a fresh run's failed start then removes what it
+    // wrote and puts back the run `--overwrite` moved aside.
+    let mut claimed = None;
     // A signal before the run starts takes a directory this process made, as an error does
     // below (a SIGTERM while tokenizing left it with a half-written `.data.parquet.new`).
     let _new = created.then(|| crate::interrupt::register(run.to_path_buf(), true));
@@ -380,7 +384,7 @@ pub fn prepare_run(
                 std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
             }
         }
-        claim(run, opts.resume, opts.overwrite, &inputs)?;
+        claimed = Some(claim(run, opts.resume, opts.overwrite, &inputs)?);
         let corpus = load_corpus(cfg, data, run, saved.as_ref())?;
         setting_notes(cfg);
         let toml = toml::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
@@ -388,12 +392,29 @@ pub fn prepare_run(
         Ok(corpus)
     })();
     match result {
-        Ok(corpus) => Ok((corpus, lock)),
+        Ok(corpus) => {
+            if let Some(replaced) = claimed {
+                replaced.remove();
+            }
+            Ok((corpus, lock))
+        }
         Err(e) => {
+            // Nothing of a run that never started stays behind; removed while the lock is
+            // still held, so no other process is inside.
             if created {
-                // Nothing of a run that never started stays behind; removed while the lock
-                // is still held, so no other process is inside.
                 let _ = std::fs::remove_dir_all(run);
+            } else if let Some(mut replaced) = claimed.filter(|_| !opts.resume) {
+                // A fresh run's claim left none of a run's names in the directory: what
+                // stands there now is this run's.
+                for name in RUN_FILES {
+                    let _ = std::fs::remove_file(run.join(name));
+                }
+                replaced.restore();
+            }
+            // A lock file this process added to a directory it did not make (a user's empty
+            // one, a refused resume): gone too, or the directory reads as a run's.
+            if !created && !had_lock {
+                let _ = std::fs::remove_file(&lock.path);
             }
             drop(lock);
             Err(e)

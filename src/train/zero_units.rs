@@ -46,7 +46,9 @@ use crate::parallel::topology::Topology;
 use crate::train::dist_optim::StepOutcome;
 use crate::train::layerwise::{Unit, UnitWeights};
 use crate::train::master::{layout_on, numel_bytes, working};
-use crate::train::optim::{clip_factor, each_finite, sums_of_squares, AdamW, AdamWConfig};
+use crate::train::optim::{
+    clip_factor, each_finite, sums_of_squares, update_applies, AdamW, AdamWConfig,
+};
 use crate::train::optim_shards::MomentRun;
 use crate::train::shard::{combine_norm, is_tp_slice};
 use crate::train::zero_shard::ZeroShard;
@@ -294,7 +296,7 @@ impl ZeroUnits {
         }
         ranks.data.all_reduce_sum_f64(&mut sq)?;
         let norm = combine_norm(sq[0], sq[1], None, ranks)?;
-        let applied = loss_finite && norm.is_finite();
+        let applied = update_applies(loss_finite, norm, max_norm);
         let mut bad = [0.0f64];
         if applied {
             let k_clip = clip_factor(norm, max_norm);
