@@ -10,7 +10,7 @@ pub enum Error {
     #[error("{}: {err}{}", path.display(), io_hint(path, err))]
     Io { path: PathBuf, err: std::io::Error },
     /// A FASTA file or one of its records is unusable.
-    #[error("{}{}: {msg}", file.display(), record.as_ref().map(|r| format!(", record '{r}'")).unwrap_or_default())]
+    #[error("{}{}: {msg}", file.display(), record.as_ref().map(|r| format!(", record '{}'", short_id(r))).unwrap_or_default())]
     Fasta {
         file: PathBuf,
         record: Option<String>,
@@ -55,6 +55,31 @@ pub fn short_num(v: f64) -> String {
     } else {
         format!("{v:e}")
     }
+}
+
+/// A record id as a message shows it: control characters escaped (an escape sequence in a
+/// FASTA header reached the terminal), and past 80 characters cut, with the full length (a
+/// 100 KB header was printed whole in every message that named the record).
+pub fn short_id(id: &str) -> String {
+    const KEEP: usize = 80;
+    let shown = |s: &str| -> String {
+        s.chars()
+            .flat_map(|c| {
+                let esc: Vec<char> = if c.is_control() {
+                    c.escape_default().collect()
+                } else {
+                    vec![c]
+                };
+                esc
+            })
+            .collect()
+    };
+    let n = id.chars().count();
+    if n <= KEEP {
+        return shown(id);
+    }
+    let head: String = id.chars().take(KEEP).collect();
+    format!("{}… ({n} characters)", shown(&head))
 }
 
 /// The first five of `items`, comma-separated, then `…` when there are more: how a message
@@ -220,5 +245,25 @@ mod tests {
         ] {
             assert_eq!(short_num(v), s);
         }
+    }
+
+    /// Record ids in messages: short ones as they are, control characters escaped, long ones
+    /// cut after 80 characters (counted in characters, not bytes) with the full length.
+    #[test]
+    fn record_ids_are_shown_short_and_printable() {
+        assert_eq!(short_id("NC_045512.2"), "NC_045512.2");
+        assert_eq!(short_id("a\u{1b}[2Jb\0"), "a\\u{1b}[2Jb\\u{0}");
+        let long = "é".repeat(100_000);
+        let e = Error::Fasta {
+            file: "x.fa".into(),
+            record: Some(long),
+            msg: "bad".into(),
+        }
+        .to_string();
+        let want = format!(
+            "x.fa, record '{}… (100000 characters)': bad",
+            "é".repeat(80)
+        );
+        assert_eq!(e, want);
     }
 }

@@ -541,23 +541,42 @@ fn pipeline_flags_train_and_log_the_bubble() {
     let bad = dir.path().join("bad");
     let (ok, err) = try_train(&bad, &data(), &["--pp-schedule", "gpipe"]);
     assert!(!ok && err.contains("give --pp P"), "{err}");
-    // The same from a config file (pp_virtual = 2 with one stage trained and was recorded).
+    // The same from a config file (pp_virtual = 2 or an interleaved schedule with one stage
+    // trained and was recorded); the file's default schedule is no setting.
     let text = std::fs::read_to_string(tiny()).unwrap();
     let cfg = dir.path().join("chunks.toml");
-    std::fs::write(&cfg, format!("{text}\n[train]\npp_virtual = 2\n")).unwrap();
-    let (ok, _, err) = run(&[
-        "train",
-        "--fasta",
-        &data(),
-        "--config",
-        &cfg.display().to_string(),
-        "--out",
-        &bad.display().to_string(),
-        "--quiet",
-    ]);
-    assert!(
-        !ok && err.contains("chunks.toml: pp_virtual = 2") && err.contains("give --pp P"),
-        "{err}"
-    );
-    assert!(!bad.exists());
+    for (line, says) in [
+        ("pp_virtual = 2", Some("chunks.toml: pp_virtual = 2")),
+        (
+            "pp_schedule = \"interleaved\"",
+            Some("chunks.toml: pp_schedule = \"interleaved\""),
+        ),
+        ("pp_schedule = \"1f1b\"", None),
+    ] {
+        std::fs::write(&cfg, format!("{text}\n[train]\n{line}\n")).unwrap();
+        let (ok, _, err) = run(&[
+            "train",
+            "--fasta",
+            &data(),
+            "--config",
+            &cfg.display().to_string(),
+            "--out",
+            &bad.display().to_string(),
+            "--quiet",
+            "--steps",
+            "1",
+            "--seq-len",
+            "32",
+        ]);
+        match says {
+            Some(says) => {
+                assert!(
+                    !ok && err.contains(says) && err.contains("give --pp P"),
+                    "{err}"
+                );
+                assert!(!bad.exists());
+            }
+            None => assert!(ok, "{line}: {err}"),
+        }
+    }
 }

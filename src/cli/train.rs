@@ -330,14 +330,22 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
     t.checkpoint_activations |= a.checkpoint_activations;
     t.megatron_sp &= !a.no_megatron_sp;
     t.overlap &= !a.no_overlap;
-    // The same from the file: chunks or a split of stages with one stage were accepted and
-    // recorded, and meant nothing.
-    if a.degrees.pp <= 1 && (t.pp_virtual > 1 || t.pp_layers.is_some()) {
-        let set = match (t.pp_virtual > 1, t.pp_layers.is_some()) {
-            (true, true) => format!("pp_virtual = {} and pp_layers", t.pp_virtual),
-            (true, false) => format!("pp_virtual = {}", t.pp_virtual),
-            _ => "pp_layers".to_string(),
-        };
+    // The same from the file: chunks, a split of stages or a schedule with one stage were
+    // accepted and recorded, and meant nothing (the file's default schedule is no setting).
+    let schedule = train_keys.iter().any(|k| k == "pp_schedule")
+        && t.pp_schedule != genslm::parallel::pipeline::schedule::ScheduleKind::OneFOneB;
+    if a.degrees.pp <= 1 && (t.pp_virtual > 1 || t.pp_layers.is_some() || schedule) {
+        let mut set = Vec::new();
+        if schedule {
+            set.push(format!("pp_schedule = {:?}", t.pp_schedule.to_string()));
+        }
+        if t.pp_virtual > 1 {
+            set.push(format!("pp_virtual = {}", t.pp_virtual));
+        }
+        if t.pp_layers.is_some() {
+            set.push("pp_layers".to_string());
+        }
+        let set = set.join(" and ");
         anyhow::bail!(
             "{}: {set} set up pipeline stages: give --pp P (2 or more), or remove it from the \
              file",

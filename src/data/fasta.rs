@@ -210,9 +210,10 @@ impl DuplicateIds {
     pub fn warning(&self, rows: &str) -> Option<String> {
         let first = self.first.as_ref()?;
         Some(format!(
-            "{} record(s) repeat an id seen before (the first: '{first}'); {rows} in input \
+            "{} record(s) repeat an id seen before (the first: '{}'); {rows} in input \
              order, so rows of one id are told apart only by their position",
-            self.count
+            self.count,
+            crate::error::short_id(first)
         ))
     }
 }
@@ -318,7 +319,10 @@ pub fn read_raw(
                     .as_ref()
                     .map(|h| h.split_whitespace().next().unwrap_or_default().to_string());
                 if record.is_none() && !last_id.is_empty() {
-                    msg.push_str(&format!(" (after record '{last_id}')"));
+                    msg.push_str(&format!(
+                        " (after record '{}')",
+                        crate::error::short_id(&last_id)
+                    ));
                 }
                 // gzip and zstd check their data only at the end of a stream, bzip2 after a
                 // block is handed on: the records read before the damage may be damaged too
@@ -369,7 +373,7 @@ pub fn read_raw(
             let after = if last_id.is_empty() {
                 String::new()
             } else {
-                format!(", after record '{last_id}',")
+                format!(", after record '{}',", crate::error::short_id(&last_id))
             };
             let err = file_err(match control {
                 None => format!(

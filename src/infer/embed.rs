@@ -202,7 +202,8 @@ fn embedding_row<'r>(
         return Err(Error::Invalid(format!(
             "record '{}': its embedding (layer {layer}) holds {} at dimension {i}: the model's \
              hidden states are not finite (do its weights overflow in fp32?); nothing was written",
-            p.id, e[i]
+            crate::error::short_id(&p.id),
+            e[i]
         )));
     }
     Ok(EmbeddingRow {
@@ -536,7 +537,7 @@ pub fn embed_to_parquet(
                     "{}: record '{}' holds token id {t}, outside the model's vocabulary of {} \
                      ids; was this file tokenized for another model?",
                     path.display(),
-                    r.id,
+                    crate::error::short_id(&r.id),
                     model.cfg.vocab_size
                 )));
             }

@@ -233,7 +233,9 @@ pub fn score_fasta(
                 return Err(Error::Invalid(format!(
                     "record '{}': token {}'s log-probability is {} (the model's outputs are not \
                      finite: do its weights overflow in fp32?)",
-                    ids[r], s.index, s.log_prob
+                    crate::error::short_id(ids[r]),
+                    s.index,
+                    s.log_prob
                 )));
             }
             sums[r].0 += scores.iter().map(|x| -x.log_prob).sum::<f64>();
