@@ -6,7 +6,9 @@
 //! The handler itself only writes the signal's number to a pipe (`write` is one of the few
 //! calls a signal handler may make); a thread reads it, removes the registered paths, restores
 //! the default action and raises the signal again, so the exit status is the signal's (130,
-//! 143) as shells and Slurm expect. A second signal while the first is handled dies at once.
+//! 143) as shells and Slurm expect. A second signal within 3 s of the first lets the cleanup
+//! finish; a later one (a cleanup that seems stuck) ends the process at once. What a thread
+//! registers once the cleanup has begun it removes itself, then waits for the end.
 //! `kill -9` cannot be caught: the next writer's sweep stays the answer to it.
 
 use std::path::PathBuf;
@@ -28,6 +30,23 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 /// The pipe's write end, -1 until [`install`].
 static PIPE: AtomicI32 = AtomicI32::new(-1);
 static FIRED: AtomicBool = AtomicBool::new(false);
+/// When the first signal came (CLOCK_MONOTONIC, ns): a second within [`GRACE_NS`] waits for
+/// the cleanup, a later one ends the process at once.
+static FIRST_NS: AtomicU64 = AtomicU64::new(0);
+/// Ctrl-C pressed twice in a row killed the process in the middle of its cleanup, leaving the
+/// temporaries the first press was removing; a cleanup still running after this is stuck.
+const GRACE_NS: u64 = 3_000_000_000;
+
+/// CLOCK_MONOTONIC in ns (`clock_gettime` is async-signal-safe).
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
 
 const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
@@ -38,21 +57,28 @@ pub struct Registered(u64);
 
 /// Registers `path` (a file, or with `dir` a directory and everything in it).
 pub fn register(path: PathBuf, dir: bool) -> Registered {
-    let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    PATHS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push((id, path, Undo::Remove(dir)));
-    Registered(id)
+    push(path, Undo::Remove(dir))
 }
 
 /// Registers `aside` to be renamed back to `to` (what stood there is removed first).
 pub fn register_rename(aside: PathBuf, to: PathBuf) -> Registered {
+    push(aside, Undo::RenameTo(to))
+}
+
+fn push(path: PathBuf, undo: Undo) -> Registered {
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    PATHS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push((id, aside, Undo::RenameTo(to)));
+    let mut paths = PATHS.lock().unwrap_or_else(|p| p.into_inner());
+    if fired() {
+        // Made while (or after) the signal's cleanup ran, which may have missed it (a file
+        // created in a staging directory being removed): undone here, and this thread waits
+        // for the signal's thread to end the process.
+        undo_one(&path, &undo);
+        drop(paths);
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    }
+    paths.push((id, path, undo));
     Registered(id)
 }
 
@@ -69,11 +95,16 @@ extern "C" fn on_signal(sig: libc::c_int) {
     // SAFETY: signal, raise and write are async-signal-safe; nothing else is touched.
     unsafe {
         if FIRED.swap(true, Ordering::SeqCst) {
-            // Asked twice: the cleanup may be stuck; die now.
+            // Asked twice: within the grace period the cleanup goes on (it ends the process
+            // itself); after it the cleanup may be stuck: die now.
+            if now_ns().saturating_sub(FIRST_NS.load(Ordering::SeqCst)) < GRACE_NS {
+                return;
+            }
             libc::signal(sig, libc::SIG_DFL);
             libc::raise(sig);
             return;
         }
+        FIRST_NS.store(now_ns(), Ordering::SeqCst);
         let b = sig as u8;
         let fd = PIPE.load(Ordering::SeqCst);
         if fd < 0 || libc::write(fd, (&b as *const u8).cast(), 1) != 1 {
@@ -89,23 +120,44 @@ pub fn fired() -> bool {
     FIRED.load(Ordering::SeqCst)
 }
 
-/// Removes every registered path, or renames it back (best effort: the process is ending).
+/// Removes every registered path, or renames it back (best effort: the process is ending),
+/// newest first: a temporary file inside a registered directory goes before the directory.
 pub fn remove_registered() {
     let paths = PATHS.lock().unwrap_or_else(|p| p.into_inner());
-    for (_, p, undo) in paths.iter() {
-        let _ = match undo {
-            Undo::Remove(true) => std::fs::remove_dir_all(p),
-            Undo::Remove(false) => std::fs::remove_file(p),
-            Undo::RenameTo(to) => {
-                // A new run's file of the same name (its dataset) is replaced by the rename; a
-                // directory must go first.
-                if std::fs::symlink_metadata(to).is_ok_and(|m| m.is_dir()) {
-                    let _ = std::fs::remove_dir_all(to);
-                }
-                std::fs::rename(p, to)
-            }
-        };
+    for (_, p, undo) in paths.iter().rev() {
+        undo_one(p, undo);
     }
+}
+
+fn undo_one(p: &std::path::Path, undo: &Undo) {
+    let _ = match undo {
+        Undo::Remove(true) => remove_dir_racing(p),
+        Undo::Remove(false) => std::fs::remove_file(p),
+        Undo::RenameTo(to) => {
+            // A new run's file of the same name (its dataset) is replaced by the rename; a
+            // directory must go first.
+            if std::fs::symlink_metadata(to).is_ok_and(|m| m.is_dir()) {
+                let _ = std::fs::remove_dir_all(to);
+            }
+            std::fs::rename(p, to)
+        }
+    };
+}
+
+/// Removes a directory while other threads of the process may still write into it (a
+/// checkpoint's shards): a file made after the listing fails the removal, so it is tried again.
+fn remove_dir_racing(p: &std::path::Path) -> std::io::Result<()> {
+    let mut r = std::fs::remove_dir_all(p);
+    for _ in 0..20 {
+        match &r {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                r = std::fs::remove_dir_all(p);
+            }
+            _ => break,
+        }
+    }
+    r
 }
 
 /// Installs the handlers, once, at the start of `main`. A signal the process was started

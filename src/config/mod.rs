@@ -351,8 +351,11 @@ impl TrainConfig {
         if self.rank_timeout_s == 0 {
             return Err("field `rank_timeout_s` must be positive".into());
         }
-        if self.max_grad_norm.is_nan() || self.max_grad_norm < 0.0 {
-            return Err("field `max_grad_norm` must be ≥ 0".into());
+        // Infinite was accepted and saved as JSON null, which the resume refused.
+        if !self.max_grad_norm.is_finite() || self.max_grad_norm < 0.0 {
+            return Err(
+                "field `max_grad_norm` must be a finite number ≥ 0 (0 turns clipping off)".into(),
+            );
         }
         Ok(())
     }

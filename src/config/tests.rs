@@ -55,6 +55,15 @@ fn rejects_constants_that_are_not_usable_in_f32() {
         ..Default::default()
     };
     assert!(t.validate().unwrap_err().contains("weight_decay"));
+    // An infinite clip was saved as JSON null in the trainer state, which the resume refused.
+    for max_grad_norm in [f64::INFINITY, f64::NAN, -1.0] {
+        let t = TrainConfig {
+            max_grad_norm,
+            ..Default::default()
+        };
+        let err = t.validate().unwrap_err();
+        assert!(err.contains("`max_grad_norm`"), "{max_grad_norm}: {err}");
+    }
     assert!(TrainConfig::default().validate().is_ok());
 }
 

@@ -250,7 +250,11 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
                 let trash = p.with_file_name(format!(".{name}.pruning"));
                 let removed = std::fs::rename(&p, &trash)
                     .map_err(|e| Error::io(&p, e))
-                    .and_then(|_| remove_checkpoint(&trash, &mut remove_entry));
+                    .and_then(|_| {
+                        // A signal while it is emptied takes the rest with it.
+                        let _gone = crate::interrupt::register(trash.clone(), true);
+                        remove_checkpoint(&trash, &mut remove_entry)
+                    });
                 if let Err(e) = removed {
                     eprintln!(
                         "warning: {e}: not pruned (--keep-checkpoints); what is left is removed \

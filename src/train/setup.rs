@@ -458,6 +458,9 @@ fn load_corpus_from(
     reuse: bool,
     reused: &mut bool,
 ) -> Result<Corpus> {
+    // Removed if a signal ends the process before the fresh dataset is renamed into place
+    // (tens of MB were left in a directory that already existed, also while it was read back).
+    let mut _partial = None;
     let (path, fresh) = match data {
         DataSource::Parquet(p) => (p.clone(), None),
         DataSource::Fasta(paths) => {
@@ -475,9 +478,7 @@ fn load_corpus_from(
                     vocab: cfg.model.vocab,
                     ..Default::default()
                 };
-                // Removed if a signal ends the process while it is written (tens of MB were
-                // left in a directory that already existed).
-                let _partial = crate::interrupt::register(tmp.clone(), false);
+                _partial = Some(crate::interrupt::register(tmp.clone(), false));
                 tokenize_to_parquet(paths, &tmp, &opts)?;
                 (tmp, Some((out, stamp_path, stamp)))
             }
