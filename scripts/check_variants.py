@@ -88,10 +88,13 @@ def trim(at, ref, alt):
     return at, ref[:len(ref) - q], alt[:len(alt) - q]
 
 
-def windows(cds, at, ref, alt, w):
+def windows(cds, at, ref, alt, w, whole_record):
     """REF and ALT codon strings of genslm's windows (None when not scored), the window's first
     codon and the reported codons. Written from the documented rule, not from the Rust code's
-    arithmetic: the window is cut from the reference first and the change made inside it."""
+    arithmetic: the window is cut from the reference first and the change made inside it. On a
+    record that is the CDS (`whole_record`), a window reaching its last whole codon runs to the
+    record's end as training tokenized it: a partial last codon stays (the tokenizer makes it
+    [UNK]), and genslm71's [EOS] would follow (this check's vocabulary, genslm69, has none)."""
     n = len(cds) // 3
     c = at // 3
     if c >= n or at + len(ref) > 3 * n:
@@ -99,11 +102,13 @@ def windows(cds, at, ref, alt, w):
     a = min(max(c - w // 2, 0), max(n - w, 0))
     # W codons from a, stretched to hold the whole change, within the CDS's whole codons.
     end_c = min(n, max(a + min(w, n - a), -(-(at + len(ref)) // 3)))
-    ref_win = cds[3 * a:3 * end_c]
+    to_end = whole_record and end_c == n
+    ref_win = cds[3 * a:] if to_end else cds[3 * a:3 * end_c]
     k = at - 3 * a
     alt_win = ref_win[:k] + alt + ref_win[k + len(ref):]
-    alt_win = alt_win[:len(alt_win) - len(alt_win) % 3]
-    if len(ref_win) < 6 or len(alt_win) < 6:
+    if not to_end:
+        alt_win = alt_win[:len(alt_win) - len(alt_win) % 3]
+    if -(-len(ref_win) // 3) < 2 or -(-len(alt_win) // 3) < 2:
         return None
     if len(ref) == len(alt):
         last = (at + len(ref) - 1) // 3
@@ -145,7 +150,7 @@ def check(model_dir, fasta, vcf, s, e, w, table):
                 fail(f"{vid}: outside the CDS, got {r['consequence']} {r['delta_ll']}")
             continue
         cds = seqs[chrom][s - 1:e]
-        win = windows(cds, at - (s - 1), tref, talt, w)
+        win = windows(cds, at - (s - 1), tref, talt, w, s == 1 and e == len(seqs[chrom]))
         if win is None:
             if r["delta_ll"] != "NA":
                 fail(f"{vid}: not scorable (incomplete codon or an empty window), got {r['delta_ll']}")

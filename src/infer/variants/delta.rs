@@ -6,7 +6,9 @@
 //! reference's codons of the window; ALT is the same reference bases with the change made (an
 //! indel makes it longer or shorter; a trailing partial codon is dropped). Both are scored from
 //! their first codon, which is never predicted, so the variant's own codon is scored whenever
-//! it is not the window's first (only the start codon of a CDS shorter than W/2 is not).
+//! it is not the window's first (only the start codon of a CDS shorter than W/2 is not). On a
+//! record that is the CDS, windows at its ends hold what training saw there (`[BOS]`; a
+//! partial last codon's `[UNK]` and `[EOS]`): see `place`.
 //!
 //! **Δ.** Σ log p(ALT tokens) − Σ log p(REF tokens), each over every predicted token of its
 //! window, not normalised: a causal model's predictions before the variant are the same in

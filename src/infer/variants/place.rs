@@ -95,8 +95,27 @@ pub(super) fn place(
         t.extend(codon_tokens(tok, bases));
         t
     };
-    let reference = with_bos(&cds_seq[3 * a..win_end]);
-    let alt = with_bos(&alt_cds[3 * a..alt_end]);
+    // The same at the end: a window that reaches the end of a record that is the CDS ends as
+    // the record did in training, with its last bases (a partial codon as `[UNK]`, which an
+    // indel can make or unmake) and `[EOS]` where the vocabulary has one: a stop codon lost or
+    // gained there changes how likely the record is to end. A window covering the whole record
+    // is then exactly its tokens. Elsewhere, the window's whole codons only.
+    let (reference, alt) = if s == 0 && e == seq.len() && end_c == n {
+        let to_end = |bases: &[u8]| {
+            let mut t = with_bos(bases);
+            if bases.len() % 3 != 0 {
+                t.push(tok.unk_id());
+            }
+            t.extend(tok.eos_id());
+            t
+        };
+        (to_end(&cds_seq[3 * a..]), to_end(&alt_cds[3 * a..]))
+    } else {
+        (
+            with_bos(&cds_seq[3 * a..win_end]),
+            with_bos(&alt_cds[3 * a..alt_end]),
+        )
+    };
     let longest = reference.len().max(alt.len());
     let table = model.cfg.max_position_embeddings;
     if model.cfg.position == Position::Learned && longest > table {
@@ -133,4 +152,103 @@ pub(super) fn place(
         codons,
     };
     Ok((Some(ann), Some(job)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use burn::tensor::Device;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::infer::variants::delta::{full_recomputation, prefix_reuse};
+    use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
+    use crate::tokenizer::VocabKind;
+
+    /// Σ log p of a record's tokens as training wrote them (`encode`: `[BOS]`, codons, a
+    /// partial codon's `[UNK]`, `[EOS]`), by a log-softmax in f64 over the model's logits.
+    fn record_ll(model: &GenSlm, tok: &CodonTokenizer, seq: &[u8]) -> f64 {
+        let mut ids = Vec::new();
+        tok.encode_into(seq, &mut ids);
+        let x = tokens_tensor(&ids, 1, ids.len(), &model.device);
+        let logits = tensor_to_vec(&model.forward(x, 0).unwrap());
+        let v = model.cfg.vocab_size;
+        (1..ids.len())
+            .map(|t| {
+                let row: Vec<f64> = logits[(t - 1) * v..t * v]
+                    .iter()
+                    .map(|&x| x as f64)
+                    .collect();
+                let max = row.iter().cloned().fold(f64::MIN, f64::max);
+                let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+                row[ids[t] as usize] - lse
+            })
+            .sum()
+    }
+
+    /// A window that covers a record which is the CDS is the record's own tokens, with both
+    /// vocabularies: Δ equals the difference of the two whole records' log-likelihoods as
+    /// training tokenized them — `[EOS]` after a stop codon lost or gained, `[UNK]` for the
+    /// partial codon a frameshift leaves or a record ends with (variants windows had neither:
+    /// genslm71's `[EOS]` was never scored).
+    #[test]
+    fn a_window_over_the_whole_record_is_the_record_as_trained() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let whole = b"ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCTAA".to_vec();
+        let mut partial = whole.clone();
+        partial.extend(b"GC");
+        let changes = [
+            (41u64, "A", "T"), // stop lost: TAA -> TTA
+            (38, "T", "A"),    // TTC -> TAC, missense near the end
+            (37, "TT", "T"),   // frameshift by a deletion
+            (35, "A", "AGC"),  // frameshift by an insertion
+            (21, "TTAC", "T"), // in-frame deletion
+            (10, "C", "T"),    // far from the end (the window still covers all)
+        ];
+        for kind in [VocabKind::Genslm69, VocabKind::Genslm71] {
+            let mut cfg = Config::load(&path).unwrap().model;
+            cfg.vocab = kind;
+            cfg.vocab_size = 71;
+            let model = GenSlm::init(cfg, 7, &Device::flex()).unwrap();
+            let tok = CodonTokenizer::new(kind).unwrap();
+            for seq in [&whole, &partial] {
+                let n = seq.len() as u64;
+                let mut jobs = Vec::new();
+                let mut want = Vec::new();
+                for &(pos, r, a) in &changes {
+                    let v = Variant {
+                        line: 1,
+                        chrom: "g".into(),
+                        pos,
+                        id: ".".into(),
+                        reference: r.into(),
+                        alt: a.into(),
+                    };
+                    let (_, job) = place(&v, seq, (1, n), 64, &tok, &model).unwrap();
+                    jobs.push(job.unwrap());
+                    let p = pos as usize - 1;
+                    let mut alt = seq[..p].to_vec();
+                    alt.extend(a.as_bytes());
+                    alt.extend(&seq[p + r.len()..]);
+                    want.push(record_ll(&model, &tok, &alt) - record_ll(&model, &tok, seq));
+                }
+                let full = full_recomputation(&model, &jobs).unwrap();
+                let fast = prefix_reuse(&model, &jobs, 4).unwrap();
+                for (i, w) in want.iter().enumerate() {
+                    let what = format!("{kind:?}, {} bases, change {:?}", n, changes[i]);
+                    assert!(
+                        (full[i].total - w).abs() < 1e-4,
+                        "{what}: {} vs {w}",
+                        full[i].total
+                    );
+                    assert!(
+                        (fast[i].total - w).abs() < 1e-4,
+                        "{what}: {} vs {w}",
+                        fast[i].total
+                    );
+                }
+            }
+        }
+    }
 }
