@@ -180,9 +180,11 @@ impl AtomicFile {
             .ok_or_else(|| Error::Invalid(format!("{}: not a file name", target.display())))?;
         let prefix = format!(".{}.tmp-", name.to_string_lossy());
         let tmp = dir.join(format!("{prefix}{}", std::process::id()));
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        // Before the sweep, which may take a while in a large directory.
+        // Before the file exists, so that no moment leaves it unregistered (a signal between
+        // the two left `.latest.tmp-PID`), and before the sweep, which may take a while in a
+        // large directory.
         let registered = crate::interrupt::register(tmp.clone(), false);
+        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         if file.try_lock().is_ok() {
             if let Err(e) = sweep(&dir, &prefix, &tmp, target) {
                 drop(file);

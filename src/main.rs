@@ -263,7 +263,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let n = |k: usize, one: &str| format!("{k} {one}{}", if k == 1 { "" } else { "s" });
                 let skipped = match c.skipped {
                     0 => String::new(),
-                    k => format!(", {} skipped: non-finite loss or gradient", n(k, "step")),
+                    k => format!(
+                        ", {} skipped: non-finite or overflowing loss or gradient",
+                        n(k, "step")
+                    ),
                 };
                 eprintln!(
                     "plotted {} ({}{skipped}): {}",

@@ -156,7 +156,7 @@ fn skipped_steps_stay_on_the_other_curves() {
     let (ok, _, err) = run(&["plot", "--run", &s(&run_dir), "--out", &s(&png_path)]);
     assert!(
         ok && err.contains(
-            "plotted 6 steps (0 validation points, 5 steps skipped: non-finite loss or gradient)"
+            "plotted 6 steps (0 validation points, 5 steps skipped: non-finite or overflowing loss or gradient)"
         ),
         "{err}"
     );

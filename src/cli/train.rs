@@ -398,7 +398,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
             s.steps_done,
             match s.steps_skipped {
                 0 => String::new(),
-                n => format!(" ({n} skipped: non-finite loss or gradient)"),
+                n => format!(" ({n} skipped: non-finite or overflowing loss or gradient)"),
             },
             s.final_loss,
             s.final_val_loss

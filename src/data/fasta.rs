@@ -384,7 +384,7 @@ pub fn read_raw(
                     "the record at line {line}{after} has a control character ({}) in its id \
                      '{}'; ids are written into tables and printed, so rename it",
                     c.escape_unicode(),
-                    id.escape_debug()
+                    crate::error::short_id(id)
                 ),
             });
             match on_invalid {

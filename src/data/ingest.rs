@@ -275,7 +275,9 @@ fn read_all(
                 warnings.push(w);
             }
         };
-        let mut dup_warnings = Vec::new();
+        // At most as many as are printed, the rest counted (a file of a million repeated ids
+        // kept a message for each).
+        let (mut dup_warnings, mut dup_more) = (Vec::new(), 0u64);
         // Records with no whole codon (shorter than 3 bases, --drop-partial-codon): stored as
         // rows of no codons, which no command learns from or scores; said, not silent.
         let (mut no_codon, mut n_no_codon) = (Vec::new(), 0u64);
@@ -300,11 +302,15 @@ fn read_all(
             codons.finish(&mut tokens);
             if !seen.insert(hasher.hash_one(rec.id)) {
                 summary.duplicate_ids += 1;
-                dup_warnings.push(format!(
-                    "{}: duplicate record id '{}' (kept)",
-                    file.display(),
-                    rec.id
-                ));
+                if dup_warnings.len() < MAX_WARNINGS {
+                    dup_warnings.push(format!(
+                        "{}: duplicate record id '{}' (kept)",
+                        file.display(),
+                        crate::error::short_id(rec.id)
+                    ));
+                } else {
+                    dup_more += 1;
+                }
             }
             if tokens.len() as u64 == specials && no_codon.len() < 5 {
                 no_codon.push(rec.id.to_string());
@@ -329,6 +335,10 @@ fn read_all(
         })?;
         for w in dup_warnings {
             warn(w);
+        }
+        // Counted only: the warnings above filled what is printed.
+        for _ in 0..dup_more {
+            warn(String::new());
         }
         if n_no_codon > 0 {
             warn(format!(

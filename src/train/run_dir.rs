@@ -86,6 +86,44 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
     Ok(replaced)
 }
 
+/// Refuses a directory holding what an `--overwrite` killed before its new run started
+/// (`kill -9`, a crash) moved aside: the old run, under `.NAME.replaced-PID`. A resume said
+/// only "no completed checkpoint", sending the user to `--overwrite`, which would bury it.
+pub fn check_replaced_leftovers(run: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(run) else {
+        return Ok(());
+    };
+    let mut left: Vec<(String, String)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (orig, pid) = name.strip_prefix('.')?.rsplit_once(".replaced-")?;
+            let ours = RUN_MARKERS.contains(&orig) || RUN_FILES.contains(&orig);
+            (ours && is_number(pid)).then(|| (name.clone(), orig.to_string()))
+        })
+        .collect();
+    if left.is_empty() {
+        return Ok(());
+    }
+    left.sort();
+    let moves: Vec<String> = left
+        .iter()
+        .map(|(aside, orig)| format!("mv {0}/{aside} {0}/{orig}", run.display()))
+        .collect();
+    Err(Error::Invalid(format!(
+        "{} holds {}: a run that `--overwrite` moved aside, left there when the process that \
+         was replacing it was killed. Nothing was changed. To keep that run, remove what \
+         stands under those names and move it back ({}); to drop it, delete them; then start \
+         again",
+        run.display(),
+        left.iter()
+            .map(|(a, _)| a.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        moves.join("; ")
+    )))
+}
+
 /// The old run's entries `--overwrite` moved aside (`.NAME.replaced-PID`, in the run
 /// directory): removed once the new run has started ([`Replaced::remove`]), put back when it
 /// fails to ([`Replaced::restore`]) or a signal ends it first. Removed up front, the old run
@@ -109,7 +147,11 @@ impl Replaced {
         }
         if let Err(e) = std::fs::rename(p, &aside) {
             self.restore();
-            return Err(Error::io(p, e));
+            return Err(Error::Invalid(format!(
+                "--overwrite moves the old run's {} aside until the new run has started, but \
+                 it cannot be moved: {e}; nothing was changed",
+                p.display()
+            )));
         }
         let back = crate::interrupt::register_rename(aside.clone(), p.to_path_buf());
         self.moved.push((p.to_path_buf(), aside, back));
@@ -255,7 +297,14 @@ pub fn prune_checkpoints(run: &Path, keep: usize, resumed_from: Option<u64>) -> 
                         let _gone = crate::interrupt::register(trash.clone(), true);
                         remove_checkpoint(&trash, &mut remove_entry)
                     });
-                if let Err(e) = removed {
+                // After a signal its cleanup took the rest: nothing to say.
+                if let Err(e) = removed.or_else(|e| {
+                    if crate::interrupt::fired() {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                }) {
                     eprintln!(
                         "warning: {e}: not pruned (--keep-checkpoints); what is left is removed \
                          when the run next starts"

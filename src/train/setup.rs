@@ -357,6 +357,7 @@ pub fn prepare_run(
     // below (a SIGTERM while tokenizing left it with a half-written `.data.parquet.new`).
     let _new = created.then(|| crate::interrupt::register(run.to_path_buf(), true));
     let result = (|| {
+        crate::train::run_dir::check_replaced_leftovers(run)?;
         let saved = if opts.resume {
             let saved = read_saved(run)?;
             let notes = check_resume(&saved, cfg)?;
