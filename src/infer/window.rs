@@ -141,6 +141,11 @@ pub fn check_forward_memory(
 pub fn forward_bytes(c: &crate::config::ModelConfig, rows: usize, tokens: usize) -> f64 {
     let (b, s) = (rows as f64, tokens as f64);
     let mut need = 4.0 * b * s * (16.0 * c.hidden_size as f64 + c.vocab_size as f64);
+    // Flash attention's keys, laid out in panels of 64 rows per head: a window of 3 tokens
+    // takes a whole panel (16 KB at tiny's 4 heads; a million short records in one batch
+    // asked 16 GB in one allocation, and the process aborted).
+    let head_dim = c.hidden_size / c.num_heads.max(1);
+    need += 4.0 * b * c.num_heads as f64 * crate::ops::tile::panels_len(tokens, head_dim) as f64;
     if c.attention == crate::config::AttentionKind::Naive {
         need += 4.0 * 2.0 * b * c.num_heads as f64 * s * s;
     }

@@ -17,6 +17,10 @@ fn codon_tokens(tok: &CodonTokenizer, bases: &[u8]) -> Vec<u32> {
         .collect()
 }
 
+/// How far past `max(--window, max_position_embeddings)` a window may stretch to hold a long
+/// change before the variant is refused as structural.
+pub(super) const MAX_STRETCH: usize = 8;
+
 /// A variant placed on its record: its annotation and, when it can be scored, its job.
 pub(super) fn place(
     v: &Variant,
@@ -103,7 +107,7 @@ pub(super) fn place(
     let (reference, alt) = if s == 0 && e == seq.len() && end_c == n {
         let to_end = |bases: &[u8]| {
             let mut t = with_bos(bases);
-            if bases.len() % 3 != 0 {
+            if !bases.len().is_multiple_of(3) {
                 t.push(tok.unk_id());
             }
             t.extend(tok.eos_id());
@@ -129,6 +133,19 @@ pub(super) fn place(
         return Err(format!(
             "the variant's window is {longest} codons long, more than the model's {table} \
              learned positions; {fix}"
+        ));
+    }
+    // A change so long that its window dwarfs what the model was made for is a structural
+    // variant to it: a 900 kb deletion stretched its window to 300,000 codons, whose forward
+    // (quadratic in the window) ran for hours on one VCF line.
+    let most = MAX_STRETCH * w.max(table);
+    if longest > most {
+        let change = edit.reference.len().max(edit.alt.len()).div_ceil(3);
+        return Err(format!(
+            "the change spans {change} codons and its window {longest}, more than \
+             {MAX_STRETCH}× the window asked for or the model's {table} positions ({most}): \
+             a structural variant this model was not made to score; remove the line, or pass \
+             --on-invalid skip"
         ));
     }
     if reference.len() < 2 || alt.len() < 2 {
@@ -250,5 +267,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A change whose window would stretch past 8× max(--window, positions) is refused, by
+    /// line, as a structural variant; one under the bound is scored.
+    #[test]
+    fn a_structural_change_is_refused_not_run_for_hours() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let mut cfg = Config::load(&path).unwrap().model;
+        cfg.max_position_embeddings = 8;
+        let model = GenSlm::init(cfg, 1, &Device::flex()).unwrap();
+        let tok = CodonTokenizer::new(VocabKind::Genslm69).unwrap();
+        let seq: Vec<u8> = (0..1200).map(|i| b"ACGT"[(i * 7 + i / 5) % 4]).collect();
+        let n = seq.len() as u64;
+        let del = |len: usize| Variant {
+            line: 3,
+            chrom: "g".into(),
+            pos: 301,
+            id: ".".into(),
+            reference: String::from_utf8(seq[300..301 + len].to_vec()).unwrap(),
+            alt: String::from_utf8(seq[300..301].to_vec()).unwrap(),
+        };
+        // Bound: 8 × max(4, 8) = 64 codons.
+        let e = place(&del(300), &seq, (1, n), 4, &tok, &model).unwrap_err();
+        assert!(
+            e.contains("structural variant") && e.contains("(64)"),
+            "{e}"
+        );
+        let (_, job) = place(&del(150), &seq, (1, n), 4, &tok, &model).unwrap();
+        assert!(job.unwrap().reference.len() <= 64);
     }
 }
