@@ -161,3 +161,33 @@ pub fn cpu_memory_available(model: &GenSlm) -> Option<f64> {
     );
     crate::host_memory::available_bytes().filter(|_| on_cpu)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch of short windows costs at least its keys' padded panels (64 rows per head,
+    /// whatever the window's length): a million 3-token windows of tiny's 4 heads of 16 dims
+    /// are 16 GB, which the check missed before the allocation aborted.
+    #[test]
+    fn short_windows_cost_their_padded_key_panels() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let c = crate::config::Config::load(&path).unwrap().model;
+        let head_dim = c.hidden_size / c.num_heads;
+        let panels = 4.0 * 1e6 * c.num_heads as f64 * 64.0 * head_dim as f64;
+        assert!(
+            (panels - 16.384e9).abs() < 1.0,
+            "tiny's shape changed: {panels}"
+        );
+        let acts = 4.0 * 1e6 * 3.0 * (16.0 * c.hidden_size as f64 + c.vocab_size as f64);
+        let need = forward_bytes(&c, 1_000_000, 3);
+        assert!(
+            (need - (acts + panels)).abs() < 1.0,
+            "{need} vs {acts} + {panels}"
+        );
+        // A long window's own activations still dominate, panels padded by under one panel.
+        let long = forward_bytes(&c, 1, 4096);
+        let own = 4.0 * 4096.0 * (16.0 * c.hidden_size as f64 + c.vocab_size as f64);
+        assert!(long >= own && long < 1.2 * own, "{long} vs {own}");
+    }
+}
