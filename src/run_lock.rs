@@ -74,6 +74,15 @@ pub fn parent_dir(path: &Path) -> &Path {
     }
 }
 
+/// The run `path` is or belongs to (its directory, one of its files, anything under its
+/// `checkpoints/`): for messages that point a user who named a part of a run to the run.
+pub fn run_holding(path: &Path) -> Option<PathBuf> {
+    if path.join("checkpoints").join("latest").is_file() {
+        return Some(path.to_path_buf());
+    }
+    run_of(path)
+}
+
 /// The run directory `target` is one of the own files of: a run's markers, files or lock in
 /// its directory, or anything under its `checkpoints/`.
 fn run_of(target: &Path) -> Option<PathBuf> {

@@ -399,6 +399,24 @@ fn pipes_binaries_and_files_in_the_wrong_place_are_named() {
             vec!["convert", &s(common::trained_tiny()), "--out", &out],
             "a genslm run directory",
         ),
+        // A part of a run named for the run: pointed to it.
+        (
+            vec![
+                "convert",
+                &s(&common::trained_tiny().join("checkpoints")),
+                "--out",
+                &out,
+            ],
+            "part of the genslm run in",
+        ),
+        (
+            vec![
+                "generate",
+                "--model",
+                &s(&common::trained_tiny().join("metrics.jsonl")),
+            ],
+            "it is part of the run in",
+        ),
         (
             vec!["generate", "--model", &s(&ckpt), "--prompt", "ATG\u{1b}[2J"],
             "character '\\u{1b}' at position 4",

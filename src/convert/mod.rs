@@ -86,14 +86,18 @@ fn model_config(input: &Path, config: Option<&Path>) -> Result<ModelConfig> {
         return load_config(dir);
     }
     // A genslm run or checkpoint needs no converting: every command loads it as it is.
-    if input.join("checkpoints").join("latest").exists() {
+    if let Some(run) = crate::run_lock::run_holding(input) {
+        let what = if run == input {
+            "a genslm run directory".to_string()
+        } else {
+            format!("part of the genslm run in {}", run.display())
+        };
         return Err(Error::Invalid(format!(
-            "{}: a genslm run directory; its checkpoints (checkpoints/step-N) are model \
-             directories every genslm command loads as they are (--model {} takes the \
-             latest). convert reads foreign weights: a Lightning .pt, a pytorch_model.bin or \
-             a safetensors file",
+            "{}: {what}; its checkpoints (checkpoints/step-N) are model directories every \
+             genslm command loads as they are (--model {} takes the latest). convert reads \
+             foreign weights: a Lightning .pt, a pytorch_model.bin or a safetensors file",
             input.display(),
-            input.display()
+            run.display()
         )));
     }
     Err(Error::Invalid(format!(

@@ -236,8 +236,17 @@ pub fn resolve_model_dir(path: &Path) -> Result<PathBuf> {
             parent.display()
         )));
     }
+    // A run's own file (`--model RUN/metrics.jsonl`): the run is the model.
+    let run = crate::run_lock::run_holding(path)
+        .map(|r| {
+            format!(
+                "; it is part of the run in {0}: give --model {0}",
+                r.display()
+            )
+        })
+        .unwrap_or_default();
     Err(Error::Invalid(format!(
-        "{}: not a model directory: no {CONFIG_FILE} here and no checkpoints/latest",
+        "{}: not a model directory: no {CONFIG_FILE} here and no checkpoints/latest{run}",
         path.display()
     )))
 }
