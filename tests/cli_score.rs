@@ -213,7 +213,9 @@ fn a_record_too_short_to_score_is_na_not_nan() {
     assert_eq!(rows[1][1], (SEQ.len() / 3 - 1).to_string(), "{tsv}");
     assert!(rows[1][2].parse::<f64>().unwrap().is_finite(), "{tsv}");
     assert!(!tsv.contains("NaN"), "{tsv}");
-    assert!(err.contains("2 record(s) shorter than 2 codons"), "{err}");
+    // `AT` is no codon at all: counted with the records of no A/C/G/T codon.
+    assert!(err.contains("1 record(s) shorter than 2 codons"), "{err}");
+    assert!(err.contains("1 record(s) hold no A/C/G/T codon"), "{err}");
 }
 
 /// A model whose config gives a default window of one codon (max_position_embeddings 1)
@@ -246,7 +248,8 @@ fn a_default_window_of_one_codon_is_refused() {
     assert!(tsv.lines().nth(1).unwrap().starts_with("a\t"), "{tsv}");
 }
 
-/// A record of only N is [UNK] predicting [UNK]: NA with its own note, not a score; a repeated
+/// A record of only N (or only a partial codon) is [UNK] predicting [UNK]: NA with its own
+/// note, not a score; a repeated
 /// id is warned about (the rows are told apart only by their order), and both copies of one
 /// sequence score alike.
 #[test]
@@ -255,7 +258,7 @@ fn unknown_only_records_and_repeated_ids() {
     let fa = write(
         dir.path(),
         "a.fa",
-        format!(">n\n{}\n>b\n{SEQ}\n>b\n{SEQ}\n", "N".repeat(30)).as_bytes(),
+        format!(">n\n{}\n>b\n{SEQ}\n>b\n{SEQ}\n>p\nAC\n", "N".repeat(30)).as_bytes(),
     );
     let (model, f) = (arg(trained_tiny()), arg(&fa));
     let (ok, tsv, err) = run(&["score", "--model", &model, "--fasta", &f, "--quiet"]);
@@ -268,7 +271,10 @@ fn unknown_only_records_and_repeated_ids() {
     assert_eq!(rows[0], ["n", "0", "NA", "NA"], "{tsv}");
     assert_eq!(rows[1], rows[2], "{tsv}");
     assert!(rows[1][2].parse::<f64>().unwrap().is_finite(), "{tsv}");
-    assert!(err.contains("1 record(s) hold no A/C/G/T codon"), "{err}");
+    // Only a partial codon is no A/C/G/T codon either, as embed counts it (a genslm71 model
+    // scored it as [BOS] [UNK] [EOS]).
+    assert_eq!(rows[3], ["p", "0", "NA", "NA"], "{tsv}");
+    assert!(err.contains("2 record(s) hold no A/C/G/T codon"), "{err}");
     assert!(!err.contains("shorter than 2 codons"), "{err}");
     assert!(
         err.contains("1 record(s) repeat an id seen before (the first: 'b')"),

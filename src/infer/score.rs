@@ -299,11 +299,11 @@ pub fn score_fasta(
         fasta::read_file(f, OnInvalid::Error, &mut warn, &mut |rec, _| {
             duplicates.see(rec.id);
             let mut tokens = tok.encode(rec.seq);
-            // A record with no A/C/G/T codon (all N) is [UNK] predicting [UNK]: nothing of the
-            // record is scored, so it gets NA like a record too short to predict (which one
-            // of fewer than 2 codons stays, in the note's count).
+            // A record with no A/C/G/T codon (all N, or only a partial codon) is [UNK]
+            // predicting [UNK]: nothing of the record is scored, so it gets NA, counted as
+            // embed counts it (a genslm71 model scored `AC` as [BOS] [UNK] [EOS]).
             let mut codons = tokens.iter().filter(|&&t| !specials.contains(&Some(t)));
-            if codons.clone().nth(1).is_some() && codons.all(|&t| t == unk) {
+            if codons.clone().next().is_some() && codons.all(|&t| t == unk) {
                 unknown += 1;
                 tokens.clear();
             }

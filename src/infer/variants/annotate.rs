@@ -177,7 +177,8 @@ pub struct Annotation {
     pub ref_codons: String,
     pub alt_codons: String,
     /// One-letter change with 1-based codon numbers, e.g. `N501Y`, `K417N`, `D614G`;
-    /// `E484_fs` for a frameshift, `Y144del`-style for in-frame indels.
+    /// `E484_fs` for a frameshift, `Y144_del`/`A11_ins` (the first codon touched) for
+    /// in-frame indels.
     pub aa_change: String,
     /// 0-based codons the change touches (REF side).
     pub codons: std::ops::Range<usize>,
