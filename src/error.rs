@@ -58,10 +58,13 @@ pub fn short_num(v: f64) -> String {
 }
 
 /// A record id as a message shows it: control characters escaped (an escape sequence in a
-/// FASTA header reached the terminal), and past 80 characters cut, with the full length (a
-/// 100 KB header was printed whole in every message that named the record).
+/// FASTA header reached the terminal), and past 80 characters cut to its first 60 and last 16
+/// (ids that differ at their end stay told apart), with the full length (a 100 KB header was
+/// printed whole in every message that named the record).
 pub fn short_id(id: &str) -> String {
     const KEEP: usize = 80;
+    const HEAD: usize = 60;
+    const TAIL: usize = 16;
     let shown = |s: &str| -> String {
         s.chars()
             .flat_map(|c| {
@@ -78,8 +81,9 @@ pub fn short_id(id: &str) -> String {
     if n <= KEEP {
         return shown(id);
     }
-    let head: String = id.chars().take(KEEP).collect();
-    format!("{}… ({n} characters)", shown(&head))
+    let head: String = id.chars().take(HEAD).collect();
+    let tail: String = id.chars().skip(n - TAIL).collect();
+    format!("{}…{} ({n} characters)", shown(&head), shown(&tail))
 }
 
 /// The first five of `items`, comma-separated, then `…` when there are more: how a message
@@ -248,12 +252,13 @@ mod tests {
     }
 
     /// Record ids in messages: short ones as they are, control characters escaped, long ones
-    /// cut after 80 characters (counted in characters, not bytes) with the full length.
+    /// cut to their first 60 and last 16 characters (counted in characters, not bytes) with
+    /// the full length.
     #[test]
     fn record_ids_are_shown_short_and_printable() {
         assert_eq!(short_id("NC_045512.2"), "NC_045512.2");
         assert_eq!(short_id("a\u{1b}[2Jb\0"), "a\\u{1b}[2Jb\\u{0}");
-        let long = "é".repeat(100_000);
+        let long = "é".repeat(99_999) + "z";
         let e = Error::Fasta {
             file: "x.fa".into(),
             record: Some(long),
@@ -261,8 +266,9 @@ mod tests {
         }
         .to_string();
         let want = format!(
-            "x.fa, record '{}… (100000 characters)': bad",
-            "é".repeat(80)
+            "x.fa, record '{}…{}z (100000 characters)': bad",
+            "é".repeat(60),
+            "é".repeat(15)
         );
         assert_eq!(e, want);
     }

@@ -65,18 +65,50 @@ pub fn register_rename(aside: PathBuf, to: PathBuf) -> Registered {
     push(aside, Undo::RenameTo(to))
 }
 
+/// Held by a [`critical`] section, and by the signal's thread before it undoes anything.
+static CRITICAL: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// Whether this thread is inside a [`critical`] section (its registrations proceed: the
+    /// signal's cleanup waits for the section's end).
+    static IN_CRITICAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, a few steps that must happen all or none (a checkpoint's rename and the move of
+/// `latest`), without a signal's cleanup in between: the cleanup waits for its end. The main
+/// thread went on while the cleanup ran: a staging directory emptied by the cleanup was then
+/// renamed to `step-N`, an empty checkpoint that blocked every resume. After a signal no
+/// section begins: the thread waits for the end.
+pub fn critical<T>(f: impl FnOnce() -> T) -> T {
+    let guard = CRITICAL.lock().unwrap_or_else(|p| p.into_inner());
+    if fired() {
+        drop(guard);
+        wait_for_the_end();
+    }
+    IN_CRITICAL.with(|c| c.set(true));
+    let r = f();
+    IN_CRITICAL.with(|c| c.set(false));
+    drop(guard);
+    r
+}
+
+/// Parks this thread: the signal's thread is ending the process.
+fn wait_for_the_end() -> ! {
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
 fn push(path: PathBuf, undo: Undo) -> Registered {
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     let mut paths = PATHS.lock().unwrap_or_else(|p| p.into_inner());
-    if fired() {
+    if fired() && !IN_CRITICAL.with(|c| c.get()) {
         // Made while (or after) the signal's cleanup ran, which may have missed it (a file
         // created in a staging directory being removed): undone here, and this thread waits
         // for the signal's thread to end the process.
         undo_one(&path, &undo);
         drop(paths);
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(1));
-        }
+        wait_for_the_end();
     }
     paths.push((id, path, undo));
     Registered(id)
@@ -179,6 +211,8 @@ pub fn install() {
             if n != 1 {
                 continue;
             }
+            // After any critical section running now; held until the process ends.
+            let _critical = CRITICAL.lock().unwrap_or_else(|p| p.into_inner());
             remove_registered();
             let sig = libc::c_int::from(b);
             // SAFETY: restores the default action and raises the signal in this thread,

@@ -210,3 +210,41 @@ fn a_replacement_that_fails_to_start_leaves_the_old_run() {
     assert!(!ok && err.contains("two"), "{err}");
     assert_eq!(common::listing(&empty), Vec::<String>::new());
 }
+
+/// What a `kill -9` in the middle of an `--overwrite` leaves (the old run under
+/// `.NAME.replaced-PID`) stops every later train into the directory, naming it; the `mv`
+/// commands the message gives, run by a shell as they are printed (a directory name with a
+/// space and a quote), put the run back, and it resumes.
+#[test]
+fn a_killed_overwrites_leftovers_are_named_with_commands_that_restore_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("my run's");
+    assert!(train(&out, "2", &[]).0);
+    for name in ["checkpoints", "metrics.jsonl", "config.toml"] {
+        let aside = out.join(format!(".{name}.replaced-4242"));
+        std::fs::rename(out.join(name), aside).unwrap();
+    }
+    for extra in [&["--resume"][..], &["--overwrite"], &[]] {
+        let (ok, err) = train(&out, "4", extra);
+        assert!(
+            !ok && err.contains(".checkpoints.replaced-4242")
+                && err.contains("Nothing was changed"),
+            "{extra:?}: {err}"
+        );
+    }
+    let (_, err) = train(&out, "4", &["--resume"]);
+    let cmds = err
+        .split("move it back (")
+        .nth(1)
+        .and_then(|r| r.split("); to drop it").next())
+        .unwrap_or_else(|| panic!("{err}"));
+    let status = std::process::Command::new("sh")
+        .args(["-c", cmds])
+        .status()
+        .unwrap();
+    assert!(status.success(), "{cmds}");
+    let (ok, err) = train(&out, "4", &["--resume"]);
+    assert!(ok, "{err}");
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "step-4");
+}

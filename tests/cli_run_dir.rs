@@ -553,6 +553,8 @@ fn only_genslms_own_temporaries_are_cleaned() {
         ck.join(".latest.tmp-4242"),
         out.join(".config.toml.tmp-4242"),
         out.join(".data.parquet.new"),
+        // The dataset's own atomic temporary, left by a kill -9 while it was written.
+        out.join("..data.parquet.new.tmp-4242"),
     ];
     for f in &stale {
         std::fs::write(f, "half").unwrap();

@@ -367,10 +367,14 @@ fn read_all(
         bar.set_position(done_bytes);
     }
     if n_warnings as usize > warnings.len() {
-        warnings.push(format!(
+        // Said, not only kept: nothing printed the summary's copy, so a capped list ended
+        // without a word of the rest.
+        let more = format!(
             "... {} more warnings not shown",
             n_warnings as usize - warnings.len()
-        ));
+        );
+        bar.suspend(|| eprintln!("warning: {more}"));
+        warnings.push(more);
     }
     summary.warnings = warnings;
     Ok(())

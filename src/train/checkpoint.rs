@@ -121,19 +121,20 @@ pub fn commit_checkpoint(
                 }
             }
         }
-        // `latest`'s new text is on disk before the checkpoint takes its name, so the two
-        // renames are moments apart, and a signal between them completes the save: a
-        // finished step-N that `latest` did not name (1 signal in 8 at --checkpoint-every 1)
-        // made the resume refuse it as a later checkpoint.
+        // `latest`'s new text is on disk before the checkpoint takes its name, and the two
+        // renames run as one critical section, which a signal's cleanup waits for: a finished
+        // step-N that `latest` did not name (1 signal in 8 at --checkpoint-every 1), or a
+        // staging directory the cleanup had emptied renamed to step-N, made the resume
+        // refuse it as a later checkpoint.
         let latest = root.join("latest");
         let (next, mut file) = crate::atomic::AtomicFile::create(&latest)?;
         std::io::Write::write_all(&mut file, format!("{name}\n").as_bytes())
             .and_then(|()| file.sync_all())
             .map_err(|e| Error::io(next.tmp_path(), e))?;
-        std::fs::rename(staging, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
-        let _complete =
-            crate::interrupt::register_rename(next.tmp_path().to_path_buf(), latest.clone());
-        next.commit(file)
+        crate::interrupt::critical(|| {
+            std::fs::rename(staging, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
+            next.commit(file)
+        })
     })();
     if result.is_err() {
         let _ = std::fs::remove_dir_all(staging);

@@ -416,16 +416,17 @@ fn checkpoint(
     ranks: &Ranks,
     resumed_from: Option<u64>,
 ) -> Result<Option<PathBuf>> {
+    // Removed if Ctrl-C or kill ends the process during the save (gigabytes of shards were
+    // left until the run's next start); gone anyway once renamed to step-N. Registered
+    // before it exists, so that no moment leaves it unregistered.
+    let _staged = ranks
+        .is_root()
+        .then(|| crate::interrupt::register(staging_dir(run, state.step), true));
     let staging = if ranks.is_root() {
         prepare_staging(run, state.step)?
     } else {
         staging_dir(run, state.step)
     };
-    // Removed if Ctrl-C or kill ends the process during the save (gigabytes of shards were
-    // left until the run's next start); gone anyway once renamed to step-N.
-    let _staged = ranks
-        .is_root()
-        .then(|| crate::interrupt::register(staging.clone(), true));
     ranks.world.barrier_unbounded()?;
     let runs = engine.moment_runs(&ranks.topo);
     let wrote = write_shard(

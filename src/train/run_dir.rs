@@ -108,7 +108,10 @@ pub fn check_replaced_leftovers(run: &Path) -> Result<()> {
     left.sort();
     let moves: Vec<String> = left
         .iter()
-        .map(|(aside, orig)| format!("mv {0}/{aside} {0}/{orig}", run.display()))
+        .map(|(aside, orig)| {
+            let q = |name: &str| shell_quoted(&run.join(name).display().to_string());
+            format!("mv {} {}", q(aside), q(orig))
+        })
         .collect();
     Err(Error::Invalid(format!(
         "{} holds {}: a run that `--overwrite` moved aside, left there when the process that \
@@ -122,6 +125,17 @@ pub fn check_replaced_leftovers(run: &Path) -> Result<()> {
             .join(", "),
         moves.join("; ")
     )))
+}
+
+/// `s` as one shell word: as it is when it holds only characters no shell treats specially,
+/// else in single quotes (a run directory named `my run` split the suggested `mv` in two).
+fn shell_quoted(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_./-+=:,@%".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// The old run's entries `--overwrite` moved aside (`.NAME.replaced-PID`, in the run
@@ -218,7 +232,10 @@ pub fn clean_stale(run: &Path, inputs: &[PathBuf]) -> Result<()> {
         })
     };
     let in_run = |name: &str| {
-        name == ".data.parquet.new" || atomic_of(name, &RUN_FILES) || atomic_of(name, &RUN_MARKERS)
+        name == ".data.parquet.new"
+            || atomic_of(name, &[".data.parquet.new"])
+            || atomic_of(name, &RUN_FILES)
+            || atomic_of(name, &RUN_MARKERS)
     };
     let in_checkpoints = |name: &str| atomic_of(name, &["latest"]) || trash_step(name);
     for (dir, ours) in [
