@@ -145,7 +145,8 @@ pub fn forward_bytes(c: &crate::config::ModelConfig, rows: usize, tokens: usize)
     // takes a whole panel (16 KB at tiny's 4 heads; a million short records in one batch
     // asked 16 GB in one allocation, and the process aborted).
     let head_dim = c.hidden_size / c.num_heads.max(1);
-    need += 4.0 * b * c.num_heads as f64 * crate::ops::tile::panels_len(tokens, head_dim) as f64;
+    let panel = crate::ops::tile::PANEL as f64;
+    need += 4.0 * b * c.num_heads as f64 * (s / panel).ceil() * panel * head_dim as f64;
     if c.attention == crate::config::AttentionKind::Naive {
         need += 4.0 * 2.0 * b * c.num_heads as f64 * s * s;
     }

@@ -138,7 +138,7 @@ pub(super) fn place(
     // A change so long that its window dwarfs what the model was made for is a structural
     // variant to it: a 900 kb deletion stretched its window to 300,000 codons, whose forward
     // (quadratic in the window) ran for hours on one VCF line.
-    let most = MAX_STRETCH * w.max(table);
+    let most = MAX_STRETCH.saturating_mul(w.max(table));
     if longest > most {
         let change = edit.reference.len().max(edit.alt.len()).div_ceil(3);
         return Err(format!(
