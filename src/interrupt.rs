@@ -129,7 +129,9 @@ extern "C" fn on_signal(sig: libc::c_int) {
         if FIRED.swap(true, Ordering::SeqCst) {
             // Asked twice: within the grace period the cleanup goes on (it ends the process
             // itself); after it the cleanup may be stuck: die now.
-            if now_ns().saturating_sub(FIRST_NS.load(Ordering::SeqCst)) < GRACE_NS {
+            // 0: the first signal's time is not stored yet, so it came just now.
+            let first = FIRST_NS.load(Ordering::SeqCst);
+            if first == 0 || now_ns().saturating_sub(first) < GRACE_NS {
                 return;
             }
             libc::signal(sig, libc::SIG_DFL);

@@ -36,8 +36,8 @@ impl NonFinitePolicy {
         *skips = if finite { 0 } else { *skips + 1 };
         if !finite && t.skip_nonfinite && *skips > t.max_consecutive_skips {
             return Err(Error::Invalid(format!(
-                "step {step}: {skips} consecutive steps had a non-finite loss or \
-                 gradient (limit `max_consecutive_skips` = {}); the run is diverging or the \
+                "step {step}: {skips} consecutive steps had a non-finite (or overflowing) loss \
+                 or gradient (limit `max_consecutive_skips` = {}); the run is diverging or the \
                  data is broken: lower --lr or check the data (a checkpoint saved before stays \
                  resumable)",
                 t.max_consecutive_skips

@@ -399,6 +399,14 @@ pub fn prepare_run(
             }
             Ok((corpus, lock))
         }
+        Err(e) if crate::interrupt::fired() => {
+            // The signal's thread undoes what this start did (it may be renaming the old run
+            // back now): removing the run's files here could remove the old ones. (`claimed`
+            // keeps its registrations for that thread: `Replaced`'s drop.)
+            drop(claimed);
+            drop(lock);
+            Err(e)
+        }
         Err(e) => {
             // Nothing of a run that never started stays behind; removed while the lock is
             // still held, so no other process is inside.

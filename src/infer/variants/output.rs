@@ -5,7 +5,8 @@
 //! incomplete_codon, outside_cds), `aa_change` (e.g. N501Y; 1-based codon numbers in the CDS),
 //! `codon` (1-based CDS codon where the sequences first differ), `ref_codons` / `alt_codons`
 //! (the codons a substitution touches; an indel's first REF codon), `window_start` (1-based
-//! CDS codon of the window's first), `ref_tokens` / `alt_tokens` (window lengths in tokens: codons,
+//! CDS codon of the window's first), `ref_tokens` / `alt_tokens` (window lengths in tokens: codons, at a record's end its
+//! partial codon's `[UNK]` and genslm71's `[EOS]`,
 //! and a genslm71 `[BOS]` when the window starts at the record's first base),
 //! `delta_ll` (Σ log p(ALT) − Σ log p(REF) over the windows, nats), `delta_ll_codon` (the sum of
 //! the per-codon Δ at the variant's codons), `codon_deltas` (those per-codon Δ,

@@ -104,7 +104,12 @@ pub(super) fn place(
     // indel can make or unmake) and `[EOS]` where the vocabulary has one: a stop codon lost or
     // gained there changes how likely the record is to end. A window covering the whole record
     // is then exactly its tokens. Elsewhere, the window's whole codons only.
-    let (reference, alt) = if s == 0 && e == seq.len() && end_c == n {
+    let to_end = s == 0 && e == seq.len() && end_c == n;
+    let whole = (
+        with_bos(&cds_seq[3 * a..win_end]),
+        with_bos(&alt_cds[3 * a..alt_end]),
+    );
+    let (reference, alt) = if to_end {
         let to_end = |bases: &[u8]| {
             let mut t = with_bos(bases);
             if !bases.len().is_multiple_of(3) {
@@ -113,12 +118,19 @@ pub(super) fn place(
             t.extend(tok.eos_id());
             t
         };
-        (to_end(&cds_seq[3 * a..]), to_end(&alt_cds[3 * a..]))
+        let ends = (to_end(&cds_seq[3 * a..]), to_end(&alt_cds[3 * a..]));
+        // A learned table that holds the whole codons but not the end's tokens keeps the
+        // window as it was (the default --window of such a model is its table: every window
+        // at a record's end was refused).
+        let table = model.cfg.max_position_embeddings;
+        let fits = |t: &(Vec<u32>, Vec<u32>)| t.0.len().max(t.1.len()) <= table;
+        if model.cfg.position != Position::Learned || fits(&ends) || !fits(&whole) {
+            ends
+        } else {
+            whole
+        }
     } else {
-        (
-            with_bos(&cds_seq[3 * a..win_end]),
-            with_bos(&alt_cds[3 * a..alt_end]),
-        )
+        whole
     };
     let longest = reference.len().max(alt.len());
     let table = model.cfg.max_position_embeddings;
@@ -296,5 +308,40 @@ mod tests {
         );
         let (_, job) = place(&del(150), &seq, (1, n), 4, &tok, &model).unwrap();
         assert!(job.unwrap().reference.len() <= 64);
+    }
+
+    /// A learned table that holds a window's codons but not the record end's tokens keeps the
+    /// window of whole codons (its default --window is the table: every window at a record's
+    /// end was refused once [EOS] was added); a table with room takes them.
+    #[test]
+    fn a_learned_table_full_of_codons_keeps_the_window_at_the_record_end() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let seq = b"ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCTAA";
+        let n = seq.len() as u64;
+        let stop_lost = Variant {
+            line: 1,
+            chrom: "g".into(),
+            pos: 41,
+            id: ".".into(),
+            reference: "A".into(),
+            alt: "T".into(),
+        };
+        for (table, eos) in [(8, false), (10, true)] {
+            let mut cfg = Config::load(&path).unwrap().model;
+            cfg.vocab = VocabKind::Genslm71;
+            cfg.vocab_size = 71;
+            cfg.position = Position::Learned;
+            cfg.max_position_embeddings = table;
+            let model = GenSlm::init(cfg, 3, &Device::flex()).unwrap();
+            let tok = CodonTokenizer::new(VocabKind::Genslm71).unwrap();
+            let (_, job) = place(&stop_lost, seq, (1, n), 8, &tok, &model).unwrap();
+            let job = job.unwrap();
+            assert_eq!(
+                job.reference.last() == tok.eos_id().as_ref(),
+                eos,
+                "table {table}"
+            );
+            assert!(job.reference.len() <= table && job.alt.len() <= table);
+        }
     }
 }
