@@ -185,7 +185,12 @@ fn a_replacement_that_fails_to_start_leaves_the_old_run() {
     let (ok, err) = train(&out, "1", &["--overwrite"]);
     assert!(ok, "{err}");
     let names: Vec<String> = snapshot(&out).into_iter().map(|(n, _)| n).collect();
-    assert!(names.iter().all(|n| !n.contains("replaced")), "{names:?}");
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.contains("replaced") && !n.contains("removing")),
+        "{names:?}"
+    );
     assert!(
         names.contains(&"checkpoints/step-1/".to_string()),
         "{names:?}"

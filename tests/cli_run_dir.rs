@@ -555,6 +555,8 @@ fn only_genslms_own_temporaries_are_cleaned() {
         out.join(".data.parquet.new"),
         // The dataset's own atomic temporary, left by a kill -9 while it was written.
         out.join("..data.parquet.new.tmp-4242"),
+        // What a kill -9 leaves while --overwrite deletes the run it replaced.
+        out.join(".metrics.jsonl.removing-4242"),
     ];
     for f in &stale {
         std::fs::write(f, "half").unwrap();

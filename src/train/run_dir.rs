@@ -136,6 +136,9 @@ pub fn check_replaced_leftovers(run: &Path) -> Result<()> {
     )))
 }
 
+/// What an entry of a replaced run is renamed to while it is deleted (`.NAME.removing-PID`).
+const REMOVING: &str = ".removing-";
+
 /// Dropped without [`Replaced::remove`] (an error inside `claim` after the move, a panic
 /// before the new run started): the old run is put back, not left aside unregistered.
 impl Drop for Replaced {
@@ -205,15 +208,24 @@ impl Replaced {
     /// a network file system) renamed the old run's other files back over the new run's.
     pub fn remove(mut self) {
         self.fresh.clear();
-        // From here the old run goes whatever happens: each entry is registered for removal
-        // before its rename back is dropped, so a signal finishes the deletion.
+        // From here the old run goes whatever happens: each entry is renamed to
+        // `.NAME.removing-PID` (what a `kill -9` during the deletion leaves, and the next
+        // start removes: a half-deleted run was offered back as one to restore) and
+        // registered for removal before its rename back is dropped, so a signal finishes it.
         let gone: Vec<(PathBuf, crate::interrupt::Registered)> = std::mem::take(&mut self.moved)
             .into_iter()
-            .map(|(_, aside, back)| {
-                let dir = std::fs::symlink_metadata(&aside).is_ok_and(|m| m.is_dir());
-                let g = crate::interrupt::register(aside.clone(), dir);
+            .map(|(p, aside, back)| {
+                let name = p.file_name().unwrap_or_default().to_string_lossy();
+                let trash =
+                    aside.with_file_name(format!(".{name}{REMOVING}{}", std::process::id()));
+                let target = match std::fs::rename(&aside, &trash) {
+                    Ok(()) => trash,
+                    Err(_) => aside,
+                };
+                let dir = std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir());
+                let g = crate::interrupt::register(target.clone(), dir);
                 drop(back);
-                (aside, g)
+                (target, g)
             })
             .collect();
         for (aside, _g) in gone {
@@ -272,8 +284,17 @@ pub fn clean_stale(run: &Path, inputs: &[PathBuf]) -> Result<()> {
                 .is_some_and(is_number)
         })
     };
+    // The rest of a run `--overwrite` replaced, killed while it deleted it.
+    let removing = |name: &str| {
+        name.strip_prefix('.')
+            .and_then(|n| n.rsplit_once(REMOVING))
+            .is_some_and(|(orig, pid)| {
+                is_number(pid) && (RUN_MARKERS.contains(&orig) || RUN_FILES.contains(&orig))
+            })
+    };
     let in_run = |name: &str| {
         name == ".data.parquet.new"
+            || removing(name)
             || atomic_of(name, &[".data.parquet.new"])
             || atomic_of(name, &RUN_FILES)
             || atomic_of(name, &RUN_MARKERS)
