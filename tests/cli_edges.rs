@@ -9,16 +9,11 @@ use std::path::Path;
 use common::{arg, repo, run};
 use genslm::train::metrics::read_metrics;
 
+/// Tiny on the bundled genomes at seq 64, batch 4 (`train_cli::try_train`), quietly; never a
+/// panic.
 fn train(out: &Path, extra: &[&str]) -> (bool, String) {
-    let (data, cfg, out) = (
-        arg(&repo().join("data")),
-        arg(&repo().join("configs/tiny.toml")),
-        arg(out),
-    );
-    let mut args = vec!["train", "--fasta", &data, "--config", &cfg, "--out", &out];
-    args.extend(["--quiet", "--seq-len", "64", "--batch-size", "4"]);
-    args.extend(extra);
-    let (ok, _, err) = run(&args);
+    let args = [&["--quiet"][..], extra].concat();
+    let (ok, err) = common::train_cli::try_train(out, &common::train_cli::data(), &args);
     assert!(!err.contains("panicked"), "{err}");
     (ok, err)
 }

@@ -106,9 +106,8 @@ pub fn check_replaced_leftovers(run: &Path) -> Result<()> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let (orig, pid) = name.strip_prefix('.')?.rsplit_once(".replaced-")?;
-            let ours = RUN_MARKERS.contains(&orig) || RUN_FILES.contains(&orig);
-            (ours && is_number(pid)).then(|| (name.clone(), orig.to_string()))
+            let orig = tagged_entry(&name, REPLACED)?.to_string();
+            Some((name, orig))
         })
         .collect();
     if left.is_empty() {
@@ -136,8 +135,24 @@ pub fn check_replaced_leftovers(run: &Path) -> Result<()> {
     )))
 }
 
-/// What an entry of a replaced run is renamed to while it is deleted (`.NAME.removing-PID`).
+/// What `--overwrite` renames the old run's entries to until the new run has started
+/// (`.NAME.replaced-PID`), and then while it deletes them (`.NAME.removing-PID`).
+const REPLACED: &str = ".replaced-";
 const REMOVING: &str = ".removing-";
+
+/// `path`'s entry renamed with `tag` by this process (`.NAME{tag}PID`).
+fn tagged_path(path: &Path, tag: &str) -> PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}{tag}{}", std::process::id()))
+}
+
+/// The run's entry name `name` was renamed from with `tag` ([`tagged_path`]), when it is one
+/// of a run's own names and a process id follows.
+fn tagged_entry<'a>(name: &'a str, tag: &str) -> Option<&'a str> {
+    let (orig, pid) = name.strip_prefix('.')?.rsplit_once(tag)?;
+    let ours = RUN_MARKERS.contains(&orig) || RUN_FILES.contains(&orig);
+    (ours && is_number(pid)).then_some(orig)
+}
 
 /// Dropped without [`Replaced::remove`] (an error inside `claim` after the move, a panic
 /// before the new run started): the old run is put back, not left aside unregistered.
@@ -180,7 +195,7 @@ pub struct Replaced {
 impl Replaced {
     fn move_aside(&mut self, p: &Path) -> Result<()> {
         let name = p.file_name().unwrap_or_default().to_string_lossy();
-        let aside = p.with_file_name(format!(".{name}.replaced-{}", std::process::id()));
+        let aside = tagged_path(p, REPLACED);
         if std::fs::symlink_metadata(&aside).is_ok() {
             self.restore();
             return Err(Error::Invalid(format!(
@@ -215,9 +230,7 @@ impl Replaced {
         let gone: Vec<(PathBuf, crate::interrupt::Registered)> = std::mem::take(&mut self.moved)
             .into_iter()
             .map(|(p, aside, back)| {
-                let name = p.file_name().unwrap_or_default().to_string_lossy();
-                let trash =
-                    aside.with_file_name(format!(".{name}{REMOVING}{}", std::process::id()));
+                let trash = tagged_path(&p, REMOVING);
                 let target = match std::fs::rename(&aside, &trash) {
                     Ok(()) => trash,
                     Err(_) => aside,
@@ -284,17 +297,10 @@ pub fn clean_stale(run: &Path, inputs: &[PathBuf]) -> Result<()> {
                 .is_some_and(is_number)
         })
     };
-    // The rest of a run `--overwrite` replaced, killed while it deleted it.
-    let removing = |name: &str| {
-        name.strip_prefix('.')
-            .and_then(|n| n.rsplit_once(REMOVING))
-            .is_some_and(|(orig, pid)| {
-                is_number(pid) && (RUN_MARKERS.contains(&orig) || RUN_FILES.contains(&orig))
-            })
-    };
     let in_run = |name: &str| {
         name == ".data.parquet.new"
-            || removing(name)
+            // The rest of a run `--overwrite` replaced, killed while it deleted it.
+            || tagged_entry(name, REMOVING).is_some()
             || atomic_of(name, &[".data.parquet.new"])
             || atomic_of(name, &RUN_FILES)
             || atomic_of(name, &RUN_MARKERS)

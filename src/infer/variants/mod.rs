@@ -511,7 +511,8 @@ mod tests {
     use crate::model::GenSlm;
     use crate::tokenizer::VocabKind;
 
-    fn variant(pos: u64, r: &str, a: &str) -> Variant {
+    /// A variant on record `g` (line 1), for these tests and `place`'s.
+    pub(super) fn variant(pos: u64, r: &str, a: &str) -> Variant {
         Variant {
             line: 1,
             chrom: "g".into(),

@@ -192,6 +192,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::infer::variants::delta::{full_recomputation, prefix_reuse};
+    use crate::infer::variants::tests::variant;
     use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
     use crate::tokenizer::VocabKind;
 
@@ -246,14 +247,7 @@ mod tests {
                 let mut jobs = Vec::new();
                 let mut want = Vec::new();
                 for &(pos, r, a) in &changes {
-                    let v = Variant {
-                        line: 1,
-                        chrom: "g".into(),
-                        pos,
-                        id: ".".into(),
-                        reference: r.into(),
-                        alt: a.into(),
-                    };
+                    let v = variant(pos, r, a);
                     let (_, job) = place(&v, seq, (1, n), 64, &tok, &model).unwrap();
                     jobs.push(job.unwrap());
                     let p = pos as usize - 1;
@@ -292,13 +286,9 @@ mod tests {
         let tok = CodonTokenizer::new(VocabKind::Genslm69).unwrap();
         let seq: Vec<u8> = (0..1200).map(|i| b"ACGT"[(i * 7 + i / 5) % 4]).collect();
         let n = seq.len() as u64;
-        let del = |len: usize| Variant {
-            line: 3,
-            chrom: "g".into(),
-            pos: 301,
-            id: ".".into(),
-            reference: String::from_utf8(seq[300..301 + len].to_vec()).unwrap(),
-            alt: String::from_utf8(seq[300..301].to_vec()).unwrap(),
+        let del = |len: usize| {
+            let base = |r: std::ops::Range<usize>| String::from_utf8(seq[r].to_vec()).unwrap();
+            variant(301, &base(300..301 + len), &base(300..301))
         };
         // Bound: 8 × max(4, 8) = 64 codons.
         let e = place(&del(300), &seq, (1, n), 4, &tok, &model).unwrap_err();
@@ -318,14 +308,7 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
         let seq = b"ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCTAA";
         let n = seq.len() as u64;
-        let stop_lost = Variant {
-            line: 1,
-            chrom: "g".into(),
-            pos: 41,
-            id: ".".into(),
-            reference: "A".into(),
-            alt: "T".into(),
-        };
+        let stop_lost = variant(41, "A", "T");
         for (table, eos) in [(8, false), (10, true)] {
             let mut cfg = Config::load(&path).unwrap().model;
             cfg.vocab = VocabKind::Genslm71;
