@@ -25,6 +25,10 @@ pub enum Error {
     /// Anything else the user asked for that cannot be done, with the reason.
     #[error("{0}")]
     Invalid(String),
+    /// Standard output, the command's only output, was closed by its reader (`| head`): the
+    /// command ends quietly with what it wrote, as the shell's own tools do.
+    #[error("standard output was closed by its reader")]
+    ReaderGone,
 }
 
 impl Error {
@@ -32,6 +36,16 @@ impl Error {
         Error::Io {
             path: path.into(),
             err: source,
+        }
+    }
+
+    /// A failed write of `what` to standard output when it is the command's only output: a
+    /// reader that stopped early is [`Error::ReaderGone`], anything else (a full disk) an error.
+    pub fn stdout_only(what: &str, e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            Error::ReaderGone
+        } else {
+            Error::Invalid(format!("writing {what} to standard output: {e}"))
         }
     }
 }

@@ -350,8 +350,14 @@ fn main() -> ExitCode {
             // process dies of the signal in a moment, with the signal's status, unreported.
             while genslm::interrupt::fired() {
                 // The signal's thread ends the process once its cleanup is done, however long
-                // that takes (gigabytes on a slow file system); a second signal ends it at once.
+                // that takes (gigabytes on a slow file system); a second signal more than 3 s
+                // after the first ends it at once (`interrupt`).
                 std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+            if let Some(genslm::error::Error::ReaderGone) = e.downcast_ref() {
+                // `score | head`: what was read is the answer, as with `println!` above.
+                genslm::interrupt::remove_registered();
+                return ExitCode::SUCCESS;
             }
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

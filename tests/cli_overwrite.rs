@@ -139,6 +139,31 @@ fn overwrite_refuses_to_delete_the_dataset_it_reads() {
         "{err}"
     );
     assert_eq!(std::fs::read_to_string(&config).unwrap(), text);
+    // Nor a genome that `--fasta RUN` finds among the old run's entries: it was read from
+    // the old run moved aside, then deleted with it (and the new run's record of its inputs
+    // named a path gone, so it could not resume).
+    let kept = out.join("checkpoints/genomes");
+    std::fs::create_dir(&kept).unwrap();
+    std::fs::copy(repo().join("data/lambda_virus.fa"), kept.join("g.fa")).unwrap();
+    let before = snapshot(&out);
+    let (ok, _, err) = run(&[
+        "train",
+        "--fasta",
+        &arg(&out),
+        "--config",
+        &arg(&repo().join("configs/tiny.toml")),
+        "--out",
+        &arg(&out),
+        "--overwrite",
+        "--quiet",
+        "--steps",
+        "2",
+    ]);
+    assert!(
+        !ok && err.contains("--overwrite would delete") && err.contains("g.fa"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&out), before);
 }
 
 /// A replacement that fails on its data — a FASTA with an unreadable record, a dataset of
@@ -181,7 +206,13 @@ fn a_replacement_that_fails_to_start_leaves_the_old_run() {
         assert!(!ok && err.contains(want), "{input}: {err}");
         assert_eq!(snapshot(&out), before, "{input}: the old run changed");
     }
-    // Replaced once the new run starts, with nothing of the old one left aside.
+    // Nor a replacement that fails before its first checkpoint, a loss gone NaN at the first
+    // steps: the old run was deleted once the data was read, and nothing was left to resume.
+    let (ok, err) = train(&out, "3", &["--overwrite", "--lr", "1e30", "--warmup", "0"]);
+    assert!(!ok && err.contains("--lr"), "{err}");
+    assert_eq!(snapshot(&out), before, "the old run changed");
+    // Replaced once the new run has its first checkpoint, with nothing of the old one left
+    // aside.
     let (ok, err) = train(&out, "1", &["--overwrite"]);
     assert!(ok, "{err}");
     let names: Vec<String> = snapshot(&out).into_iter().map(|(n, _)| n).collect();

@@ -428,3 +428,55 @@ fn a_rotary_model_trained_past_its_table_scores_at_its_trained_window() {
     assert!(ok);
     assert_ne!(default, cut, "the window did not matter");
 }
+
+/// `score | head -1`: a reader that stops early ends the command quietly with status 0, as
+/// the shell's own tools do (it failed with "error: writing scores: Broken pipe"); with
+/// --per-token, whose file is then not written, it stays an error that says so.
+#[test]
+fn a_reader_that_stops_early_ends_the_scores_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let model = arg(trained_tiny());
+    // More rows than a pipe holds (64 KiB), so the command is still writing when its reader
+    // goes.
+    let records: String = (0..6000)
+        .map(|i| format!(">record{i}\n{}\n", &SEQ[..60]))
+        .collect();
+    let data = arg(&write(dir.path(), "many.fa", records.as_bytes()));
+    let per_token = arg(&dir.path().join("t.parquet"));
+    for extra in [vec![], vec!["--per-token", per_token.as_str()]] {
+        let mut child = common::bin()
+            .args([
+                "score",
+                "--model",
+                &model,
+                "--fasta",
+                &data,
+                "--seq-len",
+                "32",
+            ])
+            .args(&extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(first.starts_with("id\t"), "{first}");
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if extra.is_empty() {
+            assert!(out.status.success() && !err.contains("error"), "{err}");
+        } else {
+            assert_eq!(out.status.code(), Some(1), "{err}");
+            assert!(
+                err.contains("the --per-token file was not written"),
+                "{err}"
+            );
+            assert!(!dir.path().join("t.parquet").exists());
+        }
+    }
+}

@@ -377,6 +377,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         ranks_in_process: 1,
         network: None,
         config_file: Some(a.config.clone()),
+        old_run: Default::default(),
     };
     let degrees = a.degrees.degrees();
     let launch = genslm::launch::launched().map_err(anyhow::Error::msg)?;

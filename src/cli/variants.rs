@@ -27,7 +27,8 @@ pub struct VariantsArgs {
     /// START..END (1-based, inclusive) of the record.
     #[arg(long, value_name = "START..END")]
     saturate: Option<String>,
-    /// The record to read (--saturate on a FASTA of several records; with --vcf, only this CHROM).
+    /// The record to read (--saturate on a FASTA of several records; with --vcf, only this
+    /// CHROM: the lines on other chromosomes are passed over unread).
     #[arg(long)]
     chrom: Option<String>,
     /// The CDS on the record, 1-based inclusive (default: the record is a CDS read from its first base).

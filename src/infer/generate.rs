@@ -435,7 +435,7 @@ pub fn generate_fasta(
                 n += 1;
                 w.write_all(fasta_record(g, opts, &label).as_bytes())
                     .and_then(|_| w.flush())
-                    .map_err(|e| Error::Invalid(format!("writing to stdout: {e}")))
+                    .map_err(|e| Error::stdout_only("sequences", e))
             })?;
             if n == 0 {
                 return Err(nothing_written());

@@ -210,7 +210,15 @@ pub fn score_fasta(
         Some(_) => (opts.top_k, opts.full_distribution),
         None => (0, false),
     };
-    let werr = |e| Error::Invalid(format!("writing scores: {e}"));
+    // With --per-token the parquet file is an output too: a reader gone from the TSV is an
+    // error there (the file is not written), not the quiet end of a `| head`.
+    let per_token = writer.is_some();
+    let werr = |e: std::io::Error| match per_token {
+        false => Error::stdout_only("scores", e),
+        true => Error::Invalid(format!(
+            "writing scores: {e}; the --per-token file was not written"
+        )),
+    };
     let mut rows = Vec::new();
     let mut pending: Vec<(String, Vec<u32>)> = Vec::new();
     let mut pending_tokens = 0usize;

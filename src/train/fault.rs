@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-/// Test hooks: `GENSLM_FAULT_RANK=R:S` makes rank R fail when it starts step S;
+/// Test hooks: `GENSLM_FAULT_RANK=R:S` makes rank R fail when it starts step S (S = 0: once
+/// it has read its data, before the first step, where ranks are processes of a launcher);
 /// `GENSLM_FREEZE_RANK=R:S` makes it hang there forever (a rank stuck in a computation).
 pub(crate) fn injected_fault(rank: usize, step: u64) -> Result<()> {
     if let Ok(spec) = std::env::var("GENSLM_FREEZE_RANK") {

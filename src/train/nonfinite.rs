@@ -12,6 +12,19 @@ use crate::train::dist_optim::StepOutcome;
 #[derive(Debug, Default)]
 pub struct NonFinitePolicy {
     pub consecutive_skips: u64,
+    /// Whether the run has a checkpoint to resume from (it resumed, or saved one): the
+    /// messages offer `--resume` only then (a fresh run stopped at step 2 offered it).
+    pub saved: bool,
+}
+
+impl NonFinitePolicy {
+    /// What a run stopped here can do next, after `advice`.
+    fn then(&self, advice: &str) -> String {
+        match self.saved {
+            true => format!("{advice} (the last checkpoint resumes with --resume)"),
+            false => format!("{advice} (no checkpoint was saved: start the run again)"),
+        }
+    }
 }
 
 impl NonFinitePolicy {
@@ -32,15 +45,19 @@ impl NonFinitePolicy {
                 crate::error::short_num(t.lr)
             )));
         }
-        let skips = &mut self.consecutive_skips;
-        *skips = if finite { 0 } else { *skips + 1 };
-        if !finite && t.skip_nonfinite && *skips > t.max_consecutive_skips {
+        self.consecutive_skips = if finite {
+            0
+        } else {
+            self.consecutive_skips + 1
+        };
+        let skips = self.consecutive_skips;
+        if !finite && t.skip_nonfinite && skips > t.max_consecutive_skips {
             return Err(Error::Invalid(format!(
                 "step {step}: {skips} consecutive steps had a non-finite (or overflowing) loss \
                  or gradient (limit `max_consecutive_skips` = {}); the run is diverging or the \
-                 data is broken: lower --lr or check the data (a checkpoint saved before stays \
-                 resumable)",
-                t.max_consecutive_skips
+                 data is broken: {}",
+                t.max_consecutive_skips,
+                self.then("lower --lr or check the data")
             )));
         }
         if !finite && !t.skip_nonfinite {
@@ -57,8 +74,10 @@ impl NonFinitePolicy {
                 )
             };
             return Err(Error::Invalid(format!(
-                "step {step}: {what} or pass --skip-nonfinite to skip such steps (a checkpoint \
-                 saved before resumes with --resume)"
+                "step {step}: {}",
+                self.then(&format!(
+                    "{what} or pass --skip-nonfinite to skip such steps"
+                ))
             )));
         }
         Ok(())

@@ -160,7 +160,10 @@ pub fn train_rank(
     };
     let first_step = state.step;
     let mut summary = TrainSummary::default();
-    let mut policy = NonFinitePolicy::default();
+    let mut policy = NonFinitePolicy {
+        saved: opts.resume,
+        ..Default::default()
+    };
     while state.step < t.steps {
         injected_fault(ranks.topo.rank, state.step + 1)?;
         let step_start = Instant::now();
@@ -265,6 +268,13 @@ pub fn train_rank(
         if saving {
             let resumed_from = opts.resume.then_some(first_step);
             summary.last_checkpoint = checkpoint(run, cfg, &engine, &state, ranks, resumed_from)?;
+            // Every rank, not only rank 0 (which alone names it): any rank's message may be
+            // the one the run reports.
+            policy.saved = true;
+            if ranks.is_root() {
+                // Rank 0 returns once the checkpoint is complete (`latest` names it).
+                opts.old_run.saved();
+            }
         }
         if stopping {
             break;

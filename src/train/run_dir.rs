@@ -84,11 +84,14 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
     }
     if !resume {
         // Nothing of a run stands under these names now: what does by the time a signal
-        // comes is this run's.
-        for name in RUN_FILES {
+        // comes is this run's (its metrics and a first checkpoint too, while an old run is
+        // held aside until then).
+        let names = RUN_FILES.iter().chain(&RUN_MARKERS);
+        for name in names {
+            let dir = *name == "checkpoints";
             replaced
                 .fresh
-                .push(crate::interrupt::register(run.join(name), false));
+                .push(crate::interrupt::register(run.join(name), dir));
         }
     }
     clean_stale(run, inputs)?;
@@ -116,10 +119,7 @@ pub fn check_replaced_leftovers(run: &Path) -> Result<()> {
     left.sort();
     let moves: Vec<String> = left
         .iter()
-        .map(|(aside, orig)| {
-            let q = |name: &str| shell_quoted(&run.join(name).display().to_string());
-            format!("mv {} {}", q(aside), q(orig))
-        })
+        .map(|(aside, orig)| move_back_command(run, aside, orig))
         .collect();
     Err(Error::Invalid(format!(
         "{} holds {}: a run that `--overwrite` moved aside, left there when the process that \
@@ -135,8 +135,8 @@ pub fn check_replaced_leftovers(run: &Path) -> Result<()> {
     )))
 }
 
-/// What `--overwrite` renames the old run's entries to until the new run has started
-/// (`.NAME.replaced-PID`), and then while it deletes them (`.NAME.removing-PID`).
+/// What `--overwrite` renames the old run's entries to until the new run has saved its first
+/// checkpoint (`.NAME.replaced-PID`), and then while it deletes them (`.NAME.removing-PID`).
 const REPLACED: &str = ".replaced-";
 const REMOVING: &str = ".removing-";
 
@@ -169,6 +169,13 @@ impl Drop for Replaced {
     }
 }
 
+/// The shell command that renames `run/aside` back to `run/orig`: `--` ends mv's options, so a
+/// run directory named `-x` is a path to it (`mv -x/...` was an invalid option).
+fn move_back_command(run: &Path, aside: &str, orig: &str) -> String {
+    let q = |name: &str| shell_quoted(&run.join(name).display().to_string());
+    format!("mv -- {} {}", q(aside), q(orig))
+}
+
 /// `s` as one shell word: as it is when it holds only characters no shell treats specially,
 /// else in single quotes (a run directory named `my run` split the suggested `mv` in two).
 fn shell_quoted(s: &str) -> String {
@@ -181,9 +188,10 @@ fn shell_quoted(s: &str) -> String {
 }
 
 /// The old run's entries `--overwrite` moved aside (`.NAME.replaced-PID`, in the run
-/// directory): removed once the new run has started ([`Replaced::remove`]), put back when it
-/// fails to ([`Replaced::restore`]) or a signal ends it first. Removed up front, the old run
-/// was lost to a new one that then stopped on a FASTA record it could not read.
+/// directory): removed once the new run has saved its first checkpoint ([`Replaced::remove`],
+/// through [`Pending`]), put back when it fails to ([`Replaced::restore`]) or a signal ends it
+/// first. Removed up front, the old run was lost to a new one that then stopped on a FASTA
+/// record it could not read.
 #[derive(Debug, Default)]
 pub struct Replaced {
     moved: Vec<(PathBuf, PathBuf, crate::interrupt::Registered)>,
@@ -199,16 +207,17 @@ impl Replaced {
         if std::fs::symlink_metadata(&aside).is_ok() {
             self.restore();
             return Err(Error::Invalid(format!(
-                "--overwrite moves the old run's {name} to {} until the new run has started, \
-                 but that name is taken; nothing was changed. Move it away, then retry",
+                "--overwrite moves the old run's {name} to {} until the new run has saved a \
+                 checkpoint, but that name is taken; nothing was changed. Move it away, then \
+                 retry",
                 aside.display()
             )));
         }
         if let Err(e) = std::fs::rename(p, &aside) {
             self.restore();
             return Err(Error::Invalid(format!(
-                "--overwrite moves the old run's {} aside until the new run has started, but \
-                 it cannot be moved: {e}; nothing was changed",
+                "--overwrite moves the old run's {} aside until the new run has saved a \
+                 checkpoint, but it cannot be moved: {e}; nothing was changed",
                 p.display()
             )));
         }
@@ -217,8 +226,8 @@ impl Replaced {
         Ok(())
     }
 
-    /// The new run has started: the old one goes for good. Housekeeping: a part that cannot
-    /// be removed is named, not a reason to stop the new run. Every registration goes before
+    /// The new run stands on its own: the old one goes for good. Housekeeping: a part that
+    /// cannot be removed is named, not a reason to stop the new run. Every registration goes before
     /// anything is deleted: a signal while the old checkpoints were being deleted (minutes on
     /// a network file system) renamed the old run's other files back over the new run's.
     pub fn remove(mut self) {
@@ -264,6 +273,92 @@ impl Replaced {
                     aside.display(),
                     p.display()
                 );
+            }
+        }
+    }
+}
+
+/// The old run `--overwrite` moved aside, held until the new run has something to show for
+/// itself (its first checkpoint, or its end): removed as soon as the data was read, it was
+/// lost to a Ctrl-C a minute into the new run, to a rank that failed to read the dataset, or
+/// to a loss that went NaN at step 2, none of which left a run to resume. [`Pending::started`]
+/// removes it; dropped instead, what the new run wrote under the run's names goes and the old
+/// run comes back. A signal in between puts it back too (its registrations).
+#[derive(Debug, Default)]
+pub struct Pending {
+    replaced: Option<(Replaced, PathBuf)>,
+}
+
+impl Pending {
+    /// `replaced` of the run directory `run`, kept only when it moved something aside.
+    pub fn new(replaced: Replaced, run: &Path) -> Self {
+        if replaced.moved.is_empty() {
+            replaced.remove();
+            return Self::default();
+        }
+        Self {
+            replaced: Some((replaced, run.to_path_buf())),
+        }
+    }
+
+    /// The new run stands on its own: the old one goes for good.
+    pub fn started(mut self) {
+        if let Some((replaced, _)) = self.replaced.take() {
+            replaced.remove();
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some((mut replaced, run)) = self.replaced.take() else {
+            return;
+        };
+        // After a signal its thread puts the old run back (`Replaced`'s drop leaves that to
+        // it); otherwise the new run's files go first, as a failed start's do.
+        if !crate::interrupt::fired() {
+            // What stands under the run's names is the new run's: its files, its metrics, a
+            // checkpoint whose save failed (the old run's entries, moved aside, are put back
+            // over theirs).
+            for name in RUN_FILES.iter().chain(&RUN_MARKERS) {
+                let p = run.join(name);
+                if std::fs::symlink_metadata(&p).is_ok() {
+                    let _ = remove_entry(&p);
+                }
+            }
+            replaced.restore();
+        }
+    }
+}
+
+/// A [`Pending`] shared by a run's ranks (threads of this process clone it with their
+/// options): rank 0 settles it at its first checkpoint, the launcher when the run ends.
+#[derive(Debug, Clone, Default)]
+pub struct OldRun(std::sync::Arc<std::sync::Mutex<Option<Pending>>>);
+
+impl OldRun {
+    pub fn hold(pending: Pending) -> Self {
+        Self(std::sync::Arc::new(std::sync::Mutex::new(Some(pending))))
+    }
+
+    fn take(&self) -> Option<Pending> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// The new run's first checkpoint is complete: the old run goes.
+    pub fn saved(&self) {
+        if let Some(p) = self.take() {
+            p.started();
+        }
+    }
+
+    /// The run ended: the old run goes if it ended well and had not gone yet, else it comes
+    /// back (nothing of the new run was saved). Called while the run's lock is held.
+    pub fn settle(&self, ok: bool) {
+        if let Some(p) = self.take() {
+            match ok {
+                true => p.started(),
+                false => drop(p),
             }
         }
     }

@@ -172,3 +172,84 @@ fn pruning_spares_latest_the_resume_point_and_later_steps() {
     assert!(e.contains("not a step-N checkpoint"), "{e}");
     assert_eq!(steps(run), ["step-6", "step-8", "step-10"]);
 }
+
+/// The old run `--overwrite` replaces stays aside until [`Pending::started`]: dropped before
+/// (a rank that could not read the data), the old run's entries are back as they were and the
+/// new run's files at the run's names are gone; started, the old run is gone and the new run's
+/// files stay. The user's own file is never touched.
+#[test]
+fn a_pending_replace_is_put_back_unless_started() {
+    let listing = |run: &Path| {
+        let mut v: Vec<(String, String)> = walk(run);
+        v.sort();
+        v
+    };
+    fn walk(dir: &Path) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if name == crate::run_lock::LOCK_FILE {
+                continue;
+            }
+            if p.is_dir() {
+                out.extend(
+                    walk(&p)
+                        .into_iter()
+                        .map(|(n, c)| (format!("{name}/{n}"), c)),
+                );
+            } else {
+                out.push((name, std::fs::read_to_string(&p).unwrap()));
+            }
+        }
+        out
+    }
+    for start in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        checkpoint(&run.join("checkpoints/step-4"));
+        std::fs::write(run.join("checkpoints/latest"), "step-4").unwrap();
+        std::fs::write(run.join("metrics.jsonl"), "{\"step\":4}\n").unwrap();
+        std::fs::write(run.join("config.toml"), "old").unwrap();
+        std::fs::write(run.join("notes.txt"), "mine").unwrap();
+        let before = listing(&run);
+        let replaced = claim(&run, false, true, &[]).unwrap();
+        // What the new run writes before every rank has its data.
+        std::fs::write(run.join("config.toml"), "new").unwrap();
+        std::fs::write(run.join("data.parquet"), "new data").unwrap();
+        let pending = Pending::new(replaced, &run);
+        if start {
+            pending.started();
+            let want = vec![
+                ("config.toml".to_string(), "new".to_string()),
+                ("data.parquet".into(), "new data".into()),
+                ("notes.txt".into(), "mine".into()),
+            ];
+            assert_eq!(listing(&run), want);
+        } else {
+            drop(pending);
+            assert_eq!(listing(&run), before);
+        }
+    }
+}
+
+/// The command that moves a killed `--overwrite`'s leftover back works, run by a shell as
+/// printed, for a relative run directory whose name starts with `-` (mv read it as options)
+/// or holds a space and a quote.
+#[test]
+fn the_move_back_command_works_for_any_run_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for run in ["-x", "my run's", "--"] {
+        std::fs::create_dir(dir.path().join(run)).unwrap();
+        std::fs::write(dir.path().join(run).join(".config.toml.replaced-7"), "old").unwrap();
+        let cmd = move_back_command(Path::new(run), ".config.toml.replaced-7", "config.toml");
+        let status = std::process::Command::new("sh")
+            .current_dir(dir.path())
+            .args(["-c", &cmd])
+            .status()
+            .unwrap();
+        assert!(status.success(), "{cmd}");
+        let back = std::fs::read_to_string(dir.path().join(run).join("config.toml"));
+        assert_eq!(back.ok().as_deref(), Some("old"), "{cmd}");
+    }
+}

@@ -21,7 +21,7 @@ use crate::train::memory::{
     check_fits, check_fits_device, check_fits_host, check_largest_buffer, check_step_batches,
 };
 use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint};
-use crate::train::run_dir::claim;
+use crate::train::run_dir::{claim, Pending};
 
 /// Where training data comes from.
 #[derive(Debug, Clone)]
@@ -58,6 +58,9 @@ pub struct RunOptions {
     /// `--overwrite` refuses to delete where it lies in `--out` (it replaced a user's
     /// `--out/config.toml` with the resolved settings).
     pub config_file: Option<PathBuf>,
+    /// The old run `--overwrite` replaces, until rank 0's first checkpoint (set by the
+    /// launcher in `trainer`; none otherwise).
+    pub old_run: crate::train::run_dir::OldRun,
 }
 
 /// Refuses, before any work, a run whose predicted peak memory exceeds what this machine has
@@ -281,13 +284,15 @@ impl DataSource {
 /// Checks the config (and, resuming, that the checkpoint can continue under it), loads the
 /// corpus, and writes the resolved config into the run directory. The run directory is
 /// locked first (`run_lock`): the returned lock must be held until the run ends. A refused
-/// resume writes nothing.
+/// resume writes nothing. The old run `--overwrite` replaces is returned still held aside:
+/// removed by [`Pending::started`] once the new run has its first checkpoint, put back when
+/// the `Pending` is dropped instead (drop it before the lock).
 pub fn prepare_run(
     cfg: &Config,
     data: &DataSource,
     run: &Path,
     opts: &RunOptions,
-) -> Result<(Corpus, RunLock)> {
+) -> Result<(Corpus, RunLock, Pending)> {
     cfg.model.validate().map_err(Error::Invalid)?;
     cfg.train.validate().map_err(Error::Invalid)?;
     crate::train::fault::check_hooks()?;
@@ -369,16 +374,18 @@ pub fn prepare_run(
         } else {
             None
         };
-        let inputs: Vec<PathBuf> = data
+        let mut inputs: Vec<PathBuf> = data
             .inputs()
             .into_iter()
             .chain(opts.config_file.clone())
             .collect();
         // The inputs are found before `--overwrite` removes the old run: a mistyped --fasta
-        // deleted it, then failed on the missing file.
+        // deleted it, then failed on the missing file. Each file found counts as an input:
+        // `--fasta RUN` found a genome the user kept in RUN/checkpoints/, read it from the
+        // old run moved aside, then deleted it with the old run.
         match data {
             DataSource::Fasta(paths) => {
-                discover(paths)?;
+                inputs.extend(discover(paths)?);
             }
             DataSource::Parquet(p) => {
                 crate::error::file_or_missing(p, "a tokenized dataset")?;
@@ -394,10 +401,8 @@ pub fn prepare_run(
     })();
     match result {
         Ok(corpus) => {
-            if let Some(replaced) = claimed {
-                replaced.remove();
-            }
-            Ok((corpus, lock))
+            let pending = claimed.map_or_else(Pending::default, |r| Pending::new(r, run));
+            Ok((corpus, lock, pending))
         }
         Err(e) if crate::interrupt::fired() => {
             // The signal's thread undoes what this start did (it may be renaming the old run

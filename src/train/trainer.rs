@@ -11,6 +11,8 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::parallel::ranks::{abort_all, thread_grid, Ranks};
 use crate::parallel::{Degrees, Topology};
+use crate::train::fault::injected_fault;
+use crate::train::run_dir::OldRun;
 use crate::train::setup::{check_memory, load_corpus, prepare_run, validate_layout};
 
 pub use crate::train::rank_loop::{train_rank, TrainSummary};
@@ -23,8 +25,14 @@ pub fn train(
     run: &Path,
     opts: &RunOptions,
 ) -> Result<TrainSummary> {
-    let (corpus, _lock) = prepare_run(cfg, data, run, opts)?;
-    train_rank(cfg, &corpus, run, opts, &Ranks::single())
+    let (corpus, _lock, pending) = prepare_run(cfg, data, run, opts)?;
+    let opts = RunOptions {
+        old_run: OldRun::hold(pending),
+        ..opts.clone()
+    };
+    let r = train_rank(cfg, &corpus, run, &opts, &Ranks::single());
+    opts.old_run.settle(r.is_ok());
+    r
 }
 
 /// The same run with `dp × sp` ranks as threads of this process (docs/ARCHITECTURE.md §5). Only rank 0
@@ -62,7 +70,11 @@ pub fn train_grid(
         }
         return train(cfg, data, run, opts);
     }
-    let (corpus, _lock) = prepare_run(cfg, data, run, opts)?;
+    let (corpus, _lock, pending) = prepare_run(cfg, data, run, opts)?;
+    let opts = &RunOptions {
+        old_run: OldRun::hold(pending),
+        ..opts.clone()
+    };
     let corpus = Arc::new(corpus);
     let timeout = Duration::from_secs(cfg.train.rank_timeout_s);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -98,7 +110,9 @@ pub fn train_grid(
         started += 1;
     }
     drop(tx);
-    collect_rank_results(&rx, started, timeout)
+    let r = collect_rank_results(&rx, started, timeout);
+    opts.old_run.settle(r.is_ok());
+    r
 }
 
 /// How a rank's thread is named (the panic hook recognises them).
@@ -151,11 +165,28 @@ pub fn train_with_ranks(
         check_memory(cfg, (t.dp, t.seq_degree(), t.pp), 1, opts)?;
         // Rank 0 may tokenize for a long time: the others wait without a deadline. It holds
         // the run directory's lock until the run ends.
-        let (corpus, _lock, _owner) = if ranks.is_root() {
-            let c = prepare_run(cfg, data, run, opts);
-            ranks.world.barrier_unbounded()?;
-            let (c, lock) = c?;
-            (c, Some(lock), None)
+        let (corpus, _lock, old_run, _owner) = if ranks.is_root() {
+            let prepared = prepare_run(cfg, data, run, opts);
+            let (corpus, lock, pending) = match (ranks.world.barrier_unbounded(), prepared) {
+                (Ok(()), Ok(p)) => p,
+                (_, Err(e)) => return Err(e),
+                (Err(e), Ok((_, lock, pending))) => {
+                    drop(pending);
+                    drop(lock);
+                    return Err(e);
+                }
+            };
+            // Every rank reads the data before the first step (a rank that cannot, on a node
+            // that does not see the run directory, fails here). The old run `--overwrite`
+            // replaces stays until rank 0's first checkpoint; a failure or signal before
+            // then puts it back.
+            let agreed = injected_fault(0, 0).and_then(|()| ranks.world.barrier_unbounded());
+            if let Err(e) = agreed {
+                drop(pending);
+                drop(lock);
+                return Err(e);
+            }
+            (corpus, Some(lock), Some(OldRun::hold(pending)), None)
         } else {
             ranks.world.barrier_unbounded()?;
             // The other ranks write their own files of the run (optimizer shards) without the
@@ -165,9 +196,18 @@ pub fn train_with_ranks(
                 DataSource::Fasta(_) => DataSource::Parquet(run.join("data.parquet")),
                 other => other.clone(),
             };
-            (load_corpus(cfg, &data, run, None)?, None, Some(owner))
+            let corpus = load_corpus(cfg, &data, run, None)?;
+            injected_fault(t.rank, 0)?;
+            ranks.world.barrier_unbounded()?;
+            (corpus, None, None, Some(owner))
         };
-        train_rank(cfg, &corpus, run, opts, ranks)
+        let opts = RunOptions {
+            old_run: old_run.unwrap_or_default(),
+            ..opts.clone()
+        };
+        let r = train_rank(cfg, &corpus, run, &opts, ranks);
+        opts.old_run.settle(r.is_ok());
+        r
     })
 }
 

@@ -237,7 +237,7 @@ pub fn run_variants(
     let warn_skip = |msg: String| eprintln!("warning: {msg}; skipped (--on-invalid skip)");
     let (variants, records, names) = match &opts.source {
         VariantSource::Vcf(path) => {
-            let (variants, bad) = vcf::read_vcf(path, opts.skip_invalid)?;
+            let (variants, bad) = vcf::read_vcf(path, opts.skip_invalid, opts.chrom.as_deref())?;
             for b in &bad {
                 skips.push((
                     b.line,

@@ -77,74 +77,36 @@ pub(super) fn place(
         return Ok((Some(ann), None));
     }
     let c = edit.codon();
-    let a = window_start(c, n, w);
-    // W codons, or more when the change runs past them (a long deletion or MNV), so that the
-    // window always holds the whole change and ALT is exactly its bases with the change made.
-    let end_c = (a + w.min(n - a))
-        .max((edit.at + edit.reference.len()).div_ceil(3))
-        .min(n);
-    let win_end = 3 * end_c;
-    let alt_cds = edit.apply(cds_seq);
-    let alt_end = win_end + edit.alt.len() - edit.reference.len();
-    // A vocabulary with [BOS] (genslm71) saw it before a record's first codon in training: a
-    // window that starts there starts with it, and the window's codons shift by one.
-    let bos: Vec<u32> = tok
-        .bos_id()
-        .filter(|_| s == 0 && a == 0)
-        .into_iter()
-        .collect();
-    let shift = bos.len();
-    let with_bos = |bases: &[u8]| {
-        let mut t = bos.clone();
-        t.extend(codon_tokens(tok, bases));
-        t
-    };
-    // The same at the end: a window that reaches the end of a record that is the CDS ends as
-    // the record did in training, with its last bases (a partial codon as `[UNK]`, which an
-    // indel can make or unmake) and `[EOS]` where the vocabulary has one: a stop codon lost or
-    // gained there changes how likely the record is to end. A window covering the whole record
-    // is then exactly its tokens. Elsewhere, the window's whole codons only.
-    let to_end = s == 0 && e == seq.len() && end_c == n;
-    let whole = (
-        with_bos(&cds_seq[3 * a..win_end]),
-        with_bos(&alt_cds[3 * a..alt_end]),
-    );
-    let (reference, alt) = if to_end {
-        let to_end = |bases: &[u8]| {
-            let mut t = with_bos(bases);
-            if !bases.len().is_multiple_of(3) {
-                t.push(tok.unk_id());
-            }
-            t.extend(tok.eos_id());
-            t
-        };
-        let ends = (to_end(&cds_seq[3 * a..]), to_end(&alt_cds[3 * a..]));
-        // A learned table that holds the whole codons but not the end's tokens keeps the
-        // window as it was (the default --window of such a model is its table: every window
-        // at a record's end was refused).
-        let table = model.cfg.max_position_embeddings;
-        let fits = |t: &(Vec<u32>, Vec<u32>)| t.0.len().max(t.1.len()) <= table;
-        if model.cfg.position != Position::Learned || fits(&ends) || !fits(&whole) {
-            ends
-        } else {
-            whole
-        }
-    } else {
-        whole
-    };
-    let longest = reference.len().max(alt.len());
     let table = model.cfg.max_position_embeddings;
+    let alt_cds = edit.apply(cds_seq);
+    // Where the CDS starts at the record's first base, and where it is the whole record.
+    let ends = (s == 0, s == 0 && e == seq.len());
+    let build = |w: usize| build_windows((cds_seq, &alt_cds), &edit, w, ends, tok, model);
+    let mut win = build(w);
+    // A learned table holds no more than its positions, and it is the default --window: a
+    // window that [BOS] or an insertion's codons take past it (every insertion, and every
+    // variant at a genslm71 record's start, was refused) is shortened by the excess, REF and
+    // ALT alike, as training's windows there held [BOS] and one codon fewer.
+    let mut w_used = w;
+    while model.cfg.position == Position::Learned && win.longest() > table && w_used > 2 {
+        w_used = w_used.saturating_sub(win.longest() - table).max(2);
+        win = build(w_used);
+    }
+    let Windows {
+        start: a,
+        end_c,
+        shift,
+        reference,
+        alt,
+    } = win;
+    let longest = reference.len().max(alt.len());
     if model.cfg.position == Position::Learned && longest > table {
-        // The change itself (REF or ALT, in codons) may be what no window can hold.
+        // Shortened as far as it goes: the change itself (REF or ALT, in codons) is what no
+        // window of the table holds.
         let change = edit.reference.len().max(edit.alt.len()).div_ceil(3);
-        let fix = if change + shift >= table {
-            format!("the change alone spans {change} codons, so no --window holds it")
-        } else {
-            "lower --window".into()
-        };
         return Err(format!(
-            "the variant's window is {longest} codons long, more than the model's {table} \
-             learned positions; {fix}"
+            "the change spans {change} codons and its shortest window {longest}, more than \
+             the model's {table} learned positions: no --window holds it"
         ));
     }
     // A change so long that its window dwarfs what the model was made for is a structural
@@ -183,6 +145,99 @@ pub(super) fn place(
     Ok((Some(ann), Some(job)))
 }
 
+/// A variant's REF and ALT windows at `--window` `w` (see [`place`]).
+struct Windows {
+    /// First codon of the window, and one past its last whole codon, in the CDS.
+    start: usize,
+    end_c: usize,
+    /// 1 where the window starts with `[BOS]`.
+    shift: usize,
+    reference: Vec<u32>,
+    alt: Vec<u32>,
+}
+
+impl Windows {
+    fn longest(&self) -> usize {
+        self.reference.len().max(self.alt.len())
+    }
+}
+
+/// The REF and ALT windows of `edit` on the CDS (`cds.0`; `cds.1` with the edit made) at `w`
+/// codons; `ends`: whether the CDS starts at the record's first base, and whether it is the
+/// whole record.
+fn build_windows(
+    cds: (&[u8], &[u8]),
+    edit: &Edit,
+    w: usize,
+    ends: (bool, bool),
+    tok: &CodonTokenizer,
+    model: &GenSlm,
+) -> Windows {
+    let (cds_seq, alt_cds) = cds;
+    let n = cds_seq.len() / 3;
+    let a = window_start(edit.codon(), n, w);
+    // A vocabulary with [BOS] (genslm71) saw it before a record's first codon in training: a
+    // window that starts there starts with it, and the window's codons shift by one.
+    let bos: Vec<u32> = tok
+        .bos_id()
+        .filter(|_| ends.0 && a == 0)
+        .into_iter()
+        .collect();
+    let shift = bos.len();
+    // W codons, or more when the change runs past them (a long deletion or MNV), so that the
+    // window always holds the whole change and ALT is exactly its bases with the change made.
+    let end_c = (a + w.min(n - a))
+        .max((edit.at + edit.reference.len()).div_ceil(3))
+        .min(n);
+    let win_end = 3 * end_c;
+    let alt_end = win_end + edit.alt.len() - edit.reference.len();
+    let with_bos = |bases: &[u8]| {
+        let mut t = bos.clone();
+        t.extend(codon_tokens(tok, bases));
+        t
+    };
+    // The same at the end: a window that reaches the end of a record that is the CDS ends as
+    // the record did in training, with its last bases (a partial codon as `[UNK]`, which an
+    // indel can make or unmake) and `[EOS]` where the vocabulary has one: a stop codon lost or
+    // gained there changes how likely the record is to end. A window covering the whole record
+    // is then exactly its tokens. Elsewhere, the window's whole codons only.
+    let to_end = ends.1 && end_c == n;
+    let whole = (
+        with_bos(&cds_seq[3 * a..win_end]),
+        with_bos(&alt_cds[3 * a..alt_end]),
+    );
+    let (reference, alt) = if to_end {
+        let to_end = |bases: &[u8]| {
+            let mut t = with_bos(bases);
+            if !bases.len().is_multiple_of(3) {
+                t.push(tok.unk_id());
+            }
+            t.extend(tok.eos_id());
+            t
+        };
+        let ends = (to_end(&cds_seq[3 * a..]), to_end(&alt_cds[3 * a..]));
+        // A learned table that holds the whole codons but not the end's tokens keeps the
+        // window as it was (the default --window of such a model is its table: every window
+        // at a record's end was refused).
+        let table = model.cfg.max_position_embeddings;
+        let fits = |t: &(Vec<u32>, Vec<u32>)| t.0.len().max(t.1.len()) <= table;
+        if model.cfg.position != Position::Learned || fits(&ends) || !fits(&whole) {
+            ends
+        } else {
+            whole
+        }
+    } else {
+        whole
+    };
+    Windows {
+        start: a,
+        end_c,
+        shift,
+        reference,
+        alt,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -201,7 +256,12 @@ mod tests {
     fn record_ll(model: &GenSlm, tok: &CodonTokenizer, seq: &[u8]) -> f64 {
         let mut ids = Vec::new();
         tok.encode_into(seq, &mut ids);
-        let x = tokens_tensor(&ids, 1, ids.len(), &model.device);
+        tokens_ll(model, &ids)
+    }
+
+    /// Σ log p of `ids` from the second on, by a log-softmax in f64 over the model's logits.
+    fn tokens_ll(model: &GenSlm, ids: &[u32]) -> f64 {
+        let x = tokens_tensor(ids, 1, ids.len(), &model.device);
         let logits = tensor_to_vec(&model.forward(x, 0).unwrap());
         let v = model.cfg.vocab_size;
         (1..ids.len())
@@ -326,5 +386,97 @@ mod tests {
             );
             assert!(job.reference.len() <= table && job.alt.len() <= table);
         }
+    }
+
+    /// A learned genslm71 model at its default --window (its table) scores a variant near a
+    /// record's start, as training saw it: [BOS] and one codon fewer than the table (the window
+    /// was one position too long and every such variant was refused). Δ equals the difference
+    /// of the two windows' log-likelihoods computed here from their tokens.
+    #[test]
+    fn a_learned_table_holds_bos_and_one_codon_fewer_at_the_record_start() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let seq = b"ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCTAA";
+        let n = seq.len() as u64;
+        let table = 8;
+        let mut cfg = Config::load(&path).unwrap().model;
+        cfg.vocab = VocabKind::Genslm71;
+        cfg.vocab_size = 71;
+        cfg.position = Position::Learned;
+        cfg.max_position_embeddings = table;
+        let model = GenSlm::init(cfg, 5, &Device::flex()).unwrap();
+        let tok = CodonTokenizer::new(VocabKind::Genslm71).unwrap();
+        let (_, job) = place(&variant(5, "C", "T"), seq, (1, n), table, &tok, &model).unwrap();
+        let job = job.unwrap();
+        let window = |bases: &[u8]| {
+            let mut ids = vec![tok.bos_id().unwrap()];
+            ids.extend(codon_tokens(&tok, &bases[..3 * (table - 1)]));
+            ids
+        };
+        let mut alt = seq.to_vec();
+        alt[4] = b'T';
+        assert_eq!((job.start, job.first), (0, 2));
+        assert_eq!(job.reference, window(seq));
+        assert_eq!(job.alt, window(&alt));
+        let want = tokens_ll(&model, &window(&alt)) - tokens_ll(&model, &window(seq));
+        let full = full_recomputation(&model, std::slice::from_ref(&job)).unwrap();
+        assert!(
+            (full[0].total - want).abs() < 1e-4,
+            "{} vs {want}",
+            full[0].total
+        );
+        // A window past the start keeps all of the table's codons, without [BOS].
+        let (_, later) = place(&variant(35, "A", "T"), seq, (1, n), table, &tok, &model).unwrap();
+        let later = later.unwrap();
+        assert_eq!(later.reference.len(), table);
+        assert_ne!(later.reference[0], tok.bos_id().unwrap());
+    }
+
+    /// The same for an in-frame insertion anywhere: at a learned model's default --window
+    /// (its table) ALT was 3 bases longer than the table and every insertion was refused. The
+    /// window is one codon shorter, REF and ALT alike, and Δ is that of those two windows.
+    #[test]
+    fn a_learned_table_shortens_the_window_to_hold_an_insertion() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let seq = b"ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCTAA";
+        let n = seq.len() as u64;
+        let table = 8;
+        let mut cfg = Config::load(&path).unwrap().model;
+        cfg.position = Position::Learned;
+        cfg.max_position_embeddings = table;
+        let model = GenSlm::init(cfg, 6, &Device::flex()).unwrap();
+        let tok = CodonTokenizer::new(VocabKind::Genslm69).unwrap();
+        // GCA inserted after base 20, inside codon 7 (1-based): 7 codons from codon 4.
+        let (ann, job) =
+            place(&variant(20, "G", "GGCA"), seq, (1, n), table, &tok, &model).unwrap();
+        assert_eq!(ann.unwrap().consequence, Consequence::InframeInsertion);
+        let job = job.unwrap();
+        let mut alt = seq[..20].to_vec();
+        alt.extend(b"GCA");
+        alt.extend(&seq[20..]);
+        let (want_ref, want_alt) = (
+            codon_tokens(&tok, &seq[9..30]),
+            codon_tokens(&tok, &alt[9..33]),
+        );
+        assert_eq!((job.start, job.first), (3, 3));
+        assert_eq!((&job.reference, &job.alt), (&want_ref, &want_alt));
+        let want = tokens_ll(&model, &want_alt) - tokens_ll(&model, &want_ref);
+        let full = full_recomputation(&model, std::slice::from_ref(&job)).unwrap();
+        let fast = prefix_reuse(&model, std::slice::from_ref(&job), 4).unwrap();
+        assert!(
+            (full[0].total - want).abs() < 1e-4,
+            "{} vs {want}",
+            full[0].total
+        );
+        assert!(
+            (fast[0].total - want).abs() < 1e-4,
+            "{} vs {want}",
+            fast[0].total
+        );
+        // A rotary model keeps the window asked for (it extrapolates past its table).
+        let mut cfg = Config::load(&path).unwrap().model;
+        cfg.max_position_embeddings = table;
+        let rotary = GenSlm::init(cfg, 6, &Device::flex()).unwrap();
+        let (_, job) = place(&variant(20, "G", "GGCA"), seq, (1, n), table, &tok, &rotary).unwrap();
+        assert_eq!(job.unwrap().alt.len(), table + 1);
     }
 }

@@ -129,10 +129,16 @@ fn check_allele(alt: &str, reference: &str) -> std::result::Result<String, Strin
     Ok(alt)
 }
 
-/// Reads every variant of `path`. A malformed line or allele is an error naming the file and
-/// line, or, with `skip`, is returned among the bad lines and left out (a bad allele alone:
-/// the line's other alleles are read; they were dropped with it, unsaid).
-pub fn read_vcf(path: &Path, skip: bool) -> Result<(Vec<Variant>, Vec<BadLine>)> {
+/// Reads every variant of `path` (on CHROM `chrom` only, when given: the lines of a
+/// whole-genome VCF on other chromosomes are neither held nor checked). A malformed line or
+/// allele is an error naming the file and line, or, with `skip`, is returned among the bad
+/// lines and left out (a bad allele alone: the line's other alleles are read; they were
+/// dropped with it, unsaid).
+pub fn read_vcf(
+    path: &Path,
+    skip: bool,
+    chrom: Option<&str>,
+) -> Result<(Vec<Variant>, Vec<BadLine>)> {
     let (mut reader, compressed) = open(path)?;
     let err = |line: usize, msg: String| {
         Error::Invalid(format!("{}: line {line}: {msg}", path.display()))
@@ -180,6 +186,9 @@ pub fn read_vcf(path: &Path, skip: bool) -> Result<(Vec<Variant>, Vec<BadLine>)>
             text = text.strip_prefix('\u{feff}').unwrap_or(text);
         }
         if text.is_empty() || text.starts_with('#') {
+            continue;
+        }
+        if chrom.is_some_and(|c| text.split('\t').next() != Some(c)) {
             continue;
         }
         match parse_line(text, line) {
@@ -255,7 +264,7 @@ mod tests {
         let path = dir.path().join("m.vcf");
         let text = "\u{feff}##fileformat=VCFv4.2\nc\t3\t.\tG\tT,C,N\nc\t9\t.\tA\tA,<DEL>\n";
         std::fs::write(&path, text).unwrap();
-        let (v, bad) = read_vcf(&path, true).unwrap();
+        let (v, bad) = read_vcf(&path, true, None).unwrap();
         let alts: Vec<&str> = v.iter().map(|v| v.alt.as_str()).collect();
         assert_eq!(alts, ["T", "C"]);
         let why: Vec<(usize, bool)> = bad
@@ -263,8 +272,28 @@ mod tests {
             .map(|b| (b.line, b.msg.contains("ALT")))
             .collect();
         assert_eq!(why, [(2, true), (3, true), (3, true)]);
-        let e = read_vcf(&path, false).unwrap_err().to_string();
+        let e = read_vcf(&path, false, None).unwrap_err().to_string();
         assert!(e.contains("line 2: ALT 'N' holds N"), "{e}");
+    }
+
+    /// With a CHROM asked for, the lines on other chromosomes are passed over unread: neither
+    /// held (a whole-genome VCF is mostly other chromosomes) nor refused when malformed.
+    #[test]
+    fn lines_on_other_chromosomes_are_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.vcf");
+        let text = "#CHROM\tPOS\tID\tREF\tALT\na\t3\t.\tG\tT\nb\tx\t.\tA\tG\nab\t4\t.\tA\tG\n\
+                    a\t5\t.\tC\tA,G\n";
+        std::fs::write(&path, text).unwrap();
+        let (v, bad) = read_vcf(&path, false, Some("a")).unwrap();
+        let got: Vec<(usize, &str, u64)> = v
+            .iter()
+            .map(|v| (v.line, v.chrom.as_str(), v.pos))
+            .collect();
+        assert_eq!(got, [(2, "a", 3), (5, "a", 5), (5, "a", 5)]);
+        assert!(bad.is_empty());
+        let e = read_vcf(&path, false, None).unwrap_err().to_string();
+        assert!(e.contains("line 3: POS 'x'"), "{e}");
     }
 
     /// A VCF compressed by any of the tools bioinformatics uses (bgzip writes gzip members;
@@ -278,7 +307,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("v.vcf");
         std::fs::write(&plain, format!("{first}{second}")).unwrap();
-        let (want, _) = read_vcf(&plain, false).unwrap();
+        let (want, _) = read_vcf(&plain, false, None).unwrap();
         assert_eq!(want.len(), 3);
         type Packer = fn(&[u8]) -> Vec<u8>;
         let packers: [(&str, Packer); 4] = [
@@ -305,7 +334,7 @@ mod tests {
             // Named .vcf: the bytes say what they are.
             let path = dir.path().join(format!("{name}.vcf"));
             std::fs::write(&path, bytes).unwrap();
-            let (got, bad) = read_vcf(&path, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (got, bad) = read_vcf(&path, false, None).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(bad.is_empty(), "{name}");
             let key = |v: &Variant| (v.pos, v.id.clone(), v.alt.clone());
             assert_eq!(
