@@ -37,6 +37,25 @@ fn train(out: &Path, steps: &str, extra: &[&str]) -> (bool, String) {
     (ok, err)
 }
 
+/// `train INPUT --config CONFIG --out OUT --overwrite --quiet --steps 2`: a replacement
+/// that must leave the old run as it was.
+fn replace(input: (&str, &str), config: &str, out: &str) -> (bool, String, String) {
+    let a = [
+        "train",
+        input.0,
+        input.1,
+        "--config",
+        config,
+        "--out",
+        out,
+        "--overwrite",
+        "--quiet",
+        "--steps",
+        "2",
+    ];
+    run(&a)
+}
+
 /// Every entry of `dir` (names with a hash of their bytes, directories walked) but the lock
 /// file (it names its holder), to compare a run before and after.
 fn snapshot(dir: &Path) -> Vec<(String, u64)> {
@@ -73,19 +92,11 @@ fn overwrite_refuses_to_delete_the_dataset_it_reads() {
     let out = dir.path().join("run");
     assert!(train(&out, "2", &[]).0);
     let data = out.join("data.parquet");
-    let (ok, _, err) = run(&[
-        "train",
-        "--data",
-        &arg(&data),
-        "--config",
+    let (ok, _, err) = replace(
+        ("--data", &arg(&data)),
         &arg(&repo().join("configs/tiny.toml")),
-        "--out",
         &arg(&out),
-        "--overwrite",
-        "--quiet",
-        "--steps",
-        "2",
-    ]);
+    );
     assert!(!ok);
     assert!(
         err.contains("--overwrite would delete") && err.contains("data.parquet"),
@@ -95,17 +106,11 @@ fn overwrite_refuses_to_delete_the_dataset_it_reads() {
     // Nor a run whose replacement's inputs are not there (a mistyped --fasta or --data
     // deleted the old run, then failed on the missing file).
     for input in ["--fasta", "--data"] {
-        let (ok, _, err) = run(&[
-            "train",
-            input,
-            &arg(&dir.path().join("typo.fa")),
-            "--config",
+        let (ok, _, err) = replace(
+            (input, &arg(&dir.path().join("typo.fa"))),
             &arg(&repo().join("configs/tiny.toml")),
-            "--out",
             &arg(&out),
-            "--overwrite",
-            "--quiet",
-        ]);
+        );
         assert!(!ok && err.contains("typo.fa"), "{input}: {err}");
         assert!(
             data.is_file() && out.join("checkpoints/latest").is_file(),
@@ -121,19 +126,11 @@ fn overwrite_refuses_to_delete_the_dataset_it_reads() {
         std::fs::read_to_string(repo().join("configs/tiny.toml")).unwrap()
     );
     let config = common::write(&mine, "config.toml", text.as_bytes());
-    let (ok, _, err) = run(&[
-        "train",
-        "--fasta",
-        &arg(&repo().join("data/lambda_virus.fa")),
-        "--config",
+    let (ok, _, err) = replace(
+        ("--fasta", &arg(&repo().join("data/lambda_virus.fa"))),
         &arg(&config),
-        "--out",
         &arg(&mine),
-        "--overwrite",
-        "--quiet",
-        "--steps",
-        "2",
-    ]);
+    );
     assert!(
         !ok && err.contains("--overwrite would delete") && err.contains("config.toml"),
         "{err}"
@@ -146,19 +143,11 @@ fn overwrite_refuses_to_delete_the_dataset_it_reads() {
     std::fs::create_dir(&kept).unwrap();
     std::fs::copy(repo().join("data/lambda_virus.fa"), kept.join("g.fa")).unwrap();
     let before = snapshot(&out);
-    let (ok, _, err) = run(&[
-        "train",
-        "--fasta",
-        &arg(&out),
-        "--config",
+    let (ok, _, err) = replace(
+        ("--fasta", &arg(&out)),
         &arg(&repo().join("configs/tiny.toml")),
-        "--out",
         &arg(&out),
-        "--overwrite",
-        "--quiet",
-        "--steps",
-        "2",
-    ]);
+    );
     assert!(
         !ok && err.contains("--overwrite would delete") && err.contains("g.fa"),
         "{err}"
@@ -190,19 +179,7 @@ fn a_replacement_that_fails_to_start_leaves_the_old_run() {
     assert!(ok, "{err}");
     let config = arg(&repo().join("configs/tiny.toml"));
     for (input, path, want) in [("--fasta", &bad, "two"), ("--data", &other, "genslm71")] {
-        let (ok, _, err) = run(&[
-            "train",
-            input,
-            &arg(path),
-            "--config",
-            &config,
-            "--out",
-            &arg(&out),
-            "--overwrite",
-            "--quiet",
-            "--steps",
-            "2",
-        ]);
+        let (ok, _, err) = replace((input, &arg(path)), &config, &arg(&out));
         assert!(!ok && err.contains(want), "{input}: {err}");
         assert_eq!(snapshot(&out), before, "{input}: the old run changed");
     }

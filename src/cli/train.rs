@@ -163,7 +163,9 @@ pub struct TrainArgs {
     /// Start even when the predicted peak memory exceeds the memory available here.
     #[arg(long)]
     skip_memory_check: bool,
-    /// Replace a run already in --out (a fresh run into it is refused otherwise).
+    /// Replace a run already in --out (a fresh run into it is refused otherwise). The old run
+    /// stays aside until the new one has saved its first checkpoint, and comes back if the
+    /// new one stops before that.
     #[arg(long, conflicts_with = "resume")]
     overwrite: bool,
     /// With --skip-nonfinite: stop after more than this many skipped steps in a row.
