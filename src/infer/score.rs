@@ -216,7 +216,8 @@ pub fn score_fasta(
     let werr = |e: std::io::Error| match per_token {
         false => Error::stdout_only("scores", e),
         true => Error::Invalid(format!(
-            "writing scores: {e}; the --per-token file was not written"
+            "writing scores: {e}; the --per-token file was not written (a file already \
+             there is left as it was)"
         )),
     };
     let mut rows = Vec::new();

@@ -74,6 +74,7 @@ pub fn commit_checkpoint(
     state: &TrainerState,
     staging: &Path,
     shards: usize,
+    on_commit: &dyn Fn(),
 ) -> Result<PathBuf> {
     let root = checkpoints_dir(run);
     let name = format!("step-{}", state.step);
@@ -133,7 +134,11 @@ pub fn commit_checkpoint(
             .map_err(|e| Error::io(next.tmp_path(), e))?;
         crate::interrupt::critical(|| {
             std::fs::rename(staging, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
-            next.commit(file)
+            next.commit(file)?;
+            // In the same section: what the run holds on to until it has a checkpoint (the
+            // old run `--overwrite` replaces) lets go as it becomes one.
+            on_commit();
+            Ok(())
         })
     })();
     if result.is_err() {

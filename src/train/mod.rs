@@ -9,6 +9,7 @@ pub mod master;
 pub mod memory;
 pub mod metrics;
 pub mod nonfinite;
+pub mod old_run;
 pub mod optim;
 pub mod optim_cpu;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]

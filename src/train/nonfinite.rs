@@ -18,6 +18,14 @@ pub struct NonFinitePolicy {
 }
 
 impl NonFinitePolicy {
+    /// A policy for a run that has a checkpoint to resume from (`saved`) or not yet.
+    pub fn with_checkpoint(saved: bool) -> Self {
+        Self {
+            consecutive_skips: 0,
+            saved,
+        }
+    }
+
     /// What a run stopped here can do next, after `advice`.
     fn then(&self, advice: &str) -> String {
         match self.saved {

@@ -30,6 +30,7 @@ use crate::train::metrics::{
     peak_rss_mib, train_flops_per_sequence, MetricsLog, RankMemory, StepMetrics,
 };
 use crate::train::nonfinite::NonFinitePolicy;
+use crate::train::old_run::OldRun;
 use crate::train::optim::AdamWConfig;
 use crate::train::optim_shards::write_shard;
 use crate::train::param_source::ParamSource;
@@ -160,10 +161,7 @@ pub fn train_rank(
     };
     let first_step = state.step;
     let mut summary = TrainSummary::default();
-    let mut policy = NonFinitePolicy {
-        saved: opts.resume,
-        ..Default::default()
-    };
+    let mut policy = NonFinitePolicy::with_checkpoint(opts.resume);
     while state.step < t.steps {
         injected_fault(ranks.topo.rank, state.step + 1)?;
         let step_start = Instant::now();
@@ -266,15 +264,10 @@ pub fn train_rank(
             policy.check_validation(val, what, state.step, saving, t)?;
         }
         if saving {
-            let resumed_from = opts.resume.then_some(first_step);
-            summary.last_checkpoint = checkpoint(run, cfg, &engine, &state, ranks, resumed_from)?;
-            // Every rank, not only rank 0 (which alone names it): any rank's message may be
-            // the one the run reports.
+            let (resumed, old) = (opts.resume.then_some(first_step), &opts.old_run);
+            summary.last_checkpoint = checkpoint(run, cfg, &engine, &state, ranks, resumed, old)?;
+            // Every rank's: any rank's message may be the one the run reports.
             policy.saved = true;
-            if ranks.is_root() {
-                // Rank 0 returns once the checkpoint is complete (`latest` names it).
-                opts.old_run.saved();
-            }
         }
         if stopping {
             break;
@@ -425,6 +418,7 @@ fn checkpoint(
     state: &TrainerState,
     ranks: &Ranks,
     resumed_from: Option<u64>,
+    old_run: &OldRun,
 ) -> Result<Option<PathBuf>> {
     // Removed if Ctrl-C or kill ends the process during the save (gigabytes of shards were
     // left until the run's next start); gone anyway once renamed to step-N. Registered
@@ -455,7 +449,12 @@ fn checkpoint(
     ranks.world.all_reduce_sum(&mut shards)?;
     let dir = match full {
         Some(full) => {
-            let dir = commit_checkpoint(run, cfg, &full, state, &staging, shards[0] as usize)?;
+            let shards = shards[0] as usize;
+            // The old run `--overwrite` replaces is disowned as the checkpoint is committed,
+            // and deleted after.
+            let disown = || old_run.disown();
+            let dir = commit_checkpoint(run, cfg, &full, state, &staging, shards, &disown)?;
+            old_run.saved();
             prune_checkpoints(run, cfg.train.keep_checkpoints, resumed_from)?;
             Some(dir)
         }

@@ -164,7 +164,26 @@ impl Drop for Replaced {
             std::mem::forget(std::mem::take(&mut self.moved));
             std::mem::forget(std::mem::take(&mut self.fresh));
         } else if !self.moved.is_empty() {
-            self.restore();
+            // A signal's cleanup waits: it would rename the same entries back.
+            crate::interrupt::critical(|| self.restore());
+        }
+    }
+}
+
+/// The old run's entries, disowned ([`Replaced::disown`]) and registered for removal.
+#[derive(Debug, Default)]
+pub struct Trash(Vec<(PathBuf, crate::interrupt::Registered)>);
+
+impl Trash {
+    /// Deletes them. Housekeeping: a part that cannot be removed is named, not a reason to
+    /// stop the new run. Every registration went before anything is deleted: a signal while
+    /// the old checkpoints were being deleted (minutes on a network file system) renamed the
+    /// old run's other files back over the new run's.
+    pub fn delete(self) {
+        for (aside, _g) in self.0 {
+            if let Err(e) = remove_entry(&aside) {
+                eprintln!("warning: {e}: the run --overwrite replaced; remove it yourself");
+            }
         }
     }
 }
@@ -189,7 +208,7 @@ fn shell_quoted(s: &str) -> String {
 
 /// The old run's entries `--overwrite` moved aside (`.NAME.replaced-PID`, in the run
 /// directory): removed once the new run has saved its first checkpoint ([`Replaced::remove`],
-/// through [`Pending`]), put back when it fails to ([`Replaced::restore`]) or a signal ends it
+/// through `old_run::Pending`), put back when it fails to ([`Replaced::restore`]) or a signal ends it
 /// first. Removed up front, the old run was lost to a new one that then stopped on a FASTA
 /// record it could not read.
 #[derive(Debug, Default)]
@@ -226,17 +245,28 @@ impl Replaced {
         Ok(())
     }
 
-    /// The new run stands on its own: the old one goes for good. Housekeeping: a part that
-    /// cannot be removed is named, not a reason to stop the new run. Every registration goes before
-    /// anything is deleted: a signal while the old checkpoints were being deleted (minutes on
-    /// a network file system) renamed the old run's other files back over the new run's.
+    /// Whether nothing was moved aside.
+    pub fn is_empty(&self) -> bool {
+        self.moved.is_empty()
+    }
+
+    /// The new run stands on its own: the old one goes for good ([`Replaced::disown`], then
+    /// [`Trash::delete`]).
     pub fn remove(mut self) {
+        crate::interrupt::critical(|| self.disown()).delete();
+    }
+
+    /// The first half of [`Replaced::remove`], renames only: from here the old run goes
+    /// whatever happens. Each entry is renamed to `.NAME.removing-PID` (what a `kill -9`
+    /// during the deletion leaves, and the next start removes: a half-deleted run was offered
+    /// back as one to restore) and registered for removal before its rename back is dropped,
+    /// and the run's names are the new run's. Call it inside the `interrupt::critical` section
+    /// that makes the new run stand alone (its first checkpoint's commit): a signal between
+    /// the two, or half-way through these renames, put some of the old run's files back over
+    /// the new run's, or deleted its first checkpoint.
+    pub fn disown(&mut self) -> Trash {
         self.fresh.clear();
-        // From here the old run goes whatever happens: each entry is renamed to
-        // `.NAME.removing-PID` (what a `kill -9` during the deletion leaves, and the next
-        // start removes: a half-deleted run was offered back as one to restore) and
-        // registered for removal before its rename back is dropped, so a signal finishes it.
-        let gone: Vec<(PathBuf, crate::interrupt::Registered)> = std::mem::take(&mut self.moved)
+        let gone = std::mem::take(&mut self.moved)
             .into_iter()
             .map(|(p, aside, back)| {
                 let trash = tagged_path(&p, REMOVING);
@@ -250,11 +280,7 @@ impl Replaced {
                 (target, g)
             })
             .collect();
-        for (aside, _g) in gone {
-            if let Err(e) = remove_entry(&aside) {
-                eprintln!("warning: {e}: the run --overwrite replaced; remove it yourself");
-            }
-        }
+        Trash(gone)
     }
 
     /// The new run did not start: what it wrote under the old run's names goes, and the old
@@ -273,92 +299,6 @@ impl Replaced {
                     aside.display(),
                     p.display()
                 );
-            }
-        }
-    }
-}
-
-/// The old run `--overwrite` moved aside, held until the new run has something to show for
-/// itself (its first checkpoint, or its end): removed as soon as the data was read, it was
-/// lost to a Ctrl-C a minute into the new run, to a rank that failed to read the dataset, or
-/// to a loss that went NaN at step 2, none of which left a run to resume. [`Pending::started`]
-/// removes it; dropped instead, what the new run wrote under the run's names goes and the old
-/// run comes back. A signal in between puts it back too (its registrations).
-#[derive(Debug, Default)]
-pub struct Pending {
-    replaced: Option<(Replaced, PathBuf)>,
-}
-
-impl Pending {
-    /// `replaced` of the run directory `run`, kept only when it moved something aside.
-    pub fn new(replaced: Replaced, run: &Path) -> Self {
-        if replaced.moved.is_empty() {
-            replaced.remove();
-            return Self::default();
-        }
-        Self {
-            replaced: Some((replaced, run.to_path_buf())),
-        }
-    }
-
-    /// The new run stands on its own: the old one goes for good.
-    pub fn started(mut self) {
-        if let Some((replaced, _)) = self.replaced.take() {
-            replaced.remove();
-        }
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        let Some((mut replaced, run)) = self.replaced.take() else {
-            return;
-        };
-        // After a signal its thread puts the old run back (`Replaced`'s drop leaves that to
-        // it); otherwise the new run's files go first, as a failed start's do.
-        if !crate::interrupt::fired() {
-            // What stands under the run's names is the new run's: its files, its metrics, a
-            // checkpoint whose save failed (the old run's entries, moved aside, are put back
-            // over theirs).
-            for name in RUN_FILES.iter().chain(&RUN_MARKERS) {
-                let p = run.join(name);
-                if std::fs::symlink_metadata(&p).is_ok() {
-                    let _ = remove_entry(&p);
-                }
-            }
-            replaced.restore();
-        }
-    }
-}
-
-/// A [`Pending`] shared by a run's ranks (threads of this process clone it with their
-/// options): rank 0 settles it at its first checkpoint, the launcher when the run ends.
-#[derive(Debug, Clone, Default)]
-pub struct OldRun(std::sync::Arc<std::sync::Mutex<Option<Pending>>>);
-
-impl OldRun {
-    pub fn hold(pending: Pending) -> Self {
-        Self(std::sync::Arc::new(std::sync::Mutex::new(Some(pending))))
-    }
-
-    fn take(&self) -> Option<Pending> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-
-    /// The new run's first checkpoint is complete: the old run goes.
-    pub fn saved(&self) {
-        if let Some(p) = self.take() {
-            p.started();
-        }
-    }
-
-    /// The run ended: the old run goes if it ended well and had not gone yet, else it comes
-    /// back (nothing of the new run was saved). Called while the run's lock is held.
-    pub fn settle(&self, ok: bool) {
-        if let Some(p) = self.take() {
-            match ok {
-                true => p.started(),
-                false => drop(p),
             }
         }
     }

@@ -173,66 +173,6 @@ fn pruning_spares_latest_the_resume_point_and_later_steps() {
     assert_eq!(steps(run), ["step-6", "step-8", "step-10"]);
 }
 
-/// The old run `--overwrite` replaces stays aside until [`Pending::started`]: dropped before
-/// (a rank that could not read the data), the old run's entries are back as they were and the
-/// new run's files at the run's names are gone; started, the old run is gone and the new run's
-/// files stay. The user's own file is never touched.
-#[test]
-fn a_pending_replace_is_put_back_unless_started() {
-    let listing = |run: &Path| {
-        let mut v: Vec<(String, String)> = walk(run);
-        v.sort();
-        v
-    };
-    fn walk(dir: &Path) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(dir).unwrap().flatten() {
-            let p = e.path();
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            if name == crate::run_lock::LOCK_FILE {
-                continue;
-            }
-            if p.is_dir() {
-                out.extend(
-                    walk(&p)
-                        .into_iter()
-                        .map(|(n, c)| (format!("{name}/{n}"), c)),
-                );
-            } else {
-                out.push((name, std::fs::read_to_string(&p).unwrap()));
-            }
-        }
-        out
-    }
-    for start in [false, true] {
-        let dir = tempfile::tempdir().unwrap();
-        let run = dir.path().join("run");
-        checkpoint(&run.join("checkpoints/step-4"));
-        std::fs::write(run.join("checkpoints/latest"), "step-4").unwrap();
-        std::fs::write(run.join("metrics.jsonl"), "{\"step\":4}\n").unwrap();
-        std::fs::write(run.join("config.toml"), "old").unwrap();
-        std::fs::write(run.join("notes.txt"), "mine").unwrap();
-        let before = listing(&run);
-        let replaced = claim(&run, false, true, &[]).unwrap();
-        // What the new run writes before every rank has its data.
-        std::fs::write(run.join("config.toml"), "new").unwrap();
-        std::fs::write(run.join("data.parquet"), "new data").unwrap();
-        let pending = Pending::new(replaced, &run);
-        if start {
-            pending.started();
-            let want = vec![
-                ("config.toml".to_string(), "new".to_string()),
-                ("data.parquet".into(), "new data".into()),
-                ("notes.txt".into(), "mine".into()),
-            ];
-            assert_eq!(listing(&run), want);
-        } else {
-            drop(pending);
-            assert_eq!(listing(&run), before);
-        }
-    }
-}
-
 /// The command that moves a killed `--overwrite`'s leftover back works, run by a shell as
 /// printed, for a relative run directory whose name starts with `-` (mv read it as options)
 /// or holds a space and a quote.

@@ -20,8 +20,9 @@ use crate::train::checkpoint::{read_saved, Saved};
 use crate::train::memory::{
     check_fits, check_fits_device, check_fits_host, check_largest_buffer, check_step_batches,
 };
+use crate::train::old_run::Pending;
 use crate::train::resume::{check_data, check_resume, fasta_stamp, fingerprint};
-use crate::train::run_dir::{claim, Pending};
+use crate::train::run_dir::claim;
 
 /// Where training data comes from.
 #[derive(Debug, Clone)]
@@ -60,7 +61,7 @@ pub struct RunOptions {
     pub config_file: Option<PathBuf>,
     /// The old run `--overwrite` replaces, until rank 0's first checkpoint (set by the
     /// launcher in `trainer`; none otherwise).
-    pub old_run: crate::train::run_dir::OldRun,
+    pub old_run: crate::train::old_run::OldRun,
 }
 
 /// Refuses, before any work, a run whose predicted peak memory exceeds what this machine has
@@ -380,9 +381,8 @@ pub fn prepare_run(
             .chain(opts.config_file.clone())
             .collect();
         // The inputs are found before `--overwrite` removes the old run: a mistyped --fasta
-        // deleted it, then failed on the missing file. Each file found counts as an input:
-        // `--fasta RUN` found a genome the user kept in RUN/checkpoints/, read it from the
-        // old run moved aside, then deleted it with the old run.
+        // deleted it, then failed on the missing file. Each file found is one (`--fasta RUN`
+        // read a genome kept in RUN/checkpoints/ from the old run aside, then deleted it).
         match data {
             DataSource::Fasta(paths) => {
                 inputs.extend(discover(paths)?);
@@ -401,7 +401,9 @@ pub fn prepare_run(
     })();
     match result {
         Ok(corpus) => {
-            let pending = claimed.map_or_else(Pending::default, |r| Pending::new(r, run));
+            // A lock file added to a directory this start did not make goes with the new run.
+            let new_lock = (!created && !had_lock).then(|| lock.path.clone());
+            let pending = claimed.map_or_else(Pending::default, |r| Pending::new(r, run, new_lock));
             Ok((corpus, lock, pending))
         }
         Err(e) if crate::interrupt::fired() => {
@@ -419,11 +421,14 @@ pub fn prepare_run(
                 let _ = std::fs::remove_dir_all(run);
             } else if let Some(mut replaced) = claimed.filter(|_| !opts.resume) {
                 // A fresh run's claim left none of a run's names in the directory: what
-                // stands there now is this run's.
-                for name in RUN_FILES {
-                    let _ = std::fs::remove_file(run.join(name));
-                }
-                replaced.restore();
+                // stands there now is this run's. As one section, which a signal's cleanup
+                // waits for (it would rename the old run back under these removals).
+                crate::interrupt::critical(|| {
+                    for name in RUN_FILES {
+                        let _ = std::fs::remove_file(run.join(name));
+                    }
+                    replaced.restore();
+                });
             }
             // A lock file this process added to a directory it did not make (a user's empty
             // one, a refused resume): gone too, or the directory reads as a run's.

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::parallel::ranks::{abort_all, thread_grid, Ranks};
 use crate::parallel::{Degrees, Topology};
 use crate::train::fault::injected_fault;
-use crate::train::run_dir::OldRun;
+use crate::train::old_run::OldRun;
 use crate::train::setup::{check_memory, load_corpus, prepare_run, validate_layout};
 
 pub use crate::train::rank_loop::{train_rank, TrainSummary};

@@ -166,6 +166,32 @@ pub fn read_vcf(
             break;
         }
         line += 1;
+        // Another chromosome's line is passed over unread, whatever its bytes or length (the
+        // first line is always read: a file compressed twice is said as such). Its first field ends at a tab or a space: a space-separated line of the CHROM asked
+        // for is not another chromosome's, and is refused below as one.
+        let other = |b: &[u8]| {
+            let first = b
+                .split(|&x| x == b'\t' || x == b' ')
+                .next()
+                .unwrap_or_default();
+            chrom.is_some_and(|c| !b.starts_with(b"#") && first != c.as_bytes())
+        };
+        if line > 1 && other(&buf) {
+            let mut rest = Vec::new();
+            while buf.last() != Some(&b'\n') {
+                rest.clear();
+                let more = (&mut reader)
+                    .take(MAX_LINE)
+                    .read_until(b'\n', &mut rest)
+                    .map_err(|e| Error::io(PathBuf::from(path), e))?;
+                if more == 0 {
+                    break;
+                }
+                buf.clear();
+                buf.extend_from_slice(&rest);
+            }
+            continue;
+        }
         if n as u64 > MAX_LINE && buf.last() != Some(&b'\n') {
             return Err(err(
                 line,
@@ -186,9 +212,6 @@ pub fn read_vcf(
             text = text.strip_prefix('\u{feff}').unwrap_or(text);
         }
         if text.is_empty() || text.starts_with('#') {
-            continue;
-        }
-        if chrom.is_some_and(|c| text.split('\t').next() != Some(c)) {
             continue;
         }
         match parse_line(text, line) {
@@ -284,16 +307,27 @@ mod tests {
         let path = dir.path().join("g.vcf");
         let text = "#CHROM\tPOS\tID\tREF\tALT\na\t3\t.\tG\tT\nb\tx\t.\tA\tG\nab\t4\t.\tA\tG\n\
                     a\t5\t.\tC\tA,G\n";
-        std::fs::write(&path, text).unwrap();
+        // Not UTF-8, and longer than any VCF line: neither is read.
+        let mut bytes = text.as_bytes().to_vec();
+        bytes.extend(b"b\t7\t.\tA\tC\t.\t.\t.\xff\xfe\n");
+        bytes.extend(b"b\t9\t.\tA\t");
+        bytes.extend(std::iter::repeat_n(b'C', 3 << 20));
+        bytes.extend(b"\na\t8\t.\tA\tT\n");
+        std::fs::write(&path, &bytes).unwrap();
         let (v, bad) = read_vcf(&path, false, Some("a")).unwrap();
         let got: Vec<(usize, &str, u64)> = v
             .iter()
             .map(|v| (v.line, v.chrom.as_str(), v.pos))
             .collect();
-        assert_eq!(got, [(2, "a", 3), (5, "a", 5), (5, "a", 5)]);
+        assert_eq!(got, [(2, "a", 3), (5, "a", 5), (5, "a", 5), (8, "a", 8)]);
         assert!(bad.is_empty());
         let e = read_vcf(&path, false, None).unwrap_err().to_string();
         assert!(e.contains("line 3: POS 'x'"), "{e}");
+        // A space-separated line of the CHROM asked for is its line, and refused as one (it
+        // was dropped unsaid, its whole text taken for another CHROM).
+        std::fs::write(&path, format!("##fileformat=VCFv4.2\n{}", "a 4 . A C\n")).unwrap();
+        let e = read_vcf(&path, false, Some("a")).unwrap_err().to_string();
+        assert!(e.contains("line 2: 1 tab-separated column"), "{e}");
     }
 
     /// A VCF compressed by any of the tools bioinformatics uses (bgzip writes gzip members;
