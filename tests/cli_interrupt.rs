@@ -120,3 +120,107 @@ fn a_signal_during_an_overwrite_puts_the_old_run_back() {
     let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
     assert_eq!(latest.trim(), "step-2");
 }
+
+/// A signal in the middle of a replacement's training, before its first checkpoint, puts the
+/// old run back as it was, and nothing of the new run stays (the old run was deleted once the
+/// new data was read, and the signal left a run with metrics but no checkpoint).
+#[test]
+fn a_signal_before_the_replacements_first_checkpoint_puts_the_old_run_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let repo = common::repo();
+    let train = |extra: &[&str]| {
+        let mut c = common::bin();
+        c.args(["train", "--quiet", "--out", &arg(&out)])
+            .args(["--fasta", &arg(&repo.join("data/lambda_virus.fa"))])
+            .args(["--config", &arg(&repo.join("configs/tiny.toml"))])
+            .args(["--seq-len", "32", "--batch-size", "2"])
+            .args(extra)
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let done = train(&["--steps", "2"]).output().unwrap();
+    assert!(done.status.success(), "{done:?}");
+    let before = listing(&out);
+    let old_metrics = std::fs::read(out.join("metrics.jsonl")).unwrap();
+    let mut child = train(&["--steps", "1000000", "--overwrite", "--seed", "9"])
+        .spawn()
+        .unwrap();
+    // Training: the new run's metrics have a step (its first checkpoint is a million away).
+    let start = Instant::now();
+    while std::fs::read(out.join("metrics.jsonl"))
+        .map_or(true, |m| m == old_metrics || m.is_empty())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            listing(&out)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signals the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+    assert_eq!(listing(&out), before);
+    assert_eq!(
+        std::fs::read(out.join("metrics.jsonl")).unwrap(),
+        old_metrics
+    );
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "step-2");
+}
+
+/// A `checkpoints/` with no `latest` is no run to refuse, and a fresh run into its directory
+/// starts beside it; a signal while that run reads its data (a named pipe no one writes yet)
+/// leaves it whole: it is not the run's to remove.
+#[test]
+fn a_signal_leaves_a_checkpoints_directory_the_run_did_not_make() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let kept = out.join("checkpoints/step-100");
+    std::fs::create_dir_all(&kept).unwrap();
+    std::fs::write(kept.join("notes.txt"), "mine").unwrap();
+    let pipe = dir.path().join("genome.fa");
+    let c_path = std::ffi::CString::new(pipe.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let repo = common::repo();
+    let mut child = common::bin()
+        .args([
+            "train",
+            "--quiet",
+            "--out",
+            &arg(&out),
+            "--fasta",
+            &arg(&pipe),
+        ])
+        .args(["--config", &arg(&repo.join("configs/tiny.toml"))])
+        .args(["--seq-len", "32", "--batch-size", "2", "--steps", "2"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The lock is taken just before the directory is claimed; the pipe then holds the run.
+    let start = Instant::now();
+    while !out.join(".genslm.lock").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            listing(&out)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: signals the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    assert_eq!(
+        std::fs::read_to_string(kept.join("notes.txt"))
+            .ok()
+            .as_deref(),
+        Some("mine"),
+        "{:?}",
+        listing(&out)
+    );
+}

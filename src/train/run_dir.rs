@@ -86,8 +86,10 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
         // Nothing of a run stands under these names now: what does by the time a signal
         // comes is this run's (its metrics and a first checkpoint too, while an old run is
         // held aside until then).
+        // Only names nothing stands under: a `checkpoints/` without `latest` (no run to
+        // refuse) is not this run's to remove.
         let names = RUN_FILES.iter().chain(&RUN_MARKERS);
-        for name in names {
+        for name in names.filter(|n| std::fs::symlink_metadata(run.join(n)).is_err()) {
             let dir = *name == "checkpoints";
             replaced
                 .fresh

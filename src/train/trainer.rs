@@ -79,6 +79,7 @@ pub fn train_grid(
     let timeout = Duration::from_secs(cfg.train.rank_timeout_s);
     let (tx, rx) = std::sync::mpsc::channel();
     let mut started = 0;
+    let old_run = opts.old_run.clone();
     for ranks in thread_grid(d, timeout) {
         let ranks = match opts.network {
             Some(net) => ranks.delayed(net),
@@ -103,6 +104,7 @@ pub fn train_grid(
             // The ranks already running stop at their next collective.
             let why = format!("could not start rank {rank} as a thread: {e}");
             abort_all(&abort_ranks, &why);
+            old_run.settle(false);
             return Err(Error::Invalid(format!(
                 "{why} (a process or thread limit? lower --dp/--sp)"
             )));
@@ -111,7 +113,7 @@ pub fn train_grid(
     }
     drop(tx);
     let r = collect_rank_results(&rx, started, timeout);
-    opts.old_run.settle(r.is_ok());
+    old_run.settle(r.is_ok());
     r
 }
 
