@@ -26,13 +26,18 @@ pub struct Pending {
     state: Option<State>,
     run: PathBuf,
     /// The lock file this start added to a directory that had none (a user's directory of
-    /// run files): removed with the new run's files when the old one comes back.
-    new_lock: Option<PathBuf>,
+    /// run files), registered for a signal: removed with the new run's files when the old run
+    /// comes back.
+    new_lock: Option<(PathBuf, crate::interrupt::Registered)>,
 }
 
 impl Pending {
     /// `replaced` of the run directory `run`, held only when it moved something aside.
-    pub fn new(replaced: Replaced, run: &Path, new_lock: Option<PathBuf>) -> Self {
+    pub fn new(
+        replaced: Replaced,
+        run: &Path,
+        new_lock: Option<(PathBuf, crate::interrupt::Registered)>,
+    ) -> Self {
         if replaced.is_empty() {
             replaced.remove();
             return Self::default();
@@ -49,6 +54,7 @@ impl Pending {
     fn disown(&mut self) {
         if let Some(State::Held(mut r)) = self.state.take() {
             self.state = Some(State::Disowned(r.disown()));
+            self.new_lock = None;
         }
     }
 
@@ -69,8 +75,10 @@ impl Drop for Pending {
             // The new run's checkpoint stands: the old run goes, whatever ended the run.
             Some(State::Disowned(t)) => t.delete(),
             // After a signal its thread puts the old run back (`Replaced`'s drop leaves that
-            // to it).
-            Some(State::Held(_)) if crate::interrupt::fired() => {}
+            // to it, and so does this the lock file's registration).
+            Some(State::Held(_)) if crate::interrupt::fired() => {
+                std::mem::forget(self.new_lock.take());
+            }
             Some(State::Held(mut replaced)) => {
                 let (run, lock) = (self.run.clone(), self.new_lock.take());
                 // As one section, which a signal's cleanup waits for: it renamed the old run
@@ -88,7 +96,7 @@ impl Drop for Pending {
                         };
                     }
                     replaced.restore();
-                    if let Some(lock) = lock {
+                    if let Some((lock, _registered)) = lock {
                         let _ = std::fs::remove_file(lock);
                     }
                 });

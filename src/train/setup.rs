@@ -356,6 +356,14 @@ pub fn prepare_run(
     let had_lock = std::fs::symlink_metadata(run.join(crate::run_lock::LOCK_FILE)).is_ok();
     // Refused here, nothing is removed: the directory is another process's from now on.
     let lock = RunLock::acquire(run, "train")?;
+    // A lock file added to a directory this start did not make goes with a signal too, until
+    // the run stands on its own (a user's directory came back with a `.genslm.lock` in it).
+    let new_lock = (!created && !had_lock).then(|| {
+        (
+            lock.path.clone(),
+            crate::interrupt::register(lock.path.clone(), false),
+        )
+    });
     // Set once the directory is this run's: a fresh run's failed start then removes what it
     // wrote and puts back the run `--overwrite` moved aside.
     let mut claimed = None;
@@ -401,8 +409,6 @@ pub fn prepare_run(
     })();
     match result {
         Ok(corpus) => {
-            // A lock file added to a directory this start did not make goes with the new run.
-            let new_lock = (!created && !had_lock).then(|| lock.path.clone());
             let pending = claimed.map_or_else(Pending::default, |r| Pending::new(r, run, new_lock));
             Ok((corpus, lock, pending))
         }
@@ -411,6 +417,7 @@ pub fn prepare_run(
             // back now): removing the run's files here could remove the old ones. (`claimed`
             // keeps its registrations for that thread: `Replaced`'s drop.)
             drop(claimed);
+            std::mem::forget(new_lock);
             drop(lock);
             Err(e)
         }
