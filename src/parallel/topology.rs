@@ -295,6 +295,68 @@ impl Topology {
     }
 }
 
+/// Checks of a layout against the run it serves (`train::setup::validate_layout`).
+impl Topology {
+    /// Refuses a sequence group that cuts a window into at least twice as many pieces as it has
+    /// tokens. Such a layout runs, exactly (ranks holding only padding included, which the tests
+    /// cover), but on a sequence padded to the piece count, so most of every step is padding:
+    /// `--cp 256` on 128 tokens trained 512 positions, 384 of them padding. Fewer pieces than
+    /// that pad less than half the window.
+    pub fn check_pieces(&self, seq_len: usize, heads: usize) -> Result<()> {
+        let (cp, sp, tp) = (self.cp, self.sp, self.tp);
+        let pieces = self.degrees().pieces();
+        let most = seq_len.saturating_mul(2) - 1;
+        if pieces <= most {
+            return Ok(());
+        }
+        let cut = if cp > 1 {
+            format!("2·cp·sp·tp = 2·{cp}·{sp}·{tp}")
+        } else {
+            format!("sp·tp = {sp}·{tp}")
+        };
+        Err(Error::Invalid(format!(
+            "--seq-len {seq_len}: the layout cuts every window into {pieces} pieces ({cut}), at \
+             least twice its {seq_len} tokens, so most of every step would be padding; use a longer \
+             --seq-len or fewer ranks ({} here)",
+            self.fewer_pieces(most, heads)
+        )))
+    }
+
+    /// The change of degrees nearest to this layout that cuts a window into at most `most` pieces:
+    /// fewer CP ranks first, then none, then fewer SP ranks, then fewer TP ranks. (Each degree
+    /// named is one that moves: "at most --sp 1" with --sp already 1 helped nobody; a TP degree
+    /// divides the `heads`.)
+    fn fewer_pieces(&self, most: usize, heads: usize) -> String {
+        let (cp, sp, tp) = (self.cp, self.sp, self.tp);
+        if cp > 1 {
+            let c = most / sp.saturating_mul(tp).saturating_mul(2);
+            if c >= 2 {
+                return format!("at most --cp {c}");
+            }
+            if sp.saturating_mul(tp) <= most {
+                return "--cp 1".into();
+            }
+        }
+        let mut fix = Vec::new();
+        if cp > 1 {
+            fix.push("--cp 1".to_string());
+        }
+        if tp <= most {
+            fix.push(format!("at most --sp {}", most / tp));
+        } else {
+            if sp > 1 {
+                fix.push("--sp 1".into());
+            }
+            let t = (1..=most)
+                .rev()
+                .find(|t| heads.is_multiple_of(*t))
+                .unwrap_or(1);
+            fix.push(format!("at most --tp {t}"));
+        }
+        fix.join(" and ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,7 +152,7 @@ pub fn validate_layout(cfg: &Config, topo: &Topology) -> Result<()> {
     }
     crate::train::pipeline::Pipe::plan(cfg, topo.pp)?;
     check_positions(&cfg.model, t.seq_len)?;
-    check_pieces(topo, t.seq_len, cfg.model.num_heads)?;
+    topo.check_pieces(t.seq_len, cfg.model.num_heads)?;
     // Under SP alone a learned table is cut by rows; every SP rank needs at least one.
     let m = &cfg.model;
     if m.position == crate::config::Position::Learned && topo.sp > 1 && topo.cp == 1 {
@@ -211,65 +211,6 @@ fn setting_notes(cfg: &Config) {
             m.max_position_embeddings, m.max_position_embeddings
         );
     }
-}
-
-/// Refuses a sequence group that cuts a window into at least twice as many pieces as it has
-/// tokens. Such a layout runs, exactly (ranks holding only padding included, which the tests
-/// cover), but on a sequence padded to the piece count, so most of every step is padding:
-/// `--cp 256` on 128 tokens trained 512 positions, 384 of them padding. Fewer pieces than
-/// that pad less than half the window.
-fn check_pieces(topo: &Topology, seq_len: usize, heads: usize) -> Result<()> {
-    let (cp, sp, tp) = (topo.cp, topo.sp, topo.tp);
-    let pieces = topo.degrees().pieces();
-    let most = seq_len.saturating_mul(2) - 1;
-    if pieces <= most {
-        return Ok(());
-    }
-    let cut = if cp > 1 {
-        format!("2·cp·sp·tp = 2·{cp}·{sp}·{tp}")
-    } else {
-        format!("sp·tp = {sp}·{tp}")
-    };
-    Err(Error::Invalid(format!(
-        "--seq-len {seq_len}: the layout cuts every window into {pieces} pieces ({cut}), at \
-         least twice its {seq_len} tokens, so most of every step would be padding; use a longer \
-         --seq-len or fewer ranks ({} here)",
-        fewer_pieces(topo, most, heads)
-    )))
-}
-
-/// The change of degrees nearest to `topo` that cuts a window into at most `most` pieces:
-/// fewer CP ranks first, then none, then fewer SP ranks, then fewer TP ranks. (Each degree
-/// named is one that moves: "at most --sp 1" with --sp already 1 helped nobody; a TP degree
-/// divides the `heads`.)
-fn fewer_pieces(topo: &Topology, most: usize, heads: usize) -> String {
-    let (cp, sp, tp) = (topo.cp, topo.sp, topo.tp);
-    if cp > 1 {
-        let c = most / sp.saturating_mul(tp).saturating_mul(2);
-        if c >= 2 {
-            return format!("at most --cp {c}");
-        }
-        if sp.saturating_mul(tp) <= most {
-            return "--cp 1".into();
-        }
-    }
-    let mut fix = Vec::new();
-    if cp > 1 {
-        fix.push("--cp 1".to_string());
-    }
-    if tp <= most {
-        fix.push(format!("at most --sp {}", most / tp));
-    } else {
-        if sp > 1 {
-            fix.push("--sp 1".into());
-        }
-        let t = (1..=most)
-            .rev()
-            .find(|t| heads.is_multiple_of(*t))
-            .unwrap_or(1);
-        fix.push(format!("at most --tp {t}"));
-    }
-    fix.join(" and ")
 }
 
 impl DataSource {
