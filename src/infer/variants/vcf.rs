@@ -167,11 +167,12 @@ pub fn read_vcf(
         }
         line += 1;
         // Another chromosome's line is passed over unread, whatever its bytes or length (the
-        // first line is always read: a file compressed twice is said as such). Its first field ends at a tab or a space: a space-separated line of the CHROM asked
-        // for is not another chromosome's, and is refused below as one.
+        // first line is always read: a file compressed twice is said as such). Its first
+        // field ends at a tab, a space or the line's end: a space-separated line of the CHROM
+        // asked for, or its CHROM alone, is not another chromosome's, and is refused below.
         let other = |b: &[u8]| {
             let first = b
-                .split(|&x| x == b'\t' || x == b' ')
+                .split(|&x| matches!(x, b'\t' | b' ' | b'\r' | b'\n'))
                 .next()
                 .unwrap_or_default();
             chrom.is_some_and(|c| !b.starts_with(b"#") && first != c.as_bytes())
@@ -325,9 +326,14 @@ mod tests {
         assert!(e.contains("line 3: POS 'x'"), "{e}");
         // A space-separated line of the CHROM asked for is its line, and refused as one (it
         // was dropped unsaid, its whole text taken for another CHROM).
-        std::fs::write(&path, format!("##fileformat=VCFv4.2\n{}", "a 4 . A C\n")).unwrap();
-        let e = read_vcf(&path, false, Some("a")).unwrap_err().to_string();
-        assert!(e.contains("line 2: 1 tab-separated column"), "{e}");
+        for line in ["a 4 . A C", "a", "a\r"] {
+            std::fs::write(&path, format!("##fileformat=VCFv4.2\n{line}\n")).unwrap();
+            let e = read_vcf(&path, false, Some("a")).unwrap_err().to_string();
+            assert!(
+                e.contains("line 2: 1 tab-separated column"),
+                "{line:?}: {e}"
+            );
+        }
     }
 
     /// A VCF compressed by any of the tools bioinformatics uses (bgzip writes gzip members;
