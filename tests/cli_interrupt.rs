@@ -20,6 +20,26 @@ fn listing(dir: &Path) -> Vec<String> {
     v
 }
 
+/// Waits, polling, until `ready`, at most a minute (then fails listing `dir`).
+fn wait_until(dir: &Path, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            listing(dir)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A named pipe at `path`, which no one writes yet: a run reading it waits there.
+fn fifo(path: &Path) {
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+}
+
 #[test]
 fn a_signal_removes_the_temporary_output() {
     let model = arg(trained_tiny());
@@ -98,20 +118,12 @@ fn a_signal_during_an_overwrite_puts_the_old_run_back() {
     assert!(done.status.success(), "{done:?}");
     let before = listing(&out);
     let pipe = dir.path().join("genome.fa");
-    let c_path = std::ffi::CString::new(pipe.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo with a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    fifo(&pipe);
     let mut child = train(&pipe, &["--overwrite"]).spawn().unwrap();
-    let start = Instant::now();
     // Waiting on the pipe: the old run is moved aside by then.
-    while !listing(&out).iter().any(|n| n.contains(".replaced-")) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{:?}",
-            listing(&out)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(&out, || {
+        listing(&out).iter().any(|n| n.contains(".replaced-"))
+    });
     // SAFETY: signals the child this test started.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let status = child.wait().unwrap();
@@ -147,17 +159,9 @@ fn a_signal_before_the_replacements_first_checkpoint_puts_the_old_run_back() {
         .spawn()
         .unwrap();
     // Training: the new run's metrics have a step (its first checkpoint is a million away).
-    let start = Instant::now();
-    while std::fs::read(out.join("metrics.jsonl"))
-        .map_or(true, |m| m == old_metrics || m.is_empty())
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{:?}",
-            listing(&out)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(&out, || {
+        std::fs::read(out.join("metrics.jsonl")).is_ok_and(|m| m != old_metrics && !m.is_empty())
+    });
     // SAFETY: signals the child this test started.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let status = child.wait().unwrap();
@@ -182,9 +186,7 @@ fn a_signal_leaves_a_checkpoints_directory_the_run_did_not_make() {
     std::fs::create_dir_all(&kept).unwrap();
     std::fs::write(kept.join("notes.txt"), "mine").unwrap();
     let pipe = dir.path().join("genome.fa");
-    let c_path = std::ffi::CString::new(pipe.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo with a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    fifo(&pipe);
     let repo = common::repo();
     let mut child = common::bin()
         .args([
@@ -201,15 +203,7 @@ fn a_signal_leaves_a_checkpoints_directory_the_run_did_not_make() {
         .spawn()
         .unwrap();
     // The lock is taken just before the directory is claimed; the pipe then holds the run.
-    let start = Instant::now();
-    while !out.join(".genslm.lock").exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{:?}",
-            listing(&out)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(&out, || out.join(".genslm.lock").exists());
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: signals the child this test started.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);

@@ -33,9 +33,7 @@ impl NonFinitePolicy {
             false => format!("{advice} (no checkpoint was saved: start the run again)"),
         }
     }
-}
 
-impl NonFinitePolicy {
     pub fn check(
         &mut self,
         out: &StepOutcome,

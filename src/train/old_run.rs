@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::run_lock::{RUN_FILES, RUN_MARKERS};
-use crate::train::run_dir::{Replaced, Trash};
+use crate::train::run_dir::{remove_entry, Replaced, Trash};
 
 #[derive(Debug)]
 enum State {
@@ -88,12 +88,7 @@ impl Drop for Pending {
                     // metrics, a checkpoint whose save failed (the old run's entries are put
                     // back over theirs).
                     for name in RUN_FILES.iter().chain(&RUN_MARKERS) {
-                        let p = run.join(name);
-                        let _ = match std::fs::symlink_metadata(&p) {
-                            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&p),
-                            Ok(_) => std::fs::remove_file(&p),
-                            Err(_) => Ok(()),
-                        };
+                        let _ = remove_entry(&run.join(name));
                     }
                     replaced.restore();
                     if let Some((lock, _registered)) = lock {

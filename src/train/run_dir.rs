@@ -83,11 +83,9 @@ pub fn claim(run: &Path, resume: bool, overwrite: bool, inputs: &[PathBuf]) -> R
         }
     }
     if !resume {
-        // Nothing of a run stands under these names now: what does by the time a signal
-        // comes is this run's (its metrics and a first checkpoint too, while an old run is
-        // held aside until then).
-        // Only names nothing stands under: a `checkpoints/` without `latest` (no run to
-        // refuse) is not this run's to remove.
+        // What stands under a run's names by the time a signal comes, where nothing stood
+        // now, is this run's (its metrics and a first checkpoint too, while an old run is held
+        // aside until then); a `checkpoints/` without `latest` (no run to refuse) is not.
         let names = RUN_FILES.iter().chain(&RUN_MARKERS);
         for name in names.filter(|n| std::fs::symlink_metadata(run.join(n)).is_err()) {
             let dir = *name == "checkpoints";
@@ -210,9 +208,9 @@ fn shell_quoted(s: &str) -> String {
 
 /// The old run's entries `--overwrite` moved aside (`.NAME.replaced-PID`, in the run
 /// directory): removed once the new run has saved its first checkpoint ([`Replaced::remove`],
-/// through `old_run::Pending`), put back when it fails to ([`Replaced::restore`]) or a signal ends it
-/// first. Removed up front, the old run was lost to a new one that then stopped on a FASTA
-/// record it could not read.
+/// through `old_run::Pending`), put back when it fails to ([`Replaced::restore`]) or a signal
+/// ends it first. Removed up front, the old run was lost to a new one that then stopped on a
+/// FASTA record it could not read.
 #[derive(Debug, Default)]
 pub struct Replaced {
     moved: Vec<(PathBuf, PathBuf, crate::interrupt::Registered)>,
@@ -470,7 +468,7 @@ fn remove_checkpoint(dir: &Path, remove: &mut dyn FnMut(&Path) -> Result<()>) ->
 }
 
 /// Removes a file or link (never what it points at), or a directory with its contents.
-fn remove_entry(p: &Path) -> Result<()> {
+pub(crate) fn remove_entry(p: &Path) -> Result<()> {
     let is_dir = std::fs::symlink_metadata(p)
         .map_err(|e| Error::io(p, e))?
         .is_dir();

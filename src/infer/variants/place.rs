@@ -251,6 +251,24 @@ mod tests {
     use crate::ops::primitive::{tensor_to_vec, tokens_tensor};
     use crate::tokenizer::VocabKind;
 
+    /// tiny.toml's model with `kind`'s vocabulary (71 rows, room for either), `position` and
+    /// a table of `table` positions, and its tokenizer.
+    fn tiny_model(
+        kind: VocabKind,
+        position: Position,
+        table: usize,
+        seed: u64,
+    ) -> (GenSlm, CodonTokenizer) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
+        let mut cfg = Config::load(&path).unwrap().model;
+        cfg.vocab = kind;
+        cfg.vocab_size = 71;
+        cfg.position = position;
+        cfg.max_position_embeddings = table;
+        let model = GenSlm::init(cfg, seed, &Device::flex()).unwrap();
+        (model, CodonTokenizer::new(kind).unwrap())
+    }
+
     /// Σ log p of a record's tokens as training wrote them (`encode`: `[BOS]`, codons, a
     /// partial codon's `[UNK]`, `[EOS]`), by a log-softmax in f64 over the model's logits.
     fn record_ll(model: &GenSlm, tok: &CodonTokenizer, seq: &[u8]) -> f64 {
@@ -284,7 +302,6 @@ mod tests {
     /// genslm71's `[EOS]` was never scored).
     #[test]
     fn a_window_over_the_whole_record_is_the_record_as_trained() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
         let whole = b"ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCTAA".to_vec();
         let mut partial = whole.clone();
         partial.extend(b"GC");
@@ -297,11 +314,7 @@ mod tests {
             (10, "C", "T"),    // far from the end (the window still covers all)
         ];
         for kind in [VocabKind::Genslm69, VocabKind::Genslm71] {
-            let mut cfg = Config::load(&path).unwrap().model;
-            cfg.vocab = kind;
-            cfg.vocab_size = 71;
-            let model = GenSlm::init(cfg, 7, &Device::flex()).unwrap();
-            let tok = CodonTokenizer::new(kind).unwrap();
+            let (model, tok) = tiny_model(kind, Position::Rotary, 2048, 7);
             for seq in [&whole, &partial] {
                 let n = seq.len() as u64;
                 let mut jobs = Vec::new();
@@ -339,11 +352,7 @@ mod tests {
     /// line, as a structural variant; one under the bound is scored.
     #[test]
     fn a_structural_change_is_refused_not_run_for_hours() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
-        let mut cfg = Config::load(&path).unwrap().model;
-        cfg.max_position_embeddings = 8;
-        let model = GenSlm::init(cfg, 1, &Device::flex()).unwrap();
-        let tok = CodonTokenizer::new(VocabKind::Genslm69).unwrap();
+        let (model, tok) = tiny_model(VocabKind::Genslm69, Position::Rotary, 8, 1);
         let seq: Vec<u8> = (0..1200).map(|i| b"ACGT"[(i * 7 + i / 5) % 4]).collect();
         let n = seq.len() as u64;
         let del = |len: usize| {
@@ -365,18 +374,11 @@ mod tests {
     /// end was refused once [EOS] was added); a table with room takes them.
     #[test]
     fn a_learned_table_full_of_codons_keeps_the_window_at_the_record_end() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
         let seq = b"ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCTAA";
         let n = seq.len() as u64;
         let stop_lost = variant(41, "A", "T");
         for (table, eos) in [(8, false), (10, true)] {
-            let mut cfg = Config::load(&path).unwrap().model;
-            cfg.vocab = VocabKind::Genslm71;
-            cfg.vocab_size = 71;
-            cfg.position = Position::Learned;
-            cfg.max_position_embeddings = table;
-            let model = GenSlm::init(cfg, 3, &Device::flex()).unwrap();
-            let tok = CodonTokenizer::new(VocabKind::Genslm71).unwrap();
+            let (model, tok) = tiny_model(VocabKind::Genslm71, Position::Learned, table, 3);
             let (_, job) = place(&stop_lost, seq, (1, n), 8, &tok, &model).unwrap();
             let job = job.unwrap();
             assert_eq!(
@@ -394,17 +396,10 @@ mod tests {
     /// of the two windows' log-likelihoods computed here from their tokens.
     #[test]
     fn a_learned_table_holds_bos_and_one_codon_fewer_at_the_record_start() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
         let seq = b"ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCTAA";
         let n = seq.len() as u64;
         let table = 8;
-        let mut cfg = Config::load(&path).unwrap().model;
-        cfg.vocab = VocabKind::Genslm71;
-        cfg.vocab_size = 71;
-        cfg.position = Position::Learned;
-        cfg.max_position_embeddings = table;
-        let model = GenSlm::init(cfg, 5, &Device::flex()).unwrap();
-        let tok = CodonTokenizer::new(VocabKind::Genslm71).unwrap();
+        let (model, tok) = tiny_model(VocabKind::Genslm71, Position::Learned, table, 5);
         let (_, job) = place(&variant(5, "C", "T"), seq, (1, n), table, &tok, &model).unwrap();
         let job = job.unwrap();
         let window = |bases: &[u8]| {
@@ -436,15 +431,10 @@ mod tests {
     /// window is one codon shorter, REF and ALT alike, and Δ is that of those two windows.
     #[test]
     fn a_learned_table_shortens_the_window_to_hold_an_insertion() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.toml");
         let seq = b"ATGGCTAAACTGGAATTCCGTTACGCTAAACTGGAATTCTAA";
         let n = seq.len() as u64;
         let table = 8;
-        let mut cfg = Config::load(&path).unwrap().model;
-        cfg.position = Position::Learned;
-        cfg.max_position_embeddings = table;
-        let model = GenSlm::init(cfg, 6, &Device::flex()).unwrap();
-        let tok = CodonTokenizer::new(VocabKind::Genslm69).unwrap();
+        let (model, tok) = tiny_model(VocabKind::Genslm69, Position::Learned, table, 6);
         // GCA inserted after base 20, inside codon 7 (1-based): 7 codons from codon 4.
         let (ann, job) =
             place(&variant(20, "G", "GGCA"), seq, (1, n), table, &tok, &model).unwrap();
@@ -473,9 +463,7 @@ mod tests {
             fast[0].total
         );
         // A rotary model keeps the window asked for (it extrapolates past its table).
-        let mut cfg = Config::load(&path).unwrap().model;
-        cfg.max_position_embeddings = table;
-        let rotary = GenSlm::init(cfg, 6, &Device::flex()).unwrap();
+        let (rotary, _) = tiny_model(VocabKind::Genslm69, Position::Rotary, table, 6);
         let (_, job) = place(&variant(20, "G", "GGCA"), seq, (1, n), table, &tok, &rotary).unwrap();
         assert_eq!(job.unwrap().alt.len(), table + 1);
     }

@@ -178,18 +178,15 @@ pub fn read_vcf(
             chrom.is_some_and(|c| !b.starts_with(b"#") && first != c.as_bytes())
         };
         if line > 1 && other(&buf) {
-            let mut rest = Vec::new();
-            while buf.last() != Some(&b'\n') {
-                rest.clear();
+            // The rest of a line longer than `buf` holds, a piece at a time.
+            let mut ended = buf.last() == Some(&b'\n');
+            while !ended {
+                buf.clear();
                 let more = (&mut reader)
                     .take(MAX_LINE)
-                    .read_until(b'\n', &mut rest)
+                    .read_until(b'\n', &mut buf)
                     .map_err(|e| Error::io(PathBuf::from(path), e))?;
-                if more == 0 {
-                    break;
-                }
-                buf.clear();
-                buf.extend_from_slice(&rest);
+                ended = more == 0 || buf.last() == Some(&b'\n');
             }
             continue;
         }
