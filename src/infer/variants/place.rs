@@ -92,6 +92,7 @@ pub(super) fn place(
         w_used = w_used.saturating_sub(win.longest() - table).max(2);
         win = build(w_used);
     }
+    let longest = win.longest();
     let Windows {
         start: a,
         end_c,
@@ -99,7 +100,6 @@ pub(super) fn place(
         reference,
         alt,
     } = win;
-    let longest = reference.len().max(alt.len());
     if model.cfg.position == Position::Learned && longest > table {
         // Shortened as far as it goes: the change itself (REF or ALT, in codons) is what no
         // window of the table holds.
