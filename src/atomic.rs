@@ -85,6 +85,15 @@ fn check_not_input(target: &Path) -> Result<()> {
 /// itself was replaced by the output. A link to a file is replaced by the new file (the file
 /// it pointed to is kept).
 pub fn check_replaceable(target: &Path) -> Result<()> {
+    if let Some(hop) = descriptor_link(target) {
+        return Err(Error::Invalid(format!(
+            "{}: is {}, a link to one of this process's open files (its standard output, when \
+             it is /dev/stdout or fd 1), not a file; an output is renamed over its path, which \
+             would replace the link. Nothing was written: give the file's own path",
+            target.display(),
+            hop.display()
+        )));
+    }
     // `metadata` follows links; a dangling link (no metadata) is replaced like a file.
     let Ok(meta) = std::fs::metadata(target) else {
         return Ok(());
@@ -103,6 +112,36 @@ pub fn check_replaceable(target: &Path) -> Result<()> {
          path, which would replace it. Nothing was written: choose a file path",
         target.display()
     )))
+}
+
+/// Where `target`, or a link it leads through, is one of the process's file descriptors
+/// (`/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`): the path that is. Such a link resolves to
+/// whatever the descriptor is open on, a regular file when the shell redirected stdout to one,
+/// so the checks on what it points to passed and the rename replaced the link (as root,
+/// `/dev/stdout` itself) while the redirected file stayed empty.
+fn descriptor_link(target: &Path) -> Option<PathBuf> {
+    let is_descriptor = |p: &Path| {
+        p.starts_with("/proc")
+            || p.starts_with("/dev/fd")
+            || ["/dev/stdin", "/dev/stdout", "/dev/stderr"]
+                .iter()
+                .any(|d| p == Path::new(d))
+    };
+    let mut p = std::path::absolute(target).ok()?;
+    // A link chain longer than the kernel follows (40) cannot be opened anyway.
+    for _ in 0..40 {
+        // The directory too, resolved: a user's link to /proc/self/fd as the output's folder.
+        let dir = p.parent().and_then(|d| std::fs::canonicalize(d).ok());
+        if is_descriptor(&p) || dir.as_deref().is_some_and(is_descriptor) {
+            return Some(p);
+        }
+        let next = std::fs::read_link(&p).ok()?;
+        p = match p.parent() {
+            Some(d) if next.is_relative() => d.join(next),
+            _ => next,
+        };
+    }
+    None
 }
 
 /// The last component of `path` as spelled, when it is `.` or `..` (`Path` reads `x/.` as `x`).

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::path::Path;
+
 use common::{arg, repo, run};
 
 /// No command writes its output over one of its own inputs (the output path given as the
@@ -202,4 +204,55 @@ fn a_text_output_named_as_another_format_is_refused() {
     ]);
     assert!(!ok && err.contains("is written as TSV"), "{err}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// An output path that is a link to a file descriptor (`/proc/self/fd/1`, what `/dev/stdout`
+/// is) resolved, with stdout redirected to a file, to that regular file: the checks passed and
+/// the rename replaced the link (as root, `/dev/stdout` itself) while the redirected file
+/// stayed empty. Refused, the link and the redirected file as they were.
+#[test]
+fn a_link_to_a_file_descriptor_is_refused_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let fa = repo().join("data/lambda_virus.fa");
+    let model = common::trained_tiny();
+    let link = dir.path().join("mystdout.fa");
+    std::os::unix::fs::symlink("/proc/self/fd/1", &link).unwrap();
+    let fd_dir = dir.path().join("fds");
+    std::os::unix::fs::symlink("/proc/self/fd", &fd_dir).unwrap();
+    let cases: [(Vec<&std::ffi::OsStr>, &Path); 3] = [
+        (
+            vec!["tokenize".as_ref(), "--fasta".as_ref(), fa.as_os_str()],
+            &link,
+        ),
+        (
+            vec!["generate".as_ref(), "--model".as_ref(), model.as_os_str()],
+            &link,
+        ),
+        // The output's folder a link to the descriptors.
+        (
+            vec!["generate".as_ref(), "--model".as_ref(), model.as_os_str()],
+            &fd_dir.join("1"),
+        ),
+    ];
+    for (args, out) in cases {
+        let captured = dir.path().join("captured");
+        let stdout = std::fs::File::create(&captured).unwrap();
+        let res = common::bin()
+            .args(&args)
+            .arg("--out")
+            .arg(out)
+            .stdout(stdout)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&res.stderr);
+        assert!(
+            !res.status.success() && err.contains("a link to one of this process's open files"),
+            "{args:?} {out:?}: {err}"
+        );
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            Path::new("/proc/self/fd/1")
+        );
+        assert_eq!(std::fs::metadata(&captured).unwrap().len(), 0);
+    }
 }

@@ -47,13 +47,15 @@ pub struct ScoreArgs {
 }
 
 /// `genslm embed`.
+// One input, FASTA or a tokenized dataset: the error names both when neither is given.
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["fasta", "data"])))]
 pub struct EmbedArgs {
     /// Model directory (config.json + model.safetensors), or a run directory (its latest checkpoint).
     #[arg(long)]
     model: PathBuf,
     /// FASTA files or directories.
-    #[arg(long, num_args = 1.., conflicts_with = "data", required_unless_present = "data")]
+    #[arg(long, num_args = 1..)]
     fasta: Vec<PathBuf>,
     /// A dataset written by `genslm tokenize`.
     #[arg(long)]

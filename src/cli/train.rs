@@ -50,10 +50,12 @@ impl DegreeArgs {
 }
 
 /// `genslm train`: every setting flag overrides the `[train]` field of the same name.
+// One input, FASTA or a tokenized dataset: the error names both when neither is given.
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["fasta", "data"])))]
 pub struct TrainArgs {
     /// FASTA files or directories (tokenized into RUN/data.parquet).
-    #[arg(long, num_args = 1.., conflicts_with = "data", required_unless_present = "data")]
+    #[arg(long, num_args = 1..)]
     fasta: Vec<PathBuf>,
     /// A dataset written by `genslm tokenize`.
     #[arg(long)]

@@ -30,7 +30,10 @@ impl NonFinitePolicy {
     fn then(&self, advice: &str) -> String {
         match self.saved {
             true => format!("{advice} (the last checkpoint resumes with --resume)"),
-            false => format!("{advice} (no checkpoint was saved: start the run again)"),
+            false => format!(
+                "{advice} (no checkpoint was saved: start again with --overwrite, which \
+                 replaces what this run wrote)"
+            ),
         }
     }
 

@@ -1,86 +1,8 @@
-//! What a variant does to the protein: the standard genetic code and the consequence classes
-//! `genslm variants` reports.
-//!
-//! Alleles are trimmed first: VCF indels carry an anchor base that REF and ALT share (REF `A`,
-//! ALT `AT` at POS inserts a `T` after POS), so the shared prefix and suffix are removed before
-//! deciding which codon changes and how.
+//! What a variant does to the protein: the consequence classes `genslm variants` reports and
+//! the codons and amino acids it changes.
 
-/// The amino acid (one letter; `*` = stop) of a codon of upper-case A/C/G/T, or `X` for
-/// anything else (an `N`, an incomplete codon). The standard code (NCBI translation table 1).
-pub fn translate(codon: &[u8]) -> u8 {
-    let [a, b, c] = match codon {
-        [a, b, c] => [*a, *b, *c],
-        _ => return b'X',
-    };
-    let purine = |x: u8| matches!(x, b'A' | b'G');
-    let pyrimidine = |x: u8| matches!(x, b'C' | b'T');
-    if !(purine(c) || pyrimidine(c)) {
-        return b'X';
-    }
-    // By first two bases; the third decides within a box where the box is split.
-    match (a, b) {
-        (b'T', b'T') => {
-            if pyrimidine(c) {
-                b'F'
-            } else {
-                b'L'
-            }
-        }
-        (b'T', b'C') => b'S',
-        (b'T', b'A') => {
-            if pyrimidine(c) {
-                b'Y'
-            } else {
-                b'*'
-            }
-        }
-        (b'T', b'G') => match c {
-            b'A' => b'*',
-            b'G' => b'W',
-            _ => b'C',
-        },
-        (b'C', b'T') => b'L',
-        (b'C', b'C') => b'P',
-        (b'C', b'A') => {
-            if pyrimidine(c) {
-                b'H'
-            } else {
-                b'Q'
-            }
-        }
-        (b'C', b'G') => b'R',
-        (b'A', b'T') => match c {
-            b'G' => b'M',
-            _ => b'I',
-        },
-        (b'A', b'C') => b'T',
-        (b'A', b'A') => {
-            if pyrimidine(c) {
-                b'N'
-            } else {
-                b'K'
-            }
-        }
-        (b'A', b'G') => {
-            if pyrimidine(c) {
-                b'S'
-            } else {
-                b'R'
-            }
-        }
-        (b'G', b'T') => b'V',
-        (b'G', b'C') => b'A',
-        (b'G', b'A') => {
-            if pyrimidine(c) {
-                b'D'
-            } else {
-                b'E'
-            }
-        }
-        (b'G', b'G') => b'G',
-        _ => b'X',
-    }
-}
+use super::code::{translate, Edit};
+use super::hgvs;
 
 /// The effect class of a variant on a coding sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,67 +40,16 @@ impl Consequence {
     }
 }
 
-/// A variant placed on a CDS, after trimming the alleles' shared bases.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Edit {
-    /// 0-based CDS offset of the first base that differs.
-    pub at: usize,
-    /// Trimmed REF and ALT (either may be empty: an insertion or a deletion).
-    pub reference: Vec<u8>,
-    pub alt: Vec<u8>,
-}
-
-impl Edit {
-    /// `reference`/`alt` as the VCF gives them, REF's first base at CDS offset `at`.
-    pub fn trimmed(at: usize, reference: &[u8], alt: &[u8]) -> Edit {
-        let prefix = reference
-            .iter()
-            .zip(alt)
-            .take_while(|(a, b)| a == b)
-            .count();
-        let (r, a) = (&reference[prefix..], &alt[prefix..]);
-        let suffix = r
-            .iter()
-            .rev()
-            .zip(a.iter().rev())
-            .take_while(|(x, y)| x == y)
-            .count();
-        Edit {
-            at: at + prefix,
-            reference: r[..r.len() - suffix].to_vec(),
-            alt: a[..a.len() - suffix].to_vec(),
-        }
-    }
-
-    /// The 0-based codon where the sequences first differ.
-    pub fn codon(&self) -> usize {
-        self.at / 3
-    }
-
-    pub fn is_substitution(&self) -> bool {
-        self.reference.len() == self.alt.len()
-    }
-
-    /// `cds` with the edit applied.
-    pub fn apply(&self, cds: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(cds.len() + self.alt.len());
-        out.extend_from_slice(&cds[..self.at]);
-        out.extend_from_slice(&self.alt);
-        out.extend_from_slice(&cds[self.at + self.reference.len()..]);
-        out
-    }
-}
-
 /// The protein-level reading of a substitution or indel in `cds`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Annotation {
     pub consequence: Consequence,
-    /// The codons the change touches, in REF and ALT (substitutions; indels: REF's first).
+    /// The codons the change touches in REF, and the same stretch of ALT (a frameshift: the
+    /// first codon touched and ALT's codon there).
     pub ref_codons: String,
     pub alt_codons: String,
-    /// One-letter change with 1-based codon numbers, e.g. `N501Y`, `K417N`, `D614G`;
-    /// `E484_fs` for a frameshift, `Y144_del`/`A11_ins` (the first codon touched) for
-    /// in-frame indels.
+    /// One-letter change with 1-based codon numbers, e.g. `N501Y`, `K417N`, `D614G`; an
+    /// indel's as HGVS names it (`Y144del`, `R214_D215insEPE`, `E484Kfs*12`: see the `hgvs` module).
     pub aa_change: String,
     /// 0-based codons the change touches (REF side).
     pub codons: std::ops::Range<usize>,
@@ -196,9 +67,8 @@ fn inframe_protein_change(
     first: usize,
     diff: i64,
 ) -> Option<Consequence> {
-    let edited = edit.apply(cds);
     let alt_len = usize::try_from(ref_span.len() as i64 + diff).ok()?;
-    let alt_span = edited.get(3 * first..3 * first + alt_len)?;
+    let alt_span = &hgvs::alt_bases(cds, edit, first, alt_len)?;
     if !ref_span.len().is_multiple_of(3) || !alt_span.len().is_multiple_of(3) {
         return None;
     }
@@ -226,22 +96,30 @@ pub fn annotate(cds: &[u8], edit: &Edit) -> Annotation {
     let aa = |c: &[u8]| c.chunks(3).map(translate).collect::<Vec<u8>>();
     if !edit.is_substitution() {
         let diff = edit.alt.len() as i64 - edit.reference.len() as i64;
-        let ref_codon = &cds[3 * first..(3 * first + 3).min(cds.len())];
-        let r = translate(ref_codon) as char;
-        let (consequence, what) = if diff % 3 != 0 {
-            (Consequence::Frameshift, "fs")
-        } else if let Some(c) = inframe_protein_change(cds, edit, ref_span, first, diff) {
-            (c, if diff > 0 { "ins" } else { "del" })
-        } else if diff > 0 {
-            (Consequence::InframeInsertion, "ins")
-        } else {
-            (Consequence::InframeDeletion, "del")
+        let alt_text = |len: i64| {
+            let len = usize::try_from(len).unwrap_or(0);
+            text(&hgvs::alt_bases(cds, edit, first, len).unwrap_or_default())
         };
+        if diff % 3 != 0 {
+            return Annotation {
+                consequence: Consequence::Frameshift,
+                ref_codons: text(&cds[3 * first..(3 * first + 3).min(cds.len())]),
+                alt_codons: alt_text(3),
+                aa_change: hgvs::frameshift(cds, edit, first),
+                codons,
+            };
+        }
+        let consequence =
+            inframe_protein_change(cds, edit, ref_span, first, diff).unwrap_or(if diff > 0 {
+                Consequence::InframeInsertion
+            } else {
+                Consequence::InframeDeletion
+            });
         return Annotation {
             consequence,
-            ref_codons: text(ref_codon),
-            alt_codons: String::new(),
-            aa_change: format!("{r}{}_{what}", first + 1),
+            ref_codons: text(ref_span),
+            alt_codons: alt_text(ref_span.len() as i64 + diff),
+            aa_change: hgvs::inframe(cds, edit, (first, last + 1)),
             codons,
         };
     }

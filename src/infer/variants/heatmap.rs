@@ -8,7 +8,7 @@ use std::path::Path;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::annotate::translate;
+use super::code::translate;
 use super::VariantRow;
 use crate::error::Result;
 use crate::plot::{render_png, FONT};

@@ -11,8 +11,10 @@
 //! Windows and Δ: see [`delta`].
 
 pub mod annotate;
+mod code;
 pub mod delta;
 pub mod heatmap;
+mod hgvs;
 mod output;
 mod place;
 pub mod vcf;

@@ -2,9 +2,10 @@
 //!
 //! Columns: `chrom pos id ref alt` (as in the VCF), `consequence` (synonymous, missense,
 //! nonsense, stop_lost, start_lost, frameshift, inframe_insertion, inframe_deletion,
-//! incomplete_codon, outside_cds), `aa_change` (e.g. N501Y; 1-based codon numbers in the CDS),
-//! `codon` (1-based CDS codon where the sequences first differ), `ref_codons` / `alt_codons`
-//! (the codons a substitution touches; an indel's first REF codon), `window_start` (1-based
+//! incomplete_codon, outside_cds), `aa_change` (e.g. N501Y, Y144del, E484Kfs*12; 1-based codon
+//! numbers in the CDS; indels as HGVS names them), `codon` (1-based CDS codon where the
+//! sequences first differ), `ref_codons` / `alt_codons` (the codons the change touches in REF
+//! and the same stretch of ALT; a frameshift's first codon), `window_start` (1-based
 //! CDS codon of the window's first), `ref_tokens` / `alt_tokens` (window lengths in tokens: codons, at a record's end its
 //! partial codon's `[UNK]` and genslm71's `[EOS]`,
 //! and a genslm71 `[BOS]` when the window starts at the record's first base),

@@ -6,7 +6,8 @@ use crate::config::Position;
 use crate::model::GenSlm;
 use crate::tokenizer::CodonTokenizer;
 
-use super::annotate::{annotate, Annotation, Consequence, Edit};
+use super::annotate::{annotate, Annotation, Consequence};
+use super::code::Edit;
 use super::delta::{window_start, Job};
 use super::vcf::Variant;
 

@@ -1,0 +1,287 @@
+//! The protein change of an indel named as HGVS writes it, in the one-letter short form that
+//! variant lists use (`Y144del`, `H69_V70del`, `R214_D215insEPE`, `K4dup`, `L5_D6delinsH`,
+//! `E484Kfs*12`, `*67Qext*?`), so a row can be matched against a published mutation by its name.
+//!
+//! HGVS describes the change between the two proteins, not between the alleles: the same
+//! deletion written at any base of a repeat names the same residues, the last ones (the 3′
+//! rule). So the residues are compared, not the codons: the shared start is skipped first, which
+//! puts the change as far towards the C-terminus as the proteins allow, then the shared end.
+//! Residues are read from the CDS codon by codon on demand — a name needs only the residues
+//! around the change, and a frameshift's as far as ALT's new stop — so neither protein is
+//! translated or copied whole.
+
+use super::code::{translate, Edit};
+
+/// The reference protein and the edited one, residue by residue. Residue `i` is codon `i`'s
+/// amino acid (`*` for a stop), `None` past the last whole codon.
+struct Proteins<'a> {
+    cds: &'a [u8],
+    edit: &'a Edit,
+}
+
+impl Proteins<'_> {
+    fn reference(&self, i: usize) -> Option<u8> {
+        self.cds.get(3 * i..3 * i + 3).map(translate)
+    }
+
+    /// Base `j` of the edited CDS.
+    fn alt_base(&self, j: usize) -> Option<u8> {
+        let e = self.edit;
+        if j < e.at {
+            self.cds.get(j).copied()
+        } else if j < e.at + e.alt.len() {
+            Some(e.alt[j - e.at])
+        } else {
+            self.cds.get(j - e.alt.len() + e.reference.len()).copied()
+        }
+    }
+
+    fn alt(&self, i: usize) -> Option<u8> {
+        let b = |k| self.alt_base(3 * i + k);
+        Some(translate(&[b(0)?, b(1)?, b(2)?]))
+    }
+
+    /// The first residue from `from` on where the proteins differ; `None` when both end (a
+    /// shared stop, or the end of both sequences) before they differ.
+    fn first_difference(&self, from: usize) -> Option<usize> {
+        let mut i = from;
+        loop {
+            match (self.reference(i), self.alt(i)) {
+                (Some(r), Some(a)) if r == a => {
+                    if r == b'*' {
+                        return None;
+                    }
+                }
+                (None, None) => return None,
+                _ => return Some(i),
+            }
+            i += 1;
+        }
+    }
+
+    /// The first stop in ALT from residue `from` on.
+    fn alt_stop(&self, from: usize) -> Option<usize> {
+        (from..)
+            .map_while(|k| self.alt(k).map(|a| (k, a)))
+            .find(|&(_, a)| a == b'*')
+            .map(|(k, _)| k)
+    }
+
+    /// `*N Xext*M`: the reference stop at `t` read through, ALT's next stop `M` residues on
+    /// (`?` when its sequence ends first).
+    fn extension(&self, t: usize) -> String {
+        let x = self.alt(t).map_or('?', char::from);
+        let to = self
+            .alt_stop(t + 1)
+            .map_or("?".to_string(), |s| (s - t).to_string());
+        format!("*{}{x}ext*{to}", t + 1)
+    }
+}
+
+/// One residue: letter and 1-based number (`?` where a sequence has no whole codon).
+fn residue(aa: Option<u8>, i: usize) -> String {
+    format!("{}{}", aa.map_or('?', char::from), i + 1)
+}
+
+/// Letters of a stretch of residues.
+fn letters(aa: &[Option<u8>]) -> String {
+    aa.iter().map(|a| a.map_or('?', char::from)).collect()
+}
+
+/// The protein change of an in-frame indel: `edit` adds or removes a multiple of 3 bases and
+/// touches REF codons `first..end`.
+pub fn inframe(cds: &[u8], edit: &Edit, (first, end): (usize, usize)) -> String {
+    let p = Proteins { cds, edit };
+    let Some(a) = p.first_difference(first) else {
+        return "=".into();
+    };
+    // Beyond the touched codons, ALT's residues are REF's moved by `d`; past a shared start that
+    // ran beyond them (a repeat), the changed stretch starts at `a`.
+    let d = (edit.alt.len() as i64 - edit.reference.len() as i64) / 3;
+    let mut i_end = end.max(a + (-d).max(0) as usize);
+    let mut j_end = (i_end as i64 + d) as usize;
+    while i_end > a && j_end > a && p.reference(i_end - 1).is_some() && {
+        p.reference(i_end - 1) == p.alt(j_end - 1)
+    } {
+        i_end -= 1;
+        j_end -= 1;
+    }
+    let deleted: Vec<_> = (a..i_end).map(|i| p.reference(i)).collect();
+    let mut inserted: Vec<_> = (a..j_end).map(|i| p.alt(i)).collect();
+    let range = |from: usize, to: usize| {
+        let one = residue(p.reference(from), from);
+        if to - from == 1 {
+            one
+        } else {
+            format!("{one}_{}", residue(p.reference(to - 1), to - 1))
+        }
+    };
+    if let Some(s) = inserted.iter().position(|&x| x == Some(b'*')) {
+        if s == 0 {
+            // The first changed residue is a stop: a nonsense change, whatever made it.
+            return format!("{}*", residue(p.reference(a), a));
+        }
+        // Nothing after the new stop is translated.
+        inserted.truncate(s + 1);
+    } else if let Some(t) = deleted.iter().position(|&x| x == Some(b'*')) {
+        return p.extension(a + t);
+    }
+    let ins = letters(&inserted);
+    if deleted.is_empty() {
+        let n = inserted.len();
+        if a >= n
+            && (a - n..a)
+                .map(|i| p.reference(i))
+                .eq(inserted.iter().copied())
+        {
+            return format!("{}dup", range(a - n, a));
+        }
+        if a >= 1 && p.reference(a).is_some() {
+            return format!(
+                "{}_{}ins{ins}",
+                residue(p.reference(a - 1), a - 1),
+                residue(p.reference(a), a)
+            );
+        }
+        // Before the first residue or after the last, with no neighbour on that side: the
+        // one neighbour there is replaced by itself and the insertion.
+        let (r, with) = if a == 0 {
+            (0, [ins.as_str(), &letters(&[p.reference(0)])].concat())
+        } else {
+            (
+                a - 1,
+                [letters(&[p.reference(a - 1)]).as_str(), &ins].concat(),
+            )
+        };
+        return format!("{}delins{with}", residue(p.reference(r), r));
+    }
+    if inserted.is_empty() {
+        format!("{}del", range(a, i_end))
+    } else {
+        format!("{}delins{ins}", range(a, i_end))
+    }
+}
+
+/// The protein change of a frameshift from codon `first` on: the first residue that differs,
+/// what ALT reads there and the length of ALT's new frame up to its stop (`fs*?` when ALT's
+/// sequence ends first), e.g. `E484Kfs*12`.
+pub fn frameshift(cds: &[u8], edit: &Edit, first: usize) -> String {
+    let p = Proteins { cds, edit };
+    let Some(a) = p.first_difference(first) else {
+        return "=".into();
+    };
+    let here = residue(p.reference(a), a);
+    match (p.reference(a), p.alt(a)) {
+        (Some(b'*'), _) => p.extension(a),
+        (_, Some(b'*')) => format!("{here}*"),
+        (_, Some(x)) => {
+            let to = p
+                .alt_stop(a)
+                .map_or("?".to_string(), |s| (s - a + 1).to_string());
+            format!("{here}{}fs*{to}", x as char)
+        }
+        (_, None) => format!("{here}fs"),
+    }
+}
+
+/// Bases `3·first ..` of the edited CDS, `len` of them (`None` past its end).
+pub fn alt_bases(cds: &[u8], edit: &Edit, first: usize, len: usize) -> Option<Vec<u8>> {
+    let p = Proteins { cds, edit };
+    (3 * first..3 * first + len)
+        .map(|j| p.alt_base(j))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ATG AAA AAA AAA CTG GAT TAC CAT GTT TGG TAA: M K K K L D Y H V W * (residues 1–11).
+    const CDS: &[u8] = b"ATGAAAAAAAAACTGGATTACCATGTTTGGTAA";
+
+    /// `reference` → `alt` at 0-based CDS base `at` (VCF style: untrimmed alleles allowed).
+    fn name(at: usize, reference: &str, alt: &str) -> String {
+        let e = Edit::trimmed(at, reference.as_bytes(), alt.as_bytes());
+        let first = e.codon();
+        let diff = e.alt.len() as i64 - e.reference.len() as i64;
+        if diff % 3 == 0 {
+            let end = (e.at + e.reference.len().max(1) - 1) / 3 + 1;
+            inframe(CDS, &e, (first, end))
+        } else {
+            frameshift(CDS, &e, first)
+        }
+    }
+
+    /// Each name worked out by hand from the residues above (and the frames written out in the
+    /// comments), as HGVS's recommendations for protein deletions, duplications, insertions,
+    /// deletion-insertions, frameshifts and extensions name them.
+    #[test]
+    fn indels_are_named_as_hgvs_names_them() {
+        for (at, r, a, want) in [
+            // Any one AAA of the three deleted: the last K (3′ rule).
+            (3, "AAAA", "A", "K4del"),
+            (2, "GAAA", "G", "K4del"),
+            (8, "AAAAC", "AC", "K4del"),
+            // Two whole codons: CTG GAT.
+            (11, "ACTGGAT", "A", "L5_D6del"),
+            // Across a codon boundary: CTG GAT → C[TGG]AT = CAT (H).
+            (12, "CTGG", "C", "L5_D6delinsH"),
+            // An AAA inserted anywhere in the run: one more K after the last.
+            (11, "A", "AAAA", "K4dup"),
+            (2, "G", "GAAA", "K4dup"),
+            // AAA CTG (K L) inserted after L5: a copy of residues 4–5.
+            (14, "G", "GAAACTG", "K4_L5dup"),
+            // GGC (G) between L5 and D6.
+            (14, "G", "GGGC", "L5_D6insG"),
+            // GGC TAA (G, stop) between L5 and D6: nothing after the stop counts.
+            (14, "G", "GGGCTAA", "L5_D6insG*"),
+            // TAA right after L5: D6 becomes the stop.
+            (14, "G", "GTAA", "D6*"),
+            // The stop codon deleted: the CDS ends right after, so ALT's new stop is unknown.
+            (29, "GTAA", "G", "*11?ext*?"),
+            // W10 and the stop deleted together.
+            (26, "TTGGTAA", "T", "*11?ext*?"),
+            // D6's T deleted: GAT ACC ATG TTT GGT AA: D T M F G, the shifted frame ends
+            // before a stop.
+            (16, "AT", "A", "Y7Tfs*?"),
+            // One A deleted from the run: ATG AAA AAA AAC TGG ATT ACC ATG TTT GGT AA.
+            (3, "AA", "A", "K4Nfs*?"),
+            // One base inserted after ATG: ATG TAA ...: the first changed residue is a stop.
+            (2, "G", "GT", "K2*"),
+            // A C inserted after CAT (H8): CAT CGT TTG GTA A: R L V, then the CDS ends.
+            (23, "T", "TC", "V9Rfs*?"),
+            // The stop codon's T deleted: ... TGG AA: the stop read through, W unchanged.
+            (30, "T", "", "*11?ext*?"),
+        ] {
+            // A deletion of the anchor itself (empty ALT) is not VCF; build it directly.
+            let got = if a.is_empty() {
+                let e = Edit {
+                    at,
+                    reference: r.as_bytes().to_vec(),
+                    alt: vec![],
+                };
+                frameshift(CDS, &e, e.codon())
+            } else {
+                name(at, r, a)
+            };
+            assert_eq!(got, want, "{at} {r} {a}");
+        }
+    }
+
+    /// A frameshift whose new frame meets a stop: counted from the first changed residue (1)
+    /// to the stop, as HGVS's `fs*N` counts.
+    #[test]
+    fn a_frameshift_counts_to_its_new_stop() {
+        // ATG GCT AGC TTA AGG: M A S L R; a G inserted after ATG: ATG GGC TAG: M G *.
+        let cds = b"ATGGCTAGCTTAAGG";
+        let e = Edit::trimmed(2, b"G", b"GG");
+        assert_eq!(frameshift(cds, &e, e.codon()), "A2Gfs*2");
+        // A T inserted after GCT: ATG GCT TAG: the stop is the first change.
+        let e = Edit::trimmed(5, b"T", b"TT");
+        assert_eq!(frameshift(cds, &e, e.codon()), "S3*");
+        // The stop read through by a frameshift: TGG TAA CCC → TGG TAC ACC C.
+        let cds = b"ATGTGGTAACCC";
+        let e = Edit::trimmed(7, b"A", b"AC");
+        assert_eq!(frameshift(cds, &e, e.codon()), "*3Yext*?");
+    }
+}
