@@ -27,13 +27,14 @@ fn a_text_output_named_as_another_format_is_refused() {
     assert!(check_text_name("--out", Path::new("v.csv"), "TSV", &table).is_err());
 }
 
-/// A directory output spelled through `.` or `..` is refused; names that hold dots pass.
+/// A directory output spelled through `.` or `..`, or as `-` (stdout), is refused; names that
+/// hold dots or dashes pass.
 #[test]
 fn a_directory_output_through_dots_is_refused() {
-    for bad in [".", "..", "x/.", "x/..", "x/./", "/a/b/../"] {
+    for bad in [".", "..", "x/.", "x/..", "x/./", "/a/b/../", "-"] {
         assert!(check_dir_name("--out", Path::new(bad)).is_err(), "{bad}");
     }
-    for good in ["x", "x/", "./x", "../x", "x/.y", "x.."] {
+    for good in ["x", "x/", "./x", "../x", "x/.y", "x..", "./-", "-x"] {
         check_dir_name("--out", Path::new(good)).unwrap();
     }
 }

@@ -71,6 +71,40 @@ pub fn short_num(v: f64) -> String {
     }
 }
 
+/// An error message as the terminal gets it: control characters other than line breaks and
+/// tabs escaped, and past 16 KiB cut. A message quotes what it refuses — a TOML line, a
+/// parquet column's name, a tensor's — and hostile files put escape sequences there (they
+/// reached the terminal raw), or names of megabytes (a 30 MB shard name in an index printed
+/// 62 MB).
+pub fn for_terminal(msg: &str) -> String {
+    const MAX: usize = 16 << 10;
+    let mut out = String::with_capacity(msg.len().min(MAX) + 64);
+    for (i, c) in msg.char_indices() {
+        if out.len() >= MAX {
+            out.push_str(&format!(
+                "… ({} more bytes of this message cut)",
+                msg.len() - i
+            ));
+            break;
+        }
+        match c {
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// At most `max` of `names`, each as [`short_id`] shows it, and how many were left out.
+pub fn list_some(names: &[String], max: usize) -> String {
+    let shown: Vec<String> = names.iter().take(max).map(|n| short_id(n)).collect();
+    match names.len().saturating_sub(max) {
+        0 => shown.join(", "),
+        more => format!("{}, … and {more} more", shown.join(", ")),
+    }
+}
+
 /// A record id as a message shows it: control characters escaped (an escape sequence in a
 /// FASTA header reached the terminal), and past 80 characters cut to its first 60 and last 16
 /// (ids that differ at their end stay told apart), with the full length (a 100 KB header was
@@ -285,5 +319,25 @@ mod tests {
             "é".repeat(15)
         );
         assert_eq!(e, want);
+    }
+
+    /// Messages reach the terminal with line breaks and tabs kept, other control characters
+    /// escaped, and cut past 16 KiB with the number of bytes cut; lists name 20 and count the rest.
+    #[test]
+    fn messages_are_printable_and_bounded() {
+        assert_eq!(
+            for_terminal("line 1: k\u{1b}[31m = \u{7}\n\tnext"),
+            "line 1: k\\u{1b}[31m = \\u{7}\n\tnext"
+        );
+        let long = "x".repeat(100_000);
+        let shown = for_terminal(&long);
+        assert!(shown.starts_with(&"x".repeat(16 << 10)));
+        assert!(shown.ends_with(&format!(
+            "… ({} more bytes of this message cut)",
+            100_000 - (16 << 10)
+        )));
+        let names: Vec<String> = (0..50).map(|i| format!("c{i}")).collect();
+        assert_eq!(list_some(&names[..2], 20), "c0, c1");
+        assert!(list_some(&names, 20).ends_with("c19, … and 30 more"));
     }
 }

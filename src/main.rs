@@ -359,7 +359,7 @@ fn main() -> ExitCode {
                 genslm::interrupt::remove_registered();
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", genslm::error::for_terminal(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

@@ -81,7 +81,12 @@ pub(crate) fn range(v: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     // Bounded so that the span and its padding stay finite: values near f64's limits (a
     // hand-made metrics file with a loss of 1e308) made the axis infinite, and the plotting
     // library's tick loop never ended. Points past the bound are drawn clipped.
-    let (lo, hi) = (lo.max(-AXIS_LIMIT), hi.min(AXIS_LIMIT));
+    // Both ends clamped: bounding only lo from below and hi from above left a series wholly past
+    // the bound (every loss -1e308) with lo > hi, and drawing it panicked.
+    let (lo, hi) = (
+        lo.clamp(-AXIS_LIMIT, AXIS_LIMIT),
+        hi.clamp(-AXIS_LIMIT, AXIS_LIMIT),
+    );
     // A constant series (a fixed learning rate of 1e-3) is centred in a tenth of its value
     // either way, not in ±1 where it read as 0.
     let pad = if hi > lo {
@@ -373,8 +378,15 @@ fn finite_range(v: &[f64]) -> (f64, f64) {
             (a.min(x), b.max(x))
         });
     // As `range`: a span of 2e308 is infinite, and the colour of every point NaN (the
-    // colormap panicked on it).
-    let (lo, hi) = (lo.max(-AXIS_LIMIT), hi.min(AXIS_LIMIT));
+    // colormap panicked on it). Both ends clamped, as there.
+    let (lo, hi) = if lo.is_finite() {
+        (
+            lo.clamp(-AXIS_LIMIT, AXIS_LIMIT),
+            hi.clamp(-AXIS_LIMIT, AXIS_LIMIT),
+        )
+    } else {
+        (lo, hi)
+    };
     if !lo.is_finite() {
         (0.0, 1.0)
     } else if hi > lo {

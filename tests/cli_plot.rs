@@ -115,8 +115,16 @@ fn plot_run_draws_each_curve_in_its_panel() {
         m["loss"] = serde_json::json!(if i % 2 == 0 { 1e308 } else { -1e308 });
         huge.push_str(&format!("{m}\n"));
     }
-    std::fs::write(run_dir.join("metrics.jsonl"), huge).unwrap();
+    std::fs::write(run_dir.join("metrics.jsonl"), &huge).unwrap();
     let png = dir.path().join("huge.png");
+    let (ok, _, err) = run(&["plot", "--run", &s(&run_dir), "--out", &s(&png)]);
+    assert!(ok && png.is_file(), "{err}");
+    // Every value past the axis's bound on one side: its ends crossed and drawing panicked.
+    std::fs::write(
+        run_dir.join("metrics.jsonl"),
+        "{\"step\":1,\"loss\":-1e308}\n",
+    )
+    .unwrap();
     let (ok, _, err) = run(&["plot", "--run", &s(&run_dir), "--out", &s(&png)]);
     assert!(ok && png.is_file(), "{err}");
     let (ok, _, err) = run(&[

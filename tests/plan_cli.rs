@@ -210,7 +210,15 @@ fn flags_that_would_do_nothing_are_refused() {
     let (ok, out, err) = run(&small);
     assert!(ok && out.contains("interleaved V 2"), "{out}{err}");
     // --compare-published plans its own published setups: flags it would ignore are refused.
-    for extra in [["--device", "cpu"], ["--host-mem-gib", "4"]] {
+    for extra in [
+        ["--device", "cpu"],
+        ["--host-mem-gib", "4"],
+        ["--tp", "2"],
+        ["--zero", "3"],
+        ["--pp-schedule", "zb"],
+        ["--offload", "all"],
+        ["--batch-size", "2"],
+    ] {
         let (ok, _, err) = run(&[&["plan", "--compare-published"][..], &extra[..]].concat());
         assert!(
             !ok && err.contains("cannot be used with"),

@@ -118,9 +118,13 @@ pub struct PlanArgs {
     #[arg(long)]
     pub json: bool,
     /// Compare with the published Megatron-DeepSpeed maxima (25B/33B on A100-40GB), and with
-    /// the peak memory Megatron-DeepSpeed logged for its long-sequence runs.
+    /// the peak memory Megatron-DeepSpeed logged for its long-sequence runs. Its layouts are
+    /// the published ones: a layout flag beside it is refused (it was ignored, silently).
     #[arg(long, conflicts_with_all = [
         "config", "gpus", "gpu_mem_gib", "sweep", "seq_len", "host_mem_gib", "device",
+        "sp", "tp", "cp", "dp", "pp", "pp_schedule", "pp_virtual", "pp_layers", "grad_accum",
+        "zero", "attention", "positions", "shard_positions", "checkpoint_activations",
+        "offload", "no_megatron_sp", "precision", "batch_size", "gpus_per_node",
     ])]
     pub compare_published: bool,
 }

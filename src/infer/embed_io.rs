@@ -234,6 +234,8 @@ fn strings(a: &dyn Array) -> Option<Vec<String>> {
     }
 }
 
+const GIB: f64 = (1u64 << 30) as f64;
+
 /// Reads the `embedding` column and the column `color` of an embeddings file.
 pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
     let derr = |msg: String| Error::Dataset {
@@ -251,7 +253,7 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
         if !names.iter().any(|n| n == want) {
             return Err(derr(format!(
                 "no column `{want}` (columns: {}){}",
-                names.join(", "),
+                crate::error::list_some(&names, 20),
                 // `--pool none` writes one row per codon (its `context` column says so), with
                 // none of a record's columns to colour by.
                 if names.iter().any(|n| n == "context") {
@@ -280,7 +282,24 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
         }
         Err(e) => return Err(derr(e.to_string())),
     };
-    let reader = builder.build().map_err(|e| derr(e.to_string()))?;
+    // What the projection holds: the vectors as f32 and centred as f64, and a batch being
+    // decoded. A 4 KB file of 8 zero vectors of 2^26 dims asked for 16 GB and aborted.
+    let rows = builder.metadata().file_metadata().num_rows().max(0) as f64;
+    let need = rows * dim as f64 * 16.0;
+    if let Some(avail) = crate::host_memory::available_bytes().filter(|&a| need > a) {
+        return Err(derr(format!(
+            "{rows} embeddings of {dim} dimensions need about {:.1} GiB to project, and {:.1} \
+             GiB of memory is available",
+            need / GIB,
+            avail / GIB
+        )));
+    }
+    // Batches of at most ~64 MB of vectors, whatever their width.
+    let batch = ((64usize << 20) / (4 * dim).max(1)).clamp(1, 8192);
+    let reader = builder
+        .with_batch_size(batch)
+        .build()
+        .map_err(|e| derr(e.to_string()))?;
     let mut values = Vec::new();
     let mut num: Vec<f64> = Vec::new();
     let mut cat: Vec<String> = Vec::new();

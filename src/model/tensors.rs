@@ -151,24 +151,11 @@ pub fn read_safetensors_except(
 /// A tensor's little-endian bytes as f32, refusing dtypes genslm does not read and values
 /// that are not finite.
 fn decode(path: &Path, name: &str, dtype: Dtype, raw: &[u8]) -> Result<Vec<f32>> {
-    let data: Vec<f32> = match dtype {
-        Dtype::F32 => raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::F16 => raw
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => raw
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
+    let width = match dtype {
+        Dtype::F32 => 4,
+        Dtype::F16 | Dtype::BF16 => 2,
         // As convert reads F64 from torch.save files (safetensors refused the same weights).
-        Dtype::F64 => raw
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
-            .collect(),
+        Dtype::F64 => 8,
         other => {
             return Err(Error::Invalid(format!(
                 "{}: tensor {name} has dtype {other:?}; genslm reads F32, F16, BF16 and F64",
@@ -176,6 +163,29 @@ fn decode(path: &Path, name: &str, dtype: Dtype, raw: &[u8]) -> Result<Vec<f32>>
             )))
         }
     };
+    // Reserved fallibly: a hostile header declaring a 2 GB tensor of a sparse file aborted the
+    // process when the f32 copy did not fit (the file's own bytes had been read).
+    let mut data: Vec<f32> = Vec::new();
+    data.try_reserve_exact(raw.len() / width).map_err(|_| {
+        Error::Invalid(format!(
+            "{}: tensor {name}: its {} MB as f32 do not fit in memory",
+            path.display(),
+            (raw.len() / width * 4) >> 20
+        ))
+    })?;
+    let chunks = raw.chunks_exact(width);
+    match dtype {
+        Dtype::F32 => data.extend(chunks.map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        Dtype::F16 => data.extend(chunks.map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())),
+        Dtype::BF16 => {
+            data.extend(chunks.map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()))
+        }
+        _ => {
+            data.extend(chunks.map(|c| {
+                f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32
+            }))
+        }
+    }
     if data.iter().any(|v| !v.is_finite()) {
         return Err(Error::Invalid(format!(
             "{}: corrupt checkpoint: tensor {name} holds NaN or infinite values{}",

@@ -67,6 +67,19 @@ impl Proteins<'_> {
             .map(|(k, _)| k)
     }
 
+    /// `XNYfs*M` from residue `a` (REF's `X`, ALT's `Y`), `M` counting `a` as 1 to ALT's
+    /// stop (`?` when ALT's sequence ends first); `XNfs` when ALT has no whole codon at `a`.
+    fn shifted(&self, a: usize) -> String {
+        let here = residue(self.reference(a), a);
+        let Some(x) = self.alt(a) else {
+            return format!("{here}fs");
+        };
+        let to = self
+            .alt_stop(a)
+            .map_or("?".to_string(), |s| (s - a + 1).to_string());
+        format!("{here}{}fs*{to}", x as char)
+    }
+
     /// `*N Xext*M`: the reference stop at `t` read through, ALT's next stop `M` residues on
     /// (`?` when its sequence ends first).
     fn extension(&self, t: usize) -> String {
@@ -95,6 +108,10 @@ pub fn inframe(cds: &[u8], edit: &Edit, (first, end): (usize, usize)) -> String 
     let Some(a) = p.first_difference(first) else {
         return "=".into();
     };
+    if a == 0 && p.reference(0) == Some(b'M') {
+        // HGVS: a change of the start codon leaves the protein unknown.
+        return "M1?".into();
+    }
     // Beyond the touched codons, ALT's residues are REF's moved by `d`; past a shared start that
     // ran beyond them (a repeat), the changed stretch starts at `a`.
     let d = (edit.alt.len() as i64 - edit.reference.len() as i64) / 3;
@@ -116,26 +133,31 @@ pub fn inframe(cds: &[u8], edit: &Edit, (first, end): (usize, usize)) -> String 
             format!("{one}_{}", residue(p.reference(to - 1), to - 1))
         }
     };
+    let n = inserted.len();
+    if deleted.is_empty() && a >= n && (a - n..a).map(|i| p.reference(i)).eq(inserted.clone()) {
+        // A copy of the residues before it, the stop's neighbours included (`C4dup`, not an
+        // extension).
+        return format!("{}dup", range(a - n, a));
+    }
+    if p.reference(a) == Some(b'*') {
+        // The first change is at the stop (an insertion before it, or the stop replaced).
+        return p.extension(a);
+    }
+    if p.alt(a) == Some(b'*') {
+        // The first changed residue is a stop: a nonsense change, whatever made it (a deletion
+        // that brings the stop forward included).
+        return format!("{}*", residue(p.reference(a), a));
+    }
+    if deleted.contains(&Some(b'*')) {
+        // HGVS: a deletion from before the stop through it is named as a frameshift.
+        return p.shifted(a);
+    }
     if let Some(s) = inserted.iter().position(|&x| x == Some(b'*')) {
-        if s == 0 {
-            // The first changed residue is a stop: a nonsense change, whatever made it.
-            return format!("{}*", residue(p.reference(a), a));
-        }
         // Nothing after the new stop is translated.
         inserted.truncate(s + 1);
-    } else if let Some(t) = deleted.iter().position(|&x| x == Some(b'*')) {
-        return p.extension(a + t);
     }
     let ins = letters(&inserted);
     if deleted.is_empty() {
-        let n = inserted.len();
-        if a >= n
-            && (a - n..a)
-                .map(|i| p.reference(i))
-                .eq(inserted.iter().copied())
-        {
-            return format!("{}dup", range(a - n, a));
-        }
         if a >= 1 && p.reference(a).is_some() {
             return format!(
                 "{}_{}ins{ins}",
@@ -143,8 +165,8 @@ pub fn inframe(cds: &[u8], edit: &Edit, (first, end): (usize, usize)) -> String 
                 residue(p.reference(a), a)
             );
         }
-        // Before the first residue or after the last, with no neighbour on that side: the
-        // one neighbour there is replaced by itself and the insertion.
+        // After the last residue of a CDS without a stop (or before the first): the one
+        // neighbour there is replaced by itself and the insertion.
         let (r, with) = if a == 0 {
             (0, [ins.as_str(), &letters(&[p.reference(0)])].concat())
         } else {
@@ -170,17 +192,13 @@ pub fn frameshift(cds: &[u8], edit: &Edit, first: usize) -> String {
     let Some(a) = p.first_difference(first) else {
         return "=".into();
     };
-    let here = residue(p.reference(a), a);
     match (p.reference(a), p.alt(a)) {
+        (Some(b'M'), _) if a == 0 => "M1?".into(),
+        // Past REF's last whole codon (a CDS without a stop): no residue to name.
+        (None, _) => "?".into(),
         (Some(b'*'), _) => p.extension(a),
-        (_, Some(b'*')) => format!("{here}*"),
-        (_, Some(x)) => {
-            let to = p
-                .alt_stop(a)
-                .map_or("?".to_string(), |s| (s - a + 1).to_string());
-            format!("{here}{}fs*{to}", x as char)
-        }
-        (_, None) => format!("{here}fs"),
+        (_, Some(b'*')) => format!("{}*", residue(p.reference(a), a)),
+        _ => p.shifted(a),
     }
 }
 
@@ -239,8 +257,19 @@ mod tests {
             (14, "G", "GTAA", "D6*"),
             // The stop codon deleted: the CDS ends right after, so ALT's new stop is unknown.
             (29, "GTAA", "G", "*11?ext*?"),
-            // W10 and the stop deleted together.
-            (26, "TTGGTAA", "T", "*11?ext*?"),
+            // W10 and the stop deleted together: from before the stop through it, a
+            // frameshift (ALT has no codon after V9).
+            (26, "TTGGTAA", "T", "W10fs"),
+            // W10 deleted: V9 is followed by the stop, which is the first change.
+            (26, "TTGG", "T", "W10*"),
+            // GGC (G) inserted before the stop: the protein extended by one residue.
+            (29, "G", "GGGC", "*11Gext*1"),
+            // A copy of W10 before the stop: a duplication, not an extension.
+            (29, "G", "GTGG", "W10dup"),
+            // The stop replaced: TAA → TTA TAG (L, stop).
+            (30, "TAA", "TTATAG", "*11Lext*1"),
+            // The start codon deleted: M1? (HGVS: the protein is unknown).
+            (0, "ATGA", "A", "M1?"),
             // D6's T deleted: GAT ACC ATG TTT GGT AA: D T M F G, the shifted frame ends
             // before a stop.
             (16, "AT", "A", "Y7Tfs*?"),
