@@ -432,14 +432,24 @@ impl Iterator for DatasetReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parquet::basic::Compression;
 
     /// A dataset written by another tool with genslm's columns and metadata, where `null_token`
     /// makes one token id null and `length` is the second row's length (`None`: null): refused
     /// naming the row and column (a null token was read as whatever its slot held, and trained
     /// on; a negative length was passed on as 2⁶⁴ − n).
     fn foreign(dir: &Path, null_token: bool, length: Option<i64>) -> PathBuf {
+        foreign_compressed(dir, null_token, length, Compression::UNCOMPRESSED)
+    }
+
+    fn foreign_compressed(
+        dir: &Path,
+        null_token: bool,
+        length: Option<i64>,
+        compression: Compression,
+    ) -> PathBuf {
         use arrow_array::builder::{Int32Builder, ListBuilder};
-        let path = dir.join(format!("f{null_token}{length:?}.parquet"));
+        let path = dir.join(format!("f{null_token}{length:?}{compression}.parquet"));
         let strings = |v: [&str; 2]| Arc::new(StringArray::from(v.to_vec())) as _;
         let mut tokens = ListBuilder::new(Int32Builder::new());
         for row in [[5, 6, 7], [8, 9, 10]] {
@@ -470,6 +480,7 @@ mod tests {
                 VOCAB_KEY.to_string(),
                 "genslm69".to_string(),
             )]))
+            .set_compression(compression)
             .build();
         let file = File::create(&path).unwrap();
         let mut w =
@@ -493,6 +504,35 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(says), "{e}");
+        }
+    }
+
+    /// Datasets compressed as other tools write them (polars: zstd by default; gzip) read back
+    /// as the uncompressed one: they were refused with "Disabled feature at compile time".
+    #[test]
+    fn datasets_compressed_by_other_tools_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = read_dataset(&foreign(dir.path(), false, Some(9)))
+            .unwrap()
+            .1;
+        for c in [
+            Compression::ZSTD(Default::default()),
+            Compression::GZIP(Default::default()),
+            Compression::SNAPPY,
+        ] {
+            let path = foreign_compressed(dir.path(), false, Some(9), c);
+            let used = open_parquet(&path)
+                .unwrap()
+                .metadata()
+                .row_group(0)
+                .column(0)
+                .compression();
+            assert_eq!(used, c, "written as asked");
+            let rows = read_dataset(&path).unwrap().1;
+            assert_eq!(rows.len(), plain.len());
+            for (a, b) in rows.iter().zip(&plain) {
+                assert_eq!((&a.id, &a.tokens, a.length), (&b.id, &b.tokens, b.length));
+            }
         }
     }
 

@@ -41,17 +41,15 @@ impl Proteins<'_> {
         Some(translate(&[b(0)?, b(1)?, b(2)?]))
     }
 
-    /// The first residue from `from` on where the proteins differ; `None` when both end (a
-    /// shared stop, or the end of both sequences) before they differ.
+    /// The first residue from `from` on where the proteins differ; `None` when both sequences
+    /// end first. A stop both share is read through, as every name here reads the CDS: ending
+    /// there named an edit just after a stop `=`, and the same edit written one base to the
+    /// right by what it changes.
     fn first_difference(&self, from: usize) -> Option<usize> {
         let mut i = from;
         loop {
             match (self.reference(i), self.alt(i)) {
-                (Some(r), Some(a)) if r == a => {
-                    if r == b'*' {
-                        return None;
-                    }
-                }
+                (Some(r), Some(a)) if r == a => {}
                 (None, None) => return None,
                 _ => return Some(i),
             }
@@ -292,6 +290,31 @@ mod tests {
                 frameshift(CDS, &e, e.codon())
             } else {
                 name(at, r, a)
+            };
+            assert_eq!(got, want, "{at} {r} {a}");
+        }
+    }
+
+    /// An edit next to a stop both proteins keep is named by what it changes after it, as the
+    /// same edit written one base to the right is: ATG AAA TAG TCG ATT TAA (M K * S I *).
+    #[test]
+    fn a_shared_stop_is_read_through() {
+        let cds = b"ATGAAATAGTCGATTTAA";
+        for (at, r, a, want) in [
+            (7, "AGTC", "A", "S4del"),
+            (8, "GTCG", "G", "S4del"),
+            (7, "A", "AG", "S4Vfs*?"),
+            (8, "G", "GG", "S4Vfs*?"),
+        ] {
+            let e = Edit::trimmed(at, r.as_bytes(), a.as_bytes());
+            let got = if (e.alt.len() as i64 - e.reference.len() as i64) % 3 == 0 {
+                inframe(
+                    cds,
+                    &e,
+                    (e.codon(), (e.at + e.reference.len().max(1) - 1) / 3 + 1),
+                )
+            } else {
+                frameshift(cds, &e, e.codon())
             };
             assert_eq!(got, want, "{at} {r} {a}");
         }
