@@ -175,11 +175,12 @@ fn check_names_a_file(target: &Path) -> Result<()> {
 /// argument", while `runs/q/..` trained into `runs/`. `-` too: it reads as stdout, and
 /// `convert --out -` wrote a model directory named `-`.
 pub fn check_dir_name(flag: &str, path: &Path) -> Result<()> {
-    check_not_stdout(
-        flag,
-        path,
-        &format!("this command writes a directory: name it (e.g. {flag} runs/demo)"),
-    )?;
+    if path.as_os_str() == "-" {
+        return Err(Error::Invalid(format!(
+            "{flag} -: this command writes a directory, not to stdout: name it (e.g. {flag} \
+             runs/demo)"
+        )));
+    }
     if let Some(last) = dot_component(path) {
         return Err(Error::Invalid(format!(
             "{flag} {}: ends in '{last}'; name the directory itself (e.g. {flag} runs/demo)",

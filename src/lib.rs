@@ -7,11 +7,16 @@
 /// every note or warning was a panic, and the panic hook's own message a second one, which
 /// aborted the process before its outputs were renamed into place (an orphan `.NAME.tmp-PID`
 /// instead of the file). What cannot be said is dropped. Shadows std's macro in every module
-/// declared below.
+/// declared below. Messages go out as [`error::for_terminal`] shows them: warnings quote what
+/// they skip (a VCF's CHROM, a file name), and hostile input put escape sequences there.
 macro_rules! eprintln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let _ = writeln!(
+            std::io::stderr(),
+            "{}",
+            $crate::error::for_terminal(&format!($($arg)*))
+        );
     }};
 }
 

@@ -14,7 +14,11 @@ use genslm::tokenizer::{Trailing, VocabKind};
 macro_rules! eprintln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let _ = writeln!(
+            std::io::stderr(),
+            "{}",
+            genslm::error::for_terminal(&format!($($arg)*))
+        );
     }};
 }
 
@@ -359,7 +363,7 @@ fn main() -> ExitCode {
                 genslm::interrupt::remove_registered();
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {}", genslm::error::for_terminal(&format!("{e:#}")));
+            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -290,7 +290,13 @@ fn draw(
         }
         ColumnValues::Categorical(cats) => {
             let mut counts: std::collections::HashMap<&str, usize> = Default::default();
+            // Grown fallibly: ten million distinct ids (`--color id`) aborted the process when
+            // the table's doubling did not fit.
+            let oom = |_| format!("{} rows' colours do not fit in memory", cats.len());
             for c in cats {
+                if !counts.contains_key(c.as_str()) {
+                    counts.try_reserve(1).map_err(oom)?;
+                }
                 *counts.entry(c.as_str()).or_default() += 1;
             }
             let mut names: Vec<(&str, usize)> = counts.into_iter().collect();
@@ -307,14 +313,14 @@ fn draw(
                 }
             };
             // Grey ("other") points first, so the named categories stay visible on top.
-            let mut order: Vec<(bool, (f64, f64), RGBColor)> = points
-                .iter()
-                .zip(cats)
-                .map(|(&p, c)| {
-                    let col = colour_of(c);
-                    (col != grey, p, col)
-                })
-                .collect();
+            let mut order: Vec<(bool, (f64, f64), RGBColor)> = Vec::new();
+            order
+                .try_reserve_exact(points.len())
+                .map_err(|_| format!("{} rows' colours do not fit in memory", cats.len()))?;
+            order.extend(points.iter().zip(cats).map(|(&p, c)| {
+                let col = colour_of(c);
+                (col != grey, p, col)
+            }));
             order.sort_by_key(|o| o.0);
             chart
                 .draw_series(

@@ -117,6 +117,34 @@ fn presets_are_built_in_by_name() {
     write(dir.path(), "tiny", mine.as_bytes());
     let (ok, out, err) = info_in("tiny");
     assert!(ok && out.contains("layers              3"), "{err}{out}");
+    // A directory of a preset's name (a run trained into `--out genslm-25m`) is no config and
+    // does not hide the preset: it was "a directory, not a file".
+    std::fs::create_dir(dir.path().join("genslm-25m")).unwrap();
+    let plan = |config: &str| {
+        let o = common::bin()
+            .args([
+                "plan",
+                "--gpus",
+                "8",
+                "--gpu-mem-gib",
+                "80",
+                "--config",
+                config,
+            ])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let (ok, err) = plan("genslm-25m");
+    assert!(ok, "{err}");
+    // plan reads a Hugging Face config.json as info does (it was a TOML parse error at `{`).
+    let json = repo().join("tests/fixtures/hf_neox_tiny/config.json");
+    let (ok, err) = plan(json.to_str().unwrap());
+    assert!(ok, "{err}");
 }
 
 fn run_info(p: &std::path::Path) -> (bool, String, String) {

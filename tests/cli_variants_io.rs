@@ -234,7 +234,7 @@ fn skipped_lines_are_said_in_line_order() {
     let vcf = write(
         dir.path(),
         "v.vcf",
-        b"#CHROM\tPOS\tID\tREF\tALT\ngene\t5\tok\tC\tT\ngene\t5\twrong_ref\tG\tT\nnosuch\t5\tno_chrom\tC\tT\ngene\tfive\tbad_pos\tC\tT\n",
+        b"#CHROM\tPOS\tID\tREF\tALT\ngene\t5\tok\tC\tT\ngene\t5\twrong_ref\tG\tT\nnosuch\t5\tno_chrom\tC\tT\ngene\tfive\tbad_pos\tC\tT\nchr\x1b]0;x\x07\t5\tesc\tC\tT\n",
     );
     let out = arg(&dir.path().join("o.tsv"));
     let (ok, _, err) = variants(&[
@@ -253,4 +253,10 @@ fn skipped_lines_are_said_in_line_order() {
             .unwrap_or_else(|| panic!("{err}"))
     };
     assert!(at("3") < at("4") && at("4") < at("5"), "{err}");
+    // A warning quotes the line's CHROM with its escape sequence escaped (a terminal-title
+    // sequence reached the terminal raw; errors were escaped, warnings were not).
+    assert!(
+        err.contains("chr\\u{1b}]0;x\\u{7}") && !err.contains('\u{1b}'),
+        "{err:?}"
+    );
 }

@@ -61,10 +61,11 @@ pub const PRESETS: [(&str, &str); 6] = [
 ];
 
 /// The built-in preset `path` names: a bare name (no directory, no `.toml`) of [`PRESETS`]
-/// that is not also a file here (a file of that name is read instead).
+/// that is not also a file here (a file of that name is read instead; a directory, a run
+/// trained into `--out tiny` say, is no config and does not hide the preset).
 pub fn preset(path: &Path) -> Option<&'static str> {
     let name = path.to_str()?;
-    if name.contains('/') || path.exists() {
+    if name.contains('/') || (path.exists() && !path.is_dir()) {
         return None;
     }
     PRESETS

@@ -282,10 +282,26 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
         }
         Err(e) => return Err(derr(e.to_string())),
     };
-    // What the projection holds: the vectors as f32 and centred as f64, and a batch being
-    // decoded. A 4 KB file of 8 zero vectors of 2^26 dims asked for 16 GB and aborted.
-    let rows = builder.metadata().file_metadata().num_rows().max(0) as f64;
-    let need = rows * dim as f64 * 16.0;
+    // What the projection holds: the vectors as f32 and centred as f64, a batch being decoded
+    // (twice, as parquet's pages and arrow's array), and a colour per row (a string: its text
+    // and its allocation). A 4 KB file of 8 zero vectors of 2^26 dims asked for 16 GB and
+    // aborted. Rows counted by row group, as the reader counts them (the footer's own total
+    // can say 1 where the groups hold 8).
+    let meta = builder.metadata();
+    let rows: f64 = meta
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows().max(0) as f64)
+        .sum();
+    let per_row = match builder
+        .schema()
+        .field_with_name(color)
+        .map(|f| f.data_type())
+    {
+        Ok(DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => 96.0,
+        _ => 16.0,
+    };
+    let need = rows * (dim as f64 * 24.0 + per_row);
     if let Some(avail) = crate::host_memory::available_bytes().filter(|&a| need > a) {
         return Err(derr(format!(
             "{rows} embeddings of {dim} dimensions need about {:.1} GiB to project, and {:.1} \
@@ -329,6 +345,16 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
                 (i - start) % dim
             )));
         }
+        // Fallibly: an estimate is no bound (a row count can lie), and an abort says nothing.
+        let total = values.len() / dim.max(1) + emb.len();
+        let oom = || {
+            derr(format!(
+                "{total} rows of {dim} dimensions do not fit in memory"
+            ))
+        };
+        values.try_reserve(emb.len() * dim).map_err(|_| oom())?;
+        num.try_reserve(emb.len()).map_err(|_| oom())?;
+        cat.try_reserve(emb.len()).map_err(|_| oom())?;
         values.extend_from_slice(&flat.values()[start..start + emb.len() * dim]);
         let col = batch
             .column_by_name(color)

@@ -53,6 +53,8 @@ struct HfConfigIn {
 
 /// Parses a GPT-NeoX `config.json`; the error says which field is missing or unsupported.
 pub fn config_from_hf(text: &str) -> Result<ModelConfig, String> {
+    // A byte-order mark (Windows editors write one) is no JSON: serde refused it at column 1.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     // serde reads an array into the struct by position ("invalid type: integer `1`, expected
     // a string"): a config.json is one object.
     let first = text
@@ -281,6 +283,12 @@ mod tests {
         );
         let back = config_from_hf(&config_to_hf(&c).to_string()).unwrap();
         assert_eq!(back.hidden_size, c.hidden_size);
+        // Saved with a byte-order mark: read as without it.
+        let bom = config_from_hf(&format!("\u{feff}{new}")).unwrap();
+        assert_eq!(
+            (bom.num_heads, bom.hidden_size),
+            (c.num_heads, c.hidden_size)
+        );
     }
 
     fn tiny(extra: &str) -> String {

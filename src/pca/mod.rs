@@ -135,10 +135,18 @@ pub fn pca(data: &[f32], n: usize, d: usize, k: usize) -> Result<Pca> {
         }
     }
     mean.iter_mut().for_each(|m| *m /= n as f64);
-    let x: Vec<f64> = data
-        .chunks_exact(d)
-        .flat_map(|row| row.iter().zip(&mean).map(|(&v, m)| v as f64 - m))
-        .collect();
+    // Fallibly: n·d f64 of a wide file did not fit and aborted the process.
+    let mut x: Vec<f64> = Vec::new();
+    x.try_reserve_exact(n * d).map_err(|_| {
+        Error::Invalid(format!(
+            "PCA: {n} rows of {d} dimensions as f64 ({} MiB) do not fit in memory",
+            (n * d * 8) >> 20
+        ))
+    })?;
+    x.extend(
+        data.chunks_exact(d)
+            .flat_map(|row| row.iter().zip(&mean).map(|(&v, m)| v as f64 - m)),
+    );
     let denom = (n - 1) as f64;
     let total_variance = x.iter().map(|v| v * v).sum::<f64>() / denom;
     // The eigenproblem is solved on the smaller side: the d×d covariance, or the n×n Gram

@@ -125,7 +125,17 @@ pub fn run(a: &PlanRequest) -> Result<String> {
                 .into(),
         ));
     }
-    let model = Config::load_model(path, "plan")?;
+    // A Hugging Face config.json or a model/run directory as `info` reads them (plan refused
+    // them with a TOML parse error at `{`, while its own message offered config.json); a
+    // preset's bare name stays the preset.
+    let hf = (path.is_dir() && crate::config::preset(path).is_none())
+        || path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let model = match hf {
+        true => crate::info::load_model_config(path)?,
+        false => Config::load_model(path, "plan")?,
+    };
     let mem_bytes = mem * GIB;
     if a.sweep {
         let rows = sweep(&model, a, gpus, mem_bytes)?;
