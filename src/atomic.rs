@@ -120,8 +120,16 @@ pub fn check_replaceable(target: &Path) -> Result<()> {
 /// so the checks on what it points to passed and the rename replaced the link (as root,
 /// `/dev/stdout` itself) while the redirected file stayed empty.
 fn descriptor_link(target: &Path) -> Option<PathBuf> {
+    // `/proc/<self|thread-self|pid>/fd/…` and `…/task/<tid>/fd/…`: the rest of /proc
+    // (`/proc/self/cwd/x.tsv`) reaches ordinary files.
+    let in_proc_fd = |p: &Path| {
+        let c: Vec<_> = p.components().map(|c| c.as_os_str()).collect();
+        c.get(1).is_some_and(|s| *s == "proc")
+            && (c.get(3).is_some_and(|s| *s == "fd")
+                || (c.get(3).is_some_and(|s| *s == "task") && c.get(5).is_some_and(|s| *s == "fd")))
+    };
     let is_descriptor = |p: &Path| {
-        p.starts_with("/proc")
+        in_proc_fd(p)
             || p.starts_with("/dev/fd")
             || ["/dev/stdin", "/dev/stdout", "/dev/stderr"]
                 .iter()

@@ -284,6 +284,8 @@ fn draw(
             .filter(|(_, y)| y.is_finite())
             .map(|(&x, &y)| clip(&(x, y)))
             .collect();
+        // A panel is ~650 pixels wide: a noisy curve of 500k steps took 30 s to stroke.
+        let line = envelope(line, 1024);
         // A lone value is no line: drawn as a dot (one step's curves were empty panels).
         if let [only] = line[..] {
             chart
@@ -297,14 +299,16 @@ fn draw(
             )))
             .map_err(|x| e(&x))?;
         if !points.is_empty() {
+            // Validation every step of a long run: a marker per point took most of the time.
+            let points = envelope(points.iter().map(clip).collect(), 1024);
             chart
                 .draw_series(std::iter::once(PathElement::new(
-                    points.iter().map(clip).collect::<Vec<_>>(),
+                    points.clone(),
                     VAL.stroke_width(2),
                 )))
                 .map_err(|x| e(&x))?;
             chart
-                .draw_series(points.iter().map(|p| Circle::new(clip(p), 5, VAL.filled())))
+                .draw_series(points.into_iter().map(|p| Circle::new(p, 5, VAL.filled())))
                 .map_err(|x| e(&x))?;
         }
         Ok(())
@@ -335,9 +339,98 @@ fn draw(
     Ok(())
 }
 
+/// `line` with at most four points per `buckets`-th of its x span: of each run of consecutive
+/// points in one bucket, the first, the lowest, the highest and the last, in their order. The
+/// drawn curve keeps its every peak and trough at a pixel's width, where a stride would drop
+/// spikes (a loss spike is what one looks for).
+fn envelope(line: Vec<(f64, f64)>, buckets: usize) -> Vec<(f64, f64)> {
+    if line.len() <= 4 * buckets {
+        return line;
+    }
+    let (lo, hi) = line
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+            (a.min(p.0), b.max(p.0))
+        });
+    let width = (hi - lo) / buckets as f64;
+    let bucket = |x: f64| match width > 0.0 {
+        true => (((x - lo) / width) as usize).min(buckets - 1),
+        false => 0,
+    };
+    let mut out = Vec::with_capacity(4 * buckets);
+    let mut i = 0;
+    while i < line.len() {
+        let b = bucket(line[i].0);
+        let end = i + line[i..].iter().take_while(|p| bucket(p.0) == b).count();
+        let run = &line[i..end];
+        let by_y = |a: &&(f64, f64), c: &&(f64, f64)| a.1.total_cmp(&c.1);
+        let low = run
+            .iter()
+            .enumerate()
+            .min_by(|a, c| by_y(&a.1, &c.1))
+            .map(|m| m.0);
+        let high = run
+            .iter()
+            .enumerate()
+            .max_by(|a, c| by_y(&a.1, &c.1))
+            .map(|m| m.0);
+        let mut keep = [Some(0), low, high, Some(run.len() - 1)];
+        keep.sort();
+        let mut last = None;
+        for k in keep.into_iter().flatten() {
+            if last != Some(k) {
+                out.push(run[k]);
+                last = Some(k);
+            }
+        }
+        i = end;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The envelope of a noisy curve of 200k steps keeps at most four points per bucket, its
+    /// first and last point, and, in every bucket, the lowest and highest value there (checked
+    /// against a plain scan of the bucket's x range).
+    #[test]
+    fn the_envelope_keeps_every_buckets_extremes() {
+        let mut rng = crate::rng::SplitMix64::new(5);
+        let line: Vec<(f64, f64)> = (0..200_000)
+            .map(|i| {
+                (
+                    i as f64,
+                    (rng.below(1000) as f64) - if i == 123_457 { 1e6 } else { 0.0 },
+                )
+            })
+            .collect();
+        let buckets = 100;
+        let env = envelope(line.clone(), buckets);
+        assert!(env.len() <= 4 * buckets, "{}", env.len());
+        assert_eq!(
+            (env[0], env[env.len() - 1]),
+            (line[0], line[line.len() - 1])
+        );
+        assert!(env.windows(2).all(|w| w[0].0 < w[1].0), "in order");
+        let width = 200_000.0 / buckets as f64;
+        for b in 0..buckets {
+            let inside = |p: &&(f64, f64)| ((p.0 / width) as usize).min(buckets - 1) == b;
+            let extremes = |v: Vec<&(f64, f64)>| {
+                let ys: Vec<f64> = v.iter().map(|p| p.1).collect();
+                (
+                    ys.iter().cloned().fold(f64::INFINITY, f64::min),
+                    ys.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                )
+            };
+            let want = extremes(line.iter().filter(inside).collect());
+            let got = extremes(env.iter().filter(inside).collect());
+            assert_eq!(got, want, "bucket {b}");
+        }
+        // Short curves are drawn as they are.
+        assert_eq!(envelope(line[..400].to_vec(), 100), line[..400]);
+    }
 
     #[test]
     fn rows_are_read_by_step_with_the_last_of_a_repeated_one() {

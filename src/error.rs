@@ -89,7 +89,14 @@ pub fn for_terminal(msg: &str) -> String {
         }
         match c {
             '\n' | '\t' => out.push(c),
-            c if c.is_control() => out.extend(c.escape_default()),
+            // Control characters, and the invisible format characters that reorder or hide
+            // text (bidirectional overrides and isolates, zero-width marks, the BOM).
+            c if c.is_control()
+                || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+                    | '\u{2060}'..='\u{2069}' | '\u{FEFF}') =>
+            {
+                out.extend(c.escape_default())
+            }
             c => out.push(c),
         }
     }
@@ -329,6 +336,7 @@ mod tests {
             for_terminal("line 1: k\u{1b}[31m = \u{7}\n\tnext"),
             "line 1: k\\u{1b}[31m = \\u{7}\n\tnext"
         );
+        assert_eq!(for_terminal("chr\u{202e}1 é"), "chr\\u{202e}1 é");
         let long = "x".repeat(100_000);
         let shown = for_terminal(&long);
         assert!(shown.starts_with(&"x".repeat(16 << 10)));

@@ -282,9 +282,9 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
         }
         Err(e) => return Err(derr(e.to_string())),
     };
-    // What the projection holds: the vectors as f32 and centred as f64, a batch being decoded
-    // (twice, as parquet's pages and arrow's array), and a colour per row (a string: its text
-    // and its allocation). A 4 KB file of 8 zero vectors of 2^26 dims asked for 16 GB and
+    // What the projection holds: the vectors as f32 and centred as f64, a colour per row (a
+    // string: its text and its allocation), and one batch being decoded (twice, as parquet's
+    // pages and arrow's array; batches are at most ~64 MB, below). A 4 KB file of 8 zero vectors of 2^26 dims asked for 16 GB and
     // aborted. Rows counted by row group, as the reader counts them (the footer's own total
     // can say 1 where the groups hold 8).
     let meta = builder.metadata();
@@ -301,7 +301,9 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
         Ok(DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => 96.0,
         _ => 16.0,
     };
-    let need = rows * (dim as f64 * 24.0 + per_row);
+    let batch_bytes = (rows * dim as f64 * 4.0).min((64u64 << 20) as f64);
+    // PCA's vectors of the embedding's width in f64: the mean, two components, their work.
+    let need = rows * (dim as f64 * 12.0 + per_row) + 2.0 * batch_bytes + 40.0 * dim as f64;
     if let Some(avail) = crate::host_memory::available_bytes().filter(|&a| need > a) {
         return Err(derr(format!(
             "{rows} embeddings of {dim} dimensions need about {:.1} GiB to project, and {:.1} \

@@ -12,6 +12,9 @@ pub enum Consequence {
     /// A stop codon where there was none (stop_gained).
     Nonsense,
     StopLost,
+    /// An in-frame change at the CDS's last stop that leaves a stop there (VEP's
+    /// stop_retained_variant): the protein is unchanged.
+    StopRetained,
     StartLost,
     Frameshift,
     InframeInsertion,
@@ -30,6 +33,7 @@ impl Consequence {
             Consequence::Missense => "missense",
             Consequence::Nonsense => "nonsense",
             Consequence::StopLost => "stop_lost",
+            Consequence::StopRetained => "stop_retained",
             Consequence::StartLost => "start_lost",
             Consequence::Frameshift => "frameshift",
             Consequence::InframeInsertion => "inframe_insertion",
@@ -73,8 +77,14 @@ fn inframe_protein_change(
         return None;
     }
     let stops = |c: &[u8]| c.chunks(3).filter(|c| translate(c) == b'*').count();
+    let first_stop = |c: &[u8]| c.chunks(3).position(|c| translate(c) == b'*');
     let (before, after) = (stops(ref_span), stops(alt_span));
-    if after > before {
+    let kept = first_stop(ref_span).filter(|&k| first_stop(alt_span) == Some(k));
+    if kept.is_some_and(|k| 3 * (first + k + 2) > cds.len()) {
+        // The CDS's own last stop, in place in ALT: what follows it is not translated (an
+        // in-frame insertion just before or inside it was "nonsense", a second stop counted).
+        Some(Consequence::StopRetained)
+    } else if after > before {
         Some(Consequence::Nonsense)
     } else if before > after {
         Some(Consequence::StopLost)
@@ -250,6 +260,9 @@ mod tests {
             (11, b"GTAA", b"G", Consequence::StopLost),          // the stop deleted
             (0, b"ATGA", b"A", Consequence::StartLost),          // ATG deleted: AAA first
             (2, b"GAAA", b"G", Consequence::InframeDeletion),    // ATG kept, AAA deleted
+            (11, b"G", b"GTAA", Consequence::StopRetained),      // GGG TAA TAA: one more stop
+            (12, b"T", b"TAAT", Consequence::StopRetained),      // T[AAT]AA: the same
+            (8, b"C", b"CTAA", Consequence::Nonsense),           // CCC TAA GGG TAA
         ] {
             let got = annotate(cds, &Edit::trimmed(at, reference, alt)).consequence;
             assert_eq!(got, want, "{at} {reference:?} {alt:?}");

@@ -42,13 +42,15 @@ impl Proteins<'_> {
     }
 
     /// The first residue from `from` on where the proteins differ; `None` when both sequences
-    /// end first. A stop both share is read through, as every name here reads the CDS: ending
-    /// there named an edit just after a stop `=`, and the same edit written one base to the
-    /// right by what it changes.
+    /// end first, or both keep the CDS's last codon as its stop (what follows the protein's end
+    /// is no change of it). A stop inside the CDS that both share is read through, as every
+    /// name here reads the CDS: ending there named an edit just after it `=`, and the same edit
+    /// written one base to the right by what it changes.
     fn first_difference(&self, from: usize) -> Option<usize> {
         let mut i = from;
         loop {
             match (self.reference(i), self.alt(i)) {
+                (Some(b'*'), Some(b'*')) if self.reference(i + 1).is_none() => return None,
                 (Some(r), Some(a)) if r == a => {}
                 (None, None) => return None,
                 _ => return Some(i),
@@ -141,7 +143,7 @@ pub fn inframe(cds: &[u8], edit: &Edit, (first, end): (usize, usize)) -> String 
         // The first change is at the stop (an insertion before it, or the stop replaced).
         return p.extension(a);
     }
-    if p.alt(a) == Some(b'*') {
+    if p.alt(a) == Some(b'*') && p.reference(a).is_some() {
         // The first changed residue is a stop: a nonsense change, whatever made it (a deletion
         // that brings the stop forward included).
         return format!("{}*", residue(p.reference(a), a));
@@ -266,6 +268,11 @@ mod tests {
             (29, "G", "GTGG", "W10dup"),
             // The stop replaced: TAA → TTA TAG (L, stop).
             (30, "TAA", "TTATAG", "*11Lext*1"),
+            // Edits that keep the last codon a stop change nothing translated: TAA TAA.
+            (29, "G", "GTAA", "="),
+            (30, "T", "TAAT", "="),
+            (31, "A", "AAAT", "="),
+            (29, "G", "GTAGTAA", "="),
             // The start codon deleted: M1? (HGVS: the protein is unknown).
             (0, "ATGA", "A", "M1?"),
             // D6's T deleted: GAT ACC ATG TTT GGT AA: D T M F G, the shifted frame ends

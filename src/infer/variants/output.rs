@@ -1,7 +1,7 @@
 //! The `variants` table: TSV (or parquet), one row per variant allele, written atomically.
 //!
 //! Columns: `chrom pos id ref alt` (as in the VCF), `consequence` (synonymous, missense,
-//! nonsense, stop_lost, start_lost, frameshift, inframe_insertion, inframe_deletion,
+//! nonsense, stop_lost, stop_retained, start_lost, frameshift, inframe_insertion, inframe_deletion,
 //! incomplete_codon, outside_cds), `aa_change` (e.g. N501Y, Y144del, E484Kfs*12; 1-based codon
 //! numbers in the CDS; indels as HGVS names them), `codon` (1-based CDS codon where the
 //! sequences first differ), `ref_codons` / `alt_codons` (the codons the change touches in REF
