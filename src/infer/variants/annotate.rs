@@ -97,6 +97,12 @@ fn inframe_protein_change(
 
 /// Annotates `edit` on `cds` (upper-case bases, read from its first base).
 pub fn annotate(cds: &[u8], edit: &Edit) -> Annotation {
+    annotate_in((cds, &[]), edit)
+}
+
+/// [`annotate`] with `after`, the record's bases past the CDS, where a change that removes the
+/// stop finds ALT's next one (`*67Qext*12`; `ext*?` where the record ends first).
+pub fn annotate_in((cds, after): (&[u8], &[u8]), edit: &Edit) -> Annotation {
     let first = edit.codon();
     let end_base = edit.at + edit.reference.len().max(1);
     let last = (end_base - 1) / 3;
@@ -115,7 +121,7 @@ pub fn annotate(cds: &[u8], edit: &Edit) -> Annotation {
                 consequence: Consequence::Frameshift,
                 ref_codons: text(&cds[3 * first..(3 * first + 3).min(cds.len())]),
                 alt_codons: alt_text(3),
-                aa_change: hgvs::frameshift(cds, edit, first),
+                aa_change: hgvs::frameshift((cds, after), edit, first),
                 codons,
             };
         }
@@ -129,7 +135,7 @@ pub fn annotate(cds: &[u8], edit: &Edit) -> Annotation {
             consequence,
             ref_codons: text(ref_span),
             alt_codons: alt_text(ref_span.len() as i64 + diff),
-            aa_change: hgvs::inframe(cds, edit, (first, last + 1)),
+            aa_change: hgvs::inframe((cds, after), edit, (first, last + 1)),
             codons,
         };
     }
@@ -164,7 +170,11 @@ pub fn annotate(cds: &[u8], edit: &Edit) -> Annotation {
         .zip(&aa_alt)
         .enumerate()
         .filter(|(i, (r, a))| r != a || ra == aa_alt && *i == 0)
-        .map(|(i, (r, a))| format!("{}{}{}", *r as char, first + i + 1, *a as char))
+        .map(|(i, (r, a))| match (*r, *a) {
+            // A stop read through: where ALT's next stop is, as HGVS names it.
+            (b'*', a) if a != b'*' && a != b'X' => hgvs::stop_lost((cds, after), edit, first + i),
+            (r, a) => format!("{}{}{}", r as char, first + i + 1, a as char),
+        })
         .collect::<Vec<_>>()
         .join(",");
     Annotation {
@@ -222,7 +232,13 @@ mod tests {
                             assert_eq!(ann.consequence, want, "{codon:?} {pos} {base}");
                             assert_eq!(ann.ref_codons.as_bytes(), codon);
                             assert_eq!(ann.alt_codons.as_bytes(), alt);
-                            assert_eq!(ann.aa_change, format!("{}2{}", r as char, x as char));
+                            // A stop read through names where ALT's next one is: none
+                            // before this CDS ends.
+                            let want = match (r, x) {
+                                (b'*', x) if x != b'*' => format!("*2{}ext*?", x as char),
+                                _ => format!("{}2{}", r as char, x as char),
+                            };
+                            assert_eq!(ann.aa_change, want);
                             seen += 1;
                         }
                     }
@@ -267,6 +283,14 @@ mod tests {
             let got = annotate(cds, &Edit::trimmed(at, reference, alt)).consequence;
             assert_eq!(got, want, "{at} {reference:?} {alt:?}");
         }
+        // The stop read through: ALT's next stop is looked for past the CDS, in the record.
+        let stop = Edit::trimmed(12, b"T", b"C");
+        assert_eq!(annotate(cds, &stop).aa_change, "*5Qext*?");
+        let a = annotate_in((cds, b"GGGTAG"), &stop);
+        assert_eq!(
+            (a.consequence, a.aa_change.as_str()),
+            (Consequence::StopLost, "*5Qext*2")
+        );
         // An MNV over two codons: AAA CCC -> AAG GCC (K2K, P3A).
         let mnv = annotate(cds, &Edit::trimmed(5, b"AC", b"GG"));
         assert_eq!(

@@ -13,9 +13,12 @@
 use super::code::{translate, Edit};
 
 /// The reference protein and the edited one, residue by residue. Residue `i` is codon `i`'s
-/// amino acid (`*` for a stop), `None` past the last whole codon.
+/// amino acid (`*` for a stop), `None` past the last whole codon. ALT reads on into `after`,
+/// the record's bases past the CDS (`--cds` on a genome), where a stop that a change removed
+/// is read through: its new stop is found there, as VEP finds it.
 struct Proteins<'a> {
     cds: &'a [u8],
+    after: &'a [u8],
     edit: &'a Edit,
 }
 
@@ -32,7 +35,11 @@ impl Proteins<'_> {
         } else if j < e.at + e.alt.len() {
             Some(e.alt[j - e.at])
         } else {
-            self.cds.get(j - e.alt.len() + e.reference.len()).copied()
+            let k = j - e.alt.len() + e.reference.len();
+            match self.cds.get(k) {
+                Some(&b) => Some(b),
+                None => self.after.get(k - self.cds.len()).copied(),
+            }
         }
     }
 
@@ -103,8 +110,8 @@ fn letters(aa: &[Option<u8>]) -> String {
 
 /// The protein change of an in-frame indel: `edit` adds or removes a multiple of 3 bases and
 /// touches REF codons `first..end`.
-pub fn inframe(cds: &[u8], edit: &Edit, (first, end): (usize, usize)) -> String {
-    let p = Proteins { cds, edit };
+pub fn inframe((cds, after): (&[u8], &[u8]), edit: &Edit, (first, end): (usize, usize)) -> String {
+    let p = Proteins { cds, after, edit };
     let Some(a) = p.first_difference(first) else {
         return "=".into();
     };
@@ -187,8 +194,8 @@ pub fn inframe(cds: &[u8], edit: &Edit, (first, end): (usize, usize)) -> String 
 /// The protein change of a frameshift from codon `first` on: the first residue that differs,
 /// what ALT reads there and the length of ALT's new frame up to its stop (`fs*?` when ALT's
 /// sequence ends first), e.g. `E484Kfs*12`.
-pub fn frameshift(cds: &[u8], edit: &Edit, first: usize) -> String {
-    let p = Proteins { cds, edit };
+pub fn frameshift((cds, after): (&[u8], &[u8]), edit: &Edit, first: usize) -> String {
+    let p = Proteins { cds, after, edit };
     let Some(a) = p.first_difference(first) else {
         return "=".into();
     };
@@ -202,9 +209,18 @@ pub fn frameshift(cds: &[u8], edit: &Edit, first: usize) -> String {
     }
 }
 
+/// A substitution's read-through of the stop at residue `t`: `*67Qext*12`.
+pub fn stop_lost((cds, after): (&[u8], &[u8]), edit: &Edit, t: usize) -> String {
+    Proteins { cds, after, edit }.extension(t)
+}
+
 /// Bases `3·first ..` of the edited CDS, `len` of them (`None` past its end).
 pub fn alt_bases(cds: &[u8], edit: &Edit, first: usize, len: usize) -> Option<Vec<u8>> {
-    let p = Proteins { cds, edit };
+    let p = Proteins {
+        cds,
+        after: &[],
+        edit,
+    };
     (3 * first..3 * first + len)
         .map(|j| p.alt_base(j))
         .collect()
@@ -217,17 +233,20 @@ mod tests {
     /// ATG AAA AAA AAA CTG GAT TAC CAT GTT TGG TAA: M K K K L D Y H V W * (residues 1–11).
     const CDS: &[u8] = b"ATGAAAAAAAAACTGGATTACCATGTTTGGTAA";
 
-    /// `reference` → `alt` at 0-based CDS base `at` (VCF style: untrimmed alleles allowed).
-    fn name(at: usize, reference: &str, alt: &str) -> String {
+    /// `reference` → `alt` at 0-based CDS base `at` (VCF style: untrimmed alleles allowed) on
+    /// `cds` and the bases after it, named as `annotate` names it.
+    fn name_on(seq: (&[u8], &[u8]), at: usize, reference: &str, alt: &str) -> String {
         let e = Edit::trimmed(at, reference.as_bytes(), alt.as_bytes());
-        let first = e.codon();
-        let diff = e.alt.len() as i64 - e.reference.len() as i64;
-        if diff % 3 == 0 {
+        if (e.alt.len() as i64 - e.reference.len() as i64) % 3 == 0 {
             let end = (e.at + e.reference.len().max(1) - 1) / 3 + 1;
-            inframe(CDS, &e, (first, end))
+            inframe(seq, &e, (e.codon(), end))
         } else {
-            frameshift(CDS, &e, first)
+            frameshift(seq, &e, e.codon())
         }
+    }
+
+    fn name(at: usize, reference: &str, alt: &str) -> String {
+        name_on((CDS, &[]), at, reference, alt)
     }
 
     /// Each name worked out by hand from the residues above (and the frames written out in the
@@ -294,7 +313,7 @@ mod tests {
                     reference: r.as_bytes().to_vec(),
                     alt: vec![],
                 };
-                frameshift(CDS, &e, e.codon())
+                frameshift((CDS, &[]), &e, e.codon())
             } else {
                 name(at, r, a)
             };
@@ -313,16 +332,7 @@ mod tests {
             (7, "A", "AG", "S4Vfs*?"),
             (8, "G", "GG", "S4Vfs*?"),
         ] {
-            let e = Edit::trimmed(at, r.as_bytes(), a.as_bytes());
-            let got = if (e.alt.len() as i64 - e.reference.len() as i64) % 3 == 0 {
-                inframe(
-                    cds,
-                    &e,
-                    (e.codon(), (e.at + e.reference.len().max(1) - 1) / 3 + 1),
-                )
-            } else {
-                frameshift(cds, &e, e.codon())
-            };
+            let got = name_on((cds, &[]), at, r, a);
             assert_eq!(got, want, "{at} {r} {a}");
         }
     }
@@ -334,13 +344,27 @@ mod tests {
         // ATG GCT AGC TTA AGG: M A S L R; a G inserted after ATG: ATG GGC TAG: M G *.
         let cds = b"ATGGCTAGCTTAAGG";
         let e = Edit::trimmed(2, b"G", b"GG");
-        assert_eq!(frameshift(cds, &e, e.codon()), "A2Gfs*2");
+        assert_eq!(frameshift((cds, &[]), &e, e.codon()), "A2Gfs*2");
         // A T inserted after GCT: ATG GCT TAG: the stop is the first change.
         let e = Edit::trimmed(5, b"T", b"TT");
-        assert_eq!(frameshift(cds, &e, e.codon()), "S3*");
+        assert_eq!(frameshift((cds, &[]), &e, e.codon()), "S3*");
         // The stop read through by a frameshift: TGG TAA CCC → TGG TAC ACC C.
         let cds = b"ATGTGGTAACCC";
         let e = Edit::trimmed(7, b"A", b"AC");
-        assert_eq!(frameshift(cds, &e, e.codon()), "*3Yext*?");
+        assert_eq!(frameshift((cds, &[]), &e, e.codon()), "*3Yext*?");
+    }
+
+    /// Past the CDS, ALT reads on into the record: a removed stop's successor is found there.
+    #[test]
+    fn a_read_through_stop_finds_the_next_one_in_the_record() {
+        // ATG TGG TAA, then CAG TGA in the record: the stop deleted gives M W Q *.
+        let cds = b"ATGTGGTAA";
+        assert_eq!(name_on((cds, &[]), 5, "GTAA", "G"), "*3?ext*?");
+        assert_eq!(name_on((cds, b"CAGTGA"), 5, "GTAA", "G"), "*3Qext*1");
+        // A base inserted in the stop: TGG TA[C]A CAG TGA → TAC ACA GTG A: no stop before the
+        // record ends.
+        assert_eq!(name_on((cds, b"CAGTGA"), 7, "A", "AC"), "*3Yext*?");
+        // TGG TAC ACA TAA: the new stop two residues past the old one.
+        assert_eq!(name_on((cds, b"CATAA"), 7, "A", "AC"), "*3Yext*2");
     }
 }

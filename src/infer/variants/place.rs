@@ -6,7 +6,7 @@ use crate::config::Position;
 use crate::model::GenSlm;
 use crate::tokenizer::CodonTokenizer;
 
-use super::annotate::{annotate, Annotation, Consequence};
+use super::annotate::{annotate_in, Annotation, Consequence};
 use super::code::Edit;
 use super::delta::{window_start, Job};
 use super::vcf::Variant;
@@ -71,7 +71,8 @@ pub(super) fn place(
         alt: t.alt,
     };
     let n = cds_seq.len() / 3;
-    let mut ann = annotate(cds_seq, &edit);
+    // The record past the CDS too: a change that removes the stop finds ALT's next one there.
+    let mut ann = annotate_in((cds_seq, &seq[e..]), &edit);
     if edit.codon() >= n || edit.at + edit.reference.len() > 3 * n {
         // A change that reaches the CDS's incomplete last codon: no whole codons to score.
         ann.consequence = Consequence::Incomplete;
