@@ -124,13 +124,14 @@ fn sweep(base: &Path) {
         if !is_ours {
             continue;
         }
-        // Only what the benchmark writes: a directory of this name holding anything else
-        // (a user's results) is kept.
+        // Only what the benchmark writes, as plain files: a directory of this name holding
+        // anything else (a user's results, a user's folder named `bench.fa`) is kept.
         let only_ours = std::fs::read_dir(e.path()).is_ok_and(|d| {
             d.flatten().all(|f| {
                 let n = f.file_name().to_string_lossy().into_owned();
-                FILES.contains(&n.as_str())
-                    || FILES.iter().any(|b| n.starts_with(&format!(".{b}.tmp-")))
+                f.file_type().is_ok_and(|t| t.is_file())
+                    && (FILES.contains(&n.as_str())
+                        || FILES.iter().any(|b| n.starts_with(&format!(".{b}.tmp-"))))
             })
         });
         if !only_ours {
@@ -168,12 +169,18 @@ mod tests {
         let live = mk("genslm-bench-ingest-live", true);
         let unlocked = mk("genslm-bench-ingest-nolock", false);
         let user = mk("my-genomes", true);
+        // A user's folder named like the benchmark's FASTA, inside a dead scratch: kept.
+        let nested = mk("genslm-bench-ingest-nested", true);
+        std::fs::remove_file(nested.join("bench.fa")).unwrap();
+        std::fs::create_dir(nested.join("bench.fa")).unwrap();
+        std::fs::write(nested.join("bench.fa/results.txt"), b"mine").unwrap();
         let held = File::open(live.join(LOCK)).unwrap();
         held.lock().unwrap();
         let s = create(Some(base), 0, "--mb").unwrap();
         assert!(!dead.exists());
         assert!(live.exists() && unlocked.exists() && user.exists());
         assert!(theirs.join("results.csv").exists());
+        assert!(nested.join("bench.fa/results.txt").exists());
         let mine = s.path().to_path_buf();
         assert!(mine.join(LOCK).exists());
         drop(s);

@@ -110,7 +110,23 @@ pub fn train_ranks(
     let text_bytes = (records as f64) * (3.0 * seq_len as f64 + 20.0);
     crate::train::memory::check_held(text_bytes, "the benchmark's random records (FASTA text)")?;
     let tmp = crate::atomic::temp_dir();
-    let dir = tempfile::tempdir_in(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    // The FASTA, the run's dataset (about a third of it) and the run's small files.
+    let need = (text_bytes * 1.5) as u64 + (64 << 20);
+    if let Some(free) = crate::bench::scratch::free_disk_bytes(&tmp).filter(|&f| need > f) {
+        return Err(Error::Invalid(format!(
+            "--steps {steps} --seq-len {seq_len}: the benchmark writes about {:.1} GB of random \
+             records and their dataset, but the disk of {} (TMPDIR, or /tmp) has {:.1} GB free",
+            need as f64 / 1e9,
+            tmp.display(),
+            free as f64 / 1e9
+        )));
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("genslm-bench-train-")
+        .tempdir_in(&tmp)
+        .map_err(|e| Error::io(&tmp, e))?;
+    // Ctrl-C or SIGTERM mid-run removes it (hundreds of MB were left, under a random name).
+    let _registered = crate::interrupt::register(dir.path().to_path_buf(), true);
     let fasta = dir.path().join("random.fa");
     let mut rng = SplitMix64::new(7);
     let mut text = String::with_capacity(records * (3 * seq_len + 20));

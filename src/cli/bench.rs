@@ -104,7 +104,8 @@ pub enum BenchCmd {
         /// Several ranks, ZeRO-3: layers gathered ahead of their use.
         #[arg(long, default_value_t = 1)]
         prefetch_layers: usize,
-        /// Several ranks: full activation checkpointing.
+        /// Full activation checkpointing (one rank too: the step then runs through the
+        /// trainer, as several ranks' do).
         #[arg(long)]
         checkpoint_activations: bool,
         /// Several ranks, ZeRO-3: weight all-gathers quantized (int8 or bf16).
@@ -226,7 +227,17 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                 quantize_grads.and_then(|q| q.0),
             );
             let genslm::parallel::Degrees { dp, cp, sp, tp, pp } = degrees;
-            if degrees.world() > 1 || simulate_network.is_some() {
+            let one_rank = degrees.world() == 1 && simulate_network.is_none();
+            if one_rank && (zero != 1 || no_overlap || prefetch_layers != 1) {
+                // They were ignored on one rank, silently: the figure was not what they asked.
+                anyhow::bail!(
+                    "--zero, --no-overlap and --prefetch-layers shape what passes between ranks: \
+                     give several (--dp, --sp, ...), as one rank has nothing to shard or overlap"
+                );
+            }
+            // Checkpointing runs through the trainer, on one rank too (the one-rank step had
+            // none, and printed a figure without it).
+            if !one_rank || checkpoint_activations {
                 let net = simulate_network
                     .as_deref()
                     .map(str::parse::<genslm::parallel::netsim::NetSim>)

@@ -36,6 +36,8 @@ pub fn check_sizes(which: &BenchCmd) -> anyhow::Result<()> {
                 ("--sp", d.sp),
                 ("--cp", d.cp),
                 ("--tp", d.tp),
+                // Pipelines run 4·P micro-batches: an unbounded --pp wrapped that product.
+                ("--pp", d.pp),
             ] {
                 at_most(flag, v, 1 << 10)?;
             }
