@@ -232,13 +232,21 @@ impl AtomicFile {
         let name = target
             .file_name()
             .ok_or_else(|| Error::Invalid(format!("{}: not a file name", target.display())))?;
-        let prefix = format!(".{}.tmp-", name.to_string_lossy());
+        let prefix = format!(".{}.tmp-", temp_stem(name));
         let tmp = dir.join(format!("{prefix}{}", std::process::id()));
         // Before the file exists, so that no moment leaves it unregistered (a signal between
         // the two left `.latest.tmp-PID`), and before the sweep, which may take a while in a
         // large directory.
         let registered = crate::interrupt::register(tmp.clone(), false);
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        // Named by the output (the temporary's name alone, "nb/.x.png.tmp-PID: Permission
+        // denied", read as some other file's trouble).
+        let file = File::create(&tmp).map_err(|e| {
+            Error::Invalid(format!(
+                "{}: cannot write the output: {e} (creating its temporary file {} beside it)",
+                target.display(),
+                tmp.display()
+            ))
+        })?;
         if file.try_lock().is_ok() {
             if let Err(e) = sweep(&dir, &prefix, &tmp, target) {
                 drop(file);
@@ -280,6 +288,19 @@ impl Drop for AtomicFile {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }
+}
+
+/// The part of an output's file name its temporary names carry: the whole name, or its first
+/// 200 bytes when longer, so that `.NAME.tmp-PID` (or `.NAME.partial-PID.lock`) stays within the
+/// file system's 255 bytes (a valid output name of 240 bytes was refused as "File name too
+/// long", naming the temporary).
+pub fn temp_stem(name: &std::ffi::OsStr) -> String {
+    let full = name.to_string_lossy();
+    let mut cut = full.len().min(200);
+    while !full.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    full[..cut].to_string()
 }
 
 /// Whether `s` is a number as temporary names carry one (the process id of `.NAME.tmp-PID`

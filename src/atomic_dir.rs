@@ -30,7 +30,7 @@ pub struct AtomicDir {
 fn prefix(target: &Path) -> String {
     let name = target
         .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
+        .map(crate::atomic::temp_stem)
         .unwrap_or_else(|| "model".into());
     format!(".{name}.partial-")
 }

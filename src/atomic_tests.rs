@@ -166,3 +166,18 @@ fn a_live_writer_is_refused_and_a_dead_ones_leftovers_removed() {
     assert_eq!(std::fs::read(&target).unwrap(), b"new");
     assert!(!live.exists() && other.exists());
 }
+
+/// An output name of 240–255 bytes (valid) is written: its temporary carries the first 200
+/// bytes of it (multi-byte characters kept whole), as the directory writer's lock does.
+#[test]
+fn a_long_output_name_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["x".repeat(250), "é".repeat(127)] {
+        let target = dir.path().join(&name);
+        write_bytes(&target, b"data").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"data");
+        let stem = temp_stem(std::ffi::OsStr::new(&name));
+        assert!(stem.len() <= 200 && name.starts_with(&stem), "{stem}");
+    }
+    assert_eq!(temp_stem(std::ffi::OsStr::new("out.tsv")), "out.tsv");
+}

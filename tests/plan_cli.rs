@@ -91,8 +91,14 @@ fn cli_plans_sweeps_and_compares() {
         "3",
     ]);
     assert!(!ok && err.contains("heads"), "{err}");
-    let (ok, _, err) = run(&["plan", "--config", cfg, "--gpus", "8", "--gpu-mem-gib", "0"]);
-    assert!(!ok && err.contains("gpu-mem-gib"), "{err}");
+    // 0, and a "positive" 1e-300 that planned 0 bytes.
+    for mem in ["0", "1e-300"] {
+        let (ok, _, err) = run(&["plan", "--config", cfg, "--gpus", "8", "--gpu-mem-gib", mem]);
+        assert!(
+            !ok && err.contains("gpu-mem-gib") && err.len() < 200,
+            "{err}"
+        );
+    }
     let (ok, _, err) = run(&[
         "plan",
         "--config",

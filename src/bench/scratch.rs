@@ -39,10 +39,13 @@ impl Scratch {
     }
 }
 
-/// Bytes the ingest benchmark writes for `mb` megabytes of FASTA: the FASTA, its gzip copy
-/// (random DNA: ~0.3 of it) and the two parquet outputs (~0.35 each), with a margin.
-pub fn ingest_disk_bytes(mb: usize) -> u64 {
-    (mb as u64 * 1_000_000).saturating_mul(5) / 2
+/// Bytes the ingest benchmark writes for `mb` megabytes of FASTA in records of `record_mb`:
+/// the FASTA (whole records, so up to one record past `mb`, line breaks included), its gzip
+/// copy (random DNA: ~0.3 of it) and the two parquet outputs (~0.35 each), with a margin.
+/// (Sized from `mb` alone, `--mb 1001 --record-mb 1000` wrote twice what was checked.)
+pub fn ingest_disk_bytes(mb: usize, record_mb: usize) -> u64 {
+    let fasta = (mb as u64 + record_mb as u64 * 61 / 60 + 1).saturating_mul(1_000_000);
+    fasta.saturating_mul(5) / 2
 }
 
 /// Bytes free to an unprivileged writer on the file system holding `dir`, where it can be read.

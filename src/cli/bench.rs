@@ -502,7 +502,7 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             // are never replaced, and nothing is left behind, not even by a killed run.
             let scratch = genslm::bench::scratch::create(
                 dir.as_deref(),
-                genslm::bench::scratch::ingest_disk_bytes(mb),
+                genslm::bench::scratch::ingest_disk_bytes(mb, record_mb),
                 "--mb",
             )?;
             let dir = scratch.path().to_path_buf();

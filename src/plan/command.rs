@@ -8,6 +8,8 @@ use super::{estimate, granule, published, Estimate, Target, GIB};
 use crate::config::{Config, ModelConfig, Position};
 use crate::error::{Error, Result};
 
+/// The least memory `--gpu-mem-gib` and `--host-mem-gib` take: a MiB.
+const MIN_MEM_GIB: f64 = 1.0 / 1024.0;
 /// The largest cluster planned for (layouts are searched over the divisors of the count).
 pub const MAX_GPUS: usize = 1 << 20;
 
@@ -42,9 +44,11 @@ pub fn run(a: &PlanRequest) -> Result<String> {
             "--gpus {gpus}: must be between 1 and {MAX_GPUS}"
         )));
     }
-    if !(mem.is_finite() && mem > 0.0 && mem <= 1e9) {
+    // At least a MiB: 1e-300 passed as "positive" and was planned as 0 bytes, printed as a
+    // 300-digit decimal.
+    if !(mem.is_finite() && mem >= MIN_MEM_GIB && mem <= 1e9) {
         return Err(Error::Invalid(format!(
-            "--gpu-mem-gib {}: must be a positive number of GiB (at most 1e9)",
+            "--gpu-mem-gib {}: must be a number of GiB from 1/1024 (a MiB) to 1e9",
             crate::error::short_num(mem)
         )));
     }
@@ -110,11 +114,11 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     }
     if let Some(h) = a
         .host_mem_gib
-        .filter(|h| !(h.is_finite() && *h > 0.0 && *h <= 1e9))
+        .filter(|h| !(h.is_finite() && *h >= MIN_MEM_GIB && *h <= 1e9))
     {
         return Err(Error::Invalid(format!(
-            "--host-mem-gib {}: give the host memory of a node in GiB (a positive number, at \
-             most 1e9)",
+            "--host-mem-gib {}: give the host memory of a node in GiB (from 1/1024, a MiB, to \
+             1e9)",
             crate::error::short_num(h)
         )));
     }
