@@ -46,7 +46,7 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     }
     // At least a MiB: 1e-300 passed as "positive" and was planned as 0 bytes, printed as a
     // 300-digit decimal.
-    if !(mem.is_finite() && mem >= MIN_MEM_GIB && mem <= 1e9) {
+    if !(MIN_MEM_GIB..=1e9).contains(&mem) {
         return Err(Error::Invalid(format!(
             "--gpu-mem-gib {}: must be a number of GiB from 1/1024 (a MiB) to 1e9",
             crate::error::short_num(mem)
@@ -112,10 +112,7 @@ pub fn run(a: &PlanRequest) -> Result<String> {
     if a.gpus_per_node == 0 {
         return Err(Error::Invalid("--gpus-per-node must be at least 1".into()));
     }
-    if let Some(h) = a
-        .host_mem_gib
-        .filter(|h| !(h.is_finite() && *h >= MIN_MEM_GIB && *h <= 1e9))
-    {
+    if let Some(h) = a.host_mem_gib.filter(|h| !(MIN_MEM_GIB..=1e9).contains(h)) {
         return Err(Error::Invalid(format!(
             "--host-mem-gib {}: give the host memory of a node in GiB (from 1/1024, a MiB, to \
              1e9)",
