@@ -293,7 +293,8 @@ fn draw(
             // Grown fallibly: ten million distinct ids (`--color id`) aborted the process when
             // the table's doubling did not fit.
             let oom = |_| format!("{} rows' colours do not fit in memory", cats.len());
-            for c in cats {
+            // Nulls are no category: grey, outside the legend.
+            for c in cats.iter().flatten() {
                 if !counts.contains_key(c.as_str()) {
                     counts.try_reserve(1).map_err(oom)?;
                 }
@@ -303,7 +304,8 @@ fn draw(
             names.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
             let shown = names.len().min(MAX_CATEGORIES);
             let grey = RGBColor(160, 160, 160);
-            let colour_of = |c: &str| -> RGBColor {
+            let colour_of = |c: Option<&str>| -> RGBColor {
+                let Some(c) = c else { return grey };
                 match names[..shown].iter().position(|(n, _)| *n == c) {
                     Some(k) => {
                         let p = Palette99::pick(k).to_rgba();
@@ -318,7 +320,7 @@ fn draw(
                 .try_reserve_exact(points.len())
                 .map_err(|_| format!("{} rows' colours do not fit in memory", cats.len()))?;
             order.extend(points.iter().zip(cats).map(|(&p, c)| {
-                let col = colour_of(c);
+                let col = colour_of(c.as_deref());
                 (col != grey, p, col)
             }));
             order.sort_by_key(|o| o.0);
@@ -331,7 +333,7 @@ fn draw(
                 .map_err(|x| e(&x))?;
             let mut entries: Vec<(String, RGBColor)> = names[..shown]
                 .iter()
-                .map(|(n, k)| (format!("{} ({k})", short(n)), colour_of(n)))
+                .map(|(n, k)| (format!("{} ({k})", short(n)), colour_of(Some(n))))
                 .collect();
             if names.len() > shown {
                 entries.push((format!("{} other values", names.len() - shown), grey));

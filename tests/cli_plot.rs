@@ -233,6 +233,14 @@ fn hand_made_embedding_files_are_plotted_or_refused() {
         let (ok, err) = plot(name);
         assert!(ok, "{name}: {err}");
     }
+    // Text as polars and newer pyarrow write it (Utf8View), with nulls: plotted, the nulls
+    // grey outside the legend (the column was refused as "not numeric or string").
+    let view: ArrayRef = Arc::new(arrow_array::StringViewArray::from_iter(
+        (0..20).map(|i| (i % 2 == 0).then_some(if i < 10 { "a" } else { "b" })),
+    ));
+    embeddings_file(&dir.path().join("view.parquet"), 4, 20, None, view);
+    let (ok, err) = plot("view");
+    assert!(ok, "{err}");
     embeddings_file(
         &dir.path().join("null.parquet"),
         4,

@@ -177,7 +177,7 @@ impl EmbeddingWriter {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ColumnValues {
     Numeric(Vec<f64>),
-    Categorical(Vec<String>),
+    Categorical(Vec<Option<String>>),
 }
 
 /// Embeddings read back for plotting: `n × dim` row-major values and one column.
@@ -216,20 +216,15 @@ fn numeric(a: &dyn Array) -> Option<Vec<f64>> {
     )
 }
 
-fn strings(a: &dyn Array) -> Option<Vec<String>> {
+/// A text column's values, `None` where null (drawn grey, as README says: they were an empty
+/// category with a colour of its own).
+fn strings(a: &dyn Array) -> Option<Vec<Option<String>>> {
+    let own = |v: Option<&str>| v.map(str::to_string);
     match a.data_type() {
-        DataType::Utf8 => Some(
-            a.as_string::<i32>()
-                .iter()
-                .map(|v| v.unwrap_or("").to_string())
-                .collect(),
-        ),
-        DataType::LargeUtf8 => Some(
-            a.as_string::<i64>()
-                .iter()
-                .map(|v| v.unwrap_or("").to_string())
-                .collect(),
-        ),
+        DataType::Utf8 => Some(a.as_string::<i32>().iter().map(own).collect()),
+        DataType::LargeUtf8 => Some(a.as_string::<i64>().iter().map(own).collect()),
+        // What polars and newer pyarrow write for strings.
+        DataType::Utf8View => Some(a.as_string_view().iter().map(own).collect()),
         _ => None,
     }
 }
@@ -320,7 +315,7 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
         .map_err(|e| derr(e.to_string()))?;
     let mut values = Vec::new();
     let mut num: Vec<f64> = Vec::new();
-    let mut cat: Vec<String> = Vec::new();
+    let mut cat: Vec<Option<String>> = Vec::new();
     let mut is_numeric = None;
     let mut layer = None;
     for batch in reader {
