@@ -252,7 +252,16 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                 };
                 let r = genslm::bench::train_ranks(
                     &cfg, seq_len, steps, degrees, net, &compute, knobs,
-                )?;
+                )
+                .map_err(|e| {
+                    // The trainer's checks speak of `genslm train`'s flags, some of which
+                    // bench has not (--grad-accum, --skip-memory-check, --pp-virtual).
+                    anyhow::anyhow!(
+                        "{e}\n(bench train runs genslm train's checks: flags named above are \
+                         train's; here the batch is --dp sequences, and micro-batches per step: {})",
+                        if pp > 1 { 4 * pp } else { 1 }
+                    )
+                })?;
                 let quantized = [("weights", quantize_weights), ("grads", quantize_grads)]
                     .iter()
                     .filter_map(|(w, q)| q.map(|q| format!(" {q} {w}")))

@@ -265,8 +265,9 @@ fn read_weights(
         }
         match shapes.get(name) {
             None => Err(Error::Invalid(format!(
-                "{}: tensor '{key}' is not a parameter of the config's GPT-NeoX model (does \
-                 --config match the checkpoint?)",
+                "{}: tensor '{key}' is not a parameter of the config's GPT-NeoX model (does the \
+                 config read, --config or the config.json beside the weights, match the \
+                 checkpoint?)",
                 file.display()
             ))),
             Some(want) if want.as_slice() != shape => Err(Error::Invalid(format!(
