@@ -260,6 +260,29 @@ fn embed_and_plot_on_the_bundled_genomes() {
         "gc_content",
     ]);
     assert!(ok && png.is_file(), "{err}");
+    // Rewritten by pyarrow with zstd pages (polars' default): plotted as written; with gzip
+    // pages (inflated without a bound by the parquet library): refused by name, unread.
+    for (codec, readable) in [("zstd", true), ("gzip", false)] {
+        let copy = dir.path().join(format!("{codec}.parquet"));
+        let o = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sys, pyarrow.parquet as pq; \
+                 pq.write_table(pq.read_table(sys.argv[1]), sys.argv[2], compression=sys.argv[3])",
+                &s(&emb),
+                &s(&copy),
+                codec,
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let png = dir.path().join(format!("{codec}.png"));
+        let (ok, _, err) = run(&["plot", "--embeddings", &s(&copy), "--out", &s(&png)]);
+        match readable {
+            true => assert!(ok && err.contains("plotted 29 points"), "{err}"),
+            false => assert!(!ok && err.contains("compressed with GZIP"), "{err}"),
+        }
+    }
     let out = dir.path().join("bad.png");
     let (ok, _, err) = run(&[
         "plot",

@@ -9,4 +9,5 @@ pub mod fastx_open;
 pub mod ingest;
 mod ingest_queue;
 pub mod loader;
+pub mod parquet_open;
 mod token_pages;

@@ -237,7 +237,7 @@ pub fn read_embeddings(path: &Path, color: &str) -> Result<EmbeddingTable> {
         path: path.to_path_buf(),
         msg,
     };
-    let builder = crate::data::dataset::open_parquet(path)?;
+    let builder = crate::data::parquet_open::open_parquet(path)?;
     let names: Vec<String> = builder
         .schema()
         .fields()
