@@ -292,21 +292,28 @@ fn draw(
                 .draw_series(std::iter::once(Circle::new(only, 4, colour.filled())))
                 .map_err(|x| e(&x))?;
         }
-        chart
-            .draw_series(std::iter::once(PathElement::new(
-                line,
-                colour.stroke_width(2),
-            )))
-            .map_err(|x| e(&x))?;
+        // The 2-pixel stroke, and a 1-pixel one over it: the wide stroke is drawn as polygons,
+        // which come out empty where the path turns back on itself, so a one-step spike (up
+        // and straight down) was not drawn at all.
+        for width in [2, 1] {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    line.clone(),
+                    colour.stroke_width(width),
+                )))
+                .map_err(|x| e(&x))?;
+        }
         if !points.is_empty() {
             // Validation every step of a long run: a marker per point took most of the time.
             let points = envelope(points.iter().map(clip).collect(), 1024);
-            chart
-                .draw_series(std::iter::once(PathElement::new(
-                    points.clone(),
-                    VAL.stroke_width(2),
-                )))
-                .map_err(|x| e(&x))?;
+            for width in [2, 1] {
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        points.clone(),
+                        VAL.stroke_width(width),
+                    )))
+                    .map_err(|x| e(&x))?;
+            }
             chart
                 .draw_series(points.into_iter().map(|p| Circle::new(p, 5, VAL.filled())))
                 .map_err(|x| e(&x))?;

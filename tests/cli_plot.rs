@@ -255,6 +255,34 @@ fn hand_made_embedding_files_are_plotted_or_refused() {
     );
 }
 
+/// A loss spike of one step among 2,000 is drawn: the wide stroke's polygons came out empty
+/// where the path turned straight back, and the spike to 10 left the panel's top empty (counted
+/// in loss-coloured pixels of the top-left quarter, spike against none).
+#[test]
+fn a_one_step_spike_is_drawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut counts = vec![];
+    for spike in [None, Some(1000)] {
+        let run_dir = dir.path().join(format!("r{spike:?}"));
+        std::fs::create_dir(&run_dir).unwrap();
+        let lines: String = (1..=2000)
+            .map(|s| {
+                let loss = if Some(s) == spike { 10.0 } else { 2.0 };
+                format!("{{\"step\":{s},\"loss\":{loss},\"lr\":0.001}}\n")
+            })
+            .collect();
+        std::fs::write(run_dir.join("metrics.jsonl"), lines).unwrap();
+        let png = dir.path().join(format!("{spike:?}.png"));
+        let (ok, _, err) = run(&["plot", "--run", &s(&run_dir), "--out", &s(&png)]);
+        assert!(ok, "{err}");
+        counts.push(colour_counts(&png)[0][0]);
+    }
+    assert!(
+        counts[1] >= counts[0] + 100,
+        "loss pixels without and with the spike: {counts:?}"
+    );
+}
+
 /// `--color` colours embeddings only: with `--run` it is refused (it was ignored).
 #[test]
 fn color_with_run_is_refused() {
