@@ -28,7 +28,9 @@ pub fn group_digits(n: u64) -> String {
 /// `config.json` (any name ending in .json), as `convert --config` takes; or a model or run
 /// directory (its `config.json`, or its latest checkpoint's).
 pub fn load_model_config(path: &Path) -> Result<ModelConfig> {
-    if path.is_dir() {
+    // A preset's bare name stays the preset, as in plan, train and bench (`./tiny` names the
+    // directory): the same `--config tiny` read a directory here and the preset there.
+    if path.is_dir() && crate::config::preset(path).is_none() {
         let dir = crate::model::io::resolve_model_dir(path)?;
         return crate::model::io::load_config(&dir);
     }

@@ -101,6 +101,7 @@ pub fn train_ranks(
     let opts = RunOptions {
         device: compute.device,
         network,
+        no_checkpoints: true,
         ..RunOptions::default()
     };
     // The trainer's own checks (tokens per step, the memory a step peaks at), before the

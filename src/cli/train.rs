@@ -382,6 +382,7 @@ pub fn run_train(a: TrainArgs, quiet: bool) -> anyhow::Result<()> {
         network: None,
         config_file: Some(a.config.clone()),
         old_run: Default::default(),
+        no_checkpoints: false,
     };
     let degrees = a.degrees.degrees();
     let launch = genslm::launch::launched().map_err(anyhow::Error::msg)?;

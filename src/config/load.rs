@@ -143,7 +143,16 @@ impl Config {
     /// The text of a config file, or of a built-in preset by name.
     fn text(path: &Path) -> Result<String> {
         Ok(match preset(path) {
-            Some(text) => text.to_string(),
+            Some(text) => {
+                if path.is_dir() {
+                    eprintln!(
+                        "note: --config {0} is the built-in preset {0}; the directory of that \
+                         name here is not read (give ./{0} for it)",
+                        path.display()
+                    );
+                }
+                text.to_string()
+            }
             None => read_config_text(path).map_err(|e| match e {
                 // A bare name that is no file and no preset: say which names are built in.
                 Error::Io { .. } if !path.exists() && !path.to_string_lossy().contains('/') => {

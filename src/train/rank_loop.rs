@@ -239,7 +239,7 @@ pub fn train_rank(
             .stop_after
             .is_some_and(|n| state.step - first_step >= n);
         let every = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
-        let saving = every || last || stopping;
+        let saving = (every || last || stopping) && !opts.no_checkpoints;
         // After the row is logged (its NaN validation loss is the evidence): at a validation
         // step, and before any save (measured then if this step had none: a checkpoint or a
         // --stop-after stop saved the broken weights). After skipped steps the whole split is

@@ -62,6 +62,9 @@ pub struct RunOptions {
     /// The old run `--overwrite` replaces, until rank 0's first checkpoint (set by the
     /// launcher in `trainer`; none otherwise).
     pub old_run: crate::train::old_run::OldRun,
+    /// No checkpoint is written, the last step's included (`bench train`, which reads only
+    /// the metrics: a 250M model's end checkpoint put 3 GB in TMPDIR).
+    pub no_checkpoints: bool,
 }
 
 /// Refuses, before any work, a run whose predicted peak memory exceeds what this machine has

@@ -116,26 +116,39 @@ pub fn annotate_in((cds, after): (&[u8], &[u8]), edit: &Edit) -> Annotation {
             let len = usize::try_from(len).unwrap_or(0);
             text(&hgvs::alt_bases(cds, edit, first, len).unwrap_or_default())
         };
+        // A change that leaves the protein and its stop as they were (the name `=`: all of it
+        // past the CDS's last stop) is stop_retained, however the VCF places it: the same
+        // insertion written left-normalised was "nonsense", a frameshift after the stop
+        // "frameshift", beside a name saying nothing changed.
+        let unchanged = |name: &str| name == "=";
         if diff % 3 != 0 {
+            let aa_change = hgvs::frameshift((cds, after), edit, first);
             return Annotation {
-                consequence: Consequence::Frameshift,
+                consequence: match unchanged(&aa_change) {
+                    true => Consequence::StopRetained,
+                    false => Consequence::Frameshift,
+                },
                 ref_codons: text(&cds[3 * first..(3 * first + 3).min(cds.len())]),
                 alt_codons: alt_text(3),
-                aa_change: hgvs::frameshift((cds, after), edit, first),
+                aa_change,
                 codons,
             };
         }
-        let consequence =
-            inframe_protein_change(cds, edit, ref_span, first, diff).unwrap_or(if diff > 0 {
-                Consequence::InframeInsertion
-            } else {
-                Consequence::InframeDeletion
-            });
+        let aa_change = hgvs::inframe((cds, after), edit, (first, last + 1));
+        let consequence = match unchanged(&aa_change) {
+            true => Some(Consequence::StopRetained),
+            false => inframe_protein_change(cds, edit, ref_span, first, diff),
+        }
+        .unwrap_or(if diff > 0 {
+            Consequence::InframeInsertion
+        } else {
+            Consequence::InframeDeletion
+        });
         return Annotation {
             consequence,
             ref_codons: text(ref_span),
             alt_codons: alt_text(ref_span.len() as i64 + diff),
-            aa_change: hgvs::inframe((cds, after), edit, (first, last + 1)),
+            aa_change,
             codons,
         };
     }
@@ -160,6 +173,9 @@ pub fn annotate_in((cds, after): (&[u8], &[u8]), edit: &Edit) -> Annotation {
             Consequence::StopLost
         } else if first == 0 && ref_span.starts_with(b"ATG") && aa_alt[0] != b'M' {
             Consequence::StartLost
+        } else if ra == aa_alt && ra.contains(&b'*') {
+            // A stop codon for another (TAA → TAG): VEP's stop_retained_variant.
+            Consequence::StopRetained
         } else if ra == aa_alt {
             Consequence::Synonymous
         } else {
@@ -224,6 +240,8 @@ mod tests {
                                 Consequence::Nonsense
                             } else if r == b'*' && x != b'*' {
                                 Consequence::StopLost
+                            } else if r == x && r == b'*' {
+                                Consequence::StopRetained
                             } else if r == x {
                                 Consequence::Synonymous
                             } else {
@@ -279,6 +297,8 @@ mod tests {
             (11, b"G", b"GTAA", Consequence::StopRetained),      // GGG TAA TAA: one more stop
             (12, b"T", b"TAAT", Consequence::StopRetained),      // T[AAT]AA: the same
             (8, b"C", b"CTAA", Consequence::Nonsense),           // CCC TAA GGG TAA
+            (10, b"GG", b"GGTAA", Consequence::StopRetained),    // left-normalised: GG[TAA]G TAA
+            (11, b"G", b"GTAAC", Consequence::StopRetained),     // GGG TAA CTA A: shifted after it
         ] {
             let got = annotate(cds, &Edit::trimmed(at, reference, alt)).consequence;
             assert_eq!(got, want, "{at} {reference:?} {alt:?}");
