@@ -290,17 +290,25 @@ impl Drop for AtomicFile {
     }
 }
 
-/// The part of an output's file name its temporary names carry: the whole name, or its first
-/// 200 bytes when longer, so that `.NAME.tmp-PID` (or `.NAME.partial-PID.lock`) stays within the
+/// The part of an output's file name its temporary names carry: the whole name, or, past 200
+/// bytes, its first 183 and a hash of all of it, so that `.NAME.tmp-PID` (or `.NAME.partial-PID.lock`) stays within the
 /// file system's 255 bytes (a valid output name of 240 bytes was refused as "File name too
 /// long", naming the temporary).
 pub fn temp_stem(name: &std::ffi::OsStr) -> String {
     let full = name.to_string_lossy();
-    let mut cut = full.len().min(200);
+    if full.len() <= 200 {
+        return full.into_owned();
+    }
+    // Cut at a character, and told apart by a hash of the whole name: two outputs sharing their
+    // first bytes had one temporary name, and each writer refused the other's output as its own.
+    let mut cut = 183;
     while !full.is_char_boundary(cut) {
         cut -= 1;
     }
-    full[..cut].to_string()
+    let hash = full.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    format!("{}~{hash:016x}", &full[..cut])
 }
 
 /// Whether `s` is a number as temporary names carry one (the process id of `.NAME.tmp-PID`

@@ -167,17 +167,22 @@ fn a_live_writer_is_refused_and_a_dead_ones_leftovers_removed() {
     assert!(!live.exists() && other.exists());
 }
 
-/// An output name of 240–255 bytes (valid) is written: its temporary carries the first 200
-/// bytes of it (multi-byte characters kept whole), as the directory writer's lock does.
+/// An output name of 240–255 bytes (valid) is written: its temporary carries the first bytes of
+/// it (multi-byte characters kept whole) and a hash of all of it, as the directory writer's
+/// lock does.
 #[test]
 fn a_long_output_name_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["x".repeat(250), "é".repeat(127)] {
+    for name in ["x".repeat(250), "€".repeat(85), "é".repeat(127)] {
         let target = dir.path().join(&name);
         write_bytes(&target, b"data").unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"data");
         let stem = temp_stem(std::ffi::OsStr::new(&name));
-        assert!(stem.len() <= 200 && name.starts_with(&stem), "{stem}");
+        let kept = stem.split('~').next().unwrap();
+        assert!(stem.len() <= 200 && name.starts_with(kept), "{stem}");
     }
     assert_eq!(temp_stem(std::ffi::OsStr::new("out.tsv")), "out.tsv");
+    // Two long names with the same start have different temporaries.
+    let (a, b) = ("g".repeat(210) + "A", "g".repeat(210) + "B");
+    assert_ne!(temp_stem(a.as_ref()), temp_stem(b.as_ref()));
 }

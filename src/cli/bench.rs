@@ -228,6 +228,12 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
             );
             let genslm::parallel::Degrees { dp, cp, sp, tp, pp } = degrees;
             let one_rank = degrees.world() == 1 && simulate_network.is_none();
+            if one_rank && (quantize_weights.is_some() || quantize_grads.is_some()) {
+                anyhow::bail!(
+                    "--quantize-weights/--quantize-grads quantize collectives between ranks: give \
+                     several (--dp, --sp, ...), as one rank moves nothing"
+                );
+            }
             if one_rank && (zero != 1 || no_overlap || prefetch_layers != 1) {
                 // They were ignored on one rank, silently: the figure was not what they asked.
                 anyhow::bail!(
@@ -287,12 +293,6 @@ pub fn run(which: BenchCmd) -> anyhow::Result<()> {
                     genslm::isa::tier()
                 );
                 return Ok(());
-            }
-            if quantize_weights.is_some() || quantize_grads.is_some() {
-                anyhow::bail!(
-                    "--quantize-weights/--quantize-grads quantize collectives between ranks: give \
-                     several (--dp, --sp, ...), as one rank moves nothing"
-                );
             }
             let r = genslm::bench::train_steps(&cfg, seq_len, steps, &compute)?;
             println!(

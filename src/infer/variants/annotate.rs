@@ -12,8 +12,8 @@ pub enum Consequence {
     /// A stop codon where there was none (stop_gained).
     Nonsense,
     StopLost,
-    /// An in-frame change at the CDS's last stop that leaves a stop there (VEP's
-    /// stop_retained_variant): the protein is unchanged.
+    /// A change that leaves the protein and its stop as they were (VEP's
+    /// stop_retained_variant): an indel named `=`, or a stop codon for another.
     StopRetained,
     StartLost,
     Frameshift,
@@ -61,7 +61,7 @@ pub struct Annotation {
 
 /// What an in-frame indel does beyond adding or removing codons, read from the codons it
 /// touches (`ref_span`, from codon `first`) and the same stretch of the edited CDS: a stop
-/// codon gained (an inserted TAA: `Nonsense`, VEP's stop_gained) or lost (the stop deleted),
+/// codon gained or brought forward (`Nonsense`, VEP's stop_gained) or lost (the stop deleted),
 /// or the start codon lost. `None` for a plain in-frame indel, or when a span is not whole
 /// codons (the CDS's end).
 fn inframe_protein_change(
@@ -76,17 +76,14 @@ fn inframe_protein_change(
     if !ref_span.len().is_multiple_of(3) || !alt_span.len().is_multiple_of(3) {
         return None;
     }
-    let stops = |c: &[u8]| c.chunks(3).filter(|c| translate(c) == b'*').count();
+    // Where each stretch's first stop is: one sooner in ALT cuts the protein short (an inserted
+    // TAA, or a deletion that brings the stop forward: VEP's stop_gained), none in ALT where REF
+    // had one reads it through. (Unchanged proteins are stop_retained before this is asked.)
     let first_stop = |c: &[u8]| c.chunks(3).position(|c| translate(c) == b'*');
-    let (before, after) = (stops(ref_span), stops(alt_span));
-    let kept = first_stop(ref_span).filter(|&k| first_stop(alt_span) == Some(k));
-    if kept.is_some_and(|k| 3 * (first + k + 2) > cds.len()) {
-        // The CDS's own last stop, in place in ALT: what follows it is not translated (an
-        // in-frame insertion just before or inside it was "nonsense", a second stop counted).
-        Some(Consequence::StopRetained)
-    } else if after > before {
+    let (r, a) = (first_stop(ref_span), first_stop(alt_span));
+    if a.is_some_and(|a| r.is_none_or(|r| a < r)) {
         Some(Consequence::Nonsense)
-    } else if before > after {
+    } else if r.is_some() && a.is_none() {
         Some(Consequence::StopLost)
     } else if first == 0 && ref_span.starts_with(b"ATG") && !alt_span.starts_with(b"ATG") {
         Some(Consequence::StartLost)

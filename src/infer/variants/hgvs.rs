@@ -30,8 +30,8 @@ impl Proteins<'_> {
         self.cds.get(3 * i..3 * i + 3).map(translate)
     }
 
-    /// Base `j` of the edited CDS.
-    fn alt_base(&self, j: usize) -> Option<u8> {
+    /// Base `j` of the edited CDS (`on`: and of the record past it).
+    fn alt_base(&self, j: usize, on: bool) -> Option<u8> {
         let e = self.edit;
         if j < e.at {
             self.cds.get(j).copied()
@@ -39,15 +39,28 @@ impl Proteins<'_> {
             Some(e.alt[j - e.at])
         } else {
             let k = j - e.alt.len() + e.reference.len();
-            match self.cds.get(k) {
-                Some(&b) => Some(b),
-                None => self.after.get(k - self.cds.len()).copied(),
+            match (self.cds.get(k), on) {
+                (Some(&b), _) => Some(b),
+                (None, true) => self.after.get(k - self.cds.len()).copied(),
+                (None, false) => None,
             }
         }
     }
 
+    /// ALT's residue `i` within the CDS, compared with REF's.
     fn alt(&self, i: usize) -> Option<u8> {
-        let b = |k| self.alt_base(3 * i + k);
+        self.alt_codon(i, false)
+    }
+
+    /// ALT's residue `i`, read on into the record past the CDS: only where a new stop is looked
+    /// for. Compared with REF's, which ends with the CDS, it named a change in a CDS without a
+    /// stop by residues REF does not have (`?4del`).
+    fn alt_on(&self, i: usize) -> Option<u8> {
+        self.alt_codon(i, true)
+    }
+
+    fn alt_codon(&self, i: usize, on: bool) -> Option<u8> {
+        let b = |k| self.alt_base(3 * i + k, on);
         Some(translate(&[b(0)?, b(1)?, b(2)?]))
     }
 
@@ -75,7 +88,7 @@ impl Proteins<'_> {
     /// every variant: 10,000 frameshifts on a 5 Mb record took 6 minutes).
     fn alt_stop(&self, from: usize) -> Option<usize> {
         for k in from..from.saturating_add(READ_THROUGH) {
-            match self.alt(k)? {
+            match self.alt_on(k)? {
                 b'*' => return Some(k),
                 b'X' => return None,
                 _ => {}
@@ -98,9 +111,9 @@ impl Proteins<'_> {
     }
 
     /// `*N Xext*M`: the reference stop at `t` read through, ALT's next stop `M` residues on
-    /// (`?` when its sequence ends first).
+    /// (`?` where [`Proteins::alt_stop`] finds none).
     fn extension(&self, t: usize) -> String {
-        let x = self.alt(t).map_or('?', char::from);
+        let x = self.alt_on(t).map_or('?', char::from);
         let to = self
             .alt_stop(t + 1)
             .map_or("?".to_string(), |s| (s - t).to_string());
@@ -140,7 +153,7 @@ pub fn inframe((cds, after): (&[u8], &[u8]), edit: &Edit, (first, end): (usize, 
         i_end -= 1;
         j_end -= 1;
     }
-    let deleted: Vec<_> = (a..i_end).map(|i| p.reference(i)).collect();
+    let mut deleted: Vec<_> = (a..i_end).map(|i| p.reference(i)).collect();
     let mut inserted: Vec<_> = (a..j_end).map(|i| p.alt(i)).collect();
     let range = |from: usize, to: usize| {
         let one = residue(p.reference(from), from);
@@ -165,15 +178,26 @@ pub fn inframe((cds, after): (&[u8], &[u8]), edit: &Edit, (first, end): (usize, 
         // that brings the stop forward included).
         return format!("{}*", residue(p.reference(a), a));
     }
-    if deleted.contains(&Some(b'*')) {
+    let stop = |v: &[Option<u8>]| v.iter().position(|&x| x == Some(b'*'));
+    match (stop(&deleted), stop(&inserted)) {
+        // A stop in both: it is kept, and what follows it is not translated (`G4P`; it was
+        // named as a frameshift).
+        (Some(d), Some(i)) => {
+            deleted.truncate(d);
+            inserted.truncate(i);
+        }
         // HGVS: a deletion from before the stop through it is named as a frameshift.
-        return p.shifted(a);
-    }
-    if let Some(s) = inserted.iter().position(|&x| x == Some(b'*')) {
+        (Some(_), None) => return p.shifted(a),
         // Nothing after the new stop is translated.
-        inserted.truncate(s + 1);
+        (None, Some(i)) => inserted.truncate(i + 1),
+        (None, None) => {}
     }
     let ins = letters(&inserted);
+    if let ([_], [x]) = (&deleted[..], &inserted[..]) {
+        // One residue for another: a substitution.
+        return format!("{}{}", residue(p.reference(a), a), letters(&[*x]));
+    }
+    let i_end = a + deleted.len();
     if deleted.is_empty() {
         if a >= 1 && p.reference(a).is_some() {
             return format!(
@@ -202,8 +226,8 @@ pub fn inframe((cds, after): (&[u8], &[u8]), edit: &Edit, (first, end): (usize, 
 }
 
 /// The protein change of a frameshift from codon `first` on: the first residue that differs,
-/// what ALT reads there and the length of ALT's new frame up to its stop (`fs*?` when ALT's
-/// sequence ends first), e.g. `E484Kfs*12`.
+/// what ALT reads there and the length of ALT's new frame up to its stop (`fs*?` where
+/// [`Proteins::alt_stop`] finds none), e.g. `E484Kfs*12`.
 pub fn frameshift((cds, after): (&[u8], &[u8]), edit: &Edit, first: usize) -> String {
     let p = Proteins { cds, after, edit };
     let Some(a) = p.first_difference(first) else {
@@ -232,7 +256,7 @@ pub fn alt_bases(cds: &[u8], edit: &Edit, first: usize, len: usize) -> Option<Ve
         edit,
     };
     (3 * first..3 * first + len)
-        .map(|j| p.alt_base(j))
+        .map(|j| p.alt_base(j, false))
         .collect()
 }
 
@@ -302,6 +326,8 @@ mod tests {
             (30, "T", "TAAT", "="),
             (31, "A", "AAAT", "="),
             (29, "G", "GTAGTAA", "="),
+            // The stop kept inside a delins: GTT TGG TAA → GTT CCC TAA GGG: W10P.
+            (26, "TTGGTAA", "TCCCTAAGGG", "W10P"),
             // The start codon deleted: M1? (HGVS: the protein is unknown).
             (0, "ATGA", "A", "M1?"),
             // D6's T deleted: GAT ACC ATG TTT GGT AA: D T M F G, the shifted frame ends
@@ -365,8 +391,11 @@ mod tests {
     }
 
     /// Past the CDS, ALT reads on into the record: a removed stop's successor is found there.
+    /// Only there: a CDS without a stop is compared with ALT within the CDS, as REF ends with it.
     #[test]
     fn a_read_through_stop_finds_the_next_one_in_the_record() {
+        // ATG AAA AAA, then AAA TAA in the record: one AAA deleted is K3del, not `?4del`.
+        assert_eq!(name_on((b"ATGAAAAAA", b"AAATAA"), 2, "GAAA", "G"), "K3del");
         // ATG TGG TAA, then CAG TGA in the record: the stop deleted gives M W Q *.
         let cds = b"ATGTGGTAA";
         assert_eq!(name_on((cds, &[]), 5, "GTAA", "G"), "*3?ext*?");
