@@ -59,39 +59,6 @@ pub struct Annotation {
     pub codons: std::ops::Range<usize>,
 }
 
-/// What an in-frame indel does beyond adding or removing codons, read from the codons it
-/// touches (`ref_span`, from codon `first`) and the same stretch of the edited CDS: a stop
-/// codon gained or brought forward (`Nonsense`, VEP's stop_gained) or lost (the stop deleted),
-/// or the start codon lost. `None` for a plain in-frame indel, or when a span is not whole
-/// codons (the CDS's end).
-fn inframe_protein_change(
-    cds: &[u8],
-    edit: &Edit,
-    ref_span: &[u8],
-    first: usize,
-    diff: i64,
-) -> Option<Consequence> {
-    let alt_len = usize::try_from(ref_span.len() as i64 + diff).ok()?;
-    let alt_span = &hgvs::alt_bases(cds, edit, first, alt_len)?;
-    if !ref_span.len().is_multiple_of(3) || !alt_span.len().is_multiple_of(3) {
-        return None;
-    }
-    // Where each stretch's first stop is: one sooner in ALT cuts the protein short (an inserted
-    // TAA, or a deletion that brings the stop forward: VEP's stop_gained), none in ALT where REF
-    // had one reads it through. (Unchanged proteins are stop_retained before this is asked.)
-    let first_stop = |c: &[u8]| c.chunks(3).position(|c| translate(c) == b'*');
-    let (r, a) = (first_stop(ref_span), first_stop(alt_span));
-    if a.is_some_and(|a| r.is_none_or(|r| a < r)) {
-        Some(Consequence::Nonsense)
-    } else if r.is_some() && a.is_none() {
-        Some(Consequence::StopLost)
-    } else if first == 0 && ref_span.starts_with(b"ATG") && !alt_span.starts_with(b"ATG") {
-        Some(Consequence::StartLost)
-    } else {
-        None
-    }
-}
-
 /// Annotates `edit` on `cds` (upper-case bases, read from its first base).
 pub fn annotate(cds: &[u8], edit: &Edit) -> Annotation {
     annotate_in((cds, &[]), edit)
@@ -131,16 +98,15 @@ pub fn annotate_in((cds, after): (&[u8], &[u8]), edit: &Edit) -> Annotation {
                 codons,
             };
         }
-        let aa_change = hgvs::inframe((cds, after), edit, (first, last + 1));
-        let consequence = match unchanged(&aa_change) {
-            true => Some(Consequence::StopRetained),
-            false => inframe_protein_change(cds, edit, ref_span, first, diff),
-        }
-        .unwrap_or(if diff > 0 {
-            Consequence::InframeInsertion
-        } else {
-            Consequence::InframeDeletion
-        });
+        let (aa_change, effect) = hgvs::inframe((cds, after), edit, (first, last + 1));
+        let consequence = match effect {
+            hgvs::Effect::Unchanged => Consequence::StopRetained,
+            hgvs::Effect::Truncated => Consequence::Nonsense,
+            hgvs::Effect::StopLost => Consequence::StopLost,
+            hgvs::Effect::StartLost => Consequence::StartLost,
+            hgvs::Effect::Changed if diff > 0 => Consequence::InframeInsertion,
+            hgvs::Effect::Changed => Consequence::InframeDeletion,
+        };
         return Annotation {
             consequence,
             ref_codons: text(ref_span),
