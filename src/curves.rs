@@ -292,28 +292,21 @@ fn draw(
                 .draw_series(std::iter::once(Circle::new(only, 4, colour.filled())))
                 .map_err(|x| e(&x))?;
         }
-        // The 2-pixel stroke, and a 1-pixel one over it: the wide stroke is drawn as polygons,
-        // which come out empty where the path turns back on itself, so a one-step spike (up
-        // and straight down) was not drawn at all.
-        for width in [2, 1] {
-            chart
-                .draw_series(std::iter::once(PathElement::new(
-                    line.clone(),
-                    colour.stroke_width(width),
-                )))
-                .map_err(|x| e(&x))?;
-        }
+        // A path stroked 2 pixels wide, and 1 pixel wide over it: the wide stroke is drawn as
+        // polygons, which come out empty where the path turns back on itself, so a one-step
+        // spike (up and straight down) was not drawn at all.
+        let strokes = |path: &[(f64, f64)], colour: RGBColor| {
+            [2, 1].map(|width| PathElement::new(path.to_vec(), colour.stroke_width(width)))
+        };
+        chart
+            .draw_series(strokes(&line, colour))
+            .map_err(|x| e(&x))?;
         if !points.is_empty() {
             // Validation every step of a long run: a marker per point took most of the time.
             let points = envelope(points.iter().map(clip).collect(), 1024);
-            for width in [2, 1] {
-                chart
-                    .draw_series(std::iter::once(PathElement::new(
-                        points.clone(),
-                        VAL.stroke_width(width),
-                    )))
-                    .map_err(|x| e(&x))?;
-            }
+            chart
+                .draw_series(strokes(&points, VAL))
+                .map_err(|x| e(&x))?;
             chart
                 .draw_series(points.into_iter().map(|p| Circle::new(p, 5, VAL.filled())))
                 .map_err(|x| e(&x))?;

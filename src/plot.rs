@@ -316,9 +316,7 @@ fn draw(
             };
             // Grey ("other") points first, so the named categories stay visible on top.
             let mut order: Vec<(bool, (f64, f64), RGBColor)> = Vec::new();
-            order
-                .try_reserve_exact(points.len())
-                .map_err(|_| format!("{} rows' colours do not fit in memory", cats.len()))?;
+            order.try_reserve_exact(points.len()).map_err(oom)?;
             order.extend(points.iter().zip(cats).map(|(&p, c)| {
                 let col = colour_of(c.as_deref());
                 (col != grey, p, col)

@@ -80,15 +80,13 @@ pub fn annotate_in((cds, after): (&[u8], &[u8]), edit: &Edit) -> Annotation {
             let len = usize::try_from(len).unwrap_or(0);
             text(&hgvs::alt_bases(cds, edit, first, len).unwrap_or_default())
         };
-        // A change that leaves the protein and its stop as they were (the name `=`: all of it
-        // past the CDS's last stop) is stop_retained, however the VCF places it: the same
-        // insertion written left-normalised was "nonsense", a frameshift after the stop
-        // "frameshift", beside a name saying nothing changed.
-        let unchanged = |name: &str| name == "=";
+        // The consequence follows from the protein name: a change that leaves the protein and
+        // its stop as they were (`=`) is stop_retained, however the VCF places it (a frameshift
+        // after the stop was "frameshift", beside a name saying nothing changed).
         if diff % 3 != 0 {
             let aa_change = hgvs::frameshift((cds, after), edit, first);
             return Annotation {
-                consequence: match unchanged(&aa_change) {
+                consequence: match aa_change == "=" {
                     true => Consequence::StopRetained,
                     false => Consequence::Frameshift,
                 },
